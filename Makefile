@@ -1,0 +1,66 @@
+# gpulens developer and demo targets. Everything runs from a virtual environment in .venv
+# created with the system Python (>= 3.11); Prometheus and Alertmanager come from Debian.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := prometheus prometheus-alertmanager
+
+.PHONY: help venv system-deps test test-fast lint format demo demo-stop bench dashboards clean
+
+help:
+	@echo "make demo       run the demo on the simulated node (no GPU needed)"
+	@echo "make test       install what the tests need and run the whole suite"
+	@echo "make lint       ruff check + format check"
+	@echo "make bench      benchmarks (writes docs/benchmarks.md)"
+
+$(BIN)/.installed: pyproject.toml setup.py
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpulens needs Python >= 3.11"'
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV) || { \
+	  echo "python venv module missing: installing python3-venv"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(BIN)/.installed
+
+# Prometheus, promtool, Alertmanager and amtool from Debian's packages (no other downloads).
+system-deps:
+	@missing=""; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v amtool >/dev/null || missing="$$missing prometheus-alertmanager"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing from Debian:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+test: venv system-deps
+	$(BIN)/python -m pytest -q
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+demo: venv system-deps
+	$(BIN)/python -m gpulens.demo
+
+demo-stop: venv
+	$(BIN)/python -m gpulens.demo --stop
+
+bench: venv
+	$(BIN)/gpulens bench
+
+dashboards: venv
+	$(BIN)/gpulens dashboards build
+
+clean:
+	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The gpulens rightsizing analyzer (installed as `gpulens.analyzer`)."""

@@ -1,0 +1,1 @@
+"""gpulens dashboards package."""

@@ -1,0 +1,1 @@
+"""gpulens collectors package."""

@@ -1,0 +1,1 @@
+"""gpulens sim package."""

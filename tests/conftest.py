@@ -1,0 +1,7 @@
+"""Suite-wide pytest configuration."""
+
+import sys
+from pathlib import Path
+
+# make `tests.support` importable however pytest is invoked
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
