@@ -1,0 +1,533 @@
+"""GPU models and MIG profile tables: the single source of truth for the simulator, the exporter
+and the analyzer.
+
+Facts come from `shared/reference/rightsizing.md` §3 (NVIDIA MIG user guide, mig-parted defaults,
+`nvidia-smi mig -lgip/-lgipp` outputs quoted in public repositories). Where a number is not
+verified it says so next to it; read real SM counts from NVML when a GPU is present.
+
+MIG geometry on 7-slice GPUs (A100/H100/H200/B200): a GPU instance occupies `placement_size`
+consecutive memory slices (of 8) starting at one of `placement_starts`, and `compute_slices` of the
+7 compute slices. Instances may not overlap on the memory axis and their compute slices add up
+to at most 7. A30 has 4 compute and 4 memory slices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1024**2
+GIB = 1024**3
+
+# NVML_DEVICE_ARCH_* values
+ARCH_AMPERE = 7
+ARCH_HOPPER = 9
+ARCH_BLACKWELL = 10
+
+# NVML_GPU_INSTANCE_PROFILE_* and NVML_COMPUTE_INSTANCE_PROFILE_* values
+_GI_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+_GI_PROFILE_1_SLICE_REV1 = 7  # 1g + media extensions
+_GI_PROFILE_1_SLICE_REV2 = 9  # 1g with two memory slices (1g.10gb on A100-40GB, 1g.20gb on 80GB)
+_CI_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+
+# `nvidia-smi mig -lgip` profile ids (what operators type); keyed by (compute, memory slices, +me)
+_SMI_PROFILE_ID_7 = {
+    (1, 1, False): 19,
+    (1, 1, True): 20,
+    (1, 2, False): 15,
+    (2, 2, False): 14,
+    (3, 4, False): 9,
+    (4, 4, False): 5,
+    (7, 8, False): 0,
+}
+_SMI_PROFILE_ID_A30 = {
+    (1, 1, False): 14,
+    (1, 1, True): 21,
+    (2, 2, False): 5,
+    (2, 2, True): 6,
+    (4, 4, False): 0,
+}
+
+
+class CatalogError(ValueError):
+    """An unknown model/profile or an impossible MIG layout; the message is one line."""
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """One GPU-instance profile of one GPU model."""
+
+    name: str  # "3g.40gb" (with "+me" for media extensions)
+    nvml_profile: int  # NVML_GPU_INSTANCE_PROFILE_* (argument to GetGpuInstanceProfileInfo)
+    nvml_ci_profile: int  # NVML_COMPUTE_INSTANCE_PROFILE_* of the full-size compute instance
+    smi_profile_id: int  # id printed by `nvidia-smi mig -lgip`
+    compute_slices: int
+    memory_slices: int
+    sm_count: int
+    memory_bytes: int  # usable memory of the instance as NVML reports it
+    max_instances: int  # instances of this profile alone on one GPU
+    placement_starts: tuple[int, ...]  # valid start memory slices
+    placement_size: int  # memory slices occupied
+    media_extensions: bool = False
+
+    @property
+    def copy_engines(self) -> int:
+        return max(1, self.compute_slices)
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """One GPU model as NVML reports it, with the numbers rightsizing needs."""
+
+    key: str  # catalog key, e.g. "H100-80GB"
+    nvml_name: str  # nvmlDeviceGetName
+    architecture: str  # "ampere", "hopper", "blackwell"
+    nvml_architecture: int  # NVML_DEVICE_ARCH_*
+    cuda_compute_capability: tuple[int, int]
+    sm_count: int
+    memory_bytes: int  # total framebuffer as NVML reports it
+    memory_bandwidth_bytes_per_second: int  # peak
+    power_limit_watts: int  # default / max board power
+    idle_power_watts: int
+    pcie_generation: int
+    pcie_width: int
+    nvlink_links: int
+    pci_device_id: int  # nvmlPciInfo_t.pciDeviceId
+    max_sm_clock_mhz: int
+    max_memory_clock_mhz: int
+    compute_slices: int  # MIG compute slices (0 = no MIG)
+    memory_slices: int
+    mig_profiles: tuple[MigProfile, ...]
+    has_fan: bool = False  # SXM boards are fanless: NVML fan speed is NOT_SUPPORTED
+    ecc_default: bool = True
+    row_remapping: bool = True  # Ampere and newer remap rows instead of retiring pages
+    gpm_supported: bool = False  # NVML GPM: Hopper and newer
+    mps_max_clients: int = 48
+
+    @property
+    def mig_capable(self) -> bool:
+        return bool(self.mig_profiles)
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB
+
+    def mig_profile(self, name: str) -> MigProfile:
+        for profile in self.mig_profiles:
+            if profile.name == name:
+                return profile
+        valid = ", ".join(p.name for p in self.mig_profiles) or "none (no MIG)"
+        raise CatalogError(f"MIG profile {name!r} does not exist on {self.key}; valid: {valid}")
+
+    def mig_profile_by_nvml_id(self, nvml_profile: int) -> MigProfile | None:
+        return next((p for p in self.mig_profiles if p.nvml_profile == nvml_profile), None)
+
+
+def _profiles_7(
+    mem_gb: dict[str, int], mem_mib: dict[str, int], sms: dict[str, int]
+) -> tuple[MigProfile, ...]:
+    """The classic 7-compute/8-memory-slice profile set.
+
+    `mem_gb` names the profiles (the marketing size), `mem_mib` gives usable MiB, `sms` SM counts,
+    keyed "1g", "1g2" (double-memory 1g), "2g", "3g", "4g", "7g".
+    """
+    shapes = {  # key: (compute, memory slices, placement starts, max instances)
+        "1g": (1, 1, (0, 1, 2, 3, 4, 5, 6), 7),
+        "1g2": (1, 2, (0, 2, 4, 6), 4),
+        "2g": (2, 2, (0, 2, 4), 3),
+        "3g": (3, 4, (0, 4), 2),
+        "4g": (4, 4, (0,), 1),
+        "7g": (7, 8, (0,), 1),
+    }
+    out: list[MigProfile] = []
+    for key, (compute, memory, starts, max_n) in shapes.items():
+        name = f"{compute}g.{mem_gb[key]}gb"
+        nvml = _GI_PROFILE_1_SLICE_REV2 if key == "1g2" else _GI_PROFILE[compute]
+        out.append(
+            MigProfile(
+                name=name,
+                nvml_profile=nvml,
+                nvml_ci_profile=_CI_PROFILE[compute],
+                smi_profile_id=_SMI_PROFILE_ID_7[(compute, memory, False)],
+                compute_slices=compute,
+                memory_slices=memory,
+                sm_count=sms[key],
+                memory_bytes=mem_mib[key] * MIB,
+                max_instances=max_n,
+                placement_starts=starts,
+                placement_size=memory,
+            )
+        )
+        if key == "1g":
+            out.append(
+                MigProfile(
+                    name=f"{name}+me",
+                    nvml_profile=_GI_PROFILE_1_SLICE_REV1,
+                    nvml_ci_profile=_CI_PROFILE[1],
+                    smi_profile_id=_SMI_PROFILE_ID_7[(1, 1, True)],
+                    compute_slices=1,
+                    memory_slices=1,
+                    sm_count=sms[key],
+                    memory_bytes=mem_mib[key] * MIB,
+                    max_instances=1,
+                    placement_starts=starts,
+                    placement_size=1,
+                    media_extensions=True,
+                )
+            )
+    return tuple(out)
+
+
+_A100_SMS = {"1g": 14, "1g2": 14, "2g": 28, "3g": 42, "4g": 56, "7g": 98}
+_HOPPER_SMS = {"1g": 16, "1g2": 16, "2g": 32, "3g": 60, "4g": 64, "7g": 132}
+# B200 per-slice SM counts are not verified (reference §3.1); scaled from 148 SMs like Hopper's.
+_B200_SMS = {"1g": 18, "1g2": 18, "2g": 36, "3g": 66, "4g": 72, "7g": 144}
+
+_A30_PROFILES = (
+    MigProfile(
+        "1g.6gb",
+        _GI_PROFILE[1],
+        _CI_PROFILE[1],
+        _SMI_PROFILE_ID_A30[(1, 1, False)],
+        1,
+        1,
+        14,
+        5836 * MIB,
+        4,
+        (0, 1, 2, 3),
+        1,
+    ),
+    MigProfile(
+        "1g.6gb+me",
+        _GI_PROFILE_1_SLICE_REV1,
+        _CI_PROFILE[1],
+        _SMI_PROFILE_ID_A30[(1, 1, True)],
+        1,
+        1,
+        14,
+        5836 * MIB,
+        1,
+        (0, 1, 2, 3),
+        1,
+        media_extensions=True,
+    ),
+    MigProfile(
+        "2g.12gb",
+        _GI_PROFILE[2],
+        _CI_PROFILE[2],
+        _SMI_PROFILE_ID_A30[(2, 2, False)],
+        2,
+        2,
+        28,
+        11904 * MIB,
+        2,
+        (0, 2),
+        2,
+    ),
+    MigProfile(
+        "2g.12gb+me",
+        8,
+        _CI_PROFILE[2],
+        _SMI_PROFILE_ID_A30[(2, 2, True)],
+        2,
+        2,
+        28,
+        11904 * MIB,
+        1,
+        (0, 2),
+        2,
+        media_extensions=True,
+    ),
+    MigProfile(
+        "4g.24gb",
+        _GI_PROFILE[4],
+        _CI_PROFILE[4],
+        _SMI_PROFILE_ID_A30[(4, 4, False)],
+        4,
+        4,
+        56,
+        24064 * MIB,
+        1,
+        (0,),
+        4,
+    ),
+)
+
+MODELS: dict[str, GpuModel] = {
+    m.key: m
+    for m in (
+        GpuModel(
+            key="A100-SXM4-40GB",
+            nvml_name="NVIDIA A100-SXM4-40GB",
+            architecture="ampere",
+            nvml_architecture=ARCH_AMPERE,
+            cuda_compute_capability=(8, 0),
+            sm_count=108,
+            memory_bytes=40960 * MIB,
+            memory_bandwidth_bytes_per_second=1_555_000_000_000,
+            power_limit_watts=400,
+            idle_power_watts=55,
+            pcie_generation=4,
+            pcie_width=16,
+            nvlink_links=12,
+            pci_device_id=0x20B010DE,
+            max_sm_clock_mhz=1410,
+            max_memory_clock_mhz=1215,
+            compute_slices=7,
+            memory_slices=8,
+            mig_profiles=_profiles_7(
+                {"1g": 5, "1g2": 10, "2g": 10, "3g": 20, "4g": 20, "7g": 40},
+                {"1g": 4864, "1g2": 9856, "2g": 9856, "3g": 20096, "4g": 20096, "7g": 40320},
+                _A100_SMS,
+            ),
+        ),
+        GpuModel(
+            key="A100-80GB",
+            nvml_name="NVIDIA A100-SXM4-80GB",
+            architecture="ampere",
+            nvml_architecture=ARCH_AMPERE,
+            cuda_compute_capability=(8, 0),
+            sm_count=108,
+            memory_bytes=81920 * MIB,
+            memory_bandwidth_bytes_per_second=2_039_000_000_000,
+            power_limit_watts=400,
+            idle_power_watts=60,
+            pcie_generation=4,
+            pcie_width=16,
+            nvlink_links=12,
+            pci_device_id=0x20B210DE,
+            max_sm_clock_mhz=1410,
+            max_memory_clock_mhz=1593,
+            compute_slices=7,
+            memory_slices=8,
+            mig_profiles=_profiles_7(
+                {"1g": 10, "1g2": 20, "2g": 20, "3g": 40, "4g": 40, "7g": 80},
+                {"1g": 9728, "1g2": 19968, "2g": 19968, "3g": 40192, "4g": 40192, "7g": 80384},
+                _A100_SMS,
+            ),
+        ),
+        GpuModel(
+            key="A30-24GB",
+            nvml_name="NVIDIA A30",
+            architecture="ampere",
+            nvml_architecture=ARCH_AMPERE,
+            cuda_compute_capability=(8, 0),
+            sm_count=56,
+            memory_bytes=24576 * MIB,
+            memory_bandwidth_bytes_per_second=933_000_000_000,
+            power_limit_watts=165,
+            idle_power_watts=30,
+            pcie_generation=4,
+            pcie_width=16,
+            nvlink_links=4,
+            pci_device_id=0x20B710DE,
+            max_sm_clock_mhz=1440,
+            max_memory_clock_mhz=1215,
+            compute_slices=4,
+            memory_slices=4,
+            mig_profiles=_A30_PROFILES,
+            has_fan=False,
+        ),
+        GpuModel(
+            key="H100-80GB",
+            nvml_name="NVIDIA H100 80GB HBM3",
+            architecture="hopper",
+            nvml_architecture=ARCH_HOPPER,
+            cuda_compute_capability=(9, 0),
+            sm_count=132,
+            memory_bytes=81559 * MIB,
+            memory_bandwidth_bytes_per_second=3_350_000_000_000,
+            power_limit_watts=700,
+            idle_power_watts=70,
+            pcie_generation=5,
+            pcie_width=16,
+            nvlink_links=18,
+            pci_device_id=0x233010DE,
+            max_sm_clock_mhz=1980,
+            max_memory_clock_mhz=2619,
+            compute_slices=7,
+            memory_slices=8,
+            gpm_supported=True,
+            mig_profiles=_profiles_7(
+                {"1g": 10, "1g2": 20, "2g": 20, "3g": 40, "4g": 40, "7g": 80},
+                {"1g": 9984, "1g2": 20096, "2g": 20096, "3g": 40448, "4g": 40448, "7g": 81152},
+                _HOPPER_SMS,
+            ),
+        ),
+        GpuModel(
+            key="H100-94GB-NVL",
+            nvml_name="NVIDIA H100 NVL",
+            architecture="hopper",
+            nvml_architecture=ARCH_HOPPER,
+            cuda_compute_capability=(9, 0),
+            sm_count=132,
+            memory_bytes=95830 * MIB,
+            memory_bandwidth_bytes_per_second=3_900_000_000_000,
+            power_limit_watts=400,
+            idle_power_watts=60,
+            pcie_generation=5,
+            pcie_width=16,
+            nvlink_links=12,
+            pci_device_id=0x232110DE,
+            max_sm_clock_mhz=1785,
+            max_memory_clock_mhz=2619,
+            compute_slices=7,
+            memory_slices=8,
+            gpm_supported=True,
+            has_fan=False,
+            mig_profiles=_profiles_7(
+                {"1g": 12, "1g2": 24, "2g": 24, "3g": 47, "4g": 47, "7g": 94},
+                {"1g": 11008, "1g2": 22016, "2g": 22016, "3g": 44032, "4g": 44032, "7g": 88576},
+                _HOPPER_SMS,
+            ),
+        ),
+        GpuModel(
+            key="H200-141GB",
+            nvml_name="NVIDIA H200",
+            architecture="hopper",
+            nvml_architecture=ARCH_HOPPER,
+            cuda_compute_capability=(9, 0),
+            sm_count=132,
+            memory_bytes=143771 * MIB,
+            memory_bandwidth_bytes_per_second=4_800_000_000_000,
+            power_limit_watts=700,
+            idle_power_watts=75,
+            pcie_generation=5,
+            pcie_width=16,
+            nvlink_links=18,
+            pci_device_id=0x233510DE,
+            max_sm_clock_mhz=1980,
+            max_memory_clock_mhz=3201,
+            compute_slices=7,
+            memory_slices=8,
+            gpm_supported=True,
+            mig_profiles=_profiles_7(
+                {"1g": 18, "1g2": 35, "2g": 35, "3g": 71, "4g": 71, "7g": 141},
+                {"1g": 16384, "1g2": 33280, "2g": 33280, "3g": 66816, "4g": 66816, "7g": 143360},
+                _HOPPER_SMS,
+            ),
+        ),
+        GpuModel(
+            key="B200-180GB",
+            nvml_name="NVIDIA B200",
+            architecture="blackwell",
+            nvml_architecture=ARCH_BLACKWELL,
+            cuda_compute_capability=(10, 0),
+            sm_count=148,
+            memory_bytes=183359 * MIB,
+            memory_bandwidth_bytes_per_second=8_000_000_000_000,
+            power_limit_watts=1000,
+            idle_power_watts=120,
+            pcie_generation=6,
+            pcie_width=16,
+            nvlink_links=18,
+            pci_device_id=0x290110DE,
+            max_sm_clock_mhz=1965,
+            max_memory_clock_mhz=3996,
+            compute_slices=7,
+            memory_slices=8,
+            gpm_supported=True,
+            mig_profiles=_profiles_7(
+                {"1g": 23, "1g2": 45, "2g": 45, "3g": 90, "4g": 90, "7g": 180},
+                {"1g": 22784, "1g2": 45824, "2g": 45824, "3g": 91904, "4g": 91904, "7g": 182784},
+                _B200_SMS,
+            ),
+        ),
+    )
+}
+
+# common spellings accepted wherever a model is named by a person (scenario files, CLI flags)
+_ALIASES = {
+    "A100-40GB": "A100-SXM4-40GB",
+    "A100": "A100-SXM4-40GB",
+    "A100-SXM4-80GB": "A100-80GB",
+    "A30": "A30-24GB",
+    "H100": "H100-80GB",
+    "H100-SXM": "H100-80GB",
+    "H100-NVL": "H100-94GB-NVL",
+    "H100-94GB": "H100-94GB-NVL",
+    "H200": "H200-141GB",
+    "B200": "B200-180GB",
+}
+
+
+def get_model(name: str) -> GpuModel:
+    """Look a model up by catalog key, alias or NVML name (case-insensitive)."""
+    wanted = name.strip().lower()
+    for key, model in MODELS.items():
+        if wanted in (key.lower(), model.nvml_name.lower()):
+            return model
+    for alias, key in _ALIASES.items():
+        if wanted == alias.lower():
+            return MODELS[key]
+    raise CatalogError(f"unknown GPU model {name!r}; known: {', '.join(MODELS)}")
+
+
+def model_for_nvml_name(nvml_name: str) -> GpuModel | None:
+    """The catalog model for a name NVML reported, or None for models gpulens does not know."""
+    try:
+        return get_model(nvml_name)
+    except CatalogError:
+        return None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A MIG instance placed on the memory axis."""
+
+    profile: MigProfile
+    start: int
+
+    @property
+    def slices(self) -> range:
+        return range(self.start, self.start + self.profile.placement_size)
+
+
+def place_mig_layout(model: GpuModel, requests: list[tuple[str, int | None]]) -> list[Placement]:
+    """Place MIG instances; `requests` are (profile name, start slice or None for first fit).
+
+    Raises CatalogError naming the first instance that cannot be placed. Explicit starts are
+    placed first so first-fit instances go around them.
+    """
+    if not model.mig_capable:
+        raise CatalogError(f"{model.key} does not support MIG")
+    profiles = [(model.mig_profile(name), start) for name, start in requests]
+    compute = sum(p.compute_slices for p, _ in profiles)
+    if compute > model.compute_slices:
+        raise CatalogError(
+            f"layout needs {compute} compute slices but {model.key} has {model.compute_slices}"
+        )
+    for profile in {p for p, _ in profiles}:
+        count = sum(1 for p, _ in profiles if p == profile)
+        if count > profile.max_instances:
+            raise CatalogError(
+                f"{count} x {profile.name} exceeds the maximum of {profile.max_instances} on {model.key}"
+            )
+    for profile, start in profiles:
+        if start is not None and start not in profile.placement_starts:
+            raise CatalogError(
+                f"{profile.name} cannot start at memory slice {start} on {model.key}; "
+                f"valid starts: {list(profile.placement_starts)}"
+            )
+    # explicit starts first, then the widest instances: they have the fewest valid starts
+    order = sorted(
+        range(len(profiles)), key=lambda i: (profiles[i][1] is None, -profiles[i][0].placement_size)
+    )
+    placed: dict[int, Placement] = {}
+
+    def search(position: int, used: frozenset[int]) -> bool:
+        """Backtracking over valid starts: greedy first fit strands slices (3g at 0 + 1g's)."""
+        if position == len(order):
+            return True
+        i = order[position]
+        profile, start = profiles[i]
+        for candidate in [start] if start is not None else profile.placement_starts:
+            span = frozenset(range(candidate, candidate + profile.placement_size))
+            if not span & used and search(position + 1, used | span):
+                placed[i] = Placement(profile, candidate)
+                return True
+        return False
+
+    if not search(0, frozenset()):
+        names = " + ".join(f"{p.name}" + (f"@{s}" if s is not None else "") for p, s in profiles)
+        raise CatalogError(f"MIG layout {names} does not fit the memory slices of {model.key}")
+    return [placed[i] for i in range(len(profiles))]
