@@ -18,7 +18,7 @@ from gpulens import __version__
 # subcommand name -> module that implements register(subparsers)
 COMMANDS: dict[str, str] = {
     "sim": "gpulens.exporter.sim.launcher",
-    "simulate": "gpulens.exporter.sim.history",
+    "simulate": "gpulens.analyzer.cli",
     "profile": "gpulens.analyzer.cli",
     "recommend": "gpulens.analyzer.cli",
     "report": "gpulens.analyzer.cli",
