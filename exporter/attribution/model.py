@@ -1,0 +1,80 @@
+"""Records exchanged between the exporter's sampler and the attribution engine.
+
+The exporter builds one :class:`ProcessRef` per NVML process entry each sample and hands the list to
+:class:`gpulens.exporter.attribution.Attributor`, which returns one :class:`JobUsage` per
+(GPU, GPU instance, job).  These records are plain frozen dataclasses so that both sides can be
+tested without NVML, procfs or a kubelet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Process kinds as reported by NVML's process lists.
+PROCESS_KINDS = ("compute", "graphics", "mps_server", "mps_client")
+
+#: Sharing modes derived from what runs on a GPU / GPU instance.
+SHARING_MODES = ("exclusive", "mig", "mps", "time_slicing")
+
+#: Identity sources, strongest first (see docs/attribution.md for the precedence rules).
+JOB_SOURCES = ("slurm", "kubernetes", "pod_resources", "mapping_file", "unknown", "other")
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """One GPU process as seen by NVML in one sample.
+
+    ``gpu_instance`` / ``mig_uuid`` are set when the process runs on a MIG instance.
+    ``used_memory_bytes`` is None when NVML does not report it (e.g. Windows WDDM, some MIG
+    configurations without privileges); ``sm_util_ratio`` is None when per-process utilization
+    is unsupported.
+    """
+
+    pid: int
+    gpu: int
+    uuid: str
+    gpu_instance: int | None
+    mig_uuid: str | None
+    kind: str  # "compute" | "graphics" | "mps_server" | "mps_client"
+    used_memory_bytes: int | None
+    sm_util_ratio: float | None
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Who owns a process: a job id plus the source that told us (and optional k8s/Slurm details)."""
+
+    job_id: str
+    source: str
+    user: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """Usage of one job on one GPU (or one MIG instance of it) in one sample."""
+
+    gpu: int
+    uuid: str
+    gpu_instance: int | None
+    identity: JobIdentity
+    sharing: str
+    memory_used_bytes: int
+    sm_utilization_ratio: float | None
+    processes: int
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    """Where the attribution engine looks for identity, and which sources are enabled."""
+
+    procfs_root: Path = Path("/proc")
+    job_mapping_dir: Path | None = None
+    pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    pod_logs_dir: Path = Path("/var/log/pods")
+    enable_procfs: bool = True
+    enable_mapping: bool = True
+    enable_pod_resources: bool = True
