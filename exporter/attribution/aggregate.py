@@ -1,0 +1,160 @@
+"""Turn (process, identity) pairs into per-job usage for each GPU / MIG instance.
+
+Kept apart from identity lookup so that the arithmetic rules (sums, sharing mode, caps) can be read
+and tested on their own:
+
+* memory of a job = sum of its processes' NVML used memory (None counts as 0);
+* SM utilisation = sum of its processes' per-process SM ratio, capped at 1, None when no process has
+  one; on a MIG instance owned by a single job, the instance's own SM activity;
+* sharing per GPU / instance: `mig` on an instance, `mps` when MPS clients run, `time_slicing` when
+  more than one job runs, else `exclusive` (the MPS server pseudo-job is not a job here);
+* more than `max_jobs` jobs on one device: the smallest (by memory) are summed into `job_id="other"`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpulens.exporter.attribution.labels import sanitize_label_value
+from gpulens.exporter.attribution.model import JobIdentity, JobUsage, ProcessRef
+
+SOURCE_SYSTEM = "system"
+SOURCE_UNKNOWN = "unknown"
+SOURCE_OTHER = "other"
+UNKNOWN_JOB = JobIdentity(job_id="unknown", source=SOURCE_UNKNOWN)
+MPS_SERVER_JOB = JobIdentity(job_id="mps_server", source=SOURCE_SYSTEM)
+OTHER_JOB_ID = "other"
+
+#: When one job id was found by several sources, the identity shown comes from the strongest.
+SOURCE_RANK = {
+    "slurm": 0,
+    "kubernetes": 1,
+    "mapping": 2,
+    SOURCE_SYSTEM: 3,
+    SOURCE_OTHER: 4,
+    SOURCE_UNKNOWN: 5,
+}
+
+
+@dataclass
+class _JobAccumulator:
+    identities: list[JobIdentity] = field(default_factory=list)
+    memory: int = 0
+    sm_values: list[float] = field(default_factory=list)
+    processes: int = 0
+    mps_clients: int = 0
+
+    def add(self, proc: ProcessRef, identity: JobIdentity) -> None:
+        self.identities.append(identity)
+        self.memory += proc.used_memory_bytes or 0
+        if proc.sm_util_ratio is not None:
+            self.sm_values.append(min(max(proc.sm_util_ratio, 0.0), 1.0))
+        self.processes += 1
+        self.mps_clients += proc.kind == "mps_client"
+
+    def absorb(self, other: _JobAccumulator) -> None:
+        self.identities.extend(other.identities)
+        self.memory += other.memory
+        self.sm_values.extend(other.sm_values)
+        self.processes += other.processes
+        self.mps_clients += other.mps_clients
+
+    def sm_ratio(self) -> float | None:
+        return min(sum(self.sm_values), 1.0) if self.sm_values else None
+
+
+def _merge_field(values: Sequence[str]) -> str:
+    distinct = sorted({v for v in values if v})
+    return sanitize_label_value(",".join(distinct))
+
+
+def merge_identities(identities: Sequence[JobIdentity]) -> JobIdentity:
+    """One identity for processes sharing a job id: strongest source, fields joined when they differ."""
+    source = min((i.source for i in identities), key=lambda s: SOURCE_RANK.get(s, len(SOURCE_RANK)))
+    return JobIdentity(
+        job_id=identities[0].job_id,
+        source=source,
+        user=_merge_field([i.user for i in identities]),
+        namespace=_merge_field([i.namespace for i in identities]),
+        pod=_merge_field([i.pod for i in identities]),
+        container=_merge_field([i.container for i in identities]),
+    )
+
+
+def sharing_mode(gpu_instance: int | None, jobs: Mapping[str, _JobAccumulator]) -> str:
+    if gpu_instance is not None:
+        return "mig"
+    if any(acc.mps_clients for acc in jobs.values()):
+        return "mps"
+    real_jobs = [
+        job_id for job_id, acc in jobs.items() if merge_identities(acc.identities).source != SOURCE_SYSTEM
+    ]
+    return "time_slicing" if len(real_jobs) > 1 else "exclusive"
+
+
+@dataclass(frozen=True)
+class DeviceOverflow:
+    """Reported back so the caller can log that a device hit the job cap."""
+
+    gpu: int
+    gpu_instance: int | None
+    jobs: int
+    aggregated: int
+
+
+def _cap(jobs: dict[str, _JobAccumulator], max_jobs: int) -> tuple[dict[str, _JobAccumulator], int]:
+    if len(jobs) <= max_jobs:
+        return jobs, 0
+    ranked = sorted(jobs.items(), key=lambda item: (-item[1].memory, -item[1].processes, item[0]))
+    kept = dict(ranked[: max_jobs - 1])
+    other = _JobAccumulator()
+    for _, acc in ranked[max_jobs - 1 :]:
+        other.absorb(acc)
+    other.identities = [JobIdentity(job_id=OTHER_JOB_ID, source=SOURCE_OTHER)]
+    kept[OTHER_JOB_ID] = other
+    return kept, len(ranked) - (max_jobs - 1)
+
+
+def aggregate(
+    pairs: Sequence[tuple[ProcessRef, JobIdentity]],
+    instance_sm_active: Mapping[tuple[int, int | None], float],
+    max_jobs: int,
+) -> tuple[list[JobUsage], list[DeviceOverflow]]:
+    """Per (GPU, GPU instance, job) usage, sorted by GPU, instance, job id."""
+    devices: dict[tuple[int, int | None], dict[str, _JobAccumulator]] = {}
+    uuids: dict[int, str] = {}
+    for proc, identity in pairs:
+        uuids.setdefault(proc.gpu, proc.uuid)
+        jobs = devices.setdefault((proc.gpu, proc.gpu_instance), {})
+        jobs.setdefault(identity.job_id, _JobAccumulator()).add(proc, identity)
+    usages: list[JobUsage] = []
+    overflows: list[DeviceOverflow] = []
+    for (gpu, gi), jobs in sorted(
+        devices.items(), key=lambda item: (item[0][0], -1 if item[0][1] is None else item[0][1])
+    ):
+        sharing = sharing_mode(gi, jobs)
+        capped, aggregated = _cap(jobs, max_jobs)
+        if aggregated:
+            overflows.append(DeviceOverflow(gpu, gi, len(jobs), aggregated))
+        identities = {job_id: merge_identities(acc.identities) for job_id, acc in capped.items()}
+        owners = [job_id for job_id, ident in identities.items() if ident.source != SOURCE_SYSTEM]
+        instance_value = instance_sm_active.get((gpu, gi)) if gi is not None and len(owners) == 1 else None
+        for job_id in sorted(capped):
+            acc, identity = capped[job_id], identities[job_id]
+            sm = acc.sm_ratio()
+            if instance_value is not None:
+                sm = min(max(float(instance_value), 0.0), 1.0) if identity.source != SOURCE_SYSTEM else None
+            usages.append(
+                JobUsage(
+                    gpu=gpu,
+                    uuid=uuids[gpu],
+                    gpu_instance=gi,
+                    identity=identity,
+                    sharing=sharing,
+                    memory_used_bytes=acc.memory,
+                    sm_utilization_ratio=sm,
+                    processes=acc.processes,
+                )
+            )
+    return usages, overflows

@@ -1,0 +1,230 @@
+"""Who owns each GPU process, and how much each job uses: the exporter's entry point.
+
+Identity precedence for one process (first that answers wins; see docs/attribution.md):
+
+1. MPS server processes are the `mps_server` pseudo-job (source `system`): their memory is the
+   server's, not any client job's.
+2. The process itself, via procfs: a Slurm job from its cgroup path or `SLURM_JOB_ID` env, else a
+   Kubernetes pod from its kubepods cgroup (names from the kubelet's log directories).
+3. The kubelet pod-resources API: the pod the process's MIG device / GPU is allocated to, when that
+   device is allocated to exactly one pod (with time-slicing replicas several pods share a GPU and
+   the device alone cannot tell them apart).
+4. Job mapping files: the most specific file (MIG UUID, `<gpu>.<gi>`, GPU UUID, `<gpu>`); with several
+   jobs listed, the one whose uid owns the process (jobstats format), else undecided.
+5. `job_id="unknown"`, source `unknown`: counted, never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+from gpulens.exporter.attribution.aggregate import (
+    MPS_SERVER_JOB,
+    UNKNOWN_JOB,
+    aggregate,
+)
+from gpulens.exporter.attribution.kubernetes import (
+    SOURCE_KUBERNETES,
+    PodDirectory,
+    kubernetes_identity,
+    pod_job_id,
+)
+from gpulens.exporter.attribution.labels import sanitize_label_value
+from gpulens.exporter.attribution.logonce import LogOnce
+from gpulens.exporter.attribution.mapping_dir import MappingDirectory, MappingEntry, MappingKey
+from gpulens.exporter.attribution.model import AttributionConfig, JobIdentity, JobUsage, ProcessRef
+from gpulens.exporter.attribution.pod_resources import PodContainer, PodResourcesClient
+from gpulens.exporter.attribution.procfs import ProcessInfo, ProcfsReader
+from gpulens.exporter.attribution.slurm import UserNames, slurm_identity
+
+SOURCE_MAPPING = "mapping"
+_EMPTY: Mapping[tuple[int, int | None], float] = MappingProxyType({})
+_KIND_RANK = {"mps_server": 0, "mps_client": 1, "compute": 2, "graphics": 3}
+
+
+def dedupe_processes(processes: Sequence[ProcessRef]) -> list[ProcessRef]:
+    """One entry per (pid, GPU, instance): NVML lists a process with compute and graphics contexts
+    in both lists with the same memory, which must be counted once."""
+    chosen: dict[tuple[int, int, int | None], ProcessRef] = {}
+    for proc in processes:
+        key = (proc.pid, proc.gpu, proc.gpu_instance)
+        seen = chosen.get(key)
+        if seen is None:
+            chosen[key] = proc
+            continue
+        memories = [m for m in (seen.used_memory_bytes, proc.used_memory_bytes) if m is not None]
+        sms = [s for s in (seen.sm_util_ratio, proc.sm_util_ratio) if s is not None]
+        best = min(seen, proc, key=lambda p: _KIND_RANK.get(p.kind, len(_KIND_RANK)))
+        chosen[key] = ProcessRef(
+            pid=best.pid,
+            gpu=best.gpu,
+            uuid=best.uuid,
+            gpu_instance=best.gpu_instance,
+            mig_uuid=best.mig_uuid or seen.mig_uuid or proc.mig_uuid,
+            kind=best.kind,
+            used_memory_bytes=max(memories) if memories else None,
+            sm_util_ratio=max(sms) if sms else None,
+        )
+    return list(chosen.values())
+
+
+def _sanitized(identity: JobIdentity) -> JobIdentity:
+    job_id = sanitize_label_value(identity.job_id)
+    if not job_id:
+        return UNKNOWN_JOB
+    return JobIdentity(
+        job_id=job_id,
+        source=identity.source,
+        user=sanitize_label_value(identity.user),
+        namespace=sanitize_label_value(identity.namespace),
+        pod=sanitize_label_value(identity.pod),
+        container=sanitize_label_value(identity.container),
+    )
+
+
+class Attributor:
+    """Maps NVML processes to jobs and sums their usage per GPU / MIG instance, once per sample.
+
+    Not thread-safe: the exporter's sampler calls `attribute` from its one sampling thread.
+    """
+
+    def __init__(
+        self, config: AttributionConfig, logger: logging.Logger | None = None, max_jobs_per_device: int = 64
+    ) -> None:
+        self._config = config
+        self._logger = logger or logging.getLogger("gpulens.exporter.attribution")
+        self._log = LogOnce(self._logger)
+        self._max_jobs = max(2, max_jobs_per_device)
+        self._users = UserNames()
+        self._procfs = ProcfsReader(config.procfs_root, self._log) if config.enable_procfs else None
+        self._pods = PodDirectory(config.pod_logs_dir) if config.enable_procfs else None
+        self._pod_resources = (
+            PodResourcesClient(config.pod_resources_socket, self._log)
+            if config.enable_pod_resources and config.pod_resources_socket is not None
+            else None
+        )
+        self._mapping = (
+            MappingDirectory(config.job_mapping_dir, self._log)
+            if config.enable_mapping and config.job_mapping_dir is not None
+            else None
+        )
+
+    # -- identity sources ------------------------------------------------------------------
+
+    def _from_procfs(self, info: ProcessInfo) -> JobIdentity | None:
+        identity = slurm_identity(info, self._users)
+        if identity is None and self._pods is not None:
+            identity = kubernetes_identity(info, self._pods)
+        return identity
+
+    @staticmethod
+    def _from_pod_resources(
+        proc: ProcessRef, devices: Mapping[str, tuple[PodContainer, ...]]
+    ) -> JobIdentity | None:
+        containers = (devices.get(proc.mig_uuid) if proc.mig_uuid else None) or devices.get(proc.uuid)
+        if not containers:
+            return None
+        pods = {(c.namespace, c.pod) for c in containers}
+        if len(pods) != 1:
+            return None  # several pods share the device (replicas): the device cannot tell them apart
+        namespace, pod = next(iter(pods))
+        names = sorted({c.container for c in containers if c.container})
+        return JobIdentity(
+            job_id=pod_job_id(namespace, pod),
+            source=SOURCE_KUBERNETES,
+            namespace=namespace,
+            pod=pod,
+            container=",".join(names),
+        )
+
+    def _from_mapping(
+        self, proc: ProcessRef, uid: int | None, entries: Mapping[MappingKey, tuple[MappingEntry, ...]]
+    ) -> JobIdentity | None:
+        candidates: tuple[MappingEntry, ...] = ()
+        for key in (
+            MappingKey(uuid=proc.mig_uuid) if proc.mig_uuid else None,
+            MappingKey(gpu=proc.gpu, gpu_instance=proc.gpu_instance)
+            if proc.gpu_instance is not None
+            else None,
+            MappingKey(uuid=proc.uuid),
+            MappingKey(gpu=proc.gpu),
+        ):
+            if key is not None and entries.get(key):
+                candidates = entries[key]
+                break
+        if not candidates:
+            return None
+        if len({e.job_id for e in candidates}) > 1 and uid is not None:
+            owned = tuple(e for e in candidates if e.uid == uid)
+            candidates = owned or candidates
+        jobs = {e.job_id for e in candidates}
+        if len(jobs) != 1:
+            return None  # several jobs listed for this device and nothing says which owns the process
+        entry = candidates[0]
+        owner = entry.uid if entry.uid is not None else None
+        return JobIdentity(
+            job_id=entry.job_id,
+            source=SOURCE_MAPPING,
+            user=self._users.name(owner) if owner is not None else "",
+        )
+
+    # -- the sample ------------------------------------------------------------------------
+
+    def attribute(
+        self,
+        processes: Sequence[ProcessRef],
+        instance_sm_active: Mapping[tuple[int, int | None], float] = _EMPTY,
+    ) -> list[JobUsage]:
+        """Per-job usage for this sample's processes (jobs with no process left are simply absent)."""
+        unique = dedupe_processes(processes)
+        if self._procfs is not None:
+            self._procfs.retain(p.pid for p in unique)
+        devices: Mapping[str, tuple[PodContainer, ...]] | None = None
+        mapping: Mapping[MappingKey, tuple[MappingEntry, ...]] | None = None
+        if self._mapping is not None:
+            mapping = self._mapping.refresh()  # cheap, and malformed files get reported promptly
+        pairs: list[tuple[ProcessRef, JobIdentity]] = []
+        missing_memory: set[int] = set()
+        for proc in unique:
+            if proc.used_memory_bytes is None:
+                missing_memory.add(proc.gpu)
+            if proc.kind == "mps_server":
+                pairs.append((proc, MPS_SERVER_JOB))
+                continue
+            info = self._procfs.read(proc.pid) if self._procfs is not None else ProcessInfo()
+            identity = self._from_procfs(info)
+            if identity is None and self._pod_resources is not None:
+                if devices is None:
+                    devices = self._pod_resources.devices()
+                identity = self._from_pod_resources(proc, devices)
+            if identity is None and mapping:
+                identity = self._from_mapping(proc, info.uid, mapping)
+            pairs.append((proc, _sanitized(identity) if identity is not None else UNKNOWN_JOB))
+        for gpu in sorted(missing_memory):
+            self._log.info(
+                ("memory-missing", gpu),
+                "attribution: NVML reports no used memory for some processes on GPU %d; "
+                "they count as 0 bytes",
+                gpu,
+            )
+        usages, overflows = aggregate(pairs, instance_sm_active, self._max_jobs)
+        for overflow in overflows:
+            where = f"GPU {overflow.gpu}" + (
+                f" instance {overflow.gpu_instance}" if overflow.gpu_instance is not None else ""
+            )
+            self._log.warning(
+                ("job-cap", overflow.gpu, overflow.gpu_instance),
+                'attribution: %d jobs on %s exceed the cap of %d; %d of them are summed into job_id="other"',
+                overflow.jobs,
+                where,
+                self._max_jobs,
+                overflow.aggregated,
+            )
+        return usages
+
+    def close(self) -> None:
+        """Release the kubelet gRPC channel."""
+        if self._pod_resources is not None:
+            self._pod_resources.close()
