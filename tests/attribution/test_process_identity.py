@@ -1,0 +1,148 @@
+"""Identity of GPU processes from procfs: Slurm cgroups/env, Kubernetes pods, vanished pids."""
+
+import logging
+import os
+import shutil
+
+from gpulens.exporter.attribution import JobIdentity
+
+from tests.attribution.fakes import (
+    CID_A,
+    CID_B,
+    POD_UID_A,
+    POD_UID_B,
+    by_job,
+    kube_cgroupfs,
+    kube_systemd,
+    proc,
+    slurm_v1,
+    slurm_v2,
+)
+
+SLURM_ENV = {"SLURM_JOB_ID": "1234", "SLURM_JOB_USER": "alice", "SLURM_JOB_ACCOUNT": "physics"}
+
+
+def test_slurm_v1_cgroup_with_env_gives_job_user_and_account(node):
+    node.process(100, slurm_v1("1234"), SLURM_ENV)
+    [usage] = node.attributor().attribute([proc(100)])
+    assert usage.identity == JobIdentity("1234", "slurm", user="alice", namespace="physics")
+
+
+def test_slurm_v2_cgroup_with_env(node):
+    node.process(100, slurm_v2("1234"), SLURM_ENV)
+    [usage] = node.attributor().attribute([proc(100)])
+    assert (usage.identity.job_id, usage.identity.source, usage.identity.user) == ("1234", "slurm", "alice")
+
+
+def test_slurm_cgroup_wins_over_a_forged_env_job_id(node):
+    node.process(100, slurm_v2("1234"), {**SLURM_ENV, "SLURM_JOB_ID": "9999"})
+    [usage] = node.attributor().attribute([proc(100)])
+    assert usage.identity.job_id == "1234"
+
+
+def test_slurm_env_alone_identifies_the_job(node):
+    node.process(100, "0::/user.slice\n", SLURM_ENV)
+    [usage] = node.attributor().attribute([proc(100)])
+    assert (usage.identity.job_id, usage.identity.source) == ("1234", "slurm")
+
+
+def test_slurm_user_falls_back_to_the_cgroup_uid(node):
+    node.process(100, slurm_v1("55", uid=0), {})
+    [usage] = node.attributor().attribute([proc(100)])
+    assert usage.identity.user == "root"
+
+
+def test_kubernetes_systemd_containerd_pod_named_from_log_dirs(node):
+    node.pod("ml", "trainer-0", POD_UID_A, {"main": CID_A, "sidecar": CID_B})
+    node.process(100, kube_systemd(POD_UID_A, CID_A))
+    [usage] = node.attributor().attribute([proc(100)])
+    assert usage.identity == JobIdentity(
+        "ml/trainer-0", "kubernetes", namespace="ml", pod="trainer-0", container="main"
+    )
+
+
+def test_kubernetes_crio_and_docker_scopes(node):
+    node.pod("a", "p1", POD_UID_A, {"c1": CID_A})
+    node.pod("b", "p2", POD_UID_B, {"c2": CID_B})
+    node.process(100, kube_systemd(POD_UID_A, CID_A, runtime="crio"))
+    node.process(101, kube_systemd(POD_UID_B, CID_B, runtime="docker", qos="besteffort"))
+    jobs = by_job(node.attributor().attribute([proc(100, gpu=0), proc(101, gpu=1)]))
+    assert jobs[(0, None, "a/p1")].identity.container == "c1"
+    assert jobs[(1, None, "b/p2")].identity.container == "c2"
+
+
+def test_kubernetes_cgroupfs_pod(node):
+    node.pod("default", "infer", POD_UID_B, {"server": CID_B})
+    node.process(100, kube_cgroupfs(POD_UID_B, CID_B))
+    [usage] = node.attributor().attribute([proc(100)])
+    assert (usage.identity.namespace, usage.identity.pod, usage.identity.container) == (
+        "default",
+        "infer",
+        "server",
+    )
+
+
+def test_pod_without_log_dir_is_identified_by_uid(node):
+    node.process(100, kube_systemd(POD_UID_A, CID_A))
+    [usage] = node.attributor().attribute([proc(100)])
+    assert (usage.identity.job_id, usage.identity.source, usage.identity.pod) == (POD_UID_A, "kubernetes", "")
+
+
+def test_pod_created_after_the_first_sample_gets_its_name(node, monkeypatch):
+    attributor = node.attributor()
+    node.process(100, kube_systemd(POD_UID_A, CID_A))
+    assert attributor.attribute([proc(100)])[0].identity.job_id == POD_UID_A
+    node.pod("ml", "late", POD_UID_A, {"main": CID_A})
+    attributor._pods._loaded_at -= 10  # the directory may be re-listed on a miss after 2 s
+    attributor._procfs._cache.clear()  # the pid cache would otherwise keep the first answer for 30 s
+    assert attributor.attribute([proc(100)])[0].identity.job_id == "ml/late"
+
+
+def test_vanished_pid_is_counted_as_unknown_not_dropped(node):
+    node.process(100, slurm_v2("1"), {})
+    node.process(101, slurm_v2("2"), {})
+    attributor = node.attributor()
+    shutil.rmtree(node.procfs / "101")  # exited between NVML listing it and procfs being read
+    jobs = by_job(attributor.attribute([proc(100, memory=10), proc(101, memory=20)]))
+    assert jobs[(0, None, "unknown")].memory_used_bytes == 20
+    assert jobs[(0, None, "unknown")].identity.source == "unknown"
+    assert jobs[(0, None, "1")].memory_used_bytes == 10
+
+
+def test_pid_directory_present_but_files_gone(node):
+    (node.procfs / "100").mkdir(parents=True)
+    [usage] = node.attributor().attribute([proc(100)])
+    assert usage.identity.job_id == "unknown"
+
+
+def test_unreadable_environ_is_logged_once_and_cgroup_still_used(node, caplog):
+    if os.geteuid() == 0:
+        # root reads mode-000 files anyway; emulate the denial with a directory in its place
+        node.process(100, slurm_v2("7"), {})
+        (node.procfs / "100" / "environ").unlink()
+        (node.procfs / "100" / "environ").mkdir()
+    else:
+        node.process(100, slurm_v2("7"), {})
+        (node.procfs / "100" / "environ").chmod(0)
+    attributor = node.attributor()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            attributor._procfs._cache.clear()
+            assert attributor.attribute([proc(100)])[0].identity.job_id == "7"
+    lines = [r for r in caplog.records if "cannot read" in r.getMessage()]
+    assert len(lines) == 1
+
+
+def test_procfs_disabled_ignores_cgroups(node):
+    node.process(100, slurm_v2("7"), SLURM_ENV)
+    [usage] = node.attributor(enable_procfs=False).attribute([proc(100)])
+    assert usage.identity.job_id == "unknown"
+
+
+def test_ended_job_disappears_at_the_next_sample(node):
+    node.process(100, slurm_v2("1"), {})
+    node.process(101, slurm_v2("2"), {})
+    attributor = node.attributor()
+    assert {u.identity.job_id for u in attributor.attribute([proc(100), proc(101)])} == {"1", "2"}
+    assert {u.identity.job_id for u in attributor.attribute([proc(100)])} == {"1"}
+    assert set(attributor._procfs._cache) == {100}
