@@ -1,0 +1,102 @@
+"""A real gRPC server implementing the kubelet pod-resources v1 API on a unix socket, for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from gpulens.exporter.attribution.podresources_pb import SERVICE, build_messages
+
+
+@dataclass
+class FakeKubelet:
+    """Pods as (namespace, pod, container, resource name, [device ids]); `delay_s` slows every answer."""
+
+    allocations: list[tuple[str, str, str, str, list[str]]] = field(default_factory=list)
+    delay_s: float = 0.0
+    list_calls: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def list_response(self, messages):  # type: ignore[no-untyped-def]
+        response = messages.ListPodResourcesResponse()
+        pods: dict[tuple[str, str], object] = {}
+        for namespace, pod, container, resource, device_ids in self.allocations:
+            entry = pods.get((namespace, pod))
+            if entry is None:
+                entry = pods[(namespace, pod)] = response.pod_resources.add(name=pod, namespace=namespace)
+            c = entry.containers.add(name=container)
+            c.devices.add(resource_name=resource, device_ids=device_ids)
+        return response
+
+
+@contextlib.contextmanager
+def kubelet_server(kubelet: FakeKubelet) -> Iterator[Path]:
+    """Serve `kubelet` on `<short tmp dir>/kubelet.sock` (unix socket paths must stay < 108 bytes)."""
+    messages = build_messages()
+    directory = Path(tempfile.mkdtemp(prefix="gl-kubelet-", dir="/tmp"))
+    socket_path = directory / "kubelet.sock"
+
+    def list_handler(request, context):  # type: ignore[no-untyped-def]
+        with kubelet.lock:
+            kubelet.list_calls += 1
+        if kubelet.delay_s:
+            time.sleep(kubelet.delay_s)
+        return kubelet.list_response(messages)
+
+    def allocatable_handler(request, context):  # type: ignore[no-untyped-def]
+        response = messages.AllocatableResourcesResponse()
+        for _, _, _, resource, device_ids in kubelet.allocations:
+            response.devices.add(resource_name=resource, device_ids=device_ids)
+        return response
+
+    def get_handler(request, context):  # type: ignore[no-untyped-def]
+        full = kubelet.list_response(messages)
+        for pod in full.pod_resources:
+            if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
+                return messages.GetPodResourcesResponse(pod_resources=pod)
+        context.abort(grpc.StatusCode.NOT_FOUND, "pod not found")
+        return None
+
+    def handler(fn, request_cls, response_cls):  # type: ignore[no-untyped-def]
+        return grpc.unary_unary_rpc_method_handler(
+            fn,
+            request_deserializer=request_cls.FromString,
+            response_serializer=response_cls.SerializeToString,
+        )
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                SERVICE,
+                {
+                    "List": handler(
+                        list_handler, messages.ListPodResourcesRequest, messages.ListPodResourcesResponse
+                    ),
+                    "GetAllocatableResources": handler(
+                        allocatable_handler,
+                        messages.AllocatableResourcesRequest,
+                        messages.AllocatableResourcesResponse,
+                    ),
+                    "Get": handler(
+                        get_handler, messages.GetPodResourcesRequest, messages.GetPodResourcesResponse
+                    ),
+                },
+            ),
+        )
+    )
+    server.add_insecure_port(f"unix:{socket_path}")
+    server.start()
+    try:
+        yield socket_path
+    finally:
+        server.stop(grace=None)
+        shutil.rmtree(directory, ignore_errors=True)
