@@ -1,0 +1,306 @@
+"""The history format: what `gpulens simulate` and `gpulens import-trace` write and `--history` reads.
+
+A history is a directory with three files (documented in docs/analyzer.md):
+
+- `samples.parquet`: a long table, one row per sample: `timestamp` (seconds since epoch, float),
+  `metric` (family name from docs/metrics.md), `value` (float), then one string column per label in
+  `LABELS` ("" when the series lacks that label).
+- `metrics.om`: the same samples as OpenMetrics text with timestamps, grouped by family and by
+  series, ending in `# EOF`, so `promtool tsdb create-blocks-from openmetrics` can backfill a real
+  Prometheus and the analyzer's PromQL path can be checked against the file path.
+- `meta.json`: provenance and shape (`format`, `version`, `source`, `start`, `end`, `step_s`, ...).
+
+Writing streams: rows are buffered and flushed to Parquet in row groups, and `metrics.om` is built
+family by family from the Parquet file afterwards, so memory stays bounded by one family.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from gpulens.analyzer.errors import AnalyzerError
+
+FORMAT = "gpulens-history"
+VERSION = 1
+SAMPLES_FILE = "samples.parquet"
+OPENMETRICS_FILE = "metrics.om"
+META_FILE = "meta.json"
+
+# labels kept in histories: the ones the analyzer reads (identity and joins); others are dropped
+LABELS: tuple[str, ...] = (
+    "instance",
+    "gpu",
+    "uuid",
+    "model",
+    "gpu_instance",
+    "mig_profile",
+    "job_id",
+    "job_source",
+    "job_user",
+    "job_namespace",
+    "job_pod",
+    "job_container",
+    "sharing",
+    "gpu_spec",
+    "qos",
+    "phase",
+)
+
+# families kept in histories (docs/metrics.md names, plus the trace-only request families)
+FAMILIES: tuple[str, ...] = (
+    "gpu_info",
+    "gpu_memory_total_bytes",
+    "gpu_memory_used_bytes",
+    "gpu_utilization_ratio",
+    "gpu_sm_active_ratio",
+    "gpu_tensor_active_ratio",
+    "gpu_dram_active_ratio",
+    "gpu_mig_instance_info",
+    "gpu_mig_memory_total_bytes",
+    "gpu_mig_memory_used_bytes",
+    "gpu_mig_sm_active_ratio",
+    "gpu_mig_tensor_active_ratio",
+    "gpu_mig_dram_active_ratio",
+    "gpu_job_info",
+    "gpu_job_memory_used_bytes",
+    "gpu_job_sm_utilization_ratio",
+    "gpulens_trace_job_requested_gpus",
+    "gpulens_trace_job_lifetime_seconds",
+    "gpulens_trace_node_gpus",
+)
+
+HELP = {
+    "gpulens_trace_job_requested_gpus": "GPUs a trace job requested (fractions for shared GPUs)",
+    "gpulens_trace_job_lifetime_seconds": "lifetime of a trace job in seconds",
+    "gpulens_trace_node_gpus": "GPUs of a trace node",
+}
+
+SCHEMA = pa.schema(
+    [("timestamp", pa.float64()), ("metric", pa.string()), ("value", pa.float64())]
+    + [(label, pa.string()) for label in LABELS]
+)
+
+
+@dataclass
+class History:
+    """A loaded history: its metadata and the long sample table."""
+
+    path: Path
+    meta: dict[str, Any]
+    samples: pd.DataFrame
+
+    @property
+    def step_s(self) -> float:
+        return float(self.meta["step_s"])
+
+    @property
+    def kind(self) -> str:
+        """`usage` (time series of GPU use) or `requests` (trace of requests only)."""
+        return str(self.meta.get("kind", "usage"))
+
+
+class HistoryWriter:
+    """Streams samples into a history directory; call `close()` (or use `with`) to finish it."""
+
+    def __init__(self, out_dir: str | Path, meta: Mapping[str, Any], flush_rows: int = 200_000) -> None:
+        self.out_dir = Path(out_dir)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AnalyzerError(f"{self.out_dir}: cannot create output directory: {exc.strerror}") from exc
+        self.meta = dict(meta)
+        self.flush_rows = flush_rows
+        self._columns: dict[str, list] = {name: [] for name in SCHEMA.names}
+        self._writer = pq.ParquetWriter(self.out_dir / SAMPLES_FILE, SCHEMA, compression="zstd")
+        self._rows = 0
+        self._families: set[str] = set()
+        self._tmin = math.inf
+        self._tmax = -math.inf
+
+    def __enter__(self) -> HistoryWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add(self, timestamp: float, metric: str, value: float, labels: Mapping[str, str]) -> None:
+        """One sample; labels outside `LABELS` are dropped, families outside `FAMILIES` rejected."""
+        if metric not in FAMILIES:
+            raise ValueError(f"family {metric!r} is not part of the history format")
+        cols = self._columns
+        cols["timestamp"].append(float(timestamp))
+        cols["metric"].append(metric)
+        cols["value"].append(float(value))
+        for label in LABELS:
+            cols[label].append(str(labels.get(label, "") or ""))
+        self._families.add(metric)
+        self._tmin = min(self._tmin, timestamp)
+        self._tmax = max(self._tmax, timestamp)
+        if len(cols["timestamp"]) >= self.flush_rows:
+            self._flush()
+
+    def add_frame(self, frame: pd.DataFrame) -> None:
+        """Many samples at once: a frame with timestamp, metric, value and some label columns."""
+        frame = frame.copy()
+        for label in LABELS:
+            if label not in frame:
+                frame[label] = ""
+            frame[label] = frame[label].fillna("").astype(str)
+        unknown = set(frame["metric"].unique()) - set(FAMILIES)
+        if unknown:
+            raise ValueError(f"families {sorted(unknown)} are not part of the history format")
+        self._flush()
+        table = pa.Table.from_pandas(frame[list(SCHEMA.names)], schema=SCHEMA, preserve_index=False)
+        self._writer.write_table(table)
+        self._rows += len(frame)
+        if len(frame):
+            self._families.update(frame["metric"].unique())
+            self._tmin = min(self._tmin, float(frame["timestamp"].min()))
+            self._tmax = max(self._tmax, float(frame["timestamp"].max()))
+
+    def _flush(self) -> None:
+        n = len(self._columns["timestamp"])
+        if not n:
+            return
+        table = pa.Table.from_pydict(self._columns, schema=SCHEMA)
+        self._writer.write_table(table)
+        self._rows += n
+        self._columns = {name: [] for name in SCHEMA.names}
+
+    def close(self) -> None:
+        if self._writer is None:
+            return
+        self._flush()
+        self._writer.close()
+        self._writer = None
+        write_openmetrics(self.out_dir / SAMPLES_FILE, self.out_dir / OPENMETRICS_FILE)
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "kind": "usage",
+            **self.meta,
+            "samples": self._rows,
+            "families": sorted(self._families),
+        }
+        if self._rows:
+            meta.setdefault("start", self._tmin)
+            meta.setdefault("end", self._tmax)
+        (self.out_dir / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def format_value(value: float) -> str:
+    """OpenMetrics float text: NaN and +Inf/-Inf spelled as the format wants."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def write_openmetrics(samples_path: Path, out_path: Path) -> None:
+    """Render the Parquet samples as OpenMetrics text, one family at a time, series contiguous."""
+    parquet = pq.ParquetFile(samples_path)
+    families = set()
+    for i in range(parquet.num_row_groups):
+        families.update(parquet.read_row_group(i, columns=["metric"]).column(0).unique().to_pylist())
+    with out_path.open("w") as out:
+        for family in sorted(families):
+            table = pq.read_table(samples_path, filters=[("metric", "=", family)])
+            frame = table.to_pandas()
+            present = [label for label in LABELS if (frame[label] != "").any()]
+            frame = frame.sort_values([*present, "timestamp"], kind="stable")
+            out.write(f"# TYPE {family} gauge\n")
+            if family in HELP:
+                out.write(f"# HELP {family} {HELP[family]}\n")
+            label_cols = [frame[label].to_numpy() for label in present]
+            values = frame["value"].to_numpy()
+            stamps = frame["timestamp"].to_numpy()
+            lines = []
+            for row in range(len(frame)):
+                pairs = [
+                    f'{name}="{_escape(col[row])}"'
+                    for name, col in zip(present, label_cols, strict=True)
+                    if col[row]
+                ]
+                labels = "{" + ",".join(pairs) + "}" if pairs else ""
+                lines.append(f"{family}{labels} {format_value(values[row])} {format_value(stamps[row])}\n")
+                if len(lines) >= 50_000:
+                    out.writelines(lines)
+                    lines = []
+            out.writelines(lines)
+        out.write("# EOF\n")
+
+
+def write_history(out_dir: str | Path, frame: pd.DataFrame, meta: Mapping[str, Any]) -> Path:
+    """Write a whole sample frame as a history (tests and importers)."""
+    with HistoryWriter(out_dir, meta) as writer:
+        writer.add_frame(frame)
+    return Path(out_dir)
+
+
+def read_history(path: str | Path, start: float | None = None, end: float | None = None) -> History:
+    """Load a history directory, optionally limited to samples with start < t <= end."""
+    root = Path(path)
+    if not root.is_dir():
+        raise AnalyzerError(f"{root}: history directory not found")
+    meta_path = root / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError as exc:
+        raise AnalyzerError(f"{meta_path}: missing (not a gpulens history directory)") from exc
+    except (OSError, ValueError) as exc:
+        raise AnalyzerError(f"{meta_path}: not valid JSON: {exc}") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise AnalyzerError(f'{meta_path}: expected "format": "{FORMAT}"')
+    if meta.get("version") != VERSION:
+        found = meta.get("version")
+        raise AnalyzerError(f"{meta_path}: unsupported history version {found!r}, expected {VERSION}")
+    try:
+        step = float(meta["step_s"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AnalyzerError(f'{meta_path}: field "step_s" must be a number of seconds') from exc
+    if not step > 0:
+        raise AnalyzerError(f'{meta_path}: field "step_s" must be positive')
+    samples_path = root / SAMPLES_FILE
+    try:
+        samples = pq.read_table(samples_path).to_pandas()
+    except FileNotFoundError as exc:
+        raise AnalyzerError(f"{samples_path}: missing") from exc
+    except (OSError, pa.ArrowException) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise AnalyzerError(f"{samples_path}: not a readable Parquet file: {reason}") from exc
+    missing = [c for c in ("timestamp", "metric", "value") if c not in samples]
+    if missing:
+        raise AnalyzerError(f"{samples_path}: missing columns {missing}")
+    for label in LABELS:
+        if label not in samples:
+            samples[label] = ""
+    try:
+        samples["timestamp"] = samples["timestamp"].astype(float)
+        samples["value"] = samples["value"].astype(float)
+    except (TypeError, ValueError) as exc:
+        raise AnalyzerError(f"{samples_path}: columns timestamp and value must be numbers") from exc
+    if start is not None:
+        samples = samples[samples["timestamp"] > start]
+    if end is not None:
+        samples = samples[samples["timestamp"] <= end]
+    return History(root, meta, samples.reset_index(drop=True))
+
+
+def iter_family(samples: pd.DataFrame, families: Iterable[str]) -> pd.DataFrame:
+    """Rows of the given families (a view for joins)."""
+    return samples[samples["metric"].isin(list(families))]

@@ -1,0 +1,333 @@
+"""Per-job GPU profiles: one row per job with what it was given and what it used.
+
+Two sources feed the same assembly step (`build_profiles`):
+
+- `stats_from_samples` reduces a history's long table with pandas;
+- `gpulens.analyzer.sources.prometheus` computes the same reductions inside PromQL.
+
+Both hand over three small identity tables (job series, GPUs, MIG instances) and a per-job dict
+of aggregates (`JobStats`), so the rules that turn them into a profile live here once.
+
+Reductions follow jobstats/jobscope: activity is averaged (plus p50/p95/max, idle fraction and
+burstiness = stddev / mean), memory is peaked (plus p95). Per step, a multi-GPU job's activity is
+the mean over its GPUs and its memory the maximum per GPU, because the per-GPU peak is what has
+to fit a slice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from gpulens.analyzer import signals
+from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer.history import LABELS
+from gpulens.analyzer.thresholds import Thresholds
+from gpulens.exporter.catalog import CatalogError, GpuModel, get_model, model_for_nvml_name
+
+STAT_KEYS = ("mean", "p50", "p95", "max", "count", "stddev", "idle")
+
+PROFILE_COLUMNS = (
+    "job_id",
+    "instance",
+    "job_source",
+    "job_user",
+    "job_namespace",
+    "job_pod",
+    "job_container",
+    "team",
+    "gpu_model",
+    "gpu_model_known",
+    "gpus",
+    "uuids",
+    "sharing",
+    "mig_profile_now",
+    "device_sms",
+    "device_memory_bytes",
+    "gpu_share",
+    "start",
+    "end",
+    "duration_s",
+    "samples",
+    "coverage",
+    "activity_signal",
+    "sm_active_mean",
+    "sm_active_p50",
+    "sm_active_p95",
+    "sm_active_max",
+    "idle_fraction",
+    "burstiness",
+    "memory_signal",
+    "memory_peak_bytes",
+    "memory_p95_bytes",
+    "dram_active_p95",
+    "tensor_active_mean",
+    "gpu_hours_allocated",
+    "gpu_hours_used",
+    "gpu_hours_idle",
+)
+
+
+@dataclass
+class JobStats:
+    """Aggregates of one job over the window (the same numbers from pandas or PromQL)."""
+
+    start: float = math.nan
+    end: float = math.nan
+    samples: int = 0
+    gpus: int = 0
+    activity_signal: str = ""
+    activity: dict[str, float] = field(default_factory=dict)  # STAT_KEYS
+    memory_signal: str = ""
+    memory_peak: float = math.nan
+    memory_p95: float = math.nan
+    dram_p95: float = math.nan
+    tensor_mean: float = math.nan
+
+
+@dataclass
+class Identity:
+    """The small label tables both sources produce."""
+
+    series: pd.DataFrame  # job_id, uuid, gpu_instance, IDENTITY_LABELS
+    gpus: pd.DataFrame  # uuid, model, instance
+    migs: pd.DataFrame  # uuid, gpu_instance, mig_profile
+
+
+def reduce_series(values: np.ndarray, idle_below: float) -> dict[str, float]:
+    """The activity reductions, defined as PromQL defines them (linear quantiles, population stddev)."""
+    if values.size == 0:
+        return {}
+    return {
+        "mean": float(values.mean()),
+        "p50": float(np.quantile(values, 0.5)),
+        "p95": float(np.quantile(values, 0.95)),
+        "max": float(values.max()),
+        "count": float(values.size),
+        "stddev": float(values.std()),
+        "idle": float((values < idle_below).mean()),
+    }
+
+
+def _identity_from_samples(samples: pd.DataFrame) -> Identity:
+    info = samples[samples["metric"] == "gpu_job_info"]
+    cols = ["job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS]
+    series = info[cols].drop_duplicates().reset_index(drop=True)
+    gpu_info = samples[samples["metric"] == "gpu_info"].sort_values("timestamp")
+    gpus = gpu_info.drop_duplicates("uuid", keep="last")[["uuid", "model", "instance"]]
+    mig_info = samples[samples["metric"] == "gpu_mig_instance_info"].sort_values("timestamp")
+    migs = mig_info.drop_duplicates(["uuid", "gpu_instance"], keep="last")[
+        ["uuid", "gpu_instance", "mig_profile"]
+    ]
+    return Identity(series, gpus.reset_index(drop=True), migs.reset_index(drop=True))
+
+
+def job_kinds(series: pd.DataFrame) -> dict[str, str]:
+    """job_id -> signal table kind, from the job's first series (by uuid, gpu_instance)."""
+    first = series.sort_values(["job_id", "uuid", "gpu_instance"]).drop_duplicates("job_id")
+    return {
+        row.job_id: signals.job_kind(row.sharing, row.gpu_instance)
+        for row in first[["job_id", "sharing", "gpu_instance"]].itertuples()
+    }
+
+
+def _signal_steps(
+    samples: pd.DataFrame, info: pd.DataFrame, signal: signals.Signal, jobs: list[str], how: str
+) -> pd.DataFrame:
+    """Per (job_id, timestamp) value of one signal for the given jobs (NaN and negatives dropped)."""
+    fam = samples[(samples["metric"] == signal.family) & (samples["value"] >= 0)]
+    if signal.scope == "job":
+        rows = fam[fam["job_id"].isin(jobs)][["job_id", "timestamp", "value"]]
+    else:
+        keys = ["uuid", "timestamp"] if signal.scope == "gpu" else ["uuid", "gpu_instance", "timestamp"]
+        left = info[info["job_id"].isin(jobs)][["job_id", *keys]]
+        rows = left.merge(fam[[*keys, "value"]], on=keys, how="inner")[["job_id", "timestamp", "value"]]
+    if rows.empty:
+        return rows
+    return rows.groupby(["job_id", "timestamp"], sort=True)["value"].agg(how).reset_index()
+
+
+def _chain_steps(
+    samples: pd.DataFrame,
+    info: pd.DataFrame,
+    chain: dict[str, tuple[signals.Signal, ...]],
+    kinds: dict[str, str],
+    how: str,
+) -> dict[str, tuple[str, np.ndarray]]:
+    """job_id -> (signal name, per-step values) from the first signal of its chain that has data."""
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    for kind, chain_signals in chain.items():
+        pending = [job for job, k in kinds.items() if k == kind]
+        for signal in chain_signals:
+            if not pending:
+                break
+            steps = _signal_steps(samples, info, signal, pending, how)
+            for job, group in steps.groupby("job_id", sort=False):
+                out[str(job)] = (signal.name, group["value"].to_numpy(dtype=float))
+            pending = [job for job in pending if job not in out]
+    return out
+
+
+def stats_from_samples(samples: pd.DataFrame, thresholds: Thresholds) -> tuple[Identity, dict[str, JobStats]]:
+    """Reduce a history's samples to per-job aggregates (the file path)."""
+    missing = [label for label in LABELS if label not in samples]
+    if missing:
+        samples = samples.assign(**dict.fromkeys(missing, ""))
+    info = samples[samples["metric"] == "gpu_job_info"]
+    if info.empty:
+        raise AnalyzerError("no gpu_job_info samples in the window: there are no jobs to profile")
+    identity = _identity_from_samples(samples)
+    kinds = job_kinds(identity.series)
+    idle_below = thresholds.get("activity", "idle_below")
+    stats: dict[str, JobStats] = {}
+    per_step = info.groupby(["job_id", "timestamp"]).size().rename("n").reset_index()
+    for job, group in per_step.groupby("job_id", sort=False):
+        stats[str(job)] = JobStats(
+            start=float(group["timestamp"].min()),
+            end=float(group["timestamp"].max()),
+            samples=len(group),
+            gpus=int(group["n"].max()),
+        )
+    for job, (name, values) in _chain_steps(samples, info, signals.ACTIVITY, kinds, "mean").items():
+        stats[job].activity_signal = name
+        stats[job].activity = reduce_series(values, idle_below)
+    for job, (name, values) in _chain_steps(samples, info, signals.MEMORY, kinds, "max").items():
+        stats[job].memory_signal = name
+        stats[job].memory_peak = float(values.max())
+        stats[job].memory_p95 = float(np.quantile(values, 0.95))
+    for job, (_, values) in _chain_steps(samples, info, signals.DRAM, kinds, "mean").items():
+        stats[job].dram_p95 = float(np.quantile(values, 0.95))
+    for job, (_, values) in _chain_steps(samples, info, signals.TENSOR, kinds, "mean").items():
+        stats[job].tensor_mean = float(values.mean())
+    return identity, stats
+
+
+def resolve_model(name: str, override: GpuModel | None) -> tuple[str, GpuModel | None]:
+    """(model name to report, catalog model or None when gpulens does not know it)."""
+    if override is not None:
+        return override.key, override
+    model = model_for_nvml_name(name) if name else None
+    return (model.key if model else (name or "unknown")), model
+
+
+def parse_model_option(name: str | None) -> GpuModel | None:
+    """`--gpu-model`: a catalog model, or one clear error naming the known ones."""
+    if not name:
+        return None
+    try:
+        return get_model(name)
+    except CatalogError as exc:
+        raise AnalyzerError(f"--gpu-model: {exc}") from exc
+
+
+def build_profiles(
+    identity: Identity,
+    stats: dict[str, JobStats],
+    step_s: float,
+    thresholds: Thresholds,
+    gpu_model: GpuModel | None = None,
+) -> pd.DataFrame:
+    """Assemble the profile table from identity tables and aggregates (shared by both sources)."""
+    series = identity.series.sort_values(["job_id", "uuid", "gpu_instance"])
+    models = dict(zip(identity.gpus["uuid"], identity.gpus["model"], strict=True))
+    nodes = dict(zip(identity.gpus["uuid"], identity.gpus["instance"], strict=True))
+    mig_names = {
+        (u, g): p
+        for u, g, p in identity.migs[["uuid", "gpu_instance", "mig_profile"]].itertuples(index=False)
+    }
+    shared_rows = series[series["sharing"].isin(["mps", "time_slicing", "time-slicing"])]
+    sharers = shared_rows.groupby("uuid")["job_id"].nunique().to_dict()
+    rows = []
+    for job_id, group in series.groupby("job_id", sort=True):
+        job_id = str(job_id)
+        if job_id not in stats:
+            continue
+        st = stats[job_id]
+        first = group.iloc[0]
+        kind = signals.job_kind(first["sharing"], first["gpu_instance"])
+        sharing = first["sharing"] or ("mig" if kind == "mig" else "exclusive")
+        model_name, model = resolve_model(models.get(first["uuid"], ""), gpu_model)
+        mig_now = mig_names.get((first["uuid"], first["gpu_instance"]), "") if kind == "mig" else ""
+        device_sms = model.sm_count if model else math.nan
+        device_memory = model.memory_bytes if model else math.nan
+        share = 1.0
+        slice_fraction = 1.0
+        if kind == "mig" and model is not None and mig_now:
+            try:
+                profile = model.mig_profile(mig_now)
+                device_sms, device_memory = profile.sm_count, profile.memory_bytes
+                slice_fraction = profile.compute_slices / model.compute_slices
+                share = slice_fraction
+            except CatalogError:
+                pass
+        elif kind == "shared":
+            share = 1.0 / max(1, max(sharers.get(u, 1) for u in group["uuid"]))
+        act = st.activity
+        expected = round((st.end - st.start) / step_s) + 1 if st.samples else 0
+        coverage = min(1.0, act.get("count", 0.0) / expected) if expected else 0.0
+        duration = (st.end - st.start + step_s) if st.samples else 0.0
+        gpus = max(st.gpus, 1)
+        hours_alloc = gpus * share * duration / 3600.0
+        mean = act.get("mean", math.nan)
+        hours_used = gpus * slice_fraction * duration / 3600.0 * mean if not math.isnan(mean) else math.nan
+        if not math.isnan(hours_used):
+            hours_used = min(hours_used, hours_alloc) if kind != "shared" else hours_used
+        burst = act["stddev"] / act["mean"] if act and act["mean"] > 0 else (0.0 if act else math.nan)
+        node = first["instance"] or nodes.get(first["uuid"], "")
+        rows.append(
+            {
+                "job_id": job_id,
+                "instance": node,
+                "job_source": first["job_source"],
+                "job_user": first["job_user"],
+                "job_namespace": first["job_namespace"],
+                "job_pod": first["job_pod"],
+                "job_container": first["job_container"],
+                "team": first["job_namespace"] or first["job_user"] or "unknown",
+                "gpu_model": model_name,
+                "gpu_model_known": model is not None,
+                "gpus": gpus,
+                "uuids": ",".join(sorted(set(group["uuid"]))),
+                "sharing": sharing.replace("_", "-"),
+                "mig_profile_now": mig_now,
+                "device_sms": device_sms,
+                "device_memory_bytes": device_memory,
+                "gpu_share": share,
+                "start": st.start,
+                "end": st.end,
+                "duration_s": duration,
+                "samples": st.samples,
+                "coverage": coverage,
+                "activity_signal": st.activity_signal or "none",
+                "sm_active_mean": mean,
+                "sm_active_p50": act.get("p50", math.nan),
+                "sm_active_p95": act.get("p95", math.nan),
+                "sm_active_max": act.get("max", math.nan),
+                "idle_fraction": act.get("idle", math.nan),
+                "burstiness": burst,
+                "memory_signal": st.memory_signal or "none",
+                "memory_peak_bytes": st.memory_peak,
+                "memory_p95_bytes": st.memory_p95,
+                "dram_active_p95": st.dram_p95,
+                "tensor_active_mean": st.tensor_mean,
+                "gpu_hours_allocated": hours_alloc,
+                "gpu_hours_used": hours_used,
+                "gpu_hours_idle": max(0.0, hours_alloc - hours_used)
+                if not math.isnan(hours_used)
+                else hours_alloc,
+            }
+        )
+    frame = pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))
+    if frame.empty:
+        raise AnalyzerError("no job has samples in the window: nothing to profile")
+    return frame
+
+
+def profiles_from_samples(
+    samples: pd.DataFrame, step_s: float, thresholds: Thresholds, gpu_model: GpuModel | None = None
+) -> pd.DataFrame:
+    """The file path end to end: samples -> profile table."""
+    identity, stats = stats_from_samples(samples, thresholds)
+    return build_profiles(identity, stats, step_s, thresholds, gpu_model)
