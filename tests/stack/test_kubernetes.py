@@ -1,0 +1,288 @@
+"""The Kubernetes manifests in deploy/kubernetes/: structure and cross-references.
+
+No cluster here, so the checks are the mistakes that make `kubectl apply -k` succeed but the
+exporter never get scraped: selectors that match nothing, port names that differ, ConfigMaps, PVCs
+and service accounts referenced but not shipped, a PrometheusRule that drifted from alerts/.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+KDIR = REPO / "deploy" / "kubernetes"
+EXPORTER_PORT = 9842
+
+
+def load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpulens_k8s_generate", KDIR / "generate.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def kustomization() -> dict:
+    return yaml.safe_load((KDIR / "kustomization.yaml").read_text())
+
+
+def objects(files: list[str] | None = None) -> list[dict]:
+    """Every object of the kustomization's resources (or of the named files)."""
+    names = files if files is not None else kustomization()["resources"]
+    found = []
+    for name in names:
+        for document in yaml.safe_load_all((KDIR / name).read_text()):
+            if document:
+                found.append(document)
+    return found
+
+
+def one(kind: str, files: list[str] | None = None) -> dict:
+    matches = [o for o in objects(files) if o["kind"] == kind]
+    assert len(matches) == 1, f"expected one {kind}, found {len(matches)}"
+    return matches[0]
+
+
+def daemonset() -> dict:
+    return one("DaemonSet")
+
+
+def exporter_container() -> dict:
+    containers = daemonset()["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_every_manifest_is_listed_in_the_kustomization_or_documented_as_an_alternative():
+    listed = set(kustomization()["resources"])
+    on_disk = {p.name for p in KDIR.glob("*.yaml")} - {"kustomization.yaml"}
+    alternatives = {"exporter-servicemonitor.yaml"}
+    assert listed <= on_disk, f"kustomization lists missing files: {sorted(listed - on_disk)}"
+    assert on_disk - listed == alternatives
+
+
+def test_every_object_has_api_version_kind_and_name():
+    for obj in objects():
+        assert obj.get("apiVersion") and obj.get("kind"), obj
+        assert obj["metadata"].get("name"), obj
+
+
+def test_daemonset_selector_matches_its_pod_template():
+    ds = daemonset()
+    assert selects(ds["spec"]["selector"]["matchLabels"], ds["spec"]["template"]["metadata"]["labels"])
+
+
+def test_daemonset_runs_only_on_gpu_nodes_and_tolerates_the_gpu_taint():
+    spec = daemonset()["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert any(t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" for t in spec["tolerations"])
+
+
+def test_daemonset_sees_host_processes_through_the_nvidia_runtime_without_requesting_a_gpu():
+    spec = daemonset()["spec"]["template"]["spec"]
+    container = exporter_container()
+    assert spec["hostPID"] is True
+    assert spec["runtimeClassName"] == "nvidia"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    for section in ("requests", "limits"):
+        assert not any("nvidia.com" in key for key in container["resources"][section])
+        assert {"cpu", "memory"} <= set(container["resources"][section])
+
+
+def test_daemonset_mounts_procfs_pod_resources_and_pod_logs_read_only():
+    spec = daemonset()["spec"]["template"]["spec"]
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in exporter_container()["volumeMounts"]}
+    wanted = {"/proc", "/var/lib/kubelet/pod-resources", "/var/log/pods"}
+    assert set(host_paths.values()) == wanted
+    for name in host_paths:
+        assert mounts[name]["readOnly"] is True, f"hostPath {host_paths[name]} must be mounted read-only"
+    proc_mount = next(m["mountPath"] for n, m in mounts.items() if host_paths.get(n) == "/proc")
+    assert f"--procfs={proc_mount}" in exporter_container()["args"]
+
+
+def test_exporter_container_is_locked_down_and_says_why_it_runs_as_root():
+    container = exporter_container()
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in security["capabilities"]
+    text = (KDIR / "exporter-daemonset.yaml").read_text()
+    if security.get("runAsUser") == 0:
+        assert "pod-resources socket is owned by" in text  # the reason is written next to it
+
+
+def test_probes_use_the_exporters_process_health_endpoints_on_the_metrics_port():
+    container = exporter_container()
+    port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port_names == {"metrics": EXPORTER_PORT}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/-/healthy", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/-/ready", "port": "metrics"}
+    assert f"--listen=:{EXPORTER_PORT}" in container["args"]
+
+
+def test_service_selects_the_exporter_pods_and_targets_the_named_port():
+    service = one("Service")
+    pod_labels = daemonset()["spec"]["template"]["metadata"]["labels"]
+    assert selects(service["spec"]["selector"], pod_labels)
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == EXPORTER_PORT
+    assert port["targetPort"] in {p["name"] for p in exporter_container()["ports"]}
+
+
+def test_podmonitor_selects_the_exporter_pods_by_port_name():
+    monitor = one("PodMonitor")
+    pod_labels = daemonset()["spec"]["template"]["metadata"]["labels"]
+    assert selects(monitor["spec"]["selector"]["matchLabels"], pod_labels)
+    port_names = {p["name"] for p in exporter_container()["ports"]}
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        assert endpoint["port"] in port_names
+        assert endpoint["path"] == "/metrics"
+
+
+def test_servicemonitor_alternative_selects_the_service_by_port_name():
+    monitor = one("ServiceMonitor", ["exporter-servicemonitor.yaml"])
+    service = one("Service")
+    assert selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    service_ports = {p["name"] for p in service["spec"]["ports"]}
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert endpoint["port"] in service_ports
+
+
+def test_referenced_configmaps_pvcs_and_service_accounts_are_shipped():
+    shipped = {(o["kind"], o["metadata"]["name"]) for o in objects()}
+    for obj in objects():
+        pod_spec = pod_spec_of(obj)
+        if pod_spec is None:
+            continue
+        account = pod_spec.get("serviceAccountName")
+        if account:
+            assert ("ServiceAccount", account) in shipped
+        for volume in pod_spec.get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in shipped
+            if "configMap" in volume:
+                assert ("ConfigMap", volume["configMap"]["name"]) in shipped
+        for container in pod_spec["containers"]:
+            for source in container.get("envFrom", []):
+                if "configMapRef" in source:
+                    assert ("ConfigMap", source["configMapRef"]["name"]) in shipped
+            mounted = {m["name"] for m in container.get("volumeMounts", [])}
+            assert mounted <= {v["name"] for v in pod_spec.get("volumes", [])}
+
+
+def pod_spec_of(obj: dict) -> dict | None:
+    if obj["kind"] in {"DaemonSet", "Deployment", "StatefulSet", "Job"}:
+        return obj["spec"]["template"]["spec"]
+    if obj["kind"] == "CronJob":
+        return obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return None
+
+
+def test_report_cronjob_runs_weekly_and_writes_to_the_volume():
+    cronjob = one("CronJob")
+    _minute, _hour, day, month, weekday = cronjob["spec"]["schedule"].split()
+    assert day == "*" and month == "*" and weekday != "*", "weekly: one weekday"
+    spec = pod_spec_of(cronjob)
+    (container,) = spec["containers"]
+    command = " ".join(container.get("command", []) + container.get("args", []))
+    assert "gpulens report" in command and "--out" in command
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/reports" in mounts and '--out "/reports/' in command
+    assert spec["securityContext"]["runAsNonRoot"] is True
+
+
+def test_images_are_the_ones_the_kustomization_retags():
+    names = {image["name"] for image in kustomization()["images"]}
+    used = set()
+    for obj in objects():
+        spec = pod_spec_of(obj)
+        if spec:
+            used |= {c["image"].split(":")[0] for c in spec["containers"]}
+    assert used == names
+
+
+def test_no_rbac_beyond_what_is_needed():
+    # neither the exporter nor the report talks to the API server: no roles, no token
+    kinds = {o["kind"] for o in objects()}
+    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+    for obj in objects():
+        spec = pod_spec_of(obj)
+        if spec:
+            assert spec.get("automountServiceAccountToken") is False, obj["metadata"]["name"]
+
+
+def test_prometheusrule_is_exactly_what_the_generator_makes_from_alerts():
+    generator = load_generator()
+    assert (KDIR / "prometheusrule.yaml").read_text() == generator.render(REPO / "alerts")
+
+
+def test_one_prometheusrule_per_rule_file_holds_its_groups_in_order():
+    generator = load_generator()
+    files = generator.rule_files(REPO / "alerts")
+    assert {p.name for p in files} >= {"recording_rules.yml", "gpu_alerts.yml"}
+    rules = {o["metadata"]["name"]: o for o in objects() if o["kind"] == "PrometheusRule"}
+    assert set(rules) == {generator.resource_name(p) for p in files}
+    for path in files:
+        groups = rules[generator.resource_name(path)]["spec"]["groups"]
+        assert groups == yaml.safe_load(path.read_text())["groups"]
+
+
+def test_generator_rejects_a_group_name_defined_twice_in_one_file(tmp_path):
+    generator = load_generator()
+    (tmp_path / "a.yml").write_text("groups:\n  - name: g\n    rules: []\n  - name: g\n    rules: []\n")
+    with pytest.raises(generator.RuleSourceError, match=r"a\.yml: group 'g' is defined twice"):
+        generator.prometheus_rules(tmp_path)
+
+
+def test_generator_names_a_broken_rule_file(tmp_path):
+    generator = load_generator()
+    (tmp_path / "a.yml").write_text("groups: [\n")
+    with pytest.raises(generator.RuleSourceError, match=r"a\.yml: not valid YAML"):
+        generator.prometheus_rules(tmp_path)
+
+
+def test_generator_check_mode_fails_on_a_stale_file(tmp_path):
+    generator = load_generator()
+    stale = tmp_path / "prometheusrule.yaml"
+    stale.write_text("# old\n")
+    assert generator.main(["--check", "--output", str(stale)]) == 1
+    assert generator.main(["--output", str(stale)]) == 0
+    assert generator.main(["--check", "--output", str(stale)]) == 0
+
+
+def test_generated_rules_pass_promtool(tmp_path):
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool not installed")
+    for rule in (o for o in objects() if o["kind"] == "PrometheusRule"):
+        plain = tmp_path / f"{rule['metadata']['name']}.yml"
+        plain.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+        result = subprocess.run([promtool, "check", "rules", str(plain)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kustomize_builds_when_kubectl_is_available():
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl not installed")
+    result = subprocess.run([kubectl, "kustomize", str(KDIR)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    built = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert {d["metadata"].get("namespace") for d in built if d["kind"] != "Namespace"} == {"gpulens"}
