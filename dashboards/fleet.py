@@ -1,0 +1,333 @@
+"""Fleet overview: how many GPUs are busy, idle, broken or shared, and where the waste is.
+
+The entry point for an SRE: state counts, activity and memory heat maps across every GPU, idle
+GPU-hours and the jobs that hold GPUs without using them, open critical alerts and Xids by code.
+Every node and job links to its detail dashboard.
+"""
+
+from __future__ import annotations
+
+from gpulens.dashboards import queries as q
+from gpulens.dashboards.common import (
+    ANY_IS_BAD,
+    BYTES,
+    COUNT,
+    CRITICAL_XID_REGEX,
+    EVENTS_PER_MINUTE,
+    HOURS,
+    IDLE_LOW,
+    NONE,
+    PERCENTUNIT,
+    UID_FLEET,
+    WATT,
+    Layout,
+    column_links,
+    column_unit,
+    dashboard,
+    datasource_variable,
+    gpu_link,
+    gpu_variable,
+    heatmap,
+    job_link,
+    node_link,
+    node_variable,
+    stat,
+    steps,
+    table,
+    timeseries,
+)
+from gpulens.dashboards.queries import sel
+from grafanalib.core import Dashboard
+
+MIG_GPUS = sel("gpu_info", 'mig_mode="enabled"')
+IDLE_HOURS = steps("green", (1.0, "orange"), (8.0, "red"))
+
+
+def _state_row(layout: Layout) -> None:
+    layout.row("GPUs by state")
+    layout.add(
+        stat("GPUs", [(f"count({sel('gpu_info')})", "")], COUNT, description="GPUs reporting `gpu_info`."),
+        w=4,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "Busy",
+            [(f"count({q.busy_gpus()})", "")],
+            COUNT,
+            no_value="0",
+            description="GPUs with a process or at least 5 % SM activity (NVML utilization where no "
+            "profiling source exists). A MIG GPU counts once, by its whole-GPU activity.",
+        ),
+        w=4,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "Idle",
+            [(f"count({q.idle_gpus()})", "")],
+            COUNT,
+            no_value="0",
+            thresholds=ANY_IS_BAD,
+            description="GPUs nobody uses: no process and below 5 % SM activity "
+            "(recording rule instance_gpu:gpu_idle:bool).",
+        ),
+        w=4,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "Faulty",
+            [(f"count({q.faulty_gpus()})", "")],
+            COUNT,
+            no_value="0",
+            thresholds=ANY_IS_BAD,
+            color_mode="background",
+            description="GPUs lost (`gpu_up == 0`), with row remapping pending or failed, retired pages "
+            f"pending, or with a critical Xid ({CRITICAL_XID_REGEX.replace('|', ', ')}) or an uncorrectable "
+            "ECC error in the last hour.",
+        ),
+        w=4,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "MIG enabled",
+            [(f"count({MIG_GPUS})", "")],
+            COUNT,
+            no_value="0",
+            description="GPUs in MIG mode (see the Sharing dashboard for their layout).",
+        ),
+        w=4,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "MPS active",
+            [(f"count({sel('gpu_mps_server_active')} == 1)", "")],
+            COUNT,
+            no_value="0",
+            description="GPUs whose context is owned by an MPS server.",
+        ),
+        w=4,
+        h=4,
+    )
+    gpus_by_state = timeseries(
+        "GPUs by state",
+        [
+            (f"count({q.busy_gpus()})", "busy"),
+            (f"count({q.idle_gpus()})", "idle"),
+            (f"count({q.faulty_gpus()})", "faulty"),
+            (f"count({MIG_GPUS})", "MIG"),
+            (f"count({sel('gpu_mps_server_active')} == 1)", "MPS"),
+        ],
+        COUNT,
+        description="Busy and idle partition the healthy GPUs; MIG and MPS are sharing modes across them.",
+        legend_calcs=("lastNotNull", "max"),
+    )
+    layout.add(gpus_by_state, w=10, h=9)
+    nodes = table(
+        "Nodes",
+        [
+            (f"count by (instance) ({sel('gpu_info')})", ""),
+            (f"avg by (instance) ({q.activity()})", ""),
+            (
+                f"sum by (instance) ({sel('gpu_memory_used_bytes')})"
+                f" / sum by (instance) ({sel('gpu_memory_total_bytes')})",
+                "",
+            ),
+            (f"sum by (instance) ({sel('gpu_power_watts')})", ""),
+            (f"count by (instance) (count by (instance, job_id) ({sel('gpu_job_info')}))", ""),
+        ],
+        NONE,
+        merge=True,
+        rename={
+            "instance": "node",
+            "Value #A": "GPUs",
+            "Value #B": "SM activity",
+            "Value #C": "memory used",
+            "Value #D": "power",
+            "Value #E": "jobs",
+        },
+        order=("instance", "Value #A", "Value #B", "Value #C", "Value #D", "Value #E"),
+        overrides=[
+            column_links("node", node_link("${__data.fields.node}")),
+            column_unit("SM activity", PERCENTUNIT),
+            column_unit("memory used", PERCENTUNIT),
+            column_unit("power", WATT),
+        ],
+        description="Per node: GPUs, mean SM activity, memory used, power (parent GPUs only, so MIG "
+        "never double counts) and jobs. Click a node for its detail.",
+    )
+    layout.add(nodes, w=14, h=9)
+
+
+def _activity_row(layout: Layout) -> None:
+    layout.row("Activity and memory")
+    layout.add(
+        heatmap(
+            "SM activity across GPUs",
+            q.activity(),
+            PERCENTUNIT,
+            description="Distribution of per-GPU SM activity over time: a bright band at the bottom is "
+            "idle capacity.",
+        ),
+        w=12,
+        h=9,
+    )
+    layout.add(
+        heatmap(
+            "Memory used across GPUs",
+            q.memory_used_ratio(),
+            PERCENTUNIT,
+            scheme="Blues",
+            description="Distribution of per-GPU memory used / total.",
+        ),
+        w=12,
+        h=9,
+    )
+    layout.add(
+        timeseries(
+            "SM activity per node",
+            [(f"avg by (instance) ({q.activity()})", "{{instance}}")],
+            PERCENTUNIT,
+            thresholds=IDLE_LOW,
+            links=[node_link()],
+        ),
+        w=8,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Memory used vs total",
+            [
+                (f"sum({sel('gpu_memory_used_bytes')})", "used"),
+                (f"sum({sel('gpu_memory_total_bytes')})", "total"),
+            ],
+            BYTES,
+            description="Whole-GPU memory from the parent series (MIG instances are not added again).",
+        ),
+        w=8,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Power per node",
+            [(f"sum by (instance) ({sel('gpu_power_watts')})", "{{instance}}")],
+            WATT,
+            stack=True,
+            links=[node_link()],
+            description="Board power summed over parent GPUs. MIG instances carry no power series, so "
+            "this never double counts (dcgm-exporter's dashboard does).",
+        ),
+        w=8,
+        h=8,
+    )
+
+
+def _waste_row(layout: Layout) -> None:
+    layout.row("Waste")
+    layout.add(
+        stat(
+            "Idle GPU-hours (time range)",
+            [(q.idle_gpu_hours(), "")],
+            HOURS,
+            thresholds=ANY_IS_BAD,
+            description="GPU-hours without a process and below 5 % SM activity over the dashboard "
+            "time range.",
+        ),
+        w=6,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Idle GPUs per node",
+            [(f"count by (instance) ({q.idle_gpus()})", "{{instance}}")],
+            COUNT,
+            stack=True,
+            links=[node_link()],
+        ),
+        w=8,
+        h=8,
+    )
+    layout.add(
+        table(
+            "Top wasteful jobs (time range)",
+            [(q.top_wasteful_jobs(), "")],
+            HOURS,
+            rename={"Value": "idle GPU-hours held"},
+            thresholds=IDLE_HOURS,
+            sort_by="idle GPU-hours held",
+            overrides=[column_links("job_id", job_link("${__data.fields.job_id}"))],
+            description="GPU-hours a job held but left idle: its share of each GPU (a MIG slice's share "
+            "of the GPU, split between jobs on MPS or time-sliced GPUs) minus the part it used. Click a "
+            "job for its detail and recommendation.",
+        ),
+        w=10,
+        h=8,
+    )
+
+
+def _alerts_row(layout: Layout) -> None:
+    layout.row("Alerts and errors")
+    layout.add(
+        table(
+            "Open critical alerts",
+            [('ALERTS{alertstate="firing", severity="critical", instance=~"$node|"}', "")],
+            NONE,
+            hide=("Time", "__name__", "job", "Value", "alertstate"),
+            order=("alertname", "instance", "gpu", "uuid"),
+            overrides=[
+                column_links("instance", gpu_link("${__data.fields.instance}", "${__data.fields.gpu}"))
+            ],
+            description="Firing alerts with severity critical (alerts without a node label are always "
+            "shown).",
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Xid rate by code",
+            [
+                (
+                    f"60 * sum by (xid) (rate({sel('gpu_xid_errors_total')}[$__rate_interval]))",
+                    "Xid {{xid}}",
+                )
+            ],
+            EVENTS_PER_MINUTE,
+            bars=True,
+            stack=True,
+            description="Xid events per minute by code, from the per-code counter (never a last-value "
+            "gauge). Critical codes: " + CRITICAL_XID_REGEX.replace("|", ", ") + ".",
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        table(
+            "Xid events in time range",
+            [(f"sum by (instance, gpu, xid) (increase({sel('gpu_xid_errors_total')}[$__range])) > 0", "")],
+            COUNT,
+            rename={"Value": "events"},
+            thresholds=ANY_IS_BAD,
+            sort_by="events",
+            overrides=[column_links("gpu", gpu_link("${__data.fields.instance}", "${__data.fields.gpu}"))],
+        ),
+        w=24,
+        h=7,
+    )
+
+
+def build() -> Dashboard:
+    layout = Layout()
+    _state_row(layout)
+    _activity_row(layout)
+    _waste_row(layout)
+    _alerts_row(layout)
+    return dashboard(
+        UID_FLEET,
+        "gpulens: state, activity, waste and faults across every GPU.",
+        layout,
+        [datasource_variable(), node_variable(), gpu_variable()],
+    )

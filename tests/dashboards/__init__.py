@@ -1,0 +1,1 @@
+"""Tests of the generated Grafana dashboards (gpulens.dashboards)."""
