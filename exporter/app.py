@@ -1,0 +1,275 @@
+"""The exporter as a library: sampler + collectors + renderer, with or without HTTP.
+
+Entry points (also used by the analyzer's history generator, which writes a simulated week as
+OpenMetrics without starting a server):
+
+    from gpulens.exporter.app import Exporter
+    from gpulens.exporter.config import ExporterConfig
+
+    exporter = Exporter(ExporterConfig(simulate="dgx-h100"))   # or Exporter(config, node=node)
+    snapshot = exporter.sample_once()       # one blocking sample at the (simulated) current time
+    families = exporter.families(snapshot)  # list[prometheus_client Metric], meta metrics included
+    rendered = exporter.render(snapshot)    # text / OpenMetrics bytes (plain and gzip)
+    exporter.close()
+
+`sample_once` drains pending Xid events synchronously, so no background thread is needed; pass
+`node=` (an installed simulated node) to drive the clock yourself. `start()` runs the background
+sampling loop and the Xid watcher thread; `current` is the last published (snapshot, rendered).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from gpulens.exporter.backends.events import XidWatcher
+from gpulens.exporter.backends.nvml import NvmlBackend, error_text
+from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY, CollectorOptions
+from gpulens.exporter.collectors import exporter as meta
+from gpulens.exporter.config import ConfigError, ExporterConfig
+from gpulens.exporter.render import Rendered, render
+from gpulens.exporter.sampler import Sampler, SamplerSettings
+from gpulens.exporter.snapshot import AreaTiming, NodeSnapshot
+from prometheus_client.core import Metric
+
+
+@dataclass(frozen=True)
+class Published:
+    """What scrapes read: swapped atomically after each sample."""
+
+    snapshot: NodeSnapshot
+    rendered: Rendered
+    statuses: dict[str, AreaTiming]
+    ready: bool
+
+
+def build_simulated_node(config: ExporterConfig) -> tuple[Any, Path]:
+    """Build and install the simulated node for `--simulate`; returns (node, procfs root)."""
+    from gpulens.exporter.sim.engine import build_node
+    from gpulens.exporter.sim.install import install
+    from gpulens.exporter.sim.scenario import load_scenario
+
+    assert config.simulate is not None
+    try:
+        scenario = load_scenario(config.simulate)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--simulate {config.simulate}: {exc}") from exc
+    procfs_root = Path(tempfile.mkdtemp(prefix="gpulens-sim-procfs-"))
+    kwargs: dict[str, Any] = {"seed": config.sim_seed, "procfs_root": procfs_root}
+    try:
+        node = build_node(scenario, speed=config.sim_speed, **kwargs)
+    except TypeError:
+        node = build_node(scenario, **kwargs)
+    install(node)
+    return node, Path(getattr(node, "procfs_root", procfs_root))
+
+
+class Exporter:
+    def __init__(
+        self,
+        config: ExporterConfig,
+        *,
+        node: Any = None,
+        clock: Callable[[], float] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.config = config
+        self.log = logger or logging.getLogger("gpulens.exporter")
+        self.node = node
+        procfs = config.procfs
+        if node is None and config.simulate:
+            self.node, sim_procfs = build_simulated_node(config)
+            procfs = procfs or sim_procfs
+        elif node is not None and procfs is None and getattr(node, "procfs_root", None):
+            procfs = Path(node.procfs_root)
+        self.procfs = procfs or Path("/proc")
+        if clock is None:
+            clock = self.node.clock.now if self.node is not None else time.time
+        self.clock = clock
+        self.backend_name = (
+            f"simulated ({config.simulate})" if config.simulate else ("simulated" if node else "nvml")
+        )
+
+        self.enabled = tuple(name for name in REGISTRY if name in (config.collectors or DEFAULT_ENABLED))
+        self.options = CollectorOptions(processes_max=config.processes_max)
+        areas = frozenset(n for n in self.enabled if REGISTRY[n].reads_nvml)
+        if config.profiling == "off":
+            areas -= {"profiling"}
+        profiler_factory = None
+        if "profiling" in areas:
+            from gpulens.exporter.backends.gpm import GpmProfiler
+
+            def profiler_factory(_backend: NvmlBackend) -> GpmProfiler:
+                return GpmProfiler(self.clock, interval=config.interval, logger=self.log)
+
+        self.backend = NvmlBackend(
+            clock=self.clock, procfs_root=self.procfs, profiler_factory=profiler_factory
+        )
+        self.xid = XidWatcher(self.clock, self.log) if "xid" in areas else None
+        self._attributor: Any = None
+        self._attribution_error = ""
+        if "jobs" in self.enabled:
+            self._init_attribution()
+        self.sampler = Sampler(
+            self.backend,
+            SamplerSettings(
+                areas=areas,
+                interval=config.interval,
+                deadline=config.read_deadline(),
+                jobs_enabled="jobs" in self.enabled,
+            ),
+            clock=self.clock,
+            xid=self.xid,
+            poll_events_inline=True,
+            attribute=self._attribute,
+            logger=self.log,
+        )
+        initial = NodeSnapshot(timestamp=0.0, duration_seconds=0.0, nvml_up=False, nvml_error="no sample yet")
+        self._published = self._publish(initial, ready=False)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- attribution ---------------------------------------------------------------------
+    def _init_attribution(self) -> None:
+        try:
+            from gpulens.exporter.attribution import AttributionConfig, Attributor
+        except ImportError as exc:
+            self._attribution_error = f"attribution unavailable: {exc}"
+            self.log.error("%s", self._attribution_error)
+            return
+        cfg = self.config
+        self._attributor = Attributor(
+            AttributionConfig(
+                procfs_root=self.procfs,
+                job_mapping_dir=cfg.job_mapping_dir,
+                pod_resources_socket=cfg.pod_resources_socket,
+                pod_logs_dir=cfg.pod_logs_dir,
+                enable_procfs=cfg.attribution_procfs,
+                enable_mapping=cfg.attribution_mapping,
+                enable_pod_resources=cfg.attribution_kubernetes,
+            ),
+            logger=logging.getLogger("gpulens.exporter.attribution"),
+        )
+
+    def _attribute(self, snapshot: NodeSnapshot) -> tuple[list[Any], str]:
+        if self._attributor is None:
+            return [], self._attribution_error or "attribution disabled"
+        from gpulens.exporter.attribution import ProcessRef
+
+        refs: list[ProcessRef] = []
+        sm_active: dict[tuple[int, int | None], float] = {}
+        for gpu in snapshot.gpus:
+            if not gpu.up:
+                continue
+            mig_uuids = {m.gpu_instance: m.uuid for m in gpu.mig_instances}
+            for p in (*gpu.processes, *gpu.mps_clients):
+                refs.append(
+                    ProcessRef(
+                        pid=p.pid,
+                        gpu=gpu.identity.index,
+                        uuid=gpu.identity.uuid,
+                        gpu_instance=p.gpu_instance,
+                        mig_uuid=mig_uuids.get(p.gpu_instance) if p.gpu_instance is not None else None,
+                        kind=p.kind,
+                        used_memory_bytes=p.used_memory_bytes,
+                        sm_util_ratio=p.sm_util_ratio,
+                    )
+                )
+            gpu_sm = dict(gpu.profiling).get("sm", gpu.utilization_ratio)
+            if gpu_sm is not None:
+                sm_active[(gpu.identity.index, None)] = gpu_sm
+            for m in gpu.mig_instances:
+                mig_sm = dict(m.profiling).get("sm")
+                if mig_sm is not None:
+                    sm_active[(gpu.identity.index, m.gpu_instance)] = mig_sm
+        return self._attributor.attribute(refs, sm_active), ""
+
+    # ---- sampling and rendering ----------------------------------------------------------
+    def sample_once(self) -> NodeSnapshot:
+        """One blocking sample (bounded by the per-GPU deadline); does not publish it."""
+        return self.sampler.sample()
+
+    def families_with_status(self, snapshot: NodeSnapshot) -> tuple[list[Metric], dict[str, AreaTiming]]:
+        families: list[Metric] = []
+        statuses: dict[str, AreaTiming] = {}
+        for name in self.enabled:
+            spec = REGISTRY[name]
+            read = snapshot.areas.get(name, AreaTiming(0.0, snapshot.nvml_up or not spec.reads_nvml))
+            started = time.perf_counter()
+            ok = read.success
+            try:
+                families.extend(spec.collect(snapshot, self.options))
+            except Exception as exc:  # a collector bug must not take the others down
+                ok = False
+                self.log.error("collector %s failed: %s", name, error_text(exc))
+            statuses[name] = AreaTiming(seconds=read.seconds + time.perf_counter() - started, success=ok)
+        families.extend(meta.collect(snapshot, statuses))
+        return families, statuses
+
+    def families(self, snapshot: NodeSnapshot) -> list[Metric]:
+        """The metric families of `snapshot` (all enabled collectors plus the exporter's own)."""
+        return self.families_with_status(snapshot)[0]
+
+    def render(self, snapshot: NodeSnapshot) -> Rendered:
+        return render(self.families(snapshot))
+
+    def _publish(self, snapshot: NodeSnapshot, ready: bool) -> Published:
+        families, statuses = self.families_with_status(snapshot)
+        return Published(snapshot=snapshot, rendered=render(families), statuses=statuses, ready=ready)
+
+    def refresh(self) -> Published:
+        """Sample, render and publish once (what the background loop does every interval)."""
+        snapshot = self.sample_once()
+        published = self._publish(snapshot, ready=True)
+        self._published = published
+        return published
+
+    @property
+    def current(self) -> Published:
+        return self._published
+
+    # ---- background loop -----------------------------------------------------------------
+    def start(self) -> None:
+        """Start the Xid watcher thread and the sampling loop (first sample immediately)."""
+        if self._thread is not None:
+            return
+        if self.xid is not None:
+            self.sampler.poll_events_inline = False
+            self.xid.start()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="gpulens-sampler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except Exception:
+                self.log.exception("sampling cycle failed")
+            next_tick += self.config.interval
+            now = time.monotonic()
+            if next_tick < now:  # overran: skip missed ticks instead of bursting
+                next_tick = now + self.config.interval
+            self._stop.wait(max(0.0, next_tick - now))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self.xid is not None:
+            self.xid.stop()
+        self.sampler.close()
+        if self._attributor is not None:
+            self._attributor.close()
+
+    def with_config(self, **changes: Any) -> ExporterConfig:
+        return replace(self.config, **changes)

@@ -1,0 +1,174 @@
+"""Xid events from an NVML event set, counted as real counters.
+
+Why a separate thread: NVML only queues events that arrive after registration, and sampling every
+few seconds would either block on `nvmlEventSetWait` or miss bursts. The watcher waits in a loop with
+a short timeout and counts every event the moment it is delivered, so nothing between two samples is
+lost; the sampler only copies the counters.
+
+Registration follows k8s-device-plugin: `mask & supported` per device; NOT_SUPPORTED leaves the set
+usable; a device that fails to register (lost) is retried when the sampler calls `attach` again.
+Events carrying a GPU instance id are also counted per MIG instance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+from gpulens.exporter.backends.nvml import NO_INSTANCE, error_text
+from gpulens.exporter.snapshot import XidCount
+
+XID_MASK = pynvml.nvmlEventTypeXidCriticalError
+
+
+@dataclass
+class _Counter:
+    count: int = 0
+    last: float = 0.0
+
+
+class XidWatcher:
+    """Owns one NVML event set; thread-safe counters keyed by (gpu, gpu_instance, xid)."""
+
+    def __init__(self, clock: Callable[[], float], logger: logging.Logger | None = None) -> None:
+        self.clock = clock
+        self.log = logger or logging.getLogger("gpulens.exporter.xid")
+        self._set_lock = threading.Lock()  # guards the event set and registrations
+        self._count_lock = threading.Lock()
+        self._event_set: Any = None
+        self._registered: dict[int, tuple[int | None, str]] = {}  # handle key -> (gpu index, uuid)
+        self._counters: dict[tuple[int, str, int | None, int], _Counter] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- registration ------------------------------------------------------------------------
+    def attach(self, devices: Sequence[tuple[int, str, Any]]) -> None:
+        """Register (index, uuid, handle) devices not yet registered on the current event set."""
+        pending = [d for d in devices if ctypes.cast(d[2], ctypes.c_void_p).value not in self._registered]
+        if not pending and self._event_set is not None:
+            return  # the common case: no lock, so a waiting poll() never delays a sample
+        with self._set_lock:
+            if self._event_set is None:
+                try:
+                    self._event_set = pynvml.nvmlEventSetCreate()
+                except pynvml.NVMLError as exc:
+                    self.log.warning("xid: cannot create an NVML event set: %s", error_text(exc))
+                    return
+            for index, uuid, handle in pending:
+                key = ctypes.cast(handle, ctypes.c_void_p).value
+                if key is None or key in self._registered:
+                    continue
+                try:
+                    supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
+                except pynvml.NVMLError:
+                    supported = XID_MASK
+                mask = XID_MASK & supported
+                if not mask:
+                    self._registered[key] = (index, uuid)
+                    continue
+                try:
+                    pynvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+                except pynvml.NVMLError as exc:
+                    if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                        self._registered[key] = (index, uuid)
+                    else:
+                        self.log.info("xid: GPU %d not registered yet: %s", index, error_text(exc))
+                    continue
+                self._registered[key] = (index, uuid)
+
+    def forget(self, handles: Sequence[Any]) -> None:
+        """Forget devices so that `attach` re-registers them (after a GPU came back)."""
+        with self._set_lock:
+            for handle in handles:
+                self._registered.pop(ctypes.cast(handle, ctypes.c_void_p).value, None)
+
+    def reset(self) -> None:
+        """Free the event set (NVML is shutting down); counters are kept."""
+        with self._set_lock:
+            if self._event_set is not None:
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlEventSetFree(self._event_set)
+            self._event_set = None
+            self._registered = {}
+
+    # ---- waiting -----------------------------------------------------------------------------
+    def poll(self, timeout_ms: int) -> int:
+        """Wait up to `timeout_ms` for the first event, then drain what is queued. Returns the count."""
+        handled = 0
+        with self._set_lock:
+            event_set = self._event_set
+            if event_set is None:
+                return 0
+            wait = timeout_ms
+            while True:
+                try:
+                    data = pynvml.nvmlEventSetWait(event_set, wait)
+                except pynvml.NVMLError as exc:
+                    if exc.value != pynvml.NVML_ERROR_TIMEOUT:
+                        self.log.debug("xid: event wait: %s", error_text(exc))
+                    return handled
+                self._count(data)
+                handled += 1
+                wait = 0
+
+    def _count(self, data: Any) -> None:
+        if not int(data.eventType) & XID_MASK:
+            return
+        key = ctypes.cast(data.device, ctypes.c_void_p).value
+        index, uuid = self._registered.get(key, (None, ""))
+        if index is None:
+            return
+        xid = int(data.eventData)
+        gi = int(data.gpuInstanceId)
+        now = self.clock()
+        with self._count_lock:
+            targets: list[int | None] = [None]
+            if gi != NO_INSTANCE:
+                targets.append(gi)
+            for target in targets:
+                counter = self._counters.setdefault((index, uuid, target, xid), _Counter())
+                counter.count += 1
+                counter.last = now
+        self.log.warning("xid %d on GPU %d%s", xid, index, "" if gi == NO_INSTANCE else f" instance {gi}")
+
+    def counts(self) -> tuple[XidCount, ...]:
+        with self._count_lock:
+            return tuple(
+                XidCount(gpu=g, uuid=u, xid=x, count=c.count, last_timestamp=c.last, gpu_instance=gi)
+                for (g, u, gi, x), c in sorted(
+                    self._counters.items(),
+                    key=lambda kv: (kv[0][0], kv[0][2] is not None, kv[0][2] or 0, kv[0][3]),
+                )
+            )
+
+    # ---- thread ------------------------------------------------------------------------------
+    def start(self, timeout_ms: int = 500) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                if self._event_set is None:
+                    self._stop.wait(timeout_ms / 1000)
+                    continue
+                try:
+                    self.poll(timeout_ms)
+                except Exception:  # never let the watcher die
+                    self.log.exception("xid: watcher error")
+                    self._stop.wait(1.0)
+
+        self._thread = threading.Thread(target=loop, name="gpulens-xid", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None

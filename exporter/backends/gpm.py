@@ -1,0 +1,169 @@
+"""Profiling-level activity from NVML GPM (GPU Performance Monitoring, Hopper and newer).
+
+GPM reports averages between two samples. Instead of sleeping inside a sample, the profiler keeps
+the previous GPM sample per device and per GPU instance and computes the metrics over the whole
+sampling interval; the first sample of a device therefore has no values yet. Each metric's own
+`nvmlReturn` is checked, NaN is treated as absent, and percentages become ratios 0..1.
+
+Samples younger than 100 ms (GPM's internal refresh) are not used as a window: the older sample is
+kept until the window is long enough.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pynvml
+from gpulens.exporter.backends.nvml import _ABSENT, _LOST, AreaError, GpuLostError, error_text
+from gpulens.exporter.snapshot import MigSample
+
+# snapshot PROFILING_KEYS -> NVML_GPM_METRIC_* id (all percentages)
+GPM_METRICS: tuple[tuple[str, int], ...] = (
+    ("graphics", 1),  # GRAPHICS_UTIL
+    ("sm", 2),  # SM_UTIL
+    ("sm_occupancy", 3),  # SM_OCCUPANCY
+    ("tensor", 5),  # ANY_TENSOR_UTIL
+    ("dram", 10),  # DRAM_BW_UTIL
+    ("fp64", 11),
+    ("fp32", 12),
+    ("fp16", 13),
+)
+MIN_WINDOW_SECONDS = 0.1
+
+
+def _gpm_call(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        if exc.value in _LOST:
+            raise GpuLostError(error_text(exc)) from exc
+        raise AreaError(f"{getattr(fn, '__name__', fn)}: {error_text(exc)}") from exc
+
+
+class GpmProfiler:
+    """Keeps one previous GPM sample per (GPU index, GPU instance or None)."""
+
+    source = "gpm"
+
+    def __init__(
+        self, clock: Callable[[], float], interval: float, logger: logging.Logger | None = None
+    ) -> None:
+        self.clock = clock
+        self.interval = interval
+        self.log = logger or logging.getLogger("gpulens.exporter.gpm")
+        self._supported: dict[int, bool] = {}
+        self._previous: dict[tuple[int, int | None], tuple[Any, float]] = {}
+        self._lock = threading.Lock()
+
+    def supported(self, index: int, handle: Any) -> bool:
+        known = self._supported.get(index)
+        if known is not None:
+            return known
+        try:
+            support = pynvml.nvmlGpmQueryDeviceSupport(handle)
+            ok = bool(support.isSupportedDevice)
+        except pynvml.NVMLError as exc:
+            if exc.value in _LOST:
+                raise GpuLostError(error_text(exc)) from exc
+            ok = False
+        self._supported[index] = ok
+        return ok
+
+    def read(
+        self, index: int, handle: Any, mig_instances: Sequence[MigSample]
+    ) -> tuple[str, tuple[tuple[str, float], ...], dict[int, tuple[tuple[str, float], ...]]]:
+        """(source, whole-GPU values, {gpu_instance: values}); source "nvml" when GPM is unsupported."""
+        if not self.supported(index, handle):
+            return "nvml", (), {}
+        gpu_values = self._window((index, None), lambda s: pynvml.nvmlGpmSampleGet(handle, s))
+        mig_values: dict[int, tuple[tuple[str, float], ...]] = {}
+        present = {m.gpu_instance for m in mig_instances}
+        for gi in sorted(present):
+            mig_values[gi] = self._window(
+                (index, gi), lambda s, gi=gi: pynvml.nvmlGpmMigSampleGet(handle, gi, s)
+            )
+        with self._lock:
+            stale = [k for k in self._previous if k[0] == index and k[1] is not None and k[1] not in present]
+        for key in stale:
+            self._free(key)
+        return self.source, gpu_values, mig_values
+
+    def _window(
+        self, key: tuple[int, int | None], take: Callable[[Any], Any]
+    ) -> tuple[tuple[str, float], ...]:
+        sample = _gpm_call(pynvml.nvmlGpmSampleAlloc)
+        try:
+            _gpm_call(take, sample)
+        except (AreaError, GpuLostError):
+            pynvml.nvmlGpmSampleFree(sample)
+            raise
+        now = time.monotonic()
+        with self._lock:
+            previous = self._previous.get(key)
+        if previous is not None and now - previous[1] < MIN_WINDOW_SECONDS:
+            pynvml.nvmlGpmSampleFree(sample)  # too short a window: keep the older sample
+            return ()
+        values: tuple[tuple[str, float], ...] = ()
+        if previous is not None:
+            try:
+                values = self._metrics(previous[0], sample)
+            finally:
+                self._free(key)
+        with self._lock:
+            self._previous[key] = (sample, now)
+        return values
+
+    @staticmethod
+    def _metrics(sample1: Any, sample2: Any) -> tuple[tuple[str, float], ...]:
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(GPM_METRICS)
+        request.sample1 = sample1
+        request.sample2 = sample2
+        for i, (_, metric_id) in enumerate(GPM_METRICS):
+            request.metrics[i].metricId = metric_id
+        _gpm_call(pynvml.nvmlGpmMetricsGet, request)
+        out: list[tuple[str, float]] = []
+        for i, (key, _) in enumerate(GPM_METRICS):
+            metric = request.metrics[i]
+            if metric.nvmlReturn != pynvml.NVML_SUCCESS:
+                if metric.nvmlReturn in _LOST:
+                    raise GpuLostError("GPM metric: GPU is lost")
+                if metric.nvmlReturn not in _ABSENT:
+                    logging.getLogger("gpulens.exporter.gpm").debug(
+                        "GPM metric %s: return %d", key, metric.nvmlReturn
+                    )
+                continue
+            value = float(metric.value)
+            if math.isnan(value):
+                continue
+            out.append((key, min(1.0, max(0.0, value / 100.0))))
+        return tuple(out)
+
+    def _free(self, key: tuple[int, int | None]) -> None:
+        with self._lock:
+            entry = self._previous.pop(key, None)
+        if entry is not None:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlGpmSampleFree(entry[0])
+
+    def forget(self, index: int) -> None:
+        """Drop state of a GPU that was lost; support is probed again when it comes back."""
+        self._supported.pop(index, None)
+        with self._lock:
+            keys = [k for k in self._previous if k[0] == index]
+        for key in keys:
+            self._free(key)
+
+    def close(self) -> None:
+        with self._lock:
+            keys = list(self._previous)
+        for key in keys:
+            self._free(key)
+        self._supported = {}

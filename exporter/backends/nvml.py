@@ -1,0 +1,729 @@
+"""Reads GPUs through nvidia-ml-py (`pynvml`), one defensive call at a time.
+
+Why so defensive: NVML support differs per board, driver and MIG state, and a single failing call
+must cost one series, not the sample. Every call goes through `_Call`, which maps
+
+- NOT_SUPPORTED / FUNCTION_NOT_FOUND / NOT_FOUND / NO_PERMISSION / NO_DATA (and pynvml's
+  `NVMLLibraryMismatchError`) to `None`: the value is absent, nothing failed;
+- GPU_IS_LOST / GPU_NOT_FOUND / RESET_REQUIRED to `GpuLostError`: the whole GPU is down;
+- anything else to `AreaError`: the collector area being read failed on this GPU.
+
+`read_gpu` is called from that GPU's own worker thread (see `sampler.py`), so per-GPU state kept here
+(the last process-utilization timestamp, GPM samples) is only ever touched by one thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pynvml
+from gpulens.exporter.snapshot import (
+    GpuIdentity,
+    GpuSample,
+    MigSample,
+    NvLinkSample,
+    ProcessSample,
+)
+
+NO_INSTANCE = 0xFFFFFFFF
+MPS_SERVER_NAME = "nvidia-cuda-mps-server"
+
+_ABSENT = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    pynvml.NVML_ERROR_NOT_FOUND,
+    pynvml.NVML_ERROR_NO_PERMISSION,
+    pynvml.NVML_ERROR_NO_DATA,
+}
+_LOST = {
+    pynvml.NVML_ERROR_GPU_IS_LOST,
+    pynvml.NVML_ERROR_GPU_NOT_FOUND,
+    pynvml.NVML_ERROR_RESET_REQUIRED,
+}
+
+# (reason label, nvmlClocksEventReason* bit), DESIGN §4 / docs/metrics.md
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+NVLINK_ERROR_KINDS: tuple[tuple[str, int], ...] = (
+    ("replay", 0),
+    ("recovery", 1),
+    ("crc_flit", 2),
+    ("crc_data", 3),
+    ("ecc_data", 4),
+)
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+
+# Areas whose reads need the process lists.
+PROCESS_AREAS = frozenset({"device", "mig", "mps", "jobs", "processes"})
+
+
+class BackendUnavailable(Exception):
+    """NVML cannot be initialised (no library, no driver, no permission); the message is one line."""
+
+
+class GpuLostError(Exception):
+    """The GPU answered GPU_IS_LOST (or an equivalent): every value of it is unknown."""
+
+
+class AreaError(Exception):
+    """A read failed for a reason other than "not supported"; the area is marked failed."""
+
+
+def error_text(exc: BaseException) -> str:
+    """One line naming an NVML error without calling into the (maybe missing) library."""
+    if isinstance(exc, pynvml.NVMLError):
+        return f"{type(exc).__name__} ({exc.value})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run one NVML call with the error mapping described in the module docstring."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        if exc.value in _ABSENT:
+            return None
+        if exc.value in _LOST:
+            raise GpuLostError(error_text(exc)) from exc
+        raise AreaError(f"{getattr(fn, '__name__', fn)}: {error_text(exc)}") from exc
+    except pynvml.NVMLLibraryMismatchError:
+        return None
+
+
+def _handle_key(handle: Any) -> int | None:
+    """A comparable identity for a device handle (pynvml returns new pointer objects)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+@dataclass
+class _GpuState:
+    """Per-GPU state kept between samples (touched only by that GPU's worker thread)."""
+
+    handle: Any
+    identity: GpuIdentity | None = None
+    last_util_timestamp_us: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    driver_version: str
+    cuda_version: str
+    nvml_version: str
+
+
+class NvmlBackend:
+    """pynvml, initialised once and re-initialised by the sampler after failures."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        procfs_root: Path = Path("/proc"),
+        logger: logging.Logger | None = None,
+        profiler_factory: Callable[[NvmlBackend], Any] | None = None,
+    ) -> None:
+        self.clock = clock
+        self.procfs_root = procfs_root
+        self.log = logger or logging.getLogger("gpulens.exporter.nvml")
+        self._gpus: dict[int, _GpuState] = {}
+        self._initialised = False
+        self._profiler_factory = profiler_factory
+        self.profiler: Any = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def init(self) -> SystemInfo:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise BackendUnavailable(f"nvmlInit failed: {error_text(exc)}") from exc
+        except OSError as exc:  # pragma: no cover - pynvml maps this itself
+            raise BackendUnavailable(f"nvmlInit failed: {exc}") from exc
+        self._initialised = True
+        self._gpus = {}
+        if self._profiler_factory is not None:
+            self.profiler = self._profiler_factory(self)
+        return self.system_info()
+
+    def shutdown(self) -> None:
+        if self.profiler is not None:
+            self.profiler.close()
+            self.profiler = None
+        if self._initialised:
+            self._initialised = False
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+        self._gpus = {}
+
+    @property
+    def initialised(self) -> bool:
+        return self._initialised
+
+    def system_info(self) -> SystemInfo:
+        driver = self._system(pynvml.nvmlSystemGetDriverVersion) or ""
+        nvml_version = self._system(pynvml.nvmlSystemGetNVMLVersion) or ""
+        cuda_raw = self._system(pynvml.nvmlSystemGetCudaDriverVersion)
+        cuda = f"{cuda_raw // 1000}.{(cuda_raw % 1000) // 10}" if isinstance(cuda_raw, int) else ""
+        return SystemInfo(driver_version=str(driver), cuda_version=cuda, nvml_version=str(nvml_version))
+
+    @staticmethod
+    def _system(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except pynvml.NVMLError:
+            return None
+
+    def device_count(self) -> int:
+        """Number of GPUs; raises BackendUnavailable when NVML itself stopped working."""
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        except pynvml.NVMLError as exc:
+            raise BackendUnavailable(f"nvmlDeviceGetCount failed: {error_text(exc)}") from exc
+        for index in list(self._gpus):
+            if index >= count:
+                del self._gpus[index]
+        return count
+
+    def _state(self, index: int) -> _GpuState:
+        state = self._gpus.get(index)
+        if state is None:
+            handle = _call(pynvml.nvmlDeviceGetHandleByIndex, index)
+            if handle is None:
+                raise AreaError(f"no handle for GPU {index}")
+            state = _GpuState(handle=handle)
+            self._gpus[index] = state
+        return state
+
+    def handles(self) -> list[tuple[int, Any]]:
+        """(index, handle) of the GPUs read so far (for event registration)."""
+        return [(i, s.handle) for i, s in sorted(self._gpus.items())]
+
+    def identity(self, index: int) -> GpuIdentity | None:
+        state = self._gpus.get(index)
+        return state.identity if state else None
+
+    def forget(self, index: int) -> None:
+        """Drop cached handle/identity so the next read starts fresh (after a lost GPU)."""
+        self._gpus.pop(index, None)
+        if self.profiler is not None:
+            self.profiler.forget(index)
+
+    # ---- one GPU ---------------------------------------------------------------------------
+    def read_gpu(
+        self, index: int, areas: frozenset[str], interval: float
+    ) -> tuple[GpuSample, dict[str, float]]:
+        """Read the enabled `areas` of GPU `index`. Returns the sample and seconds spent per area.
+
+        Raises GpuLostError when the GPU is lost; the sampler turns that into `gpu_up 0`.
+        """
+        state = self._state(index)
+        handle = state.handle
+        if state.identity is None:
+            state.identity = self._read_identity(index, handle)
+        timings: dict[str, float] = {}
+        failed: set[str] = set()
+        errors: list[str] = []
+        fields: dict[str, Any] = {}
+
+        mig_current = _call(pynvml.nvmlDeviceGetMigMode, handle)
+        mig_enabled = bool(mig_current and mig_current[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
+        fields["mig_mode"] = None if mig_current is None else ("enabled" if mig_enabled else "disabled")
+
+        def run(area: str, reader: Callable[[], dict[str, Any]]) -> None:
+            start = time.perf_counter()
+            try:
+                fields.update(reader())
+            except AreaError as exc:
+                failed.add(area)
+                errors.append(f"{area}: {exc}")
+            finally:
+                timings[area] = timings.get(area, 0.0) + time.perf_counter() - start
+
+        readers: dict[str, Callable[[], dict[str, Any]]] = {
+            "device": lambda: self._read_device(handle),
+            "memory": lambda: self._read_memory(handle),
+            "power_thermal": lambda: self._read_power_thermal(handle),
+            "clocks": lambda: self._read_clocks(handle),
+            "pcie_nvlink": lambda: self._read_pcie_nvlink(handle),
+            "health": lambda: self._read_health(handle),
+        }
+        for area, reader in readers.items():
+            if area in areas:
+                run(area, reader)
+
+        want_mig = mig_enabled and bool(areas & (PROCESS_AREAS | {"profiling"}))
+        if want_mig:
+            run("mig", lambda: {"mig_instances": self._read_mig(state)})
+        if areas & PROCESS_AREAS:
+            area = "processes" if "processes" in areas else "device"
+            run(
+                area,
+                lambda: self._read_processes(
+                    state, fields.get("mig_instances", ()), mig_enabled, areas, interval
+                ),
+            )
+        if "profiling" in areas and self.profiler is not None:
+            start = time.perf_counter()
+            try:
+                source, gpu_values, mig_values = self.profiler.read(
+                    index, handle, fields.get("mig_instances", ())
+                )
+                fields["profiling_source"] = source
+                fields["profiling"] = gpu_values
+                if mig_values:
+                    fields["mig_instances"] = tuple(
+                        _with_profiling(m, mig_values.get(m.gpu_instance, ()))
+                        for m in fields.get("mig_instances", ())
+                    )
+            except AreaError as exc:
+                failed.add("profiling")
+                errors.append(f"profiling: {exc}")
+            timings["profiling"] = time.perf_counter() - start
+        elif "profiling" in areas:
+            fields["profiling_source"] = "nvml"
+
+        sample = GpuSample(
+            identity=state.identity,
+            up=True,
+            error="; ".join(errors),
+            failed_areas=frozenset(failed),
+            **fields,
+        )
+        return sample, timings
+
+    def _read_identity(self, index: int, handle: Any) -> GpuIdentity:
+        uuid = _call(pynvml.nvmlDeviceGetUUID, handle) or f"GPU-unknown-{index}"
+        name = _call(pynvml.nvmlDeviceGetName, handle) or ""
+        pci = _call(pynvml.nvmlDeviceGetPciInfo, handle)
+        bus_id = pci.busId if pci is not None else ""
+        if isinstance(bus_id, bytes):
+            bus_id = bus_id.decode()
+        serial = _call(pynvml.nvmlDeviceGetSerial, handle) or ""
+        return GpuIdentity(
+            index=index, uuid=str(uuid), model=str(name), pci_bus_id=str(bus_id), serial=str(serial)
+        )
+
+    def _read_device(self, handle: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        util = _call(pynvml.nvmlDeviceGetUtilizationRates, handle)
+        if util is not None:
+            out["utilization_ratio"] = util.gpu / 100.0
+            out["memory_utilization_ratio"] = util.memory / 100.0
+        out["performance_state"] = _call(pynvml.nvmlDeviceGetPerformanceState, handle)
+        mode = _call(pynvml.nvmlDeviceGetComputeMode, handle)
+        out["compute_mode"] = None if mode is None else COMPUTE_MODES.get(int(mode), str(mode))
+        fan = _call(pynvml.nvmlDeviceGetFanSpeed, handle)
+        out["fan_speed_ratio"] = None if fan is None else fan / 100.0
+        return out
+
+    def _read_memory(self, handle: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        mem = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2)
+        if mem is not None:
+            out.update(_memory_fields(mem.total, mem.free, mem.reserved))
+        else:
+            mem1 = _call(pynvml.nvmlDeviceGetMemoryInfo, handle)
+            if mem1 is not None:
+                out.update(_memory_fields(mem1.total, mem1.free, None))
+        bar1 = _call(pynvml.nvmlDeviceGetBAR1MemoryInfo, handle)
+        if bar1 is not None:
+            out["bar1_total_bytes"] = int(bar1.bar1Total)
+            out["bar1_used_bytes"] = int(bar1.bar1Used)
+        return out
+
+    def _read_power_thermal(self, handle: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        power = _call(pynvml.nvmlDeviceGetPowerUsage, handle)
+        out["power_watts"] = None if power is None else power / 1000.0
+        limit = _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        out["power_limit_watts"] = None if limit is None else limit / 1000.0
+        energy = _call(pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        out["energy_joules"] = None if energy is None else energy / 1000.0
+        temp = _call(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
+        out["temperature_celsius"] = None if temp is None else float(temp)
+        values = _field_values(handle, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+        mem_temp = values.get((pynvml.NVML_FI_DEV_MEMORY_TEMP, 0))
+        out["memory_temperature_celsius"] = None if mem_temp is None else float(mem_temp)
+        return out
+
+    def _read_clocks(self, handle: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        sm = _call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
+        out["sm_clock_hertz"] = None if sm is None else sm * 1e6
+        mem = _call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
+        out["memory_clock_hertz"] = None if mem is None else mem * 1e6
+        sm_max = _call(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM)
+        out["sm_clock_max_hertz"] = None if sm_max is None else sm_max * 1e6
+        current = _call(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle)
+        supported = _call(pynvml.nvmlDeviceGetSupportedClocksEventReasons, handle)
+        if current is not None:
+            mask = 0xFFFFFFFFFFFFFFFF if supported is None else int(supported)
+            out["clock_events"] = tuple(
+                (reason, bool(int(current) & bit)) for reason, bit in CLOCK_EVENT_REASONS if mask & bit
+            )
+        return out
+
+    def _read_pcie_nvlink(self, handle: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        values = _field_values(
+            handle,
+            [
+                pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+                pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+                pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,
+            ],
+        )
+        tx = values.get((pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0))
+        rx = values.get((pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0))
+        out["pcie_tx_bytes"] = None if tx is None else int(tx)
+        out["pcie_rx_bytes"] = None if rx is None else int(rx)
+        out["pcie_replays"] = _call(pynvml.nvmlDeviceGetPcieReplayCounter, handle)
+        out["pcie_link_generation"] = _call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
+        out["pcie_link_width"] = _call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
+        link_count = values.get((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0))
+        out["nvlinks"] = self._read_nvlinks(handle, None if link_count is None else int(link_count))
+        return out
+
+    def _read_nvlinks(self, handle: Any, link_count: int | None) -> tuple[NvLinkSample, ...]:
+        links: list[int] = []
+        limit = pynvml.NVML_NVLINK_MAX_LINKS if link_count is None else min(link_count, 64)
+        states: dict[int, bool] = {}
+        for link in range(limit):
+            try:
+                state = pynvml.nvmlDeviceGetNvLinkState(handle, link)
+            except pynvml.NVMLError as exc:
+                if exc.value in _LOST:
+                    raise GpuLostError(error_text(exc)) from exc
+                if exc.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                    break  # no NVLink on this board
+                continue  # INVALID_ARGUMENT: link not present
+            links.append(link)
+            states[link] = bool(state)
+        if not links:
+            return ()
+        requests: list[tuple[int, int]] = []
+        for link in links:
+            requests.append((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link))
+            requests.append((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link))
+        values = _field_values(handle, requests)
+        out: list[NvLinkSample] = []
+        for link in links:
+            errors: list[tuple[str, int]] = []
+            for kind, counter in NVLINK_ERROR_KINDS:
+                count = _call(pynvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)
+                if count is not None:
+                    errors.append((kind, int(count)))
+            tx = values.get((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link))
+            rx = values.get((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link))
+            out.append(
+                NvLinkSample(
+                    link=link,
+                    up=states[link],
+                    tx_bytes=None if tx is None else int(tx) * 1024,
+                    rx_bytes=None if rx is None else int(rx) * 1024,
+                    errors=tuple(errors),
+                )
+            )
+        return tuple(out)
+
+    def _read_health(self, handle: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        ecc_mode = _call(pynvml.nvmlDeviceGetEccMode, handle)
+        ecc_enabled = None if ecc_mode is None else bool(ecc_mode[0])
+        out["ecc_enabled"] = ecc_enabled
+        if ecc_enabled:
+            errors: list[tuple[str, str, int]] = []
+            for error, error_type in (
+                ("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            ):
+                for scope, counter in (
+                    ("volatile", pynvml.NVML_VOLATILE_ECC),
+                    ("aggregate", pynvml.NVML_AGGREGATE_ECC),
+                ):
+                    count = _call(pynvml.nvmlDeviceGetTotalEccErrors, handle, error_type, counter)
+                    if count is not None:
+                        errors.append((error, scope, int(count)))
+            out["ecc_errors"] = tuple(errors)
+        remap = _call(pynvml.nvmlDeviceGetRemappedRows, handle)
+        if remap is not None:
+            corr, unc, pending, failure = remap
+            out["remapped_rows"] = (("correctable", int(corr)), ("uncorrectable", int(unc)))
+            out["row_remap_pending"] = bool(pending)
+            out["row_remap_failed"] = bool(failure)
+        retired: list[tuple[str, int]] = []
+        for cause, code in (
+            ("single_bit_ecc", pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+            ("double_bit_ecc", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+        ):
+            pages = _call(pynvml.nvmlDeviceGetRetiredPages, handle, code)
+            if pages is not None:
+                retired.append((cause, len(pages)))
+        out["retired_pages"] = tuple(retired)
+        if retired:
+            pending_pages = _call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+            out["retired_pages_pending"] = None if pending_pages is None else bool(int(pending_pages))
+        return out
+
+    # ---- MIG -------------------------------------------------------------------------------
+    def _read_mig(self, state: _GpuState) -> tuple[MigSample, ...]:
+        handle = state.handle
+        handles: dict[int, Any] = {}
+        count = _call(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
+        out: list[MigSample] = []
+        for slot in range(int(count)):
+            mig = _call(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+            if mig is None:
+                continue  # empty slot: NOT_FOUND
+            gi = _call(pynvml.nvmlDeviceGetGpuInstanceId, mig)
+            ci = _call(pynvml.nvmlDeviceGetComputeInstanceId, mig)
+            if gi is None:
+                continue
+            uuid = _call(pynvml.nvmlDeviceGetUUID, mig) or ""
+            name = _call(pynvml.nvmlDeviceGetName, mig) or ""
+            profile = _profile_from_name(str(name))
+            mem = _call(pynvml.nvmlDeviceGetMemoryInfo, mig, pynvml.nvmlMemory_v2)
+            total = used = reserved = None
+            if mem is not None:
+                fields = _memory_fields(mem.total, mem.free, mem.reserved)
+                total, used, reserved = (
+                    fields["memory_total_bytes"],
+                    fields["memory_used_bytes"],
+                    fields["memory_reserved_bytes"],
+                )
+            attrs = _call(pynvml.nvmlDeviceGetAttributes, mig)
+            sms = None if attrs is None else int(attrs.multiprocessorCount)
+            if not profile and attrs is not None:
+                profile = f"{attrs.gpuInstanceSliceCount}g.{round(attrs.memorySizeMB / 1024)}gb"
+            out.append(
+                MigSample(
+                    gpu_instance=int(gi),
+                    compute_instance=int(ci) if ci is not None else 0,
+                    profile=profile,
+                    uuid=str(uuid),
+                    memory_total_bytes=total,
+                    memory_used_bytes=used,
+                    memory_reserved_bytes=reserved,
+                    multiprocessors=sms,
+                )
+            )
+            handles[int(gi)] = mig
+        state.extra["mig_handles"] = handles
+        return tuple(out)
+
+    def mig_handle(self, index: int, gpu_instance: int) -> Any:
+        state = self._gpus.get(index)
+        return None if state is None else state.extra.get("mig_handles", {}).get(gpu_instance)
+
+    # ---- processes -------------------------------------------------------------------------
+    def _process_lists(self, handle: Any) -> tuple[list[ProcessSample], list[ProcessSample]]:
+        """(compute+graphics, mps clients) of one device or MIG handle."""
+        procs: dict[int, ProcessSample] = {}
+        for kind, fn in (
+            ("compute", pynvml.nvmlDeviceGetComputeRunningProcesses),
+            ("graphics", pynvml.nvmlDeviceGetGraphicsRunningProcesses),
+        ):
+            for p in _call(fn, handle) or ():
+                if p.pid in procs:
+                    continue
+                procs[p.pid] = _process(p, kind)
+        clients = [
+            _process(p, "mps_client")
+            for p in _call(pynvml.nvmlDeviceGetMPSComputeRunningProcesses, handle) or ()
+        ]
+        client_pids = {c.pid for c in clients}
+        out: list[ProcessSample] = []
+        for p in procs.values():
+            if p.pid in client_pids:
+                continue
+            if p.kind == "compute" and self._is_mps_server(p.pid):
+                p = _replace_kind(p, "mps_server")
+            out.append(p)
+        return out, clients
+
+    def _is_mps_server(self, pid: int) -> bool:
+        name = None
+        try:
+            name = pynvml.nvmlSystemGetProcessName(pid)
+        except (pynvml.NVMLError, UnicodeDecodeError):
+            name = None
+        if not name:
+            try:
+                name = (self.procfs_root / str(pid) / "comm").read_text().strip()
+            except OSError:
+                name = ""
+        return MPS_SERVER_NAME in str(name)
+
+    def _read_processes(
+        self,
+        state: _GpuState,
+        mig_instances: tuple[MigSample, ...],
+        mig_enabled: bool,
+        areas: frozenset[str],
+        interval: float,
+    ) -> dict[str, Any]:
+        handle = state.handle
+        parent_procs, parent_clients = self._process_lists(handle)
+        procs: dict[int, ProcessSample] = {p.pid: p for p in parent_procs}
+        clients: dict[int, ProcessSample] = {p.pid: p for p in parent_clients}
+        new_migs: list[MigSample] = []
+        if mig_enabled:
+            cache = state.extra.get("mig_handles", {})
+            for mig in mig_instances:
+                mig_handle = cache.get(mig.gpu_instance)
+                mig_procs: list[ProcessSample] = []
+                mig_clients: list[ProcessSample] = []
+                if mig_handle is not None:
+                    raw_procs, raw_clients = self._process_lists(mig_handle)
+                    mig_procs = [_on_instance(p, mig) for p in raw_procs]
+                    mig_clients = [_on_instance(p, mig) for p in raw_clients]
+                for p in mig_procs:
+                    procs[p.pid] = p
+                for p in mig_clients:
+                    clients[p.pid] = p
+                new_migs.append(_with_processes(mig, tuple(mig_procs), tuple(mig_clients)))
+        out: dict[str, Any] = {}
+        if not mig_enabled and areas & {"jobs", "processes"}:
+            utils = self._process_utilization(state, interval)
+            if utils is not None:
+                procs = {pid: _with_util(p, utils.get(pid, 0.0)) for pid, p in procs.items()}
+                clients = {pid: _with_util(p, utils.get(pid, 0.0)) for pid, p in clients.items()}
+        out["processes"] = tuple(sorted(procs.values(), key=lambda p: p.pid))
+        out["mps_clients"] = tuple(sorted(clients.values(), key=lambda p: p.pid))
+        if mig_enabled:
+            out["mig_instances"] = tuple(new_migs)
+        return out
+
+    def _process_utilization(self, state: _GpuState, interval: float) -> dict[int, float] | None:
+        """SM utilization per pid over the last interval; None when unsupported."""
+        now_us = int(self.clock() * 1e6)
+        since = state.last_util_timestamp_us or now_us - int(max(interval, 1.0) * 1e6)
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(state.handle, since)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+                state.last_util_timestamp_us = now_us
+                return {}
+            if exc.value in _LOST:
+                raise GpuLostError(error_text(exc)) from exc
+            return None
+        latest: dict[int, tuple[int, float]] = {}
+        newest = since
+        for s in samples:
+            ts = int(s.timeStamp)
+            newest = max(newest, ts)
+            if s.pid not in latest or ts >= latest[s.pid][0]:
+                latest[s.pid] = (ts, min(1.0, max(0.0, s.smUtil / 100.0)))
+        state.last_util_timestamp_us = max(newest, since)
+        return {pid: v for pid, (_, v) in latest.items()}
+
+
+# ---- helpers -------------------------------------------------------------------------------
+def _memory_fields(total: int, free: int, reserved: int | None) -> dict[str, Any]:
+    """Normalise memory info so that total = used + free + reserved ("used excludes reserved").
+
+    Computing used from total/free/reserved does not depend on whether a driver's v2 `used`
+    includes the reserved part, which the NVML docs leave ambiguous.
+    """
+    total, free = int(total), int(free)
+    res = int(reserved) if reserved is not None else 0
+    return {
+        "memory_total_bytes": total,
+        "memory_free_bytes": free,
+        "memory_reserved_bytes": None if reserved is None else res,
+        "memory_used_bytes": max(0, total - free - res),
+    }
+
+
+def _field_values(
+    handle: Any, requests: Iterable[int | tuple[int, int]]
+) -> dict[tuple[int, int], float | int]:
+    """nvmlDeviceGetFieldValues, keeping only entries whose own nvmlReturn is SUCCESS."""
+    reqs = list(requests)
+    values = _call(pynvml.nvmlDeviceGetFieldValues, handle, reqs)
+    out: dict[tuple[int, int], float | int] = {}
+    if values is None:
+        return out
+    for v in values:
+        if v.nvmlReturn != pynvml.NVML_SUCCESS:
+            if v.nvmlReturn in _LOST:
+                raise GpuLostError(f"field {v.fieldId}: GPU is lost")
+            continue
+        value = _field_value(v)
+        if value is not None:
+            out[(int(v.fieldId), int(v.scopeId))] = value
+    return out
+
+
+def _field_value(v: Any) -> float | int | None:
+    vt = v.valueType
+    if vt == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        d = float(v.value.dVal)
+        return None if math.isnan(d) else d
+    return {
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: lambda: int(v.value.uiVal),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: lambda: int(v.value.ulVal),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: lambda: int(v.value.ullVal),
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: lambda: int(v.value.sllVal),
+        pynvml.NVML_VALUE_TYPE_SIGNED_INT: lambda: int(v.value.siVal),
+        getattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): lambda: int(v.value.usVal),
+    }.get(vt, lambda: None)()
+
+
+def _profile_from_name(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3 MIG 1g.10gb' -> '1g.10gb' (works without root)."""
+    marker = " MIG "
+    return name.split(marker, 1)[1].strip() if marker in name else ""
+
+
+def _process(p: Any, kind: str) -> ProcessSample:
+    gi = getattr(p, "gpuInstanceId", NO_INSTANCE)
+    ci = getattr(p, "computeInstanceId", NO_INSTANCE)
+    mem = getattr(p, "usedGpuMemory", None)
+    return ProcessSample(
+        pid=int(p.pid),
+        kind=kind,
+        used_memory_bytes=None if mem is None else int(mem),
+        gpu_instance=None if gi in (None, NO_INSTANCE) else int(gi),
+        compute_instance=None if ci in (None, NO_INSTANCE) else int(ci),
+    )
+
+
+def _replace_kind(p: ProcessSample, kind: str) -> ProcessSample:
+    return replace(p, kind=kind)
+
+
+def _on_instance(p: ProcessSample, mig: MigSample) -> ProcessSample:
+    return replace(p, gpu_instance=mig.gpu_instance, compute_instance=p.compute_instance)
+
+
+def _with_util(p: ProcessSample, ratio: float) -> ProcessSample:
+    return replace(p, sm_util_ratio=ratio)
+
+
+def _with_processes(
+    mig: MigSample, procs: tuple[ProcessSample, ...], clients: tuple[ProcessSample, ...]
+) -> MigSample:
+    return replace(mig, processes=procs, mps_clients=clients)
+
+
+def _with_profiling(mig: MigSample, values: tuple[tuple[str, float], ...]) -> MigSample:
+    return replace(mig, profiling=values)

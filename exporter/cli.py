@@ -1,0 +1,272 @@
+"""`gpulens-exporter`: parse flags (with `GPULENS_*` environment fallbacks) and run the daemon.
+
+Every flag that takes a value falls back to the environment variable named after it: upper case,
+`GPULENS_` prefix, dots and dashes as underscores (`--web.config-file` -> `GPULENS_WEB_CONFIG_FILE`).
+Switches take `1/true/yes` or `0/false/no` there (`GPULENS_NO_ATTRIBUTION_PROCFS=1`). Collectors use
+node_exporter's `--collector.<name>` / `--no-collector.<name>`. A bad flag, variable or file prints
+one line naming it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY
+from gpulens.exporter.config import (
+    DEFAULT_LISTEN,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    PROFILING_MODES,
+    ConfigError,
+    ExporterConfig,
+    parse_listen,
+    validate,
+)
+
+from gpulens import __version__
+
+PROG = "gpulens-exporter"
+TRUE = {"1", "true", "yes", "on"}
+FALSE = {"0", "false", "no", "off", ""}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def _env_name(flag: str) -> str:
+    return "GPULENS_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Prometheus exporter for NVIDIA GPUs: MIG, MPS, health, Xid and per-job usage.",
+        epilog="Every value flag falls back to GPULENS_<FLAG> (e.g. GPULENS_LISTEN, GPULENS_INTERVAL).",
+    )
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    p.add_argument("--listen", metavar="[HOST]:PORT", help=f"address to listen on (default {DEFAULT_LISTEN})")
+    p.add_argument("--interval", type=float, metavar="SECONDS", help="sampling interval (default 5)")
+    p.add_argument(
+        "--nvml.timeout",
+        dest="nvml_timeout",
+        type=float,
+        metavar="SECONDS",
+        help="deadline for one GPU's NVML reads per sample; slower GPUs are reported down (default 2)",
+    )
+    p.add_argument(
+        "--simulate", metavar="SCENARIO", help="serve a simulated node (built-in scenario name or YAML file)"
+    )
+    p.add_argument("--sim-seed", dest="sim_seed", type=int, metavar="N", help="simulation seed (default 0)")
+    p.add_argument(
+        "--sim-speed",
+        dest="sim_speed",
+        type=float,
+        metavar="X",
+        help="simulated time per real second (default 1)",
+    )
+    p.add_argument("--procfs", type=Path, metavar="DIR", help="procfs root for attribution (default /proc)")
+    p.add_argument(
+        "--job-mapping-dir",
+        dest="job_mapping_dir",
+        type=Path,
+        metavar="DIR",
+        help="directory of job mapping files (dcgm-exporter or jobstats format)",
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        dest="pod_resources_socket",
+        type=Path,
+        metavar="PATH",
+        help="kubelet pod-resources socket (default /var/lib/kubelet/pod-resources/kubelet.sock)",
+    )
+    p.add_argument(
+        "--pod-logs-dir",
+        dest="pod_logs_dir",
+        type=Path,
+        metavar="DIR",
+        help="pod log directory used to name pods by UID (default /var/log/pods)",
+    )
+    for source, help_text in (
+        ("procfs", "process cgroup/environment attribution"),
+        ("mapping", "job mapping files"),
+        ("kubernetes", "kubelet pod-resources attribution"),
+    ):
+        p.add_argument(
+            f"--no-attribution.{source}",
+            dest=f"no_attribution_{source}",
+            action="store_true",
+            default=None,
+            help=f"disable {help_text}",
+        )
+    p.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="default info")
+    p.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS, help="default text")
+    p.add_argument(
+        "--web.config-file",
+        dest="web_config_file",
+        type=Path,
+        metavar="FILE",
+        help="TLS and basic auth configuration (exporter-toolkit format)",
+    )
+    p.add_argument(
+        "--profiling", choices=PROFILING_MODES, help="profiling source: auto (GPM where supported), gpm, off"
+    )
+    p.add_argument(
+        "--collector.processes.max",
+        dest="processes_max",
+        type=int,
+        metavar="N",
+        help="most per-process series the processes collector exports (default 100)",
+    )
+    group = p.add_argument_group("collectors")
+    for name, spec in REGISTRY.items():
+        state = "on" if spec.default_enabled else "off"
+        group.add_argument(
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action="store_true",
+            default=None,
+            help=f"enable the {name} collector: {spec.help} (default {state})",
+        )
+        group.add_argument(
+            f"--no-collector.{name}",
+            dest=f"collector_{name}",
+            action="store_false",
+            default=None,
+            help=argparse.SUPPRESS,
+        )
+    return p
+
+
+def _from_env(name: str, env: Mapping[str, str], convert: Any) -> Any:
+    raw = env.get(name)
+    if raw is None:
+        return None
+    try:
+        return convert(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: cannot parse {raw!r}") from None
+
+
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise ValueError(raw)
+
+
+VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
+    # (flag, dest, converter)
+    ("--listen", "listen", str),
+    ("--interval", "interval", float),
+    ("--nvml.timeout", "nvml_timeout", float),
+    ("--simulate", "simulate", str),
+    ("--sim-seed", "sim_seed", int),
+    ("--sim-speed", "sim_speed", float),
+    ("--procfs", "procfs", Path),
+    ("--job-mapping-dir", "job_mapping_dir", Path),
+    ("--pod-resources-socket", "pod_resources_socket", Path),
+    ("--pod-logs-dir", "pod_logs_dir", Path),
+    ("--log-level", "log_level", str),
+    ("--log-format", "log_format", str),
+    ("--web.config-file", "web_config_file", Path),
+    ("--profiling", "profiling", str),
+    ("--collector.processes.max", "processes_max", int),
+)
+
+
+def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ExporterConfig:
+    """Flags, then environment, then defaults; raises ConfigError (one line) on bad input."""
+    env = os.environ if env is None else env
+    args = build_parser().parse_args(list(argv))
+    values: dict[str, Any] = {}
+    for flag, dest, convert in VALUE_FLAGS:
+        value = getattr(args, dest)
+        if value is None:
+            value = _from_env(_env_name(flag), env, convert)
+        if value is not None:
+            values[dest] = value
+    for source in ("procfs", "mapping", "kubernetes"):
+        disabled = getattr(args, f"no_attribution_{source}")
+        if disabled is None:
+            disabled = _from_env(_env_name(f"--no-attribution.{source}"), env, _bool)
+        values[f"attribution_{source}"] = not disabled
+    enabled = set(DEFAULT_ENABLED)
+    for name in REGISTRY:
+        choice = getattr(args, f"collector_{name}")
+        if choice is None:
+            choice = _from_env(_env_name(f"--collector.{name}"), env, _bool)
+        if choice is True:
+            enabled.add(name)
+        elif choice is False:
+            enabled.discard(name)
+    values["collectors"] = frozenset(enabled)
+    return validate(ExporterConfig(**values))
+
+
+def run(config: ExporterConfig) -> int:
+    """Start sampling and serve until SIGTERM/SIGINT."""
+    from gpulens.exporter.app import Exporter
+    from gpulens.exporter.logging_setup import setup_logging
+    from gpulens.exporter.server import HttpServer
+    from gpulens.exporter.webconfig import WebConfig, load_web_config
+
+    log = setup_logging(config.log_level, config.log_format)
+    web = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
+    host, port = parse_listen(config.listen)
+    exporter = Exporter(config, logger=log)
+    try:
+        server = HttpServer(exporter, host, port, web)
+    except OSError as exc:
+        exporter.close()
+        raise ConfigError(f"--listen {config.listen}: cannot listen: {exc.strerror or exc}") from exc
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    exporter.start()
+    server.start()
+    log.info(
+        "gpulens-exporter %s listening on %s:%d (%s, interval %gs, collectors: %s, TLS %s, basic auth %s)",
+        __version__,
+        host or "*",
+        server.port,
+        exporter.backend_name,
+        config.interval,
+        ",".join(exporter.enabled),
+        "on" if web.tls else "off",
+        "on" if web.basic_auth else "off",
+    )
+    stop.wait()
+    log.info("shutting down")
+    server.stop()
+    exporter.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_config(sys.argv[1:] if argv is None else argv)
+        return run(config)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

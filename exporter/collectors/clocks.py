@@ -1,0 +1,45 @@
+"""SM and memory clocks and clock event (throttle) reasons as 0/1 per reason."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpulens.exporter.collectors.base import (
+    GPU_LABELS,
+    CollectorOptions,
+    CollectorSpec,
+    add_optional,
+    gauge,
+    gpu_labels,
+    non_empty,
+    readable,
+)
+from gpulens.exporter.snapshot import NodeSnapshot
+from prometheus_client.core import Metric
+
+
+def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
+    sm = gauge("gpu_sm_clock_hertz", "Current SM clock (NVML clock info SM, MHz x 1e6).", GPU_LABELS)
+    mem = gauge(
+        "gpu_memory_clock_hertz", "Current memory clock (NVML clock info MEM, MHz x 1e6).", GPU_LABELS
+    )
+    sm_max = gauge(
+        "gpu_sm_clock_max_hertz", "Maximum SM clock (NVML max clock info SM, MHz x 1e6).", GPU_LABELS
+    )
+    events = gauge(
+        "gpu_clock_event_active",
+        "1 while a clock event (throttle) reason holds clocks down (NVML current clock event reasons);"
+        " supported reasons only.",
+        [*GPU_LABELS, "reason"],
+    )
+    for gpu in readable(snapshot, "clocks"):
+        labels = gpu_labels(gpu)
+        add_optional(sm, labels, gpu.sm_clock_hertz)
+        add_optional(mem, labels, gpu.memory_clock_hertz)
+        add_optional(sm_max, labels, gpu.sm_clock_max_hertz)
+        for reason, active in gpu.clock_events:
+            events.add_metric([*labels, reason], 1.0 if active else 0.0)
+    yield from non_empty(sm, mem, sm_max, events)
+
+
+SPEC = CollectorSpec("clocks", True, "SM/memory clocks and clock event (throttle) reasons", collect)

@@ -1,0 +1,70 @@
+"""PCIe and NVLink traffic counters, replays, link state and NVLink error counters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpulens.exporter.collectors.base import (
+    GPU_LABELS,
+    CollectorOptions,
+    CollectorSpec,
+    add_optional,
+    counter,
+    gauge,
+    gpu_labels,
+    non_empty,
+    readable,
+)
+from gpulens.exporter.snapshot import NodeSnapshot
+from prometheus_client.core import Metric
+
+
+def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
+    tx = counter(
+        "gpu_pcie_tx_bytes_total", "Bytes sent over PCIe (NVML field 197, PCIE_COUNT_TX_BYTES).", GPU_LABELS
+    )
+    rx = counter(
+        "gpu_pcie_rx_bytes_total",
+        "Bytes received over PCIe (NVML field 198, PCIE_COUNT_RX_BYTES).",
+        GPU_LABELS,
+    )
+    replays = counter("gpu_pcie_replays_total", "PCIe replays (NVML PCIe replay counter).", GPU_LABELS)
+    gen = gauge("gpu_pcie_link_generation", "Current PCIe link generation (NVML).", GPU_LABELS)
+    width = gauge("gpu_pcie_link_width", "Current PCIe link width in lanes (NVML).", GPU_LABELS)
+    link_labels = [*GPU_LABELS, "link"]
+    link_up = gauge("gpu_nvlink_link_up", "1 if the NVLink link is active (NVML NVLink state).", link_labels)
+    nv_tx = counter(
+        "gpu_nvlink_tx_bytes_total",
+        "NVLink data bytes sent (NVML field 138 THROUGHPUT_DATA_TX, KiB x 1024).",
+        link_labels,
+    )
+    nv_rx = counter(
+        "gpu_nvlink_rx_bytes_total",
+        "NVLink data bytes received (NVML field 139 THROUGHPUT_DATA_RX, KiB x 1024).",
+        link_labels,
+    )
+    nv_err = counter(
+        "gpu_nvlink_errors_total",
+        "NVLink data-link errors by kind (NVML NVLink error counters).",
+        [*link_labels, "kind"],
+    )
+    for gpu in readable(snapshot, "pcie_nvlink"):
+        labels = gpu_labels(gpu)
+        add_optional(tx, labels, gpu.pcie_tx_bytes)
+        add_optional(rx, labels, gpu.pcie_rx_bytes)
+        add_optional(replays, labels, gpu.pcie_replays)
+        add_optional(gen, labels, gpu.pcie_link_generation)
+        add_optional(width, labels, gpu.pcie_link_width)
+        for link in gpu.nvlinks:
+            ll = [*labels, str(link.link)]
+            link_up.add_metric(ll, 1.0 if link.up else 0.0)
+            add_optional(nv_tx, ll, link.tx_bytes)
+            add_optional(nv_rx, ll, link.rx_bytes)
+            for kind, count in link.errors:
+                nv_err.add_metric([*ll, kind], float(count))
+    yield from non_empty(tx, rx, replays, gen, width, link_up, nv_tx, nv_rx, nv_err)
+
+
+SPEC = CollectorSpec(
+    "pcie_nvlink", True, "PCIe/NVLink byte counters, replays, link state and NVLink errors", collect
+)

@@ -1,0 +1,328 @@
+"""One sampling cycle: NVML -> immutable `NodeSnapshot`, with deadlines so nothing can hang it.
+
+Each GPU is read on its own worker thread. The cycle waits for all of them until one shared
+deadline; a GPU whose read has not finished is reported down (`gpu_up 0`, its collectors failed) and
+is not given new work until the stuck call returns, so one hung GPU costs one thread, never the
+scrape and never the other GPUs. Attribution runs on its own worker with a deadline as well.
+
+NVML missing or failing is not fatal: the snapshot says `nvml_up = False` and init is retried with
+exponential backoff (1 s doubling to 60 s), logging the error once per distinct message.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+from gpulens.exporter.backends.events import XidWatcher
+from gpulens.exporter.backends.nvml import (
+    BackendUnavailable,
+    GpuLostError,
+    NvmlBackend,
+    SystemInfo,
+    error_text,
+)
+from gpulens.exporter.snapshot import AreaTiming, GpuIdentity, GpuSample, NodeSnapshot
+
+BACKOFF_START = 1.0
+BACKOFF_MAX = 60.0
+
+
+class Worker:
+    """A daemon thread running one job at a time; `busy` while a job (maybe a hung one) runs."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]] | None] = (
+            queue.Queue()
+        )
+        self._busy = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy.is_set()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._busy.set()
+        self._jobs.put((fn, args, future))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            fn, args, future = item
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+            finally:
+                self._busy.clear()
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    areas: frozenset[str]  # enabled collectors that need NVML reads
+    interval: float
+    deadline: float  # seconds a GPU's (and attribution's) work may take per sample
+    jobs_enabled: bool
+
+
+class Sampler:
+    """Owns the backend's lifecycle and the per-GPU workers; `sample()` runs one bounded cycle."""
+
+    def __init__(
+        self,
+        backend: NvmlBackend,
+        settings: SamplerSettings,
+        clock: Callable[[], float] = time.time,
+        xid: XidWatcher | None = None,
+        poll_events_inline: bool = False,
+        attribute: Callable[[NodeSnapshot], tuple] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.clock = clock
+        self.xid = xid
+        self.poll_events_inline = poll_events_inline
+        self.attribute = attribute
+        self.log = logger or logging.getLogger("gpulens.exporter.sampler")
+        self._workers: dict[int, Worker] = {}
+        self._attr_worker: Worker | None = None
+        self._identities: dict[int, GpuIdentity] = {}
+        self._was_up: dict[int, bool] = {}
+        self._system = SystemInfo("", "", "")
+        self._backoff = BACKOFF_START
+        self._next_init = 0.0
+        self._last_error = ""
+        self._last_gpu_errors: dict[int, str] = {}
+
+    # ---- NVML lifecycle ------------------------------------------------------------------
+    def _ensure_init(self) -> str:
+        """Initialise NVML if needed; returns "" when up, else the error text."""
+        if self.backend.initialised:
+            return ""
+        now = time.monotonic()
+        if now < self._next_init:
+            return self._last_error
+        try:
+            self._system = self.backend.init()
+        except BackendUnavailable as exc:
+            message = str(exc)
+            if message != self._last_error:
+                self.log.error("NVML unavailable, serving gpulens_nvml_up 0 and retrying: %s", message)
+            else:
+                self.log.debug("NVML still unavailable: %s", message)
+            self._last_error = message
+            self._next_init = now + self._backoff
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+            return message
+        if self._last_error:
+            self.log.info("NVML initialised after failures (driver %s)", self._system.driver_version)
+        else:
+            self.log.info("NVML initialised (driver %s)", self._system.driver_version)
+        self._last_error = ""
+        self._backoff = BACKOFF_START
+        self._next_init = 0.0
+        return ""
+
+    def _nvml_down(self, message: str) -> None:
+        if message != self._last_error:
+            self.log.error("NVML stopped answering, re-initialising: %s", message)
+        self._last_error = message
+        if self.xid is not None:
+            self.xid.reset()
+        self.backend.shutdown()
+        self._next_init = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+
+    # ---- one cycle -----------------------------------------------------------------------
+    def sample(self) -> NodeSnapshot:
+        started = time.perf_counter()
+        error = self._ensure_init()
+        if error:
+            return self._down_snapshot(error, started)
+        try:
+            count = self.backend.device_count()
+        except BackendUnavailable as exc:
+            self._nvml_down(str(exc))
+            return self._down_snapshot(str(exc), started)
+
+        gpus, timings = self._read_gpus(count)
+        self._watch_events(gpus)
+        xids = ()
+        if self.xid is not None:
+            if self.poll_events_inline:
+                self.xid.poll(0)
+            xids = self.xid.counts()
+        snapshot = NodeSnapshot(
+            timestamp=0.0,
+            duration_seconds=0.0,
+            nvml_up=True,
+            driver_version=self._system.driver_version,
+            cuda_version=self._system.cuda_version,
+            nvml_library_version=self._system.nvml_version,
+            gpus=tuple(gpus),
+            xids=xids,
+        )
+        jobs, jobs_error, jobs_seconds = self._attribute(snapshot)
+        areas = self._area_status(gpus, timings)
+        if self.settings.jobs_enabled:
+            areas["jobs"] = AreaTiming(seconds=jobs_seconds, success=not jobs_error)
+        if self.xid is not None and "xid" in self.settings.areas:
+            areas["xid"] = AreaTiming(seconds=0.0, success=True)
+        return NodeSnapshot(
+            timestamp=self.clock(),
+            duration_seconds=time.perf_counter() - started,
+            nvml_up=True,
+            driver_version=snapshot.driver_version,
+            cuda_version=snapshot.cuda_version,
+            nvml_library_version=snapshot.nvml_library_version,
+            gpus=snapshot.gpus,
+            xids=xids,
+            jobs=tuple(jobs),
+            jobs_error=jobs_error,
+            areas=areas,
+        )
+
+    def _read_gpus(self, count: int) -> tuple[list[GpuSample], dict[str, float]]:
+        settings = self.settings
+        futures: dict[int, Future[Any]] = {}
+        results: dict[int, GpuSample] = {}
+        for index in range(count):
+            worker = self._workers.get(index)
+            if worker is None:
+                worker = self._workers[index] = Worker(f"gpulens-gpu{index}")
+            if worker.busy:
+                results[index] = self._down(index, "previous NVML call on this GPU has not returned (hung)")
+                continue
+            futures[index] = worker.submit(self.backend.read_gpu, index, settings.areas, settings.interval)
+        deadline = time.monotonic() + settings.deadline
+        timings: dict[str, float] = {}
+        for index, future in futures.items():
+            try:
+                sample, gpu_timings = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                results[index] = self._down(
+                    index, f"NVML calls did not return within {settings.deadline:g}s (hung)"
+                )
+                continue
+            except GpuLostError as exc:
+                results[index] = self._down(index, f"GPU lost: {exc}")
+                self.backend.forget(index)
+                continue
+            except Exception as exc:
+                results[index] = self._down(index, error_text(exc))
+                self.backend.forget(index)
+                continue
+            self._identities[index] = sample.identity
+            results[index] = sample
+            for area, seconds in gpu_timings.items():
+                timings[area] = timings.get(area, 0.0) + seconds
+        for index in list(self._workers):
+            if index >= count:
+                self._workers.pop(index).stop()
+        gpus = [results[i] for i in range(count)]
+        for gpu in gpus:
+            previous = self._last_gpu_errors.get(gpu.identity.index, "")
+            if gpu.error != previous:
+                if gpu.error:
+                    self.log.warning("GPU %d: %s", gpu.identity.index, gpu.error)
+                else:
+                    self.log.info("GPU %d: reads succeed again", gpu.identity.index)
+                self._last_gpu_errors[gpu.identity.index] = gpu.error
+        return gpus, timings
+
+    def _down(self, index: int, error: str) -> GpuSample:
+        identity = (
+            self._identities.get(index) or self.backend.identity(index) or GpuIdentity(index=index, uuid="")
+        )
+        return GpuSample(identity=identity, up=False, error=error, failed_areas=self.settings.areas)
+
+    def _watch_events(self, gpus: list[GpuSample]) -> None:
+        if self.xid is None or "xid" not in self.settings.areas:
+            return
+        handles = dict(self.backend.handles())
+        came_back = [
+            handles[g.identity.index]
+            for g in gpus
+            if g.up and not self._was_up.get(g.identity.index, True) and g.identity.index in handles
+        ]
+        if came_back:
+            self.xid.forget(came_back)
+        self._was_up = {g.identity.index: g.up for g in gpus}
+        self.xid.attach(
+            [
+                (g.identity.index, g.identity.uuid, handles[g.identity.index])
+                for g in gpus
+                if g.up and g.identity.index in handles
+            ]
+        )
+
+    def _attribute(self, snapshot: NodeSnapshot) -> tuple[list[Any], str, float]:
+        if not self.settings.jobs_enabled or self.attribute is None:
+            return [], "", 0.0
+        started = time.perf_counter()
+        if self._attr_worker is None:
+            self._attr_worker = Worker("gpulens-attribution")
+        if self._attr_worker.busy:
+            return [], "attribution of the previous sample has not finished", 0.0
+        future = self._attr_worker.submit(self.attribute, snapshot)
+        try:
+            jobs, error = future.result(timeout=self.settings.deadline)
+        except FutureTimeout:
+            return (
+                [],
+                f"attribution did not finish within {self.settings.deadline:g}s",
+                self.settings.deadline,
+            )
+        except Exception as exc:
+            self.log.warning("attribution failed: %s", error_text(exc))
+            return [], error_text(exc), time.perf_counter() - started
+        return list(jobs), error, time.perf_counter() - started
+
+    def _area_status(self, gpus: list[GpuSample], timings: Mapping[str, float]) -> dict[str, AreaTiming]:
+        out: dict[str, AreaTiming] = {}
+        for area in self.settings.areas:
+            ok = all(g.up and area not in g.failed_areas for g in gpus)
+            out[area] = AreaTiming(seconds=timings.get(area, 0.0), success=ok)
+        return out
+
+    def _down_snapshot(self, error: str, started: float) -> NodeSnapshot:
+        areas = {a: AreaTiming(0.0, False) for a in self.settings.areas}
+        if self.settings.jobs_enabled:
+            areas["jobs"] = AreaTiming(0.0, False)
+        xids = self.xid.counts() if self.xid is not None else ()
+        return NodeSnapshot(
+            timestamp=self.clock(),
+            duration_seconds=time.perf_counter() - started,
+            nvml_up=False,
+            nvml_error=error,
+            xids=xids,
+            areas=areas,
+        )
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            worker.stop()
+        self._workers = {}
+        if self._attr_worker is not None:
+            self._attr_worker.stop()
+            self._attr_worker = None
+        if self.xid is not None:
+            self.xid.reset()
+        self.backend.shutdown()

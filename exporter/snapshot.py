@@ -1,0 +1,192 @@
+"""Immutable records of one sampling cycle.
+
+The sampler fills these from the backend once per `--interval`; collectors only read them. Keeping
+them frozen means a render (or a history writer in another thread) can never observe a half-updated
+sample, and a scrape needs no lock beyond swapping one reference.
+
+Units are base units (bytes, watts, joules, hertz, celsius, ratios 0..1). `None` means "the device
+cannot report this" (NVML NOT_SUPPORTED and friends): collectors leave the series out rather than
+inventing a zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpulens.exporter.attribution.model import JobUsage
+
+# Profiling metric keys, shared by the GPM backend and the profiling collector.
+PROFILING_KEYS: tuple[str, ...] = (
+    "graphics",
+    "sm",
+    "sm_occupancy",
+    "tensor",
+    "dram",
+    "fp64",
+    "fp32",
+    "fp16",
+)
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process with a context on a GPU or MIG instance (from NVML's process lists)."""
+
+    pid: int
+    kind: str  # "compute" | "graphics" | "mps_server" | "mps_client"
+    used_memory_bytes: int | None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    sm_util_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class NvLinkSample:
+    link: int
+    up: bool
+    tx_bytes: int | None = None
+    rx_bytes: int | None = None
+    errors: tuple[tuple[str, int], ...] = ()  # (kind, count)
+
+
+@dataclass(frozen=True)
+class MigSample:
+    """One MIG device (GPU instance + compute instance) of a parent GPU."""
+
+    gpu_instance: int
+    compute_instance: int
+    profile: str
+    uuid: str
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None  # excludes the instance's reserved memory
+    memory_reserved_bytes: int | None = None
+    multiprocessors: int | None = None
+    processes: tuple[ProcessSample, ...] = ()
+    mps_clients: tuple[ProcessSample, ...] = ()
+    profiling: tuple[tuple[str, float], ...] = ()  # (PROFILING_KEYS item, ratio)
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What does not change while a GPU stays present; kept when the GPU later stops answering."""
+
+    index: int
+    uuid: str
+    model: str = ""
+    pci_bus_id: str = ""
+    serial: str = ""
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """Everything read about one physical GPU in one cycle.
+
+    `up` is False when the GPU is lost, its reads failed, or its worker missed the deadline; then
+    only identity fields are meaningful and `failed_areas` names the collectors that lost data.
+    """
+
+    identity: GpuIdentity
+    up: bool
+    error: str = ""
+    failed_areas: frozenset[str] = frozenset()
+    mig_mode: str | None = None  # "enabled" | "disabled" | None (not MIG-capable)
+    # device
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    performance_state: int | None = None
+    compute_mode: str | None = None
+    fan_speed_ratio: float | None = None
+    # memory
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None  # excludes reserved: total = used + free + reserved
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    bar1_total_bytes: int | None = None
+    bar1_used_bytes: int | None = None
+    # power / thermal
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    # clocks
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    sm_clock_max_hertz: float | None = None
+    clock_events: tuple[tuple[str, bool], ...] = ()  # (reason, active) for supported reasons
+    # pcie / nvlink
+    pcie_tx_bytes: int | None = None
+    pcie_rx_bytes: int | None = None
+    pcie_replays: int | None = None
+    pcie_link_generation: int | None = None
+    pcie_link_width: int | None = None
+    nvlinks: tuple[NvLinkSample, ...] = ()
+    # health
+    ecc_enabled: bool | None = None
+    ecc_errors: tuple[tuple[str, str, int], ...] = ()  # (error, scope, count)
+    remapped_rows: tuple[tuple[str, int], ...] = ()  # (kind, rows)
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    retired_pages: tuple[tuple[str, int], ...] = ()  # (cause, pages)
+    retired_pages_pending: bool | None = None
+    # mig / processes / mps
+    mig_instances: tuple[MigSample, ...] = ()
+    processes: tuple[ProcessSample, ...] = ()  # compute + graphics (the MPS server is compute)
+    mps_clients: tuple[ProcessSample, ...] = ()
+    # profiling
+    profiling_source: str | None = None  # "gpm" | "dcgm" | "nvml"
+    profiling: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def mps_server_active(self) -> bool:
+        return any(p.kind == "mps_server" for p in self.processes) or any(
+            p.kind == "mps_server" for m in self.mig_instances for p in m.processes
+        )
+
+
+@dataclass(frozen=True)
+class XidCount:
+    """A cumulative Xid count (since the exporter started) for one GPU and code.
+
+    `gpu_instance` is None for the per-GPU total (which includes MIG-attributed events) and set for
+    the per-instance counts.
+    """
+
+    gpu: int
+    uuid: str
+    xid: int
+    count: int
+    last_timestamp: float
+    gpu_instance: int | None = None
+
+
+@dataclass(frozen=True)
+class AreaTiming:
+    """How long one collector's NVML reads took in a cycle, and whether they all succeeded."""
+
+    seconds: float
+    success: bool
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """One complete sampling cycle of the node."""
+
+    timestamp: float  # seconds since epoch (simulated time when simulating)
+    duration_seconds: float
+    nvml_up: bool
+    nvml_error: str = ""
+    driver_version: str = ""
+    cuda_version: str = ""
+    nvml_library_version: str = ""
+    gpus: tuple[GpuSample, ...] = ()
+    xids: tuple[XidCount, ...] = ()
+    jobs: tuple[JobUsage, ...] = ()
+    jobs_error: str = ""
+    areas: dict[str, AreaTiming] = field(default_factory=dict)
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
