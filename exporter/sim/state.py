@@ -127,6 +127,9 @@ class GpuState:
     video_clock_mhz: int = 0
     clock_event_reasons: int = 0  # bitmask of nvmlClocksEventReason*
     supported_clock_event_reasons: int = 0x1FF
+    # nvmlClocksEventReason* bit -> cumulative ns spent with that reason active (the
+    # NVML_FI_DEV_CLOCKS_EVENT_REASON_* field values); missing bits read as 0
+    clock_event_reason_ns: dict[int, int] = field(default_factory=dict)
     fan_percent: int | None = None
     performance_state: int = 0
     compute_mode: int = 0  # NVML_COMPUTEMODE_*
