@@ -612,7 +612,7 @@ def prometheus_config(options: Options, ports: dict[str, int]) -> dict[str, obje
         "scrape_configs": [
             {"job_name": "gpulens", "static_configs": [{"targets": [f"127.0.0.1:{ports['exporter']}"]}]},
             {
-                "job_name": "gpulens-remediate",
+                "job_name": "remediate",
                 "static_configs": [{"targets": [f"127.0.0.1:{ports['remediate']}"]}],
             },
             {"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{ports['prometheus']}"]}]},

@@ -1,0 +1,225 @@
+"""docker-compose.yml, deploy/docker/Dockerfile and deploy/docker/prometheus.yml.
+
+There is no Docker engine on CI. `docker compose config` runs where the compose plugin exists;
+everywhere else these tests check what it would not catch anyway: every mounted file exists in the
+repository, Prometheus scrapes services and ports that exist, the gpu profile really is the GPU
+variant, nothing listens beyond loopback, and the image is non-root and exporter-only.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
+PROMETHEUS = REPO / "deploy" / "docker" / "prometheus.yml"
+
+
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def services() -> dict[str, dict]:
+    return compose()["services"]
+
+
+def bind_mounts(service: dict) -> list[tuple[Path, str]]:
+    """(host path in the repo, container path) of every `./...` volume of a service."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("./"):
+            mounts.append((REPO / source[2:], target))
+    return mounts
+
+
+def container_path_to_repo(service: dict, container_path: str) -> Path | None:
+    """The repository file a path inside the container comes from, through the bind mounts."""
+    for host, target in bind_mounts(service):
+        if container_path == target:
+            return host
+        if container_path.startswith(target.rstrip("/") + "/"):
+            return host / container_path[len(target.rstrip("/")) + 1 :]
+    return None
+
+
+def args_of(service: dict) -> list[str]:
+    command = service.get("command", [])
+    return command.split() if isinstance(command, str) else list(command)
+
+
+def test_the_stack_has_every_service():
+    assert set(services()) == {
+        "exporter",
+        "exporter-gpu",
+        "prometheus",
+        "alertmanager",
+        "grafana",
+        "remediate",
+    }
+
+
+def test_every_service_has_an_image_or_a_build_of_a_real_dockerfile_stage():
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", DOCKERFILE.read_text(), flags=re.MULTILINE))
+    for name, service in services().items():
+        assert service.get("image") or service.get("build"), name
+        build = service.get("build")
+        if build:
+            assert (REPO / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
+            assert build["target"] in stages, f"{name}: no stage {build['target']!r} in the Dockerfile"
+
+
+def test_every_bind_mounted_path_exists_in_the_repository():
+    for name, service in services().items():
+        for host, _target in bind_mounts(service):
+            assert host.exists(), f"{name} mounts {host.relative_to(REPO)}, which does not exist"
+            assert ":ro" in next(v for v in service["volumes"] if v.startswith("./")), name
+
+
+def test_published_ports_are_loopback_only_and_unique():
+    published = []
+    for name, service in services().items():
+        for port in service.get("ports", []):
+            host_ip, host_port, _container_port = str(port).split(":")
+            assert host_ip == "127.0.0.1", f"{name} publishes {port} beyond loopback"
+            published.append(host_port)
+    assert len(published) == len(set(published))
+
+
+def test_default_exporter_is_simulated_and_needs_no_gpu():
+    exporter = services()["exporter"]
+    assert "profiles" not in exporter
+    assert any(arg.startswith("--simulate=") for arg in args_of(exporter))
+    assert "runtime" not in exporter and "deploy" not in exporter
+
+
+def test_gpu_profile_runs_the_exporter_on_real_gpus_through_the_nvidia_runtime():
+    gpu = services()["exporter-gpu"]
+    assert gpu["profiles"] == ["gpu"]
+    assert gpu["runtime"] == "nvidia"
+    assert gpu["pid"] == "host"
+    assert gpu["environment"] == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    assert not any(arg.startswith("--simulate") for arg in args_of(gpu))
+
+
+def test_only_the_gpu_exporter_is_behind_a_profile():
+    profiled = {name for name, service in services().items() if service.get("profiles")}
+    assert profiled == {"exporter-gpu"}
+
+
+def test_remediation_receiver_runs_in_dry_run():
+    remediate = services()["remediate"]
+    assert remediate["entrypoint"] == ["gpulens"]
+    assert args_of(remediate)[0] == "remediate"
+    assert "--dry-run" in args_of(remediate)
+
+
+def test_prometheus_loads_the_mounted_rule_files_and_the_compose_config():
+    prometheus = services()["prometheus"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in args_of(prometheus)
+    assert container_path_to_repo(prometheus, "/etc/prometheus/prometheus.yml") == PROMETHEUS
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    assert config["rule_files"]
+    for rule_file in config["rule_files"]:
+        source = container_path_to_repo(prometheus, rule_file)
+        assert source is not None and source.is_file(), f"{rule_file} is not mounted from the repository"
+    assert {p.name for p in map(lambda r: container_path_to_repo(prometheus, r), config["rule_files"])} == {
+        "recording_rules.yml",
+        "gpu_alerts.yml",
+    }
+
+
+def listen_port(service: dict) -> int:
+    for arg in args_of(service):
+        if arg.startswith("--listen="):
+            return int(arg.rsplit(":", 1)[1])
+    raise AssertionError(f"no --listen in {args_of(service)}")
+
+
+def test_prometheus_scrapes_the_services_on_the_ports_they_listen_on():
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    # the provisioned datasource tells Grafana the exporter's 5 s cadence ($__rate_interval)
+    assert config["global"]["scrape_interval"] == "5s"
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    (dns,) = jobs["gpulens"]["dns_sd_configs"]
+    assert set(dns["names"]) == {"exporter", "exporter-gpu"}
+    assert dns["port"] == listen_port(services()["exporter"]) == listen_port(services()["exporter-gpu"])
+    (static,) = jobs["remediate"]["static_configs"]
+    assert static["targets"] == [f"remediate:{listen_port(services()['remediate'])}"]
+    (am,) = config["alerting"]["alertmanagers"]
+    assert am["static_configs"][0]["targets"] == ["alertmanager:9093"]
+    for job_name in jobs:
+        # GPUExporterDown treats any scrape job named *gpulens* as an exporter
+        assert job_name == "gpulens" or "gpulens" not in job_name
+
+
+def test_prometheus_config_passes_promtool_with_the_repository_rules(tmp_path):
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool not installed")
+    text = PROMETHEUS.read_text().replace("/etc/prometheus/alerts/", f"{REPO / 'alerts'}/")
+    (tmp_path / "prometheus.yml").write_text(text)
+    result = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alertmanager_uses_the_shipped_config():
+    alertmanager = services()["alertmanager"]
+    target = next(a.split("=", 1)[1] for a in args_of(alertmanager) if a.startswith("--config.file="))
+    assert container_path_to_repo(alertmanager, target) == REPO / "alerts" / "alertmanager.yml"
+
+
+def test_grafana_provisions_a_prometheus_datasource_and_the_dashboard_directory():
+    grafana = services()["grafana"]
+    provisioning = container_path_to_repo(grafana, "/etc/grafana/provisioning")
+    assert provisioning is not None and provisioning.is_dir()
+    datasources = [
+        ds
+        for path in sorted((provisioning / "datasources").glob("*.y*ml"))
+        for ds in yaml.safe_load(path.read_text()).get("datasources", [])
+    ]
+    assert any(ds["type"] == "prometheus" and ds["url"] == "http://prometheus:9090" for ds in datasources)
+    providers = [
+        provider
+        for path in sorted((provisioning / "dashboards").glob("*.y*ml"))
+        for provider in yaml.safe_load(path.read_text()).get("providers", [])
+    ]
+    assert providers
+    for provider in providers:
+        source = container_path_to_repo(grafana, provider["options"]["path"])
+        assert source is not None and list(source.glob("*.json")), provider["options"]["path"]
+
+
+def test_dockerfile_is_python_slim_non_root_and_the_exporter_stage_has_no_analyzer_deps():
+    text = DOCKERFILE.read_text()
+    first_from = next(line for line in text.splitlines() if line.startswith("FROM"))
+    assert first_from == "FROM python:3.11-slim AS base"
+    stages = re.split(r"^FROM ", text, flags=re.MULTILINE)[1:]
+    final = stages[-1]
+    assert final.startswith("base AS exporter"), "the exporter must be the default (last) stage"
+    assert re.search(r"^USER 10001:10001$", final, flags=re.MULTILINE)
+    assert ".[web]" in final and "analyzer" not in final.split("RUN", 1)[1].split("\n")[0]
+    assert 'ENTRYPOINT ["gpulens-exporter"]' in final
+
+
+def test_docker_compose_config_validates_when_the_plugin_is_available():
+    docker = shutil.which("docker")
+    if not docker or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
+        pytest.skip("docker compose plugin not installed")
+    for profile in ([], ["--profile", "gpu"]):
+        result = subprocess.run(
+            [docker, "compose", "-f", str(COMPOSE), *profile, "config", "--quiet"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert result.returncode == 0, result.stderr
