@@ -50,9 +50,14 @@ def container_path_to_repo(service: dict, container_path: str) -> Path | None:
     return None
 
 
+def interpolate(text: str) -> str:
+    """Compose's `${VAR:-default}` with nothing set in the environment: the default."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)
+
+
 def args_of(service: dict) -> list[str]:
     command = service.get("command", [])
-    return command.split() if isinstance(command, str) else list(command)
+    return [interpolate(a) for a in (command.split() if isinstance(command, str) else command)]
 
 
 def test_the_stack_has_every_service():
@@ -223,3 +228,10 @@ def test_docker_compose_config_validates_when_the_plugin_is_available():
             cwd=REPO,
         )
         assert result.returncode == 0, result.stderr
+
+
+def test_exporter_commands_are_flags_the_exporter_accepts():
+    from gpulens.exporter.cli import parse_config
+
+    assert parse_config(args_of(services()["exporter"]), env={}).simulate == "dgx-h100"
+    assert parse_config(args_of(services()["exporter-gpu"]), env={}).simulate is None

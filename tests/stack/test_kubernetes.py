@@ -286,3 +286,14 @@ def test_kustomize_builds_when_kubectl_is_available():
     assert result.returncode == 0, result.stderr
     built = [d for d in yaml.safe_load_all(result.stdout) if d]
     assert {d["metadata"].get("namespace") for d in built if d["kind"] != "Namespace"} == {"gpulens"}
+
+
+def test_daemonset_args_are_flags_the_exporter_accepts(tmp_path):
+    from gpulens.exporter.cli import parse_config
+
+    args = exporter_container()["args"]
+    # --procfs must exist where it is checked: the host's /proc is mounted in the pod only
+    args = [f"--procfs={tmp_path}" if a.startswith("--procfs=") else a for a in args]
+    config = parse_config(args, env={})
+    assert config.listen == f":{EXPORTER_PORT}"
+    assert config.simulate is None

@@ -115,3 +115,16 @@ def test_systemd_analyze_verify_reports_nothing(tmp_path):
         if str(tmp_path) in line or "gpulens" in line
     ]
     assert result.returncode == 0 and not complaints, "\n".join(complaints) or result.stderr
+
+
+def test_environment_example_is_understood_by_the_exporter():
+    from gpulens.exporter.cli import parse_config
+
+    env = dict(
+        line.split("=", 1)
+        for line in (SYSTEMD / "gpulens-exporter.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    config = parse_config([], env=env)
+    assert config.listen == env["GPULENS_LISTEN"]
+    assert str(config.job_mapping_dir) == env["GPULENS_JOB_MAPPING_DIR"] == "/run/gpulens/jobs"
