@@ -71,6 +71,9 @@ def _merge_field(values: Sequence[str]) -> str:
 
 def merge_identities(identities: Sequence[JobIdentity]) -> JobIdentity:
     """One identity for processes sharing a job id: strongest source, fields joined when they differ."""
+    first = identities[0]
+    if all(i == first for i in identities):
+        return first
     source = min((i.source for i in identities), key=lambda s: SOURCE_RANK.get(s, len(SOURCE_RANK)))
     return JobIdentity(
         job_id=identities[0].job_id,
@@ -82,14 +85,14 @@ def merge_identities(identities: Sequence[JobIdentity]) -> JobIdentity:
     )
 
 
-def sharing_mode(gpu_instance: int | None, jobs: Mapping[str, _JobAccumulator]) -> str:
+def sharing_mode(
+    gpu_instance: int | None, jobs: Mapping[str, _JobAccumulator], identities: Mapping[str, JobIdentity]
+) -> str:
     if gpu_instance is not None:
         return "mig"
     if any(acc.mps_clients for acc in jobs.values()):
         return "mps"
-    real_jobs = [
-        job_id for job_id, acc in jobs.items() if merge_identities(acc.identities).source != SOURCE_SYSTEM
-    ]
+    real_jobs = [job_id for job_id in jobs if identities[job_id].source != SOURCE_SYSTEM]
     return "time_slicing" if len(real_jobs) > 1 else "exclusive"
 
 
@@ -111,6 +114,8 @@ def _cap(jobs: dict[str, _JobAccumulator], max_jobs: int) -> tuple[dict[str, _Jo
     other = _JobAccumulator()
     for _, acc in ranked[max_jobs - 1 :]:
         other.absorb(acc)
+    if OTHER_JOB_ID in kept:  # a job really named "other" joins the overflow row rather than vanish
+        other.absorb(kept.pop(OTHER_JOB_ID))
     other.identities = [JobIdentity(job_id=OTHER_JOB_ID, source=SOURCE_OTHER)]
     kept[OTHER_JOB_ID] = other
     return kept, len(ranked) - (max_jobs - 1)
@@ -133,11 +138,12 @@ def aggregate(
     for (gpu, gi), jobs in sorted(
         devices.items(), key=lambda item: (item[0][0], -1 if item[0][1] is None else item[0][1])
     ):
-        sharing = sharing_mode(gi, jobs)
+        identities = {job_id: merge_identities(acc.identities) for job_id, acc in jobs.items()}
+        sharing = sharing_mode(gi, jobs, identities)
         capped, aggregated = _cap(jobs, max_jobs)
         if aggregated:
             overflows.append(DeviceOverflow(gpu, gi, len(jobs), aggregated))
-        identities = {job_id: merge_identities(acc.identities) for job_id, acc in capped.items()}
+            identities[OTHER_JOB_ID] = merge_identities(capped[OTHER_JOB_ID].identities)
         owners = [job_id for job_id, ident in identities.items() if ident.source != SOURCE_SYSTEM]
         instance_value = instance_sm_active.get((gpu, gi)) if gi is not None and len(owners) == 1 else None
         for job_id in sorted(capped):

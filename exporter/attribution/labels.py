@@ -14,6 +14,9 @@ _FORBIDDEN = frozenset('"\\`')
 
 def sanitize_label_value(value: str, max_length: int = MAX_LABEL_LENGTH) -> str:
     """Printable, single-line, quote-free, at most `max_length` characters (truncation marked by `~`)."""
+    clean = len(value) <= max_length and value.isprintable() and not _FORBIDDEN.intersection(value)
+    if clean and (not value or (not value[0].isspace() and not value[-1].isspace())):
+        return value  # the common case, without rebuilding the string
     cleaned = "".join(
         _REPLACEMENT if (not ch.isprintable() or ch in _FORBIDDEN) else ch for ch in value.strip()
     )
