@@ -1,0 +1,122 @@
+"""Requests-only histories (the v2023 trace): packing arithmetic without usage.
+
+Without measured use, the only question is how many GPUs the requested shares need. The v2023
+pod list is a workload to place (the ATC '23 simulator places all of it on the 6,212-GPU
+cluster; most pods live minutes, so wall-clock concurrency is not what it models), so we place
+all pods: GPUs counted as if every pod got whole GPUs (no sharing) versus fractional requests
+packed first-fit decreasing onto shared GPUs (whole-GPU pods keep whole GPUs). `at` restricts
+the placement to pods alive at one instant instead. Recommendations say so plainly and carry low
+confidence: `mps` for fractional requests (space sharing with a thread share), `exclusive` for
+whole GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer.history import History
+from gpulens.analyzer.plan import Plan
+
+CONFIDENCE = 0.2
+
+
+def request_table(history: History) -> pd.DataFrame:
+    """One row per pod: job_id, group (GPU spec or "any"), requested GPUs, start, end."""
+    s = history.samples
+    req = s[s["metric"] == "gpulens_trace_job_requested_gpus"]
+    life = s[s["metric"] == "gpulens_trace_job_lifetime_seconds"]
+    if req.empty:
+        raise AnalyzerError(
+            f"{history.path}: requests history without gpulens_trace_job_requested_gpus samples"
+        )
+    life_by_job = dict(zip(life["job_id"], life["value"], strict=False))
+    table = pd.DataFrame(
+        {
+            "job_id": req["job_id"].to_numpy(),
+            "gpu_model": req["gpu_spec"].map(lambda v: v.split("|")[0] if v else "any").to_numpy(),
+            "requested_gpus": req["value"].to_numpy(),
+            "start": req["timestamp"].to_numpy(),
+            "qos": req["qos"].to_numpy(),
+            "phase": req["phase"].to_numpy(),
+        }
+    )
+    table["duration_s"] = table["job_id"].map(life_by_job).fillna(0.0)
+    table["end"] = table["start"] + table["duration_s"]
+    return table
+
+
+def recommend_requests(table: pd.DataFrame) -> pd.DataFrame:
+    """Low-confidence recommendations that only restate the requests."""
+    shared = table["requested_gpus"] < 1
+    out = table.copy()
+    out["gpus"] = np.ceil(out["requested_gpus"]).astype(int)
+    out["recommendation"] = np.where(shared, "mps", "exclusive")
+    out["mps_active_thread_percentage"] = [
+        math.ceil(r * 100) if s else None for r, s in zip(out["requested_gpus"], shared, strict=True)
+    ]
+    out["reason"] = [
+        f"requests only: {r:.2f} GPU requested ({q}); no usage measured"
+        for r, q in zip(out["requested_gpus"], out["qos"], strict=True)
+    ]
+    out["confidence"] = CONFIDENCE
+    out["confidence_level"] = "low"
+    return out
+
+
+def plan_requests(recs: pd.DataFrame, at: float | None = None) -> Plan:
+    """Whole GPUs needed without sharing vs with fractional requests packed, at the peak instant."""
+    live = recs if at is None else recs[(recs["start"] <= at) & (recs["end"] > at)]
+    by_model: dict[str, dict[str, float]] = {}
+    layout: list[dict] = []
+    for model, group in live.groupby("gpu_model", sort=True):
+        before = int(np.ceil(group["requested_gpus"]).sum())
+        whole = int(group.loc[group["requested_gpus"] >= 1, "requested_gpus"].apply(math.ceil).sum())
+        bins: list[list[tuple[str, float]]] = []
+        loads: list[float] = []
+        for job, req in sorted(
+            zip(group["job_id"], group["requested_gpus"], strict=True), key=lambda x: (-x[1], x[0])
+        ):
+            if req >= 1:
+                continue
+            for i, load in enumerate(loads):
+                if load + req <= 1.0 + 1e-9:
+                    loads[i] += req
+                    bins[i].append((job, req))
+                    break
+            else:
+                loads.append(req)
+                bins.append([(job, req)])
+        after = whole + len(bins)
+        by_model[str(model)] = {"gpus_before": before, "gpus_after": after, "gpus_freed": before - after}
+        for i, members in enumerate(bins):
+            layout.append(
+                {
+                    "gpu": f"{model}#shared{i + 1}",
+                    "model": str(model),
+                    "sharing": "mps",
+                    "jobs": [j for j, _ in members],
+                    "requested_share": round(loads[i], 3),
+                }
+            )
+    before = int(sum(v["gpus_before"] for v in by_model.values()))
+    after = int(sum(v["gpus_after"] for v in by_model.values()))
+    requested = float(live["requested_gpus"].sum())
+    return Plan(
+        gpus_before=before,
+        gpus_after=after,
+        gpus_freed=before - after,
+        by_model=by_model,
+        utilization_before=round(requested / before, 4) if before else 0.0,
+        utilization_after=round(requested / after, 4) if after else 0.0,
+        window_hours=0.0,
+        layout=layout,
+        node_groups={},
+        notes=[
+            f"requests only: {len(live)} pods placed"
+            + ("" if at is None else f" (alive at t={at:.0f})")
+            + "; utilisation figures are requested shares, not measured use"
+        ],
+    )
