@@ -141,3 +141,23 @@ def test_job_id_that_sanitises_to_nothing_is_unknown(node):
     node.process(11, "0::/user.slice\n", {"SLURM_JOB_ID": "   "})
     [usage] = node.attributor().attribute([proc(11)])
     assert usage.identity.job_id == "unknown"
+
+
+def test_a_job_named_other_is_not_lost_when_the_cap_applies(node):
+    procs = [proc(pid, memory=1000 - pid) for pid in range(100, 106)]
+    names = ["other", "a", "b", "c", "d", "e"]
+    for p, name in zip(procs, names, strict=True):
+        node.process(p.pid, "0::/user.slice\n", {"SLURM_JOB_ID": name})
+    usages = Attributor(node.config(), logger=node.logger, max_jobs_per_device=3).attribute(procs)
+    assert sum(u.memory_used_bytes for u in usages) == sum(p.used_memory_bytes for p in procs)
+    job_ids = [u.identity.job_id for u in usages]
+    assert len(set(job_ids)) == len(job_ids) <= 3 and "other" in job_ids
+
+
+def test_two_containers_of_one_pod_on_a_gpu_give_one_row(node):
+    node.pod("ml", "p", POD_UID_A, {"main": CID_A, "helper": CID_B})
+    node.process(11, kube_systemd(POD_UID_A, CID_A))
+    node.process(12, kube_systemd(POD_UID_A, CID_B))
+    [usage] = node.attributor().attribute([proc(11, memory=1), proc(12, memory=2)])
+    assert usage.identity.container == "helper,main"
+    assert (usage.memory_used_bytes, usage.sharing) == (3, "exclusive")
