@@ -122,9 +122,15 @@ def datasource_variable() -> Template:
     )
 
 
+def _select_all(variable: Template) -> Template:
+    """Start a multi-value variable on "All" the way Grafana itself saves it."""
+    variable._current = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    return variable
+
+
 def node_variable(multi: bool = True) -> Template:
     """Nodes are Prometheus `instance` labels of targets that export `gpu_info`."""
-    return Template(
+    variable = Template(
         name="node",
         label="Node",
         query="label_values(gpu_info, instance)",
@@ -132,25 +138,26 @@ def node_variable(multi: bool = True) -> Template:
         multi=multi,
         includeAll=multi,
         allValue=".*" if multi else None,
-        default="$__all" if multi else None,
         refresh=REFRESH_ON_TIME_RANGE_CHANGE,
         sort=SORT_ALPHA_ASC,
     )
+    return _select_all(variable) if multi else variable
 
 
 def gpu_variable() -> Template:
     """GPU index on the selected nodes (the `gpu` label; `uuid` identifies it across nodes)."""
-    return Template(
-        name="gpu",
-        label="GPU",
-        query='label_values(gpu_info{instance=~"$node"}, gpu)',
-        dataSource=DATASOURCE,
-        multi=True,
-        includeAll=True,
-        allValue=".*",
-        default="$__all",
-        refresh=REFRESH_ON_TIME_RANGE_CHANGE,
-        sort=3,  # numerical ascending: 0, 1, ..., 10
+    return _select_all(
+        Template(
+            name="gpu",
+            label="GPU",
+            query='label_values(gpu_info{instance=~"$node"}, gpu)',
+            dataSource=DATASOURCE,
+            multi=True,
+            includeAll=True,
+            allValue=".*",
+            refresh=REFRESH_ON_TIME_RANGE_CHANGE,
+            sort=3,  # numerical ascending: 0, 1, ..., 10
+        )
     )
 
 
