@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 import yaml
 
@@ -71,8 +72,8 @@ def default_step(history_s: int) -> str:
     """
     for step in (15, 30, 60, 120, 240):
         if history_s / step <= 2600:
-            return f"{step}s"
-    return "4m"
+            break
+    return f"{step // 60}m" if step % 60 == 0 else f"{step}s"
 
 
 def find_repo_root() -> Path:
@@ -166,11 +167,11 @@ class State:
 class Progress:
     """Numbered step lines, with a heartbeat showing the latest log line of a long command."""
 
-    def __init__(self, total: int, out=sys.stdout) -> None:
+    def __init__(self, total: int, out: TextIO | None = None) -> None:
         self.total = total
         self.index = 0
-        self.out = out
-        self.interval = 10.0 if out.isatty() else 30.0
+        self.out = out or sys.stdout
+        self.interval = 10.0 if self.out.isatty() else 30.0
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
