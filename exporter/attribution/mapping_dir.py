@@ -181,6 +181,7 @@ class MappingDirectory:
             if result[1]:
                 entries[key] = result[1]
         gone = set(self._parsed) - set(parsed)
+        gone |= {name for name, (_, result) in parsed.items() if result is not None}  # fixed files re-arm
         if gone:
             self._log.forget_where(lambda k: isinstance(k, tuple) and len(k) == 3 and k[1] in gone)
         self._parsed = parsed
