@@ -15,7 +15,6 @@ import contextlib
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -103,7 +102,7 @@ class GpmProfiler:
         except (AreaError, GpuLostError):
             pynvml.nvmlGpmSampleFree(sample)
             raise
-        now = time.monotonic()
+        now = self.clock()  # the simulated clock when simulating, so history runs get windows too
         with self._lock:
             previous = self._previous.get(key)
         if previous is not None and now - previous[1] < MIN_WINDOW_SECONDS:

@@ -1,0 +1,49 @@
+"""Content negotiation for /metrics: OpenMetrics via Accept, gzip via Accept-Encoding."""
+
+from __future__ import annotations
+
+import gzip
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from gpulens.exporter.render import accepts_gzip, render, wants_openmetrics
+
+
+def test_prometheus_default_accept_header_selects_openmetrics() -> None:
+    accept = (
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+        "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+    )
+    assert wants_openmetrics(accept)
+
+
+def test_plain_or_missing_accept_selects_text() -> None:
+    assert not wants_openmetrics(None)
+    assert not wants_openmetrics("text/plain")
+    assert not wants_openmetrics("*/*")
+
+
+def test_openmetrics_with_q_zero_or_unknown_version_is_not_selected() -> None:
+    assert not wants_openmetrics("application/openmetrics-text;q=0")
+    assert not wants_openmetrics("application/openmetrics-text;version=2.0.0")
+
+
+def test_gzip_negotiation() -> None:
+    assert accepts_gzip("gzip")
+    assert accepts_gzip("deflate, gzip;q=0.5")
+    assert not accepts_gzip("gzip;q=0")
+    assert not accepts_gzip(None)
+    assert not accepts_gzip("identity")
+
+
+def test_rendered_variants_carry_the_same_samples() -> None:
+    g = GaugeMetricFamily("gpu_up", "h", labels=["gpu"])
+    g.add_metric(["0"], 1)
+    c = CounterMetricFamily("gpu_xid_errors_total", "h", labels=["gpu"])
+    c.add_metric(["0"], 3)
+    rendered = render([g, c])
+    assert gzip.decompress(rendered.text_gzip) == rendered.text
+    assert gzip.decompress(rendered.openmetrics_gzip) == rendered.openmetrics
+    assert b'gpu_xid_errors_total{gpu="0"} 3.0' in rendered.text
+    assert rendered.openmetrics.endswith(b"# EOF\n")
+    assert b"# TYPE gpu_xid_errors counter" in rendered.openmetrics

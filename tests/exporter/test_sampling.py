@@ -1,0 +1,223 @@
+"""Sampling the simulated node: MIG, MPS, faults, Xid events, collector switches, isolation."""
+
+from __future__ import annotations
+
+import time
+
+import pynvml
+
+from gpulens.exporter.app import Exporter
+from gpulens.exporter.collectors import DEFAULT_ENABLED
+from tests.exporter.conftest import make_exporter
+from tests.exporter.expo import samples, value
+from tests.sim.static_node import StaticNode
+
+
+def text_of(exporter: Exporter) -> str:
+    return exporter.render(exporter.sample_once()).text.decode()
+
+
+def test_every_family_has_help_and_type(exporter: Exporter) -> None:
+    text = text_of(exporter)
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    helps = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP")}
+    assert names == helps
+    assert len(names) > 50
+    for line in text.splitlines():
+        if line.startswith("# HELP"):
+            assert len(line.split(None, 3)) == 4, f"empty HELP: {line}"
+
+
+def test_device_wide_values_stay_on_the_parent_of_a_mig_gpu(exporter: Exporter) -> None:
+    text = text_of(exporter)
+    assert all("gpu_instance" not in s.labels for s in samples(text, "gpu_power_watts"))
+    assert value(text, "gpu_power_watts", gpu="0") == 70.0
+    assert value(text, "gpu_utilization_ratio", gpu="0") is None  # NOT_SUPPORTED on MIG: absent
+    infos = samples(text, "gpu_mig_instance_info")
+    assert sorted((s.labels["gpu_instance"], s.labels["mig_profile"]) for s in infos) == [
+        ("1", "3g.40gb"),
+        ("2", "2g.20gb"),
+        ("4", "1g.10gb"),
+    ]
+    assert value(text, "gpu_mig_memory_used_bytes", gpu="0", gpu_instance="1") == 1024**3
+    assert value(text, "gpu_mig_processes", gpu="0", gpu_instance="2") == 1
+    assert value(text, "gpu_info", gpu="0")  # identity is there
+    assert samples(text, "gpu_info")[0].labels["mig_mode"] == "enabled"
+
+
+def test_mig_instances_that_change_are_picked_up_without_restart(exporter: Exporter, node: StaticNode) -> None:
+    text_of(exporter)
+    node.update(0, mig_instances=node.gpu_state(0).mig_instances[:1])
+    text = text_of(exporter)
+    assert [s.labels["gpu_instance"] for s in samples(text, "gpu_mig_instance_info")] == ["1"]
+
+
+def test_mps_server_and_clients(exporter: Exporter) -> None:
+    text = text_of(exporter)
+    assert value(text, "gpu_mps_server_active", gpu="1") == 1
+    assert value(text, "gpu_mps_clients", gpu="1") == 2
+    assert value(text, "gpu_mps_server_active", gpu="2") == 0
+    assert value(text, "gpu_mps_clients", gpu="2") == 0
+
+
+def test_memory_used_excludes_reserved(exporter: Exporter) -> None:
+    text = text_of(exporter)
+    total = value(text, "gpu_memory_total_bytes", gpu="3")
+    used = value(text, "gpu_memory_used_bytes", gpu="3")
+    free = value(text, "gpu_memory_free_bytes", gpu="3")
+    reserved = value(text, "gpu_memory_reserved_bytes", gpu="3")
+    assert None not in (total, used, free, reserved)
+    assert used + free + reserved == total
+    assert reserved == 512 * 1024**2
+
+
+def test_lost_gpu_is_down_while_the_others_are_served(exporter: Exporter, node: StaticNode) -> None:
+    text_of(exporter)
+    node.update(2, lost=True)
+    text = text_of(exporter)
+    assert value(text, "gpu_up", gpu="2") == 0
+    assert value(text, "gpu_info", gpu="2") == 1  # identity kept for joins and alerts
+    assert value(text, "gpu_power_watts", gpu="2") is None
+    assert value(text, "gpu_up", gpu="3") == 1
+    assert value(text, "gpu_power_watts", gpu="3") == 55.0
+    assert value(text, "gpulens_collector_success", collector="power_thermal") == 0
+    assert value(text, "gpulens_nvml_up") == 1
+
+
+def test_gpu_that_comes_back_is_read_again(exporter: Exporter, node: StaticNode) -> None:
+    node.update(2, lost=True)
+    text_of(exporter)
+    node.update(2, lost=False)
+    text = text_of(exporter)
+    assert value(text, "gpu_up", gpu="2") == 1
+    assert value(text, "gpulens_collector_success", collector="power_thermal") == 1
+
+
+def test_hung_gpu_is_reported_down_within_the_deadline_and_not_resubmitted(exporter: Exporter, node: StaticNode) -> None:
+    text_of(exporter)
+    node.update(3, hang_seconds=1.5)
+    started = time.monotonic()
+    first = exporter.sample_once()
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.2, elapsed  # the 0.5 s deadline, not the 1.5 s hang
+    gpu3 = first.gpus[3]
+    assert not gpu3.up and "hung" in gpu3.error
+    assert first.gpus[2].up
+    second = exporter.sample_once()  # the worker is still stuck: no new calls queued behind it
+    assert not second.gpus[3].up and "has not returned" in second.gpus[3].error
+    node.update(3, hang_seconds=0.0)
+    time.sleep(1.6)
+    assert exporter.sample_once().gpus[3].up
+
+
+def test_nvml_failing_at_start_serves_nvml_up_0_then_recovers(node: StaticNode) -> None:
+    node.init_code = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    exporter = make_exporter(node)
+    try:
+        text = text_of(exporter)
+        assert value(text, "gpulens_nvml_up") == 0
+        assert value(text, "gpulens_gpus") == 0
+        assert samples(text, "gpulens_nvml_error_info")
+        assert not samples(text, "gpu_up")
+        assert value(text, "gpulens_build_info", version=__import__("gpulens").__version__) == 1
+        node.init_code = None
+        time.sleep(1.05)  # first retry after 1 s of backoff
+        text = text_of(exporter)
+        assert value(text, "gpulens_nvml_up") == 1
+        assert value(text, "gpulens_gpus") == 4
+        assert value(text, "gpu_up", gpu="0") == 1
+    finally:
+        exporter.close()
+
+
+def test_xid_events_are_counted_per_gpu_and_per_mig_instance(exporter: Exporter, node: StaticNode) -> None:
+    exporter.sample_once()  # registers the event set
+    node.clock.advance(1)
+    node.inject(2, data=79)
+    node.inject(2, data=79)
+    node.inject(0, data=94, gpu_instance_id=2, compute_instance_id=0)
+    node.clock.advance(1)
+    text = text_of(exporter)
+    assert value(text, "gpu_xid_errors_total", gpu="2", xid="79") == 2
+    assert value(text, "gpu_xid_errors_total", gpu="0", xid="94") == 1
+    assert value(text, "gpu_mig_xid_errors_total", gpu="0", gpu_instance="2", xid="94") == 1
+    assert value(text, "gpu_xid_last_timestamp_seconds", gpu="2", xid="79") == node.clock.now()
+
+
+def test_the_watcher_thread_counts_every_event_between_samples(exporter: Exporter, node: StaticNode) -> None:
+    exporter.sample_once()
+    exporter.xid.start(timeout_ms=50)
+    exporter.sampler.poll_events_inline = False
+    for _ in range(5):
+        node.clock.advance(0.2)
+        node.inject(1, data=31)
+        time.sleep(0.12)
+    node.clock.advance(0.2)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        text = text_of(exporter)
+        if value(text, "gpu_xid_errors_total", gpu="1", xid="31") == 5:
+            break
+        time.sleep(0.05)
+    assert value(text, "gpu_xid_errors_total", gpu="1", xid="31") == 5
+
+
+def test_disabled_collectors_export_nothing_and_have_no_status(node: StaticNode) -> None:
+    exporter = make_exporter(node, collectors=DEFAULT_ENABLED - {"health", "pcie_nvlink"})
+    try:
+        text = text_of(exporter)
+    finally:
+        exporter.close()
+    assert not samples(text, "gpu_ecc_errors_total")
+    assert not samples(text, "gpu_nvlink_link_up")
+    assert not samples(text, "gpu_process_memory_used_bytes")  # processes is off by default
+    assert value(text, "gpulens_collector_success", collector="health") is None
+    assert value(text, "gpulens_collector_success", collector="device") == 1
+
+
+def test_processes_collector_is_bounded(node: StaticNode) -> None:
+    exporter = make_exporter(node, processes_max=2)
+    try:
+        text = text_of(exporter)
+    finally:
+        exporter.close()
+    assert len(samples(text, "gpu_process_memory_used_bytes")) == 2
+    assert value(text, "gpulens_processes_dropped") == 5
+    biggest = max(samples(text, "gpu_process_memory_used_bytes"), key=lambda s: s.value)
+    assert biggest.labels["pid"] == "40000"
+
+
+def test_attribution_failure_only_fails_the_jobs_collector(exporter: Exporter) -> None:
+    class Broken:
+        def attribute(self, *args: object) -> list[object]:
+            raise RuntimeError("procfs exploded")
+
+        def close(self) -> None:
+            pass
+
+    exporter._attributor = Broken()
+    text = text_of(exporter)
+    assert value(text, "gpulens_collector_success", collector="jobs") == 0
+    assert value(text, "gpulens_collector_success", collector="device") == 1
+    assert not samples(text, "gpu_job_info")
+    assert value(text, "gpu_up", gpu="0") == 1
+
+
+def test_jobs_are_exported_per_gpu_and_instance(exporter: Exporter) -> None:
+    text = text_of(exporter)
+    mig_jobs = [s for s in samples(text, "gpu_job_info") if s.labels["gpu"] == "0"]
+    assert sorted(s.labels["gpu_instance"] for s in mig_jobs) == ["1", "2", "4"]
+    assert all(s.labels["sharing"] == "mig" for s in mig_jobs)
+    memory = sum(s.value for s in samples(text, "gpu_job_memory_used_bytes") if s.labels["gpu"] == "2")
+    assert memory == 10 * 1024**3
+
+
+def test_gpm_profiling_needs_two_samples_and_reports_ratios(exporter: Exporter, node: StaticNode) -> None:
+    first = text_of(exporter)
+    assert not samples(first, "gpu_mig_sm_active_ratio")
+    node.clock.advance(5)
+    text = text_of(exporter)
+    assert value(text, "gpulens_profiling_source_info", gpu="0", source="gpm") == 1
+    assert value(text, "gpulens_profiling_source_info", gpu="2", source="nvml") == 1  # A100: no GPM
+    assert abs(value(text, "gpu_mig_sm_active_ratio", gpu="0", gpu_instance="1") - 0.25) < 1e-6
+    assert value(text, "gpu_sm_active_ratio", gpu="2") is None
