@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from gpulens.exporter.cli import parse_config
 from gpulens.exporter.collectors import DEFAULT_ENABLED
 from gpulens.exporter.config import DEFAULT_LISTEN, ConfigError, parse_listen
@@ -92,7 +91,15 @@ def test_bad_web_config_prints_one_line_naming_the_field(tmp_path: Path) -> None
     config = tmp_path / "web.yml"
     config.write_text("basic_auth_users:\n  alice: plaintext\n")
     result = subprocess.run(
-        [sys.executable, "-m", "gpulens.exporter", "--web.config-file", str(config), "--listen", "127.0.0.1:0"],
+        [
+            sys.executable,
+            "-m",
+            "gpulens.exporter",
+            "--web.config-file",
+            str(config),
+            "--listen",
+            "127.0.0.1:0",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

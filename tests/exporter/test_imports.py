@@ -16,7 +16,9 @@ def test_exporter_imports_no_heavy_libraries() -> None:
         "import gpulens.exporter.attribution, gpulens.exporter.backends.gpm\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     modules = json.loads(result.stdout)
     loaded = [m for m in modules if m.split(".")[0] in HEAVY]
     assert loaded == []

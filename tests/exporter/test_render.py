@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import gzip
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from gpulens.exporter.render import accepts_gzip, render, wants_openmetrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
 def test_prometheus_default_accept_header_selects_openmetrics() -> None:

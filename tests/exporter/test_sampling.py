@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import pynvml
-
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.collectors import DEFAULT_ENABLED
+
 from tests.exporter.conftest import make_exporter
 from tests.exporter.expo import samples, value
 from tests.sim.static_node import StaticNode
@@ -45,7 +45,9 @@ def test_device_wide_values_stay_on_the_parent_of_a_mig_gpu(exporter: Exporter) 
     assert samples(text, "gpu_info")[0].labels["mig_mode"] == "enabled"
 
 
-def test_mig_instances_that_change_are_picked_up_without_restart(exporter: Exporter, node: StaticNode) -> None:
+def test_mig_instances_that_change_are_picked_up_without_restart(
+    exporter: Exporter, node: StaticNode
+) -> None:
     text_of(exporter)
     node.update(0, mig_instances=node.gpu_state(0).mig_instances[:1])
     text = text_of(exporter)
@@ -93,7 +95,9 @@ def test_gpu_that_comes_back_is_read_again(exporter: Exporter, node: StaticNode)
     assert value(text, "gpulens_collector_success", collector="power_thermal") == 1
 
 
-def test_hung_gpu_is_reported_down_within_the_deadline_and_not_resubmitted(exporter: Exporter, node: StaticNode) -> None:
+def test_hung_gpu_is_reported_down_within_the_deadline_and_not_resubmitted(
+    exporter: Exporter, node: StaticNode
+) -> None:
     text_of(exporter)
     node.update(3, hang_seconds=1.5)
     started = time.monotonic()

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from prometheus_client.core import GaugeMetricFamily
-
 from gpulens.exporter.app import Published
 from gpulens.exporter.config import ConfigError, ExporterConfig
 from gpulens.exporter.render import render
 from gpulens.exporter.server import HttpServer
 from gpulens.exporter.snapshot import NodeSnapshot
 from gpulens.exporter.webconfig import WebConfig, load_web_config
+from prometheus_client.core import GaugeMetricFamily
+
 from tests.exporter.tls_material import TlsFiles, make_tls_files
 
 
@@ -126,7 +126,9 @@ def _client_context(files: TlsFiles, with_cert: bool) -> ssl.SSLContext:
     return ctx
 
 
-def test_https_with_basic_auth_accepts_right_and_rejects_wrong_credentials(tmp_path: Path, tls_files: TlsFiles) -> None:
+def test_https_with_basic_auth_accepts_right_and_rejects_wrong_credentials(
+    tmp_path: Path, tls_files: TlsFiles
+) -> None:
     config = tmp_path / "web.yml"
     config.write_text(
         f"tls_server_config:\n  cert_file: {tls_files.server_cert}\n  key_file: {tls_files.server_key}\n"
@@ -149,8 +151,13 @@ def test_https_with_basic_auth_accepts_right_and_rejects_wrong_credentials(tmp_p
 
 def test_plain_http_to_a_tls_listener_gets_no_metrics(tmp_path: Path, tls_files: TlsFiles) -> None:
     config = tmp_path / "web.yml"
-    config.write_text(f"tls_server_config:\n  cert_file: {tls_files.server_cert}\n  key_file: {tls_files.server_key}\n")
-    with serving(load_web_config(config)) as (server, _), pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+    config.write_text(
+        f"tls_server_config:\n  cert_file: {tls_files.server_cert}\n  key_file: {tls_files.server_key}\n"
+    )
+    with (
+        serving(load_web_config(config)) as (server, _),
+        pytest.raises((urllib.error.URLError, ConnectionError, OSError)),
+    ):
         urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5).read()
 
 
@@ -179,7 +186,11 @@ def test_relative_certificate_paths_are_relative_to_the_config_file(tls_files: T
     [
         ("tls_server_config:\n  cert_file: missing.crt\n  key_file: missing.key\n", "cert_file"),
         ("tls_server_config:\n  cert_file: server.crt\n", "key_file"),
-        ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: Maybe\n", "client_auth_type"),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+            "  client_auth_type: Maybe\n",
+            "client_auth_type",
+        ),
         (
             "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
             "  client_auth_type: RequireAndVerifyClientCert\n",

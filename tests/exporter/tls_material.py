@@ -28,7 +28,9 @@ def _name(common_name: str) -> x509.Name:
 
 def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
     )
 
 
@@ -60,7 +62,9 @@ def make_tls_files(directory: Path) -> TlsFiles:
         )
         if server:
             builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+                x509.SubjectAlternativeName(
+                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+                ),
                 critical=False,
             )
         return builder.sign(ca_key, hashes.SHA256()), key
