@@ -57,6 +57,9 @@ class Symbol:
     impl: Callable[..., Any]
     restype: Any = ctypes.c_int
     needs_init: bool = True  # UNINITIALIZED before nvmlInit / after the last nvmlShutdown
+    # trailing arguments a caller may leave out (pynvml's size probe of nvmlDeviceGetRetiredPages_v2
+    # passes 4 of 5); the C function would read a garbage register, the simulation reads NULL
+    optional_trailing: int = 0
 
 
 @dataclass
@@ -66,10 +69,15 @@ class SymbolTable:
     symbols: list[Symbol] = field(default_factory=list)
 
     def define(
-        self, name: str, *argtypes: Any, restype: Any = ctypes.c_int, needs_init: bool = True
+        self,
+        name: str,
+        *argtypes: Any,
+        restype: Any = ctypes.c_int,
+        needs_init: bool = True,
+        optional_trailing: int = 0,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def register(impl: Callable[..., Any]) -> Callable[..., Any]:
-            self.symbols.append(Symbol(name, tuple(argtypes), impl, restype, needs_init))
+            self.symbols.append(Symbol(name, tuple(argtypes), impl, restype, needs_init, optional_trailing))
             return impl
 
         return register

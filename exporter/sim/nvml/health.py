@@ -105,7 +105,7 @@ def retired_pages(ctx: Context, handle: int, cause: int, count_ptr: int, address
     fill_array_handshake(count_ptr, addresses, pages, write)
 
 
-@TABLE.define("nvmlDeviceGetRetiredPages_v2", DEV, UINT, PTR, PTR, PTR)
+@TABLE.define("nvmlDeviceGetRetiredPages_v2", DEV, UINT, PTR, PTR, PTR, optional_trailing=1)
 def retired_pages_v2(
     ctx: Context, handle: int, cause: int, count_ptr: int, addresses: int, times: int
 ) -> None:

@@ -36,6 +36,20 @@ def all_symbols() -> list[Symbol]:
     return list(seen.values())
 
 
+def _padding(prototype: Any, arity: int) -> Any:
+    """A prototype whose Python-side calls fill missing trailing arguments with NULL."""
+
+    class Padded(prototype):  # type: ignore[misc, valid-type]
+        _flags_ = prototype._flags_
+        _argtypes_ = prototype._argtypes_
+        _restype_ = prototype._restype_
+
+        def __call__(self, *args: Any) -> Any:
+            return super().__call__(*args, *([None] * (arity - len(args))))
+
+    return Padded
+
+
 class SimLib:
     """A simulated NVML shared library serving one `SimNode`.
 
@@ -67,6 +81,8 @@ class SimLib:
 
     def _export(self, symbol: Symbol) -> None:
         prototype = ctypes.CFUNCTYPE(symbol.restype, *symbol.argtypes)
+        if symbol.optional_trailing:
+            prototype = _padding(prototype, len(symbol.argtypes))
         callback = prototype(self._guard(symbol))
         self._callbacks[symbol.name] = callback
         setattr(self, symbol.name, callback)
