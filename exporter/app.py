@@ -38,6 +38,8 @@ from gpulens.exporter.sampler import Sampler, SamplerSettings
 from gpulens.exporter.snapshot import AreaTiming, NodeSnapshot
 from prometheus_client.core import Metric
 
+DEFAULT_POD_LOGS = ExporterConfig().pod_logs_dir
+
 
 @dataclass(frozen=True)
 class Published:
@@ -49,25 +51,41 @@ class Published:
     ready: bool
 
 
-def build_simulated_node(config: ExporterConfig) -> tuple[Any, Path]:
-    """Build and install the simulated node for `--simulate`; returns (node, procfs root)."""
+@dataclass(frozen=True)
+class SimulatedPaths:
+    """Where the simulated node writes its fake /proc, /var/log/pods and job-mapping files."""
+
+    procfs: Path
+    pod_logs: Path
+    job_mapping: Path
+
+
+def build_simulated_node(config: ExporterConfig) -> tuple[Any, SimulatedPaths]:
+    """Build and install the simulated node for `--simulate` (built-in name or scenario file)."""
+    from gpulens.exporter.sim.clock import RealClock, ScaledClock
     from gpulens.exporter.sim.engine import build_node
     from gpulens.exporter.sim.install import install
     from gpulens.exporter.sim.scenario import load_scenario
 
     assert config.simulate is not None
+    root = Path(tempfile.mkdtemp(prefix="gpulens-sim-"))
+    paths = SimulatedPaths(procfs=root / "proc", pod_logs=root / "pods", job_mapping=root / "job-mapping")
+    for path in (paths.procfs, paths.pod_logs, paths.job_mapping):
+        path.mkdir()
+    clock = RealClock() if config.sim_speed == 1.0 else ScaledClock(config.sim_speed)
     try:
-        scenario = load_scenario(config.simulate)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--simulate {config.simulate}: {exc}") from exc
-    procfs_root = Path(tempfile.mkdtemp(prefix="gpulens-sim-procfs-"))
-    kwargs: dict[str, Any] = {"seed": config.sim_seed, "procfs_root": procfs_root}
-    try:
-        node = build_node(scenario, speed=config.sim_speed, **kwargs)
-    except TypeError:
-        node = build_node(scenario, **kwargs)
+        node = build_node(
+            load_scenario(config.simulate),
+            seed=config.sim_seed,
+            clock=clock,
+            procfs_root=paths.procfs,
+            pods_root=paths.pod_logs,
+            job_mapping_dir=paths.job_mapping,
+        )
+    except (OSError, ValueError) as exc:  # ScenarioError is a ValueError with a one-line message
+        raise ConfigError(f"--simulate: {exc}") from exc
     install(node)
-    return node, Path(getattr(node, "procfs_root", procfs_root))
+    return node, paths
 
 
 class Exporter:
@@ -84,8 +102,16 @@ class Exporter:
         self.node = node
         procfs = config.procfs
         if node is None and config.simulate:
-            self.node, sim_procfs = build_simulated_node(config)
-            procfs = procfs or sim_procfs
+            self.node, sim_paths = build_simulated_node(config)
+            procfs = procfs or sim_paths.procfs
+            config = replace(
+                config,
+                pod_logs_dir=config.pod_logs_dir
+                if config.pod_logs_dir != DEFAULT_POD_LOGS
+                else sim_paths.pod_logs,
+                job_mapping_dir=config.job_mapping_dir or sim_paths.job_mapping,
+            )
+            self.config = config
         elif node is not None and procfs is None and getattr(node, "procfs_root", None):
             procfs = Path(node.procfs_root)
         self.procfs = procfs or Path("/proc")
@@ -270,6 +296,3 @@ class Exporter:
         self.sampler.close()
         if self._attributor is not None:
             self._attributor.close()
-
-    def with_config(self, **changes: Any) -> ExporterConfig:
-        return replace(self.config, **changes)

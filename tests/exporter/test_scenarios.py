@@ -1,0 +1,64 @@
+"""Golden expositions of every built-in scenario, and `promtool check metrics` on each.
+
+Regenerate the golden files after an intended change with:
+    GPULENS_UPDATE_GOLDEN=1 .venv/bin/pytest tests/exporter/test_scenarios.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpulens.exporter.sim.scenario import list_builtin
+from tests.exporter.expo import samples
+from tests.exporter.scenario_run import normalise, scenario_exposition
+
+GOLDEN = Path(__file__).parent / "golden"
+SCENARIOS = list_builtin()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_exposition_matches_golden(scenario: str, tmp_path: Path) -> None:
+    text = normalise(scenario_exposition(scenario, tmp_path))
+    golden = GOLDEN / f"{scenario}.prom"
+    if os.environ.get("GPULENS_UPDATE_GOLDEN"):
+        GOLDEN.mkdir(exist_ok=True)
+        golden.write_text(text)
+    assert golden.is_file(), f"no golden file for {scenario}; run with GPULENS_UPDATE_GOLDEN=1 to create it"
+    assert text == golden.read_text(), f"{scenario} exposition changed; regenerate with GPULENS_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_promtool_check_metrics_reports_nothing(scenario: str, tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is not installed (apt-get install prometheus)")
+        pytest.skip("promtool is not installed")
+    text = scenario_exposition(scenario, tmp_path)
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_gpu_is_up_and_every_collector_succeeds(scenario: str, tmp_path: Path) -> None:
+    text = scenario_exposition(scenario, tmp_path)
+    assert samples(text, "gpu_up"), "no GPUs"
+    failed = [s.labels["collector"] for s in samples(text, "gpulens_collector_success") if s.value != 1]
+    down = [s.labels["gpu"] for s in samples(text, "gpu_up") if s.value != 1]
+    # a scenario may start with a fault; then only the faulty GPUs' collectors may fail
+    assert not failed or down, failed
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_openmetrics_output_parses(scenario: str, tmp_path: Path) -> None:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    text = scenario_exposition(scenario, tmp_path, openmetrics=True)
+    families = list(text_string_to_metric_families(text))
+    assert any(f.name == "gpu_up" for f in families)
