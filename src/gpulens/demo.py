@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -43,8 +44,9 @@ UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: already holds 9090/9093 on many machines, hence the 19xxx defaults for the demo's copies).
 PREFERRED_PORTS = {"prometheus": 19090, "alertmanager": 19093, "exporter": 9842, "remediate": 9843}
 
-#: The address the shipped Alertmanager config sends remediation webhooks to.
+#: Where the shipped Alertmanager config sends remediation webhooks, and the token it sends.
 SHIPPED_REMEDIATE_PORT = 9843
+SHIPPED_TOKEN_FILE = "/etc/gpulens/remediate.token"
 
 
 class DemoError(Exception):
@@ -110,6 +112,10 @@ class Layout:
     @property
     def alertmanager_data(self) -> Path:
         return self.root / "alertmanager" / "data"
+
+    @property
+    def token_file(self) -> Path:
+        return self.root / "alertmanager" / "remediate.token"
 
     @property
     def report(self) -> Path:
@@ -544,13 +550,22 @@ def allocate_ports() -> dict[str, int]:
     return ports
 
 
-def point_webhooks(config: object, remediate_port: int) -> object:
-    """The shipped config's webhooks to 127.0.0.1:9843 / localhost:9843, moved to the demo's port."""
+def localize_alertmanager(config: object, remediate_port: int, token_file: Path) -> object:
+    """The shipped Alertmanager config, pointed at the demo's webhook port and token file.
+
+    The shipped receiver posts to 127.0.0.1:9843 / localhost:9843 with the bearer token in
+    /etc/gpulens/remediate.token; the demo's webhook may listen elsewhere, and its token lives
+    under the state directory.
+    """
     if isinstance(config, dict):
-        return {key: point_webhooks(value, remediate_port) for key, value in config.items()}
+        return {
+            key: localize_alertmanager(value, remediate_port, token_file) for key, value in config.items()
+        }
     if isinstance(config, list):
-        return [point_webhooks(value, remediate_port) for value in config]
+        return [localize_alertmanager(value, remediate_port, token_file) for value in config]
     if isinstance(config, str):
+        if config == SHIPPED_TOKEN_FILE:
+            return str(token_file)
         return re.sub(
             rf"^(https?://(?:127\.0\.0\.1|localhost)):{SHIPPED_REMEDIATE_PORT}\b",
             rf"\g<1>:{remediate_port}",
@@ -559,10 +574,20 @@ def point_webhooks(config: object, remediate_port: int) -> object:
     return config
 
 
+def write_token(path: Path) -> Path:
+    """A fresh random bearer token shared by Alertmanager and the webhook (owner-only file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32) + "\n")
+    return path
+
+
 def start_alertmanager(options: Options, ports: dict[str, int]) -> int:
     layout = options.layout
     shipped = options.repo / "alerts" / "alertmanager.yml"
-    config = point_webhooks(yaml.safe_load(shipped.read_text()), ports["remediate"])
+    write_token(layout.token_file)
+    config = localize_alertmanager(yaml.safe_load(shipped.read_text()), ports["remediate"], layout.token_file)
     layout.alertmanager_config.write_text(yaml.safe_dump(config, sort_keys=False))
     base = f"http://127.0.0.1:{ports['alertmanager']}"
     cmd = [
@@ -571,8 +596,8 @@ def start_alertmanager(options: Options, ports: dict[str, int]) -> int:
         f"--storage.path={layout.alertmanager_data}",
         f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
         f"--web.external-url={base}",
-        "--cluster.listen-address=",
-    ]  # no HA peers: no gossip port to pick
+        "--cluster.listen-address=",  # no HA peers: no gossip port to pick
+    ]
     return start_daemon(layout, "alertmanager", cmd, f"{base}/-/ready")
 
 
@@ -582,6 +607,8 @@ def start_remediate(options: Options, ports: dict[str, int]) -> int:
         "remediate",
         "--listen",
         f"127.0.0.1:{ports['remediate']}",
+        "--token-file",
+        str(options.layout.token_file),
         "--dry-run",
     ]
     return start_daemon(options.layout, "remediate", cmd, f"http://127.0.0.1:{ports['remediate']}/-/healthy")

@@ -37,21 +37,42 @@ def test_a_week_of_history_is_sampled_every_four_minutes():
     assert demo.default_step(demo.parse_duration("7d")) == "4m"
 
 
-def test_webhooks_to_the_shipped_remediation_port_move_to_the_demo_port():
+def test_webhooks_to_the_shipped_remediation_port_and_token_move_to_the_demo_ones(tmp_path):
+    token = tmp_path / "token"
     config = {
         "receivers": [
             {"name": "remediate", "webhook_configs": [{"url": "http://127.0.0.1:9843/api/v1/alerts"}]},
-            {"name": "local", "webhook_configs": [{"url": "http://localhost:9843/hook"}]},
+            {
+                "name": "local",
+                "webhook_configs": [
+                    {
+                        "url": "http://localhost:9843/hook",
+                        "http_config": {
+                            "authorization": {"credentials_file": "/etc/gpulens/remediate.token"}
+                        },
+                    }
+                ],
+            },
             {"name": "other", "webhook_configs": [{"url": "http://example.invalid:9843/hook"}]},
         ]
     }
-    moved = demo.point_webhooks(config, 40001)
+    moved = demo.localize_alertmanager(config, 40001, token)
     urls = [r["webhook_configs"][0]["url"] for r in moved["receivers"]]
     assert urls == [
         "http://127.0.0.1:40001/api/v1/alerts",
         "http://localhost:40001/hook",
         "http://example.invalid:9843/hook",
     ]
+    assert moved["receivers"][1]["webhook_configs"][0]["http_config"]["authorization"] == {
+        "credentials_file": str(token)
+    }
+
+
+def test_the_webhook_token_is_random_and_private(tmp_path):
+    first = demo.write_token(tmp_path / "a" / "token").read_text()
+    second = demo.write_token(tmp_path / "b" / "token").read_text()
+    assert len(first.strip()) == 64 and first != second
+    assert (tmp_path / "a" / "token").stat().st_mode & 0o077 == 0
 
 
 def test_rule_files_are_the_alerts_yaml_files_with_groups(tmp_path):
