@@ -1,0 +1,1 @@
+"""Real-GPU conformance: record pynvml behaviour on a real GPU and diff the simulator against it."""
