@@ -68,6 +68,7 @@ def test_the_stack_has_every_service():
         "alertmanager",
         "grafana",
         "remediate",
+        "remediate-token",
     }
 
 
@@ -126,6 +127,27 @@ def test_remediation_receiver_runs_in_dry_run():
     assert "--dry-run" in args_of(remediate)
 
 
+def test_alertmanager_reaches_the_webhook_at_the_shipped_url_with_the_shipped_token_file():
+    config = yaml.safe_load((REPO / "alerts" / "alertmanager.yml").read_text())
+    (receiver,) = [r for r in config["receivers"] if r["name"] == "gpulens-remediate"]
+    (webhook,) = receiver["webhook_configs"]
+    host_port = webhook["url"].split("//")[1].split("/")[0]
+    remediate = services()["remediate"]
+    # a loopback URL only reaches the webhook if it shares Alertmanager's network namespace
+    assert host_port == f"127.0.0.1:{listen_port(remediate)}"
+    assert remediate["network_mode"] == "service:alertmanager"
+    token = webhook["http_config"]["authorization"]["credentials_file"]
+    assert f"--token-file={token}" in args_of(remediate)
+    # both see the token through the same named volume, which the one-shot service fills
+    token_dir = str(Path(token).parent)
+    for name in ("alertmanager", "remediate", "remediate-token"):
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in services()[name]["volumes"]}
+        assert mounts[token_dir] == "gpulens-secrets", name
+    assert services()["alertmanager"]["depends_on"]["remediate-token"] == {
+        "condition": "service_completed_successfully"
+    }
+
+
 def test_prometheus_loads_the_mounted_rule_files_and_the_compose_config():
     prometheus = services()["prometheus"]
     assert "--config.file=/etc/prometheus/prometheus.yml" in args_of(prometheus)
@@ -157,7 +179,9 @@ def test_prometheus_scrapes_the_services_on_the_ports_they_listen_on():
     assert set(dns["names"]) == {"exporter", "exporter-gpu"}
     assert dns["port"] == listen_port(services()["exporter"]) == listen_port(services()["exporter-gpu"])
     (static,) = jobs["remediate"]["static_configs"]
-    assert static["targets"] == [f"remediate:{listen_port(services()['remediate'])}"]
+    remediate = services()["remediate"]
+    host = remediate.get("network_mode", "service:remediate").removeprefix("service:")
+    assert static["targets"] == [f"{host}:{listen_port(remediate)}"]
     (am,) = config["alerting"]["alertmanagers"]
     assert am["static_configs"][0]["targets"] == ["alertmanager:9093"]
     for job_name in jobs:
