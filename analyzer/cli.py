@@ -1,0 +1,312 @@
+"""`gpulens profile | recommend | report | import-trace | simulate`.
+
+Every subcommand turns bad input into one line on stderr (`gpulens: error: ...`) and a non-zero
+exit status; set GPULENS_DEBUG=1 to see the traceback of an unexpected failure instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from gpulens.analyzer.errors import AnalyzerError
+from gpulens.exporter.catalog import CatalogError
+
+PROFILE_TABLE = (
+    "job_id",
+    "gpu_model",
+    "gpus",
+    "sharing",
+    "duration_s",
+    "samples",
+    "coverage",
+    "activity_signal",
+    "sm_active_mean",
+    "sm_active_p95",
+    "idle_fraction",
+    "memory_peak_bytes",
+    "gpu_hours_allocated",
+    "gpu_hours_used",
+)
+RECOMMEND_TABLE = (
+    "job_id",
+    "gpu_model",
+    "gpus",
+    "sm_active_p95",
+    "memory_peak_bytes",
+    "recommendation",
+    "mig_profile",
+    "mps_active_thread_percentage",
+    "confidence",
+    "reason",
+)
+
+
+def _guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """One clear line and exit 2 for bad input; exit 1 (one line) for anything unexpected."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except (AnalyzerError, CatalogError) as exc:
+            print(f"gpulens: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+        except Exception as exc:
+            if os.environ.get("GPULENS_DEBUG"):
+                raise
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            print(
+                f"gpulens: error: unexpected {type(exc).__name__}: {first} (GPULENS_DEBUG=1 for details)",
+                file=sys.stderr,
+            )
+            return 1
+
+    return run
+
+
+def _source_args(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_argument_group("source (one of --prometheus or --history)")
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus-compatible HTTP API base URL")
+    src.add_argument("--history", metavar="DIR", help="history directory (gpulens simulate / import-trace)")
+    src.add_argument("--window", default=None, help="analysis window, e.g. 7d (required with --prometheus)")
+    src.add_argument("--end", default=None, help="end of the window: RFC 3339, unix seconds or now")
+    src.add_argument(
+        "--step", default="60s", help="PromQL aggregation step (default 60s: the scrape interval)"
+    )
+    src.add_argument("--bearer-token-file", help="file holding a bearer token for the API")
+    src.add_argument("--basic-auth-user", help="basic auth user name")
+    src.add_argument("--basic-auth-password-file", help="file holding the basic auth password")
+    src.add_argument("--ca-file", help="CA bundle to verify the API's TLS certificate")
+    src.add_argument("--insecure-skip-verify", action="store_true", help="do not verify TLS certificates")
+    src.add_argument("--chunk-size", type=int, default=200, help="jobs per PromQL query (default 200)")
+    src.add_argument("--retries", type=int, default=3, help="retries of a failed request (default 3)")
+    src.add_argument(
+        "--progress", action="store_true", help="print progress on stderr (default: if a terminal)"
+    )
+    parser.add_argument("--gpu-model", help="treat every GPU as this catalog model (sources that do not say)")
+    parser.add_argument("--thresholds", metavar="FILE", help="YAML thresholds overriding the defaults")
+
+
+def _prom_source(args: argparse.Namespace) -> Any:
+    from gpulens.analyzer.sources.prometheus import PromClient, PromConfig, PromSource, default_progress
+    from gpulens.analyzer.timeparse import parse_duration, parse_time
+
+    if not args.window:
+        raise AnalyzerError("--window is required with --prometheus (e.g. --window 7d)")
+    basic = None
+    if args.basic_auth_user:
+        password = ""
+        if args.basic_auth_password_file:
+            try:
+                with open(args.basic_auth_password_file) as handle:
+                    password = handle.read().strip()
+            except OSError as exc:
+                raise AnalyzerError(
+                    f"{args.basic_auth_password_file}: cannot read password: {exc.strerror}"
+                ) from exc
+        basic = (args.basic_auth_user, password)
+    config = PromConfig(
+        url=args.prometheus,
+        bearer_token_file=args.bearer_token_file,
+        basic_auth=basic,
+        ca_file=args.ca_file,
+        insecure_skip_verify=args.insecure_skip_verify,
+        retries=max(0, args.retries),
+    )
+    if args.chunk_size < 1:
+        raise AnalyzerError("--chunk-size must be at least 1")
+    return PromSource(
+        client=PromClient(config),
+        window_s=parse_duration(args.window, "--window"),
+        end=parse_time(args.end),
+        step_s=parse_duration(args.step, "--step"),
+        chunk_size=args.chunk_size,
+        progress=sys.stderr if args.progress else default_progress(),
+    )
+
+
+def _analysis(args: argparse.Namespace, with_archetypes: bool = True) -> Any:
+    """Run the pipeline on the chosen source."""
+    from gpulens.analyzer import pipeline
+    from gpulens.analyzer.profile import parse_model_option
+    from gpulens.analyzer.sources import files
+    from gpulens.analyzer.thresholds import load_thresholds
+    from gpulens.analyzer.timeparse import parse_duration, parse_time
+
+    th = load_thresholds(args.thresholds)
+    model = parse_model_option(args.gpu_model)
+    if bool(args.prometheus) == bool(args.history):
+        raise AnalyzerError("give exactly one source: --prometheus URL --window 7d, or --history DIR")
+    if args.prometheus:
+        source = _prom_source(args)
+        profiles = source.profiles(th, model)
+        meta = {
+            "source": "prometheus",
+            "url": args.prometheus,
+            "window_s": source.window_s,
+            "end": source.end,
+        }
+        return pipeline.analyze_profiles(profiles, th, args.prometheus, meta, with_archetypes)
+    window = parse_duration(args.window, "--window") if args.window else None
+    end = parse_time(args.end) if args.end else None
+    history = files.load(args.history, window, end)
+    return pipeline.analyze_history(history, th, model, with_archetypes)
+
+
+def _print_frame(frame: Any, columns: tuple[str, ...], fmt: str) -> None:
+    from gpulens.analyzer.pipeline import jsonable
+
+    cols = [c for c in columns if c in frame]
+    if fmt == "csv":
+        frame.drop(columns=["numbers"], errors="ignore").to_csv(sys.stdout, index=False)
+    elif fmt == "json":
+        rows = [{k: jsonable(v) for k, v in row.items() if k != "numbers"} for _, row in frame.iterrows()]
+        json.dump(rows, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        with_pd = frame[cols].copy()
+        if "memory_peak_bytes" in with_pd:
+            with_pd["memory_peak_bytes"] = (with_pd["memory_peak_bytes"] / 1024**3).round(1)
+            with_pd = with_pd.rename(columns={"memory_peak_bytes": "mem_peak_gib"})
+        sys.stdout.write(
+            with_pd.to_string(index=False, float_format=lambda v: f"{v:.3g}", max_colwidth=90) + "\n"
+        )
+
+
+@_guard
+def cmd_profile(args: argparse.Namespace) -> int:
+    analysis = _analysis(args, with_archetypes=False)
+    if analysis.kind != "usage":
+        raise AnalyzerError(f"{args.history}: a requests-only history has no usage profiles")
+    frame = analysis.recs[[c for c in analysis.recs if c in _profile_columns()]]
+    _print_frame(frame, PROFILE_TABLE, args.format)
+    return 0
+
+
+def _profile_columns() -> tuple[str, ...]:
+    from gpulens.analyzer.profile import PROFILE_COLUMNS
+
+    return PROFILE_COLUMNS
+
+
+@_guard
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from gpulens.analyzer.pipeline import jsonable
+
+    analysis = _analysis(args, with_archetypes=False)
+    if args.textfile:
+        from gpulens.analyzer.publish import write_textfile
+
+        write_textfile(analysis, args.textfile)
+    if args.format == "json":
+        payload = {
+            "jobs": analysis.job_records(),
+            "plan": jsonable(analysis.plan.as_dict()),
+            "summary": jsonable(analysis.headline()),
+            "config": analysis.emitted.files if analysis.emitted else {},
+            "notes": (analysis.emitted.notes if analysis.emitted else []) + analysis.plan.notes,
+        }
+        json.dump(payload, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    elif args.format == "csv":
+        _print_frame(analysis.recs, RECOMMEND_TABLE, "csv")
+    else:
+        _print_frame(analysis.recs, RECOMMEND_TABLE, "table")
+        p = analysis.plan
+        print(
+            f"\nplan: {p.gpus_before} GPUs -> {p.gpus_after} ({p.gpus_freed} freed); utilisation "
+            f"{100 * p.utilization_before:.1f} % -> {100 * p.utilization_after:.1f} %"
+        )
+    return 0
+
+
+@_guard
+def cmd_report(args: argparse.Namespace) -> int:
+    from gpulens.analyzer.report import write_report
+
+    analysis = _analysis(args)
+    written = write_report(analysis, args.out)
+    if args.textfile:
+        from gpulens.analyzer.publish import write_textfile
+
+        write_textfile(analysis, args.textfile)
+    h = analysis.headline()
+    print(f"report written to {written['html']} ({h['gpus_freed']} GPUs could be freed)")
+    return 0
+
+
+@_guard
+def cmd_import_trace(args: argparse.Namespace) -> int:
+    from gpulens.analyzer.importers import import_trace
+    from gpulens.analyzer.profile import parse_model_option
+
+    meta = import_trace(args.trace, args.src, args.out, parse_model_option(args.gpu_model))
+    print(f"history written to {args.out} ({meta['trace']['pods']} pods, {meta['kind']})")
+    return 0
+
+
+@_guard
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from gpulens.analyzer.simulate import simulate
+    from gpulens.analyzer.timeparse import parse_duration, parse_time
+
+    meta = simulate(
+        args.scenario,
+        duration_s=parse_duration(args.duration, "--duration"),
+        out=args.out,
+        step_s=parse_duration(args.step, "--step"),
+        seed=args.seed,
+        start=parse_time(args.start, "--start") if args.start else None,
+        progress=sys.stderr if args.progress else None,
+    )
+    print(
+        f"history written to {args.out} ({meta['steps']} steps of {meta['step_s']:g} s, {meta['samples']} samples)"
+    )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the analyzer's five subcommands."""
+    p = subparsers.add_parser("profile", help="per-job GPU usage profiles")
+    _source_args(p)
+    p.add_argument("--format", choices=("json", "csv", "table"), default="table")
+    p.set_defaults(func=cmd_profile)
+
+    p = subparsers.add_parser(
+        "recommend", help="per-job rightsizing recommendations and a consolidation plan"
+    )
+    _source_args(p)
+    p.add_argument("--format", choices=("json", "csv", "table"), default="table")
+    p.add_argument("--textfile", metavar="FILE", help="also write recommendations as Prometheus text")
+    p.set_defaults(func=cmd_recommend)
+
+    p = subparsers.add_parser("report", help="weekly report: HTML, Markdown, CSV and JSON")
+    _source_args(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--textfile", metavar="FILE", help="also write recommendations as Prometheus text")
+    p.set_defaults(func=cmd_report)
+
+    p = subparsers.add_parser("import-trace", help="convert a public GPU trace into a history")
+    p.add_argument("trace", choices=("alibaba-genai-2026", "alibaba-gpu-v2023"))
+    p.add_argument("src", help="trace directory (tarballs or CSVs) or file")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--gpu-model", help="GPU model of the trace (required for alibaba-genai-2026)")
+    p.set_defaults(func=cmd_import_trace)
+
+    p = subparsers.add_parser(
+        "simulate", help="run a simulator scenario faster than real time into a history"
+    )
+    p.add_argument("scenario", help="scenario name (e.g. seed-case, dgx-h100) or YAML file")
+    p.add_argument("--duration", default="7d", help="simulated time span (default 7d)")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--step", default="60s", help="sampling step in simulated time (default 60s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start", default=None, help="simulated start time (default: aligned, 7 days ago)")
+    p.add_argument("--progress", action="store_true", help="print progress on stderr")
+    p.set_defaults(func=cmd_simulate)

@@ -1,0 +1,153 @@
+"""Source -> profiles -> recommendations -> plan -> configuration: the whole analysis in one call.
+
+The CLI subcommands and the report all run this, so they agree on every number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from gpulens.analyzer import requests as request_trace
+from gpulens.analyzer.archetypes import Archetypes, cluster
+from gpulens.analyzer.emit import Emitted, emit
+from gpulens.analyzer.history import History
+from gpulens.analyzer.plan import Plan, build_plan
+from gpulens.analyzer.recommend import recommend
+from gpulens.analyzer.sources import files
+from gpulens.analyzer.thresholds import Thresholds
+from gpulens.exporter.catalog import GpuModel
+
+# the JSON `jobs` fields every consumer may rely on (docs/analyzer.md)
+JOB_FIELDS = (
+    "job_id",
+    "gpu_model",
+    "gpus",
+    "duration_s",
+    "samples",
+    "sm_active_p95",
+    "memory_peak_bytes",
+    "recommendation",
+    "mig_profile",
+    "mps_active_thread_percentage",
+    "mps_pinned_memory_limit_bytes",
+    "reason",
+    "confidence",
+)
+
+
+@dataclass
+class Analysis:
+    """Everything one run produced."""
+
+    kind: str  # usage | requests
+    source: str
+    recs: pd.DataFrame  # profiles + recommendation columns
+    plan: Plan
+    archetypes: Archetypes | None = None
+    emitted: Emitted | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def job_records(self) -> list[dict[str, Any]]:
+        """JSON-safe rows (NaN -> None), required fields first."""
+        frame = self.recs
+        if self.archetypes is not None and len(self.archetypes.labels):
+            frame = frame.assign(archetype=frame["job_id"].map(self.archetypes.labels))
+        columns = [c for c in JOB_FIELDS if c in frame] + [c for c in frame if c not in JOB_FIELDS]
+        return [{k: jsonable(row[k]) for k in columns} for _, row in frame.iterrows()]
+
+    def headline(self) -> dict[str, float]:
+        r = self.recs
+        if self.kind == "requests":
+            return {
+                "jobs": len(r),
+                "gpus_requested": float(r["requested_gpus"].sum()),
+                "gpus_before": self.plan.gpus_before,
+                "gpus_after": self.plan.gpus_after,
+                "gpus_freed": self.plan.gpus_freed,
+            }
+        allocated = float(r["gpu_hours_allocated"].sum())
+        used = float(r["gpu_hours_used"].fillna(0).sum())
+        return {
+            "jobs": len(r),
+            "gpu_hours_allocated": round(allocated, 2),
+            "gpu_hours_used": round(used, 2),
+            "gpu_hours_idle": round(max(0.0, allocated - used), 2),
+            "gpus_before": self.plan.gpus_before,
+            "gpus_after": self.plan.gpus_after,
+            "gpus_freed": self.plan.gpus_freed,
+            "utilization_before": self.plan.utilization_before,
+            "utilization_after": self.plan.utilization_after,
+        }
+
+    def top_actions(self, n: int = 5) -> list[dict[str, Any]]:
+        """Biggest idle GPU-hours first among jobs whose recommendation changes something."""
+        r = self.recs
+        if self.kind == "requests":
+            return []
+        act = r[~r["recommendation"].isin(["exclusive", "insufficient-data"])]
+        act = act.sort_values("gpu_hours_idle", ascending=False).head(n)
+        return [
+            {
+                "job_id": row.job_id,
+                "team": row.team,
+                "recommendation": row.recommendation,
+                "detail": row.mig_profile or row.target_gpu_model or "",
+                "gpu_hours_idle": round(float(row.gpu_hours_idle), 2),
+                "reason": row.reason,
+            }
+            for row in act.itertuples(index=False)
+        ]
+
+
+def jsonable(value: Any) -> Any:
+    """NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return value
+
+
+def analyze_profiles(
+    profiles: pd.DataFrame,
+    th: Thresholds,
+    source: str,
+    meta: dict | None = None,
+    with_archetypes: bool = True,
+) -> Analysis:
+    """Recommendations, plan, configuration and archetypes for a profile table."""
+    recs = recommend(profiles, th)
+    plan = build_plan(recs, th)
+    return Analysis(
+        kind="usage",
+        source=source,
+        recs=recs,
+        plan=plan,
+        archetypes=cluster(profiles, th) if with_archetypes else None,
+        emitted=emit(plan),
+        meta=meta or {},
+    )
+
+
+def analyze_history(
+    history: History, th: Thresholds, gpu_model: GpuModel | None = None, with_archetypes: bool = True
+) -> Analysis:
+    """A history directory, usage or requests."""
+    if history.kind == "requests":
+        table = request_trace.request_table(history)
+        recs = request_trace.recommend_requests(table)
+        return Analysis(
+            "requests", str(history.path), recs, request_trace.plan_requests(recs), meta=history.meta
+        )
+    profiles = files.profiles(history, th, gpu_model)
+    return analyze_profiles(profiles, th, str(history.path), history.meta, with_archetypes)
