@@ -265,9 +265,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         start=parse_time(args.start, "--start") if args.start else None,
         progress=sys.stderr if args.progress else None,
     )
-    print(
-        f"history written to {args.out} ({meta['steps']} steps of {meta['step_s']:g} s, {meta['samples']} samples)"
-    )
+    steps, step, samples = meta["steps"], meta["step_s"], meta["samples"]
+    print(f"history written to {args.out} ({steps} steps of {step:g} s, {samples} samples)")
     return 0
 
 

@@ -95,7 +95,9 @@ class Analysis:
                 "job_id": row.job_id,
                 "team": row.team,
                 "recommendation": row.recommendation,
-                "detail": row.mig_profile or row.target_gpu_model or "",
+                "detail": next(
+                    (v for v in (row.mig_profile, row.target_gpu_model) if isinstance(v, str)), ""
+                ),
                 "gpu_hours_idle": round(float(row.gpu_hours_idle), 2),
                 "reason": row.reason,
             }

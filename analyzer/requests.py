@@ -61,6 +61,14 @@ def recommend_requests(table: pd.DataFrame) -> pd.DataFrame:
         f"requests only: {r:.2f} GPU requested ({q}); no usage measured"
         for r, q in zip(out["requested_gpus"], out["qos"], strict=True)
     ]
+    for column in (
+        "samples",
+        "sm_active_p95",
+        "memory_peak_bytes",
+        "mig_profile",
+        "mps_pinned_memory_limit_bytes",
+    ):
+        out[column] = None  # not measured: requests only
     out["confidence"] = CONFIDENCE
     out["confidence_level"] = "low"
     return out
