@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from gpulens.exporter.sim.scenario import list_builtin
+
 from tests.exporter.expo import samples
 from tests.exporter.scenario_run import normalise, scenario_exposition
 
@@ -29,7 +29,9 @@ def test_exposition_matches_golden(scenario: str, tmp_path: Path) -> None:
         GOLDEN.mkdir(exist_ok=True)
         golden.write_text(text)
     assert golden.is_file(), f"no golden file for {scenario}; run with GPULENS_UPDATE_GOLDEN=1 to create it"
-    assert text == golden.read_text(), f"{scenario} exposition changed; regenerate with GPULENS_UPDATE_GOLDEN=1"
+    assert text == golden.read_text(), (
+        f"{scenario} exposition changed; regenerate with GPULENS_UPDATE_GOLDEN=1"
+    )
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -40,7 +42,9 @@ def test_promtool_check_metrics_reports_nothing(scenario: str, tmp_path: Path) -
             pytest.fail("promtool is not installed (apt-get install prometheus)")
         pytest.skip("promtool is not installed")
     text = scenario_exposition(scenario, tmp_path)
-    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stdout + result.stderr
 
