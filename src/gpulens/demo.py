@@ -426,9 +426,8 @@ class Pieces:
 
 def require_piece(cmd: Sequence[str], description: str) -> None:
     if not command_available(cmd):
-        raise DemoError(
-            f"{description} is missing: `{' '.join(cmd[2:])} --help` does not run in this checkout"
-        )
+        shown = " ".join(["gpulens", *cmd[3:]] if cmd[2] == "gpulens.cli" else ["gpulens-exporter", *cmd[3:]])
+        raise DemoError(f"{description} is missing: `{shown} --help` does not run in this checkout")
 
 
 def rule_files(repo: Path) -> list[Path]:
@@ -488,6 +487,16 @@ def prepare(options: Options, progress: Progress) -> None:
         path.mkdir(parents=True, exist_ok=True)
 
 
+def history_start(now: float, history: str, step: str) -> int:
+    """Start of a history that ends at (or just before) `now`, aligned to the step.
+
+    Aligned so that the backfilled samples sit on the same grid as the report's PromQL steps, and
+    ending at now so that the live data follows the history without a gap.
+    """
+    step_s = parse_duration(step)
+    return int((now - parse_duration(history)) // step_s * step_s)
+
+
 def generate_history(options: Options, progress: Progress, now: float) -> Path:
     """`gpulens simulate` writes the scenario's history, ending now, as OpenMetrics text."""
     layout = options.layout
@@ -499,10 +508,11 @@ def generate_history(options: Options, progress: Progress, now: float) -> Path:
         options.history,
         "--step",
         options.step,
-        "--end",
-        datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "--start",
+        str(history_start(now, options.history, options.step)),
         "--out",
         str(layout.history),
+        "--progress",
     ]
     run_logged(cmd, layout.log("simulate"), progress, "gpulens simulate", timeout=1200)
     metrics = layout.history / "metrics.om"
@@ -704,8 +714,11 @@ def run_report(options: Options, progress: Progress, ports: dict[str, int]) -> d
         f"http://127.0.0.1:{ports['prometheus']}",
         "--window",
         options.history,
+        "--step",
+        options.step,
         "--out",
         str(layout.report),
+        "--progress",
     ]
     run_logged(cmd, layout.log("report"), progress, "gpulens report", timeout=900)
     html = sorted(layout.report.glob("*.html"))

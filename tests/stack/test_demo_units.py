@@ -37,6 +37,13 @@ def test_a_week_of_history_is_sampled_every_four_minutes():
     assert demo.default_step(demo.parse_duration("7d")) == "4m"
 
 
+def test_history_ends_at_now_on_the_step_grid():
+    now = 1_800_000_123.4
+    start = demo.history_start(now, "1d", "60s")
+    assert start % 60 == 0
+    assert now - 60 < start + 86400 <= now
+
+
 def test_webhooks_to_the_shipped_remediation_port_and_token_move_to_the_demo_ones(tmp_path):
     token = tmp_path / "token"
     config = {
@@ -173,7 +180,7 @@ def test_a_missing_gpulens_command_is_one_line_naming_it(tmp_path, monkeypatch, 
     err = capsys.readouterr().err.strip()
     assert code == 1
     assert err == "demo: error: the history simulator (`gpulens simulate`) is missing: " + (
-        "`gpulens.cli simulate --help` does not run in this checkout"
+        "`gpulens simulate --help` does not run in this checkout"
     )
 
 
