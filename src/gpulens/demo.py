@@ -721,8 +721,9 @@ def run_report(options: Options, progress: Progress, ports: dict[str, int]) -> d
         "--progress",
     ]
     run_logged(cmd, layout.log("report"), progress, "gpulens report", timeout=900)
-    html = sorted(layout.report.glob("*.html"))
-    markdown = sorted(layout.report.glob("*.md"))
+    # report.html / summary.md by name; any other HTML / Markdown file if the names change
+    html = sorted(layout.report.glob("*.html"), key=lambda p: p.name != "report.html")
+    markdown = sorted(layout.report.glob("*.md"), key=lambda p: p.name != "summary.md")
     if not html or not markdown:
         raise DemoError(
             f"gpulens report finished but wrote no HTML report and Markdown summary in {layout.report}"
