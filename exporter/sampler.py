@@ -116,7 +116,7 @@ class Sampler:
         """Initialise NVML if needed; returns "" when up, else the error text."""
         if self.backend.initialised:
             return ""
-        now = time.monotonic()
+        now = self.clock()  # simulated time when simulating, so history runs retry on schedule
         if now < self._next_init:
             return self._last_error
         try:
@@ -147,7 +147,7 @@ class Sampler:
         if self.xid is not None:
             self.xid.reset()
         self.backend.shutdown()
-        self._next_init = time.monotonic() + self._backoff
+        self._next_init = self.clock() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
 
     # ---- one cycle -----------------------------------------------------------------------

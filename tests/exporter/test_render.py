@@ -46,3 +46,48 @@ def test_rendered_variants_carry_the_same_samples() -> None:
     assert b'gpu_xid_errors_total{gpu="0"} 3.0' in rendered.text
     assert rendered.openmetrics.endswith(b"# EOF\n")
     assert b"# TYPE gpu_xid_errors counter" in rendered.openmetrics
+
+
+def _library_render(families: list) -> tuple[bytes, bytes]:
+    from gpulens.exporter.render import registry_for
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+    registry = registry_for(families)
+    return generate_latest(registry), generate_openmetrics(registry)
+
+
+def test_fast_writer_is_byte_identical_to_prometheus_client_on_a_whole_node(tmp_path) -> None:
+    from gpulens.exporter.sim.install import simulated
+
+    from tests.exporter.conftest import make_exporter
+    from tests.sim.static_node import example_node
+
+    with simulated(example_node()) as lib:
+        exporter = make_exporter(lib.node)
+        try:
+            families = exporter.families(exporter.sample_once())
+        finally:
+            exporter.close()
+    rendered = render(families)
+    assert (rendered.text, rendered.openmetrics) == _library_render(families)
+
+
+def test_fast_writer_escapes_like_prometheus_client() -> None:
+    g = GaugeMetricFamily("odd", 'help with \\ backslash, "quotes"\nand newline', labels=["a", "b"])
+    g.add_metric(['quo"te', "back\\slash\nnewline"], float("nan"))
+    g.add_metric(["inf", "big"], float("inf"))
+    g.add_metric(["large", "x"], 123456789012.0)
+    g.add_metric(["neg", "x"], -1.5e-7)
+    families = [g]
+    rendered = render(families)
+    assert (rendered.text, rendered.openmetrics) == _library_render(families)
+
+
+def test_families_the_fast_writer_does_not_handle_fall_back_to_the_library() -> None:
+    from prometheus_client.core import InfoMetricFamily
+
+    info = InfoMetricFamily("thing", "h", labels=["a"])
+    info.add_metric(["x"], {"k": "v"})
+    rendered = render([info])
+    assert (rendered.text, rendered.openmetrics) == _library_render([info])
