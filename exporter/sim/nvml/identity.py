@@ -264,3 +264,13 @@ def num_gpu_cores(ctx: Context, handle: int, out: int) -> None:
     target.require_physical()
     cores_per_sm = 128 if target.identity.model.nvml_architecture >= 9 else 64
     out_uint(out, target.identity.model.sm_count * cores_per_sm)
+
+
+@TABLE.define("nvmlDeviceGetDriverModel_v2", DEV, PTR, PTR)
+def driver_model(ctx: Context, handle: int, current: int, pending: int) -> None:
+    """WDDM/TCC driver models exist on Windows only: the Linux driver has the symbol, answers NS."""
+    ctx.device(handle)
+    raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+TABLE.alias("nvmlDeviceGetDriverModel", "nvmlDeviceGetDriverModel_v2")

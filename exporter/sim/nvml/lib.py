@@ -63,10 +63,17 @@ class SimLib:
     def __init__(self, node: SimNode, *, exclude: Iterable[str] = ()) -> None:
         self._ctx = Context(node)
         self._callbacks: dict[str, Any] = {}
+        self.missing_symbols: set[str] = set()  # looked up but absent: what a program wanted
         excluded = set(exclude)
         for symbol in all_symbols():
             if symbol.name not in excluded:
                 self._export(symbol)
+
+    def __getattr__(self, name: str) -> Any:
+        """Only reached for absent symbols (exported ones are instance attributes)."""
+        if name.startswith("nvml"):
+            self.__dict__.setdefault("missing_symbols", set()).add(name)
+        raise AttributeError(name)
 
     @property
     def node(self) -> SimNode:

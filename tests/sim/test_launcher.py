@@ -1,0 +1,140 @@
+"""`gpulens sim run|list|validate`: programs using pynvml run unmodified on a simulated node."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gpulens.exporter.sim.launcher import ENV_PROCFS, ENV_SCENARIO, child_environment
+
+COUNT = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
+
+
+def gpulens(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpulens.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def test_run_serves_the_scenario_to_pynvml_in_the_child() -> None:
+    result = gpulens("sim", "run", "dgx-h100", "--", sys.executable, "-c", COUNT)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "8\n", "")
+
+
+def test_run_finds_python_on_the_path_of_gpulens_environment() -> None:
+    result = gpulens("sim", "run", "dgx-h100", "--", "python", "-c", COUNT)
+    assert result.stdout == "8\n"
+
+
+def test_run_passes_the_exit_code_through() -> None:
+    result = gpulens("sim", "run", "dgx-h100", "--", sys.executable, "-c", "raise SystemExit(7)")
+    assert result.returncode == 7
+
+
+def test_run_reports_a_program_that_cannot_start() -> None:
+    result = gpulens("sim", "run", "dgx-h100", "--", "/nonexistent/program")
+    assert result.returncode == 127
+    assert result.stderr.count("\n") == 1 and "/nonexistent/program" in result.stderr
+
+
+def test_run_with_an_unknown_scenario_is_one_line_and_exit_2() -> None:
+    result = gpulens("sim", "run", "no-such-scenario", "--", "true")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "no-such-scenario" in result.stderr
+
+
+def test_run_without_a_command_is_an_error() -> None:
+    result = gpulens("sim", "run", "dgx-h100")
+    assert result.returncode == 2
+    assert "expected a command" in result.stderr
+
+
+def test_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['SITE_MARK'] = 'ran'\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    code = "import os, pynvml; pynvml.nvmlInit(); print(os.getenv('SITE_MARK'), pynvml.nvmlDeviceGetCount())"
+    result = gpulens("sim", "run", "dgx-h100", "--", sys.executable, "-c", code, env=env)
+    assert result.stdout == "ran 8\n"
+
+
+def test_python_subprocesses_of_the_program_are_simulated_too() -> None:
+    inner = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {COUNT!r}], check=True)"
+    result = gpulens("sim", "run", "dgx-h100", "--", sys.executable, "-c", inner)
+    assert result.stdout == "8\n"
+
+
+def test_procfs_dir_gets_the_simulated_processes(tmp_path: Path) -> None:
+    code = COUNT + "; import pynvml as n; h = n.nvmlDeviceGetHandleByIndex(3)"
+    code += "; print(n.nvmlDeviceGetComputeRunningProcesses(h)[0].pid)"
+    result = gpulens(
+        "sim", "run", "dgx-h100", "--procfs-dir", str(tmp_path), "--", sys.executable, "-c", code
+    )
+    pid = result.stdout.split()[1]
+    assert (tmp_path / pid / "cgroup").is_file()
+    assert b"SLURM_JOB_ID=" in (tmp_path / pid / "environ").read_bytes()
+
+
+def test_child_environment_puts_the_site_dir_first_and_names_the_scenario() -> None:
+    env = child_environment({"PYTHONPATH": "/already"}, "/site", "dgx-h100", 3, 60.0, "/tmp/p")
+    assert env["PYTHONPATH"] == os.pathsep.join(["/site", "/already"])
+    assert env[ENV_SCENARIO] == "dgx-h100"
+    assert env[ENV_PROCFS] == str(Path("/tmp/p").resolve())
+    assert env["GPULENS_SIM_SEED"] == "3" and float(env["GPULENS_SIM_SPEED"]) == 60.0
+
+
+def test_list_names_the_built_in_scenarios() -> None:
+    result = gpulens("sim", "list")
+    assert result.returncode == 0
+    assert any(line.startswith("dgx-h100 ") for line in result.stdout.splitlines())
+
+
+def test_validate_accepts_a_good_file(tmp_path: Path) -> None:
+    from gpulens.exporter.sim.scenario import BUILTIN_DIR
+
+    result = gpulens("sim", "validate", str(BUILTIN_DIR / "dgx-h100.yaml"))
+    assert result.returncode == 0 and ": ok (8 GPUs" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["gpus: [", "gpus:\n  - model: Z80\n", "just a string\n"],
+    ids=["syntax", "unknown-model", "not-a-mapping"],
+)
+def test_validate_rejects_a_bad_file_in_one_line(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    result = gpulens("sim", "validate", str(path))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "bad.yaml" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_nvitop_once_renders_gpus_mig_devices_and_processes() -> None:
+    env = dict(os.environ, COLUMNS="160", LINES="80")
+    result = gpulens("sim", "run", "dgx-h100", "--", "nvitop", "--once", env=env, timeout=120)
+    out = result.stdout
+    assert result.returncode == 0, result.stderr
+    assert "ERROR" not in out + result.stderr and "Traceback" not in result.stderr
+    assert out.count("H100 80GB HBM3") == 8
+    assert "3g.40gb @ GI/CI: 2/0" in out  # a MIG device row
+    assert "Processes:" in out and "213101" in out  # a process of GPU 3
+    assert "Driver Version: 550.54.15" in out
+
+
+def test_a_child_that_cannot_build_the_node_stops_with_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("gpus: 3\n")
+    env = dict(os.environ, GPULENS_SIM_SCENARIO=str(bad))
+    code = "from gpulens.exporter.sim.launcher import activate_from_environment as a; a(); print('ran')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "broken.yaml" in result.stderr
