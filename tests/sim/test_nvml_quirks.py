@@ -107,3 +107,19 @@ def test_a_bug_in_the_simulator_becomes_unknown_not_a_crash(sim) -> None:
     node.gpu_state = broken
     with pytest.raises(pynvml.NVMLError_Unknown):
         pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def test_a_hang_lasts_simulated_seconds_on_a_sped_up_clock() -> None:
+    from gpulens.exporter.sim.clock import ScaledClock
+    from gpulens.exporter.sim.install import simulated
+
+    node = example_node(clock=ScaledClock(speed=10))
+    with simulated(node):
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(3)
+        node.update(3, hang_seconds=2.0)  # two simulated seconds: 0.2 s of real time
+        started = time.monotonic()
+        pynvml.nvmlDeviceGetPowerUsage(handle)
+        elapsed = time.monotonic() - started
+        pynvml.nvmlShutdown()
+    assert 0.2 <= elapsed < 0.6

@@ -203,7 +203,7 @@ class Context:
         """The GPU's state now, after any hang it is in; GPU_IS_LOST if it is lost."""
         state = self.node.gpu_state(index)
         if state.hang_seconds > 0:
-            time.sleep(state.hang_seconds)  # ctypes released the GIL around the foreign call
+            time.sleep(self.real_seconds(state.hang_seconds))  # ctypes released the GIL for the call
             state = self.node.gpu_state(index)
         if state.lost:
             raise NvmlFail(pynvml.NVML_ERROR_GPU_IS_LOST)
@@ -222,6 +222,12 @@ class Context:
 
     def now(self) -> float:
         return self.node.clock.now()
+
+    def real_seconds(self, simulated: float) -> float:
+        """Real time a simulated duration takes: shorter on a sped-up clock (one with `speed`);
+        on a real or manual clock one simulated second blocks one real second."""
+        speed = getattr(self.node.clock, "speed", 1.0)
+        return simulated / speed if isinstance(speed, int | float) and speed > 0 else simulated
 
     def c_string(self, key: str, text: str) -> int:
         """Address of a NUL-terminated copy of `text` that lives as long as this library."""
