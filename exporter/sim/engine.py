@@ -15,6 +15,7 @@ Nothing here touches global random state or numpy: noise comes from `patterns.ha
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass, field, replace
@@ -224,7 +225,13 @@ def _round_clock(mhz: float) -> int:
 
 
 def mig_uuid(hostname: str, gpu: int, inst: MigInstanceSpec) -> str:
-    return "MIG-" + make_uuid("mig", hostname, gpu, inst.gpu_instance_id, inst.profile.name, inst.start)
+    """A MIG device's UUID: stable for one placement of one profile on one GPU."""
+    return _mig_uuid(hostname, gpu, inst.gpu_instance_id, inst.profile.name, inst.start)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mig_uuid(hostname: str, gpu: int, gpu_instance_id: int, profile: str, start: int) -> str:
+    return "MIG-" + make_uuid("mig", hostname, gpu, gpu_instance_id, profile, start)
 
 
 class ScenarioNode:

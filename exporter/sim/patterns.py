@@ -57,7 +57,7 @@ def square_fraction(a: float, b: float, period: float, duty: float) -> float:
     return (covered(b) - covered(a)) / (b - a)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sample:
     """One process's activity, as fractions of its container, and its memory."""
 
@@ -164,10 +164,21 @@ class Workload:
             self._duty = 1.0
         if spec.pattern in ("constant", "growing"):
             self._busy = spec.busy if spec.busy is not None else min(1.0, spec.sm * 1.2 + 0.03)
+        self._key = splitmix64(splitmix64(seed & _MASK) ^ (pid & _MASK))
         self._phase = 2 * math.pi * self._u(_PHASE, 0)
+        self._stationary: tuple[float, float, float, float, float, float, float, float] | None = None
 
     def _u(self, tag: int, bucket: int) -> float:
-        return hash_unit(self._seed, self._pid, tag, bucket)
+        # two splitmix rounds over a per-process key: the hot path of every sample
+        h = splitmix64(self._key ^ ((tag * 0x9E3779B97F4A7C15 + bucket) & _MASK))
+        return (splitmix64(h) >> 11) / float(1 << 53)
+
+    def _is_stationary(self, age: float) -> bool:
+        """Whether the smooth envelope no longer changes with age (all but inference and warm-up)."""
+        p = self.spec.pattern
+        if p == "inference":
+            return False
+        return p != "training" or age >= self.spec.warmup_seconds
 
     def _jitter(self, age: float, amount: float = 0.08) -> float:
         return 1.0 + amount * (self._u(_JITTER, math.floor(age)) - 0.5)
@@ -257,11 +268,14 @@ class Workload:
     def power_terms(self, age: float) -> tuple[float, float, float, float, float, float, float, float]:
         """The smooth envelope's (busy, sm, tensor, dram, pcie tx, pcie rx, nvlink tx, nvlink rx):
         the part of `expected` that counters integrate, without building a Sample."""
+        stationary = self._is_stationary(age)
+        if stationary and self._stationary is not None:
+            return self._stationary
         busy, sm, pcie, nvlink = self._levels(age, True)
         mix = self._mix
         pcie_rate = self._pcie * pcie
         nvlink_rate = self._nvlink * nvlink * 0.5
-        return (
+        terms = (
             busy,
             sm,
             min(sm, sm * self._tensor),
@@ -271,6 +285,9 @@ class Workload:
             nvlink_rate,
             nvlink_rate,
         )
+        if stationary:
+            self._stationary = terms
+        return terms
 
     def sample(self, age: float) -> Sample:
         """What a sampler sees `age` seconds after the process started (last-second average)."""

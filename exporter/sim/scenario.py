@@ -303,7 +303,7 @@ def _found(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return f"{type(value).__name__} {value!r}"
+    return repr(value)
 
 
 class _Check:
@@ -313,7 +313,7 @@ class _Check:
         self.file = file
 
     def fail(self, path: str, message: str) -> ScenarioError:
-        return ScenarioError(f"{self.file}: {path}: {message}")
+        return ScenarioError(f"{self.file}: {path or '(top level)'}: {message}")
 
     def expected(self, path: str, what: str, value: Any) -> ScenarioError:
         return self.fail(path, f"expected {what}, found {_found(value)}")
@@ -623,7 +623,8 @@ def _parse_gpus(c: _Check, raw: Any, hostname: str, users: dict[str, int]) -> tu
 def _parse_job(c: _Check, path: str, raw: Any, k8s_defaults: dict[str, str]) -> Job:
     m = c.mapping(path, raw, (), ("slurm", "kubernetes", "mapping"))
     if len(m) != 1:
-        raise c.expected(path, "exactly one of slurm, kubernetes, mapping", raw)
+        found = " and ".join(m) or "none"
+        raise c.fail(path, f"expected exactly one of slurm, kubernetes, mapping, found {found}")
     if "slurm" in m:
         p = f"{path}.slurm"
         s = c.mapping(p, m["slurm"], ("id",), ("user", "account", "step", "task", "cgroup"))
@@ -861,9 +862,8 @@ def _parse_fault(c: _Check, path: str, raw: Any, gpus: tuple[GpuSpec, ...]) -> F
         raise c.expected(path, "a mapping", raw)
     kinds = [k for k in raw if k in FAULT_KINDS]
     if len(kinds) != 1:
-        raise c.expected(
-            path, "exactly one fault kind (" + ", ".join(FAULT_KINDS) + ")", ", ".join(kinds) or None
-        )
+        found = " and ".join(kinds) or "none"
+        raise c.fail(path, f"expected exactly one fault kind ({', '.join(FAULT_KINDS)}), found {found}")
     kind = kinds[0]
     optional: tuple[str, ...] = ("gpu",)
     if kind == "xid":

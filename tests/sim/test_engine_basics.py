@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpulens.exporter.sim.clock import ManualClock
 from gpulens.exporter.sim.engine import build_node
 from gpulens.exporter.sim.scenario import load_scenario
@@ -23,7 +22,9 @@ def test_dgx_h100_has_eight_h100_with_mig_mps_exclusive_and_idle_gpus(dgx):
     assert [i.model.key for i in node.identities] == ["H100-80GB"] * 8
     assert [s.mig_mode_current for s in states] == [1, 1, 0, 0, 0, 0, 0, 0]
     assert len(states[0].mig_instances) == 4 and len(states[1].mig_instances) == 2
-    assert {p.profile.name for p in states[0].mig_instances} != {p.profile.name for p in states[1].mig_instances}
+    assert {p.profile.name for p in states[0].mig_instances} != {
+        p.profile.name for p in states[1].mig_instances
+    }
     assert [p.kind for p in states[2].processes] == ["mps_server"]
     assert len(states[2].mps_clients) == 3
     assert states[2].compute_mode == 3
