@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=PROG,
         description="Prometheus exporter for NVIDIA GPUs: MIG, MPS, health, Xid and per-job usage.",
-        epilog="Every value flag falls back to GPULENS_<FLAG> (e.g. GPULENS_LISTEN, GPULENS_INTERVAL).",
+        epilog="Every value flag falls back to GPULENS_<FLAG> (e.g. GPULENS_LISTEN, GPULENS_INTERVAL). "
+        "--no-collector.<name> disables a collector that is on by default.",
     )
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     p.add_argument("--listen", metavar="[HOST]:PORT", help=f"address to listen on (default {DEFAULT_LISTEN})")
