@@ -1,0 +1,97 @@
+"""`gpulens bench` runs end to end and reports what it measured (numbers are not asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpulens.bench.report import ratio_lines, render_markdown, target_lines
+
+
+def _exporter(name: str, cycle_ms: float, median_ms: float) -> dict:
+    return {
+        "name": name,
+        "version": "1",
+        "startup_s": 1.0,
+        "cpu_per_cycle_ms": cycle_ms,
+        "saturated": False,
+        "core_percent_at_5s": cycle_ms / 50,
+        "response_bytes": 1000,
+        "rss_warm_bytes": 2**25,
+        "rss_after_bytes": 2**25,
+        "threads_warm": 3,
+        "threads_after": 3,
+        "scrapes_total": 10,
+        "latency": [
+            {
+                "concurrency": 20,
+                "requests": 10,
+                "median_ms": median_ms,
+                "p99_ms": median_ms * 2,
+                "errors": 0,
+                "wall_s": 1.0,
+            }
+        ],
+    }
+
+
+DATA = {
+    "command": "make bench",
+    "scenario": "large",
+    "machine": {"cpu": "x", "cores": "2", "python": "3.11", "kernel": "k", "date": "d"},
+    "exporters": [_exporter("gpulens-exporter", 10.0, 1.0), _exporter("nvitop-exporter", 60.0, 25.0)],
+}
+
+
+def test_ratios_compare_the_peer_with_gpulens():
+    lines = ratio_lines(DATA)
+    assert lines[0].startswith("CPU per sampling cycle: nvitop-exporter / gpulens = 6.0x")
+    assert "scrape median with 20 scraper(s): nvitop-exporter / gpulens = 25.0x" in lines[1]
+
+
+def test_targets_say_met_or_not_met():
+    lines = target_lines(DATA)
+    assert "scrape median under 20 scrapers: 1.00 ms (target <= 2): met" in lines
+    assert any(line.startswith("share of a core at 5 s") and line.endswith("met") for line in lines)
+
+
+def test_markdown_names_the_command_and_both_exporters():
+    text = render_markdown(DATA)
+    assert "`make bench`" in text and "gpulens-exporter 1" in text and "nvitop-exporter 1" in text
+
+
+@pytest.mark.slow
+def test_bench_runs_both_exporters_and_prints_ratios_last(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpulens.cli",
+            "bench",
+            "--scenario",
+            "dgx-h100",
+            "--idle-window",
+            "3",
+            "--scrapes-single",
+            "20",
+            "--scrapes-concurrent",
+            "40",
+            "--soak",
+            "60",
+            "--out",
+            str(tmp_path / "b.md"),
+            "--json",
+            str(tmp_path / "b.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1].startswith("response size: nvitop-exporter / gpulens")
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert [e["name"] for e in data["exporters"]] == ["gpulens-exporter", "nvitop-exporter"]
+    assert all(e["latency"][0]["errors"] == 0 for e in data["exporters"])
