@@ -125,7 +125,9 @@ def test_nvml_failing_at_start_serves_nvml_up_0_then_recovers(node: StaticNode) 
         assert not samples(text, "gpu_up")
         assert value(text, "gpulens_build_info", version=__import__("gpulens").__version__) == 1
         node.init_code = None
-        time.sleep(1.05)  # first retry after 1 s of backoff
+        node.clock.advance(0.5)
+        assert value(text_of(exporter), "gpulens_nvml_up") == 0  # still backing off: no retry yet
+        node.clock.advance(0.6)  # first retry after 1 s of backoff (on the exporter's clock)
         text = text_of(exporter)
         assert value(text, "gpulens_nvml_up") == 1
         assert value(text, "gpulens_gpus") == 4
