@@ -202,6 +202,7 @@ def _escape(value: str) -> str:
 
 def format_value(value: float) -> str:
     """OpenMetrics float text: NaN and +Inf/-Inf spelled as the format wants."""
+    value = float(value)
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):

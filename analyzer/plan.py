@@ -113,9 +113,7 @@ def _items(recs: pd.DataFrame) -> list[Item]:
             continue
         model = row.target_gpu_model if kind == "downsize-model" else row.gpu_model
         gpus = int(row.gpus) if kind in ("exclusive", "downsize-model") else 1
-        catalog = model_for_nvml_name(str(model))
-        sm_total = catalog.sm_count if catalog else 1
-        sm = (row.sm_demand_sms or 0.0) / sm_total if row.sm_demand_sms == row.sm_demand_sms else 0.0
+        sm = float(row.sm_fraction) if row.sm_fraction == row.sm_fraction and row.sm_fraction else 0.0
         load = row.gpu_hours_used / (row.duration_s / 3600.0) / max(gpus, 1) if row.duration_s else 0.0
         items.append(
             Item(

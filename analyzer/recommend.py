@@ -4,17 +4,28 @@ Decision order (each step names the numbers that decided it; thresholds come fro
 
 1. `insufficient-data`: too few samples or too little coverage to say anything.
 2. `reclaim`: allocated and idle (p95 activity and idle fraction both say nothing ran).
-3. `exclusive`: busy (p95 SM activity high), multi-GPU, or memory needing more than half a GPU.
+3. `exclusive`: busy (activity at or above `exclusive.min_activity`), multi-GPU, or needing more
+   than half a GPU.
    In a heterogeneous fleet such a job may instead get `downsize-model` when a smaller model in
    the fleet holds its peak memory and SM demand with headroom.
-4. `time-slicing`: idle-dominated work with bursts (notebooks, interactive), small memory.
+4. `time-slicing`: idle-dominated single-GPU work with bursts (notebooks, interactive), small
+   memory; checked before "busy" because its bursts are what time-slicing serves.
 5. `mig` or `mps`: the job fits a fraction of the GPU. The MIG profile is chosen memory first
    (smallest with memory >= need) then compute (SMs >= demand scaled to the slice's SM count);
    MPS gets an active-thread percentage from SM demand and a pinned memory limit from memory
-   need. MIG wins when its slice costs at most `mig.max_extra_gpu_fraction` more GPU than MPS
-   would (isolation nearly for free); otherwise MPS packs tighter.
+   need. MIG wins when it packs at least `mig.min_density_ratio` as many such jobs per GPU as
+   MPS would (isolation of memory bandwidth, faults and SMs for a small loss in density);
+   otherwise MPS packs tighter and wins.
 
 Memory need is never below peak + headroom: `max(peak * (1 + ratio), peak + min_bytes)`.
+
+Compute demand is measured on the "activity basis": p95 of SM activity when the signal is SM
+activity (GPM/DCGM, or per-process SM utilization), but the MEAN when only NVML utilization
+(duty cycle) is available: duty cycle is the fraction of time any kernel ran, whatever number of
+SMs it used, and its per-sample value is close to 0 or 1 for jobs that launch kernels in bursts,
+so its p95 says nothing about SM demand while its mean bounds mean SM activity from above.
+Fractions of the GPU compare the basis as measured; headroom is added to limits and slice sizes.
+
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ class Recommendation:
     target_gpu_model: str | None = None
     memory_need_bytes: float | None = None
     sm_demand_sms: float | None = None
+    sm_fraction: float | None = None  # activity basis as a fraction of the whole GPU (packing)
     gpu_fraction: float | None = None  # fraction of one GPU the recommendation occupies
     false_saturation: bool = False
     false_saturation_hint: str = ""
@@ -180,9 +192,12 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
             numbers=numbers,
         )
     need = memory_need(peak, th)
+    duty_only = row["activity_signal"] == "utilization"
+    basis = mean if duty_only else p95
+    basis_name = "mean duty cycle" if duty_only else "p95 SM activity"
     device_sms = float(row["device_sms"]) if not math.isnan(row["device_sms"]) else float(model.sm_count)
-    demand_sms = p95 * device_sms * (1 + th.get("headroom", "compute_ratio"))
-    sm_fraction = min(1.0, demand_sms / model.sm_count)
+    demand_sms = basis * device_sms * (1 + th.get("headroom", "compute_ratio"))
+    sm_fraction = min(1.0, basis * device_sms / model.sm_count)
     mem_fraction = need / model.memory_bytes
     numbers.update(
         memory_need_bytes=need,
@@ -194,10 +209,10 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
         "false_saturation", "min_memory_fraction"
     ) and mean < th.get("false_saturation", "max_mean_activity")
     flags = {"false_saturation": saturated, "false_saturation_hint": ALLOCATOR_HINT if saturated else ""}
-    sizing = {"memory_need_bytes": need, "sm_demand_sms": demand_sms}
+    sizing = {"memory_need_bytes": need, "sm_demand_sms": demand_sms, "sm_fraction": sm_fraction}
 
     def exclusive(reason: str) -> Recommendation:
-        busy = p95 >= th.get("exclusive", "min_p95")
+        busy = basis >= th.get("exclusive", "min_activity")
         if th.get("downsize", "enabled") and not busy:
             target = _downsize(row, model, need, demand_sms, fleet)
             if target is not None:
@@ -213,14 +228,8 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
         return rec("exclusive", reason, gpu_fraction=1.0, **sizing, **flags)
 
     gpus = int(row["gpus"])
-    if p95 >= th.get("exclusive", "min_p95"):
-        return exclusive(f"busy: p95 SM activity {_pct(p95)} >= {_pct(th.get('exclusive', 'min_p95'))}")
-    if gpus > 1:
-        return exclusive(f"multi-GPU job ({gpus} GPUs) at p95 {_pct(p95)}: keep whole GPUs")
-    if need > model.memory_bytes:
-        return exclusive(f"peak memory {_gib(peak)} + headroom exceeds a {model.key}")
     ts_idle = th.get("time_slicing", "min_idle_fraction")
-    if idle >= ts_idle and mem_fraction <= th.get("time_slicing", "max_memory_fraction"):
+    if gpus == 1 and idle >= ts_idle and mem_fraction <= th.get("time_slicing", "max_memory_fraction"):
         return rec(
             "time-slicing",
             f"idle-dominated: idle in {_pct(idle)} of samples (>= {_pct(ts_idle)}) with bursts to "
@@ -229,6 +238,13 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
             **sizing,
             **flags,
         )
+    if basis >= th.get("exclusive", "min_activity"):
+        limit = th.get("exclusive", "min_activity")
+        return exclusive(f"busy: {basis_name} {_pct(basis)} >= {_pct(limit)}")
+    if gpus > 1:
+        return exclusive(f"multi-GPU job ({gpus} GPUs) at p95 {_pct(p95)}: keep whole GPUs")
+    if need > model.memory_bytes:
+        return exclusive(f"peak memory {_gib(peak)} + headroom exceeds a {model.key}")
     mps_fraction = max(mem_fraction, sm_fraction)
     profile = choose_mig_profile(model, need, demand_sms) if model.mig_capable else None
     mig_frac = mig_fraction(model, profile) if profile else math.inf
@@ -238,27 +254,30 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
             f"needs more than half a {model.key}: memory {_gib(need)} ({_pct(mem_fraction)}), "
             f"SM demand {_pct(sm_fraction)}"
         )
-    if profile is not None and mig_frac <= mps_fraction * (1 + th.get("mig", "max_extra_gpu_fraction")):
+    clients = th.get("mps", "max_clients") or model.mps_max_clients
+    mps_density = min(clients, math.floor(1.0 / max(mps_fraction, 1e-6)))
+    mig_density = profile.max_instances if profile else 0
+    numbers.update(mps_jobs_per_gpu=mps_density, mig_jobs_per_gpu=mig_density)
+    if profile is not None and mig_density >= th.get("mig", "min_density_ratio") * mps_density:
         return rec(
             "mig",
             f"fits {profile.name}: peak {_gib(peak)} + headroom <= {_gib(profile.memory_bytes)}, "
-            f"p95 {_pct(p95)} of {device_sms:.0f} SMs = {demand_sms:.0f} SMs <= {profile.sm_count}",
+            f"{basis_name} {_pct(basis)} of {device_sms:.0f} SMs + headroom = {demand_sms:.0f} SMs "
+            f"<= {profile.sm_count}; {mig_density} per GPU ({mps_density} with MPS)",
             mig_profile=profile.name,
             gpu_fraction=mig_frac,
             **sizing,
             **flags,
         )
-    pct = thread_percentage(sm_fraction, th)
+    pct = thread_percentage(demand_sms / model.sm_count, th)
     limit = pinned_limit(need)
     why_not_mig = (
-        f"; MIG {profile.name} would take {_pct(mig_frac)} of the GPU vs {_pct(mps_fraction)}"
-        if profile
-        else ""
+        f"; MIG {profile.name} fits {mig_density} per GPU vs {mps_density} with MPS" if profile else ""
     )
     return rec(
         "mps",
-        f"light: p95 {_pct(p95)} -> {pct} % threads, peak {_gib(peak)} -> {_gib(limit)} pinned limit"
-        + why_not_mig,
+        f"light: {basis_name} {_pct(basis)} -> {pct} % threads, "
+        f"peak {_gib(peak)} -> {_gib(limit)} pinned limit" + why_not_mig,
         mps_active_thread_percentage=pct,
         mps_pinned_memory_limit_bytes=limit,
         gpu_fraction=mps_fraction,

@@ -72,7 +72,9 @@ def frame(jobs: list[SynthJob], step: float = STEP, start: float = START) -> pd.
                 if job.sharing == "mig":
                     mig = {**base, "gpu_instance": job.gpu_instance, "mig_profile": job.mig_profile}
                     rows.append({**mig, "metric": "gpu_mig_instance_info", "value": 1.0})
-                    rows.append({**mig, "metric": job.activity_family or "gpu_mig_sm_active_ratio", "value": act})
+                    rows.append(
+                        {**mig, "metric": job.activity_family or "gpu_mig_sm_active_ratio", "value": act}
+                    )
                 elif job.sharing in ("mps", "time_slicing"):
                     rows.append(
                         {
@@ -83,7 +85,9 @@ def frame(jobs: list[SynthJob], step: float = STEP, start: float = START) -> pd.
                         }
                     )
                 else:
-                    rows.append({**base, "metric": job.activity_family or "gpu_sm_active_ratio", "value": act})
+                    rows.append(
+                        {**base, "metric": job.activity_family or "gpu_sm_active_ratio", "value": act}
+                    )
                 rows.append(
                     {
                         **base,

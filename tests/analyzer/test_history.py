@@ -1,0 +1,94 @@
+"""The history format: round trip, OpenMetrics that promtool accepts, clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import pytest
+from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer.history import format_value, read_history, write_history
+
+from tests.analyzer import synth
+from tests.support.procs import find_binary
+
+
+def test_round_trip_keeps_samples_and_meta(tmp_path):
+    frame = synth.frame(synth.seed_case(5))
+    write_history(tmp_path / "h", frame, {"source": "test", "step_s": 60.0})
+    history = read_history(tmp_path / "h")
+    assert len(history.samples) == len(frame)
+    assert history.step_s == 60.0
+    assert history.meta["format"] == "gpulens-history"
+    assert set(history.meta["families"]) == set(frame["metric"])
+    assert history.meta["start"] == frame["timestamp"].min()
+
+
+def test_openmetrics_is_grouped_by_family_and_ends_with_eof(tmp_path):
+    write_history(tmp_path / "h", synth.frame(synth.seed_case(3)), {"step_s": 60.0})
+    text = (tmp_path / "h" / "metrics.om").read_text().splitlines()
+    assert text[-1] == "# EOF"
+    families = [line.split()[2] for line in text if line.startswith("# TYPE")]
+    assert len(families) == len(set(families))
+    assert 'gpu_job_info{instance="node-1",gpu="0",uuid="GPU-seed-0000",job_id="seed-0"' in "\n".join(text)
+
+
+def test_promtool_backfills_the_openmetrics_file(tmp_path):
+    promtool = find_binary("promtool")
+    frame = synth.frame(synth.seed_case(4))
+    frame.loc[frame.index[5], "value"] = math.nan
+    write_history(tmp_path / "h", frame, {"step_s": 60.0})
+    result = subprocess.run(
+        [
+            promtool,
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            str(tmp_path / "h" / "metrics.om"),
+            str(tmp_path / "db"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert list((tmp_path / "db").iterdir())
+
+
+def test_format_value_spells_special_floats_as_openmetrics_does():
+    assert format_value(math.nan) == "NaN"
+    assert format_value(math.inf) == "+Inf"
+    assert format_value(2.0) == "2"
+    assert format_value(0.25) == "0.25"
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: None, "history directory not found"),
+        (lambda d: d.mkdir(), "meta.json: missing"),
+        (lambda d: (d.mkdir(), (d / "meta.json").write_text("{nope")), "not valid JSON"),
+        (
+            lambda d: (d.mkdir(), (d / "meta.json").write_text(json.dumps({"format": "x"}))),
+            'expected "format": "gpulens-history"',
+        ),
+        (
+            lambda d: (
+                d.mkdir(),
+                (d / "meta.json").write_text(
+                    json.dumps({"format": "gpulens-history", "version": 1, "step_s": 60})
+                ),
+                (d / "samples.parquet").write_bytes(b"not parquet at all"),
+            ),
+            "not a readable Parquet file",
+        ),
+    ],
+)
+def test_bad_history_directories_give_one_line_errors(tmp_path, setup, message):
+    target = tmp_path / "h"
+    setup(target)
+    with pytest.raises(AnalyzerError) as err:
+        read_history(target)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)

@@ -1,0 +1,101 @@
+"""Per-job profiles: signal choice, reductions, multi-GPU, gaps and NaN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer.profile import profiles_from_samples
+
+from tests.analyzer import synth
+from tests.analyzer.synth import SynthJob, flat
+
+GIB = 1024**3
+
+
+def one(frame, th):
+    return profiles_from_samples(frame, synth.STEP, th).set_index("job_id")
+
+
+def test_reductions_follow_promql_definitions(th):
+    values = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
+    job = SynthJob("j", "GPU-a", values, flat(len(values), 4 * GIB))
+    row = one(synth.frame([job]), th).loc["j"]
+    assert row["sm_active_mean"] == pytest.approx(0.5)
+    assert row["sm_active_p50"] == pytest.approx(0.5)
+    assert row["sm_active_p95"] == pytest.approx(0.95)  # linear interpolation, like quantile_over_time
+    assert row["sm_active_max"] == pytest.approx(1.0)
+    assert row["idle_fraction"] == pytest.approx(1 / 11)  # only 0.0 is under 5 %
+    assert row["burstiness"] == pytest.approx(values.std() / values.mean())
+    assert row["activity_signal"] == "sm_active"
+    assert row["samples"] == 11 and row["coverage"] == 1.0
+    assert row["duration_s"] == 11 * synth.STEP
+    assert row["gpu_hours_allocated"] == pytest.approx(11 * 60 / 3600)
+    assert row["gpu_hours_used"] == pytest.approx(0.5 * 11 * 60 / 3600)
+
+
+def test_utilization_is_the_fallback_when_sm_activity_is_absent(th):
+    job = SynthJob("j", "GPU-a", flat(20, 0.4), flat(20, GIB), activity_family="gpu_utilization_ratio")
+    row = one(synth.frame([job]), th).loc["j"]
+    assert row["activity_signal"] == "utilization"
+    assert row["sm_active_mean"] == pytest.approx(0.4)
+
+
+def test_mig_jobs_read_their_instance_and_slice_size(th):
+    job = SynthJob(
+        "m",
+        "GPU-h",
+        flat(20, 0.5),
+        flat(20, 5 * GIB),
+        model="NVIDIA H100 80GB HBM3",
+        sharing="mig",
+        gpu_instance="9",
+        mig_profile="2g.20gb",
+    )
+    row = one(synth.frame([job]), th).loc["m"]
+    assert row["mig_profile_now"] == "2g.20gb"
+    assert row["device_sms"] == 32
+    assert row["gpu_share"] == pytest.approx(2 / 7)
+    assert row["gpu_model"] == "H100-80GB"
+
+
+def test_multi_gpu_jobs_average_activity_and_peak_memory_per_gpu(th):
+    job = SynthJob("big", "GPU-0", flat(20, 0.9), flat(20, 30 * GIB), extra_uuids=["GPU-1"])
+    frame = synth.frame([job])
+    second = (frame["uuid"] == "GPU-1") & (frame["metric"] == "gpu_sm_active_ratio")
+    frame.loc[second, "value"] = 0.5
+    memory = (frame["uuid"] == "GPU-1") & (frame["metric"] == "gpu_job_memory_used_bytes")
+    frame.loc[memory, "value"] = 40 * GIB
+    row = one(frame, th).loc["big"]
+    assert row["gpus"] == 2
+    assert row["sm_active_mean"] == pytest.approx(0.7)
+    assert row["memory_peak_bytes"] == 40 * GIB
+    assert row["gpu_hours_allocated"] == pytest.approx(2 * 20 * 60 / 3600)
+
+
+def test_gaps_and_nan_lower_coverage_instead_of_failing(th):
+    job = SynthJob("g", "GPU-a", flat(20, 0.3), flat(20, GIB))
+    frame = synth.frame([job])
+    act = frame.index[frame["metric"] == "gpu_sm_active_ratio"]
+    frame.loc[act[:5], "value"] = np.nan
+    frame = frame.drop(act[5:10])
+    row = one(frame, th).loc["g"]
+    assert row["coverage"] == pytest.approx(0.5)
+    assert row["sm_active_mean"] == pytest.approx(0.3)
+
+
+def test_shared_jobs_use_per_job_utilisation_and_split_the_gpu(th):
+    jobs = [
+        SynthJob("a", "GPU-s", flat(20, 0.2), flat(20, GIB), sharing="mps"),
+        SynthJob("b", "GPU-s", flat(20, 0.1), flat(20, GIB), sharing="mps"),
+    ]
+    p = one(synth.frame(jobs), th)
+    assert list(p["activity_signal"]) == ["job_sm_utilization"] * 2
+    assert list(p["gpu_share"]) == [0.5, 0.5]
+    assert p.loc["a", "sharing"] == "mps"
+
+
+def test_no_jobs_is_an_error(th):
+    frame = synth.frame([SynthJob("a", "GPU-a", flat(3, 0.2), flat(3, GIB))])
+    with pytest.raises(AnalyzerError, match="no gpu_job_info"):
+        profiles_from_samples(frame[frame["metric"] != "gpu_job_info"], 60, th)
