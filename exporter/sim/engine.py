@@ -119,8 +119,9 @@ class _Acc:
     def finish(self, concurrent: bool) -> _Acc:
         """Clip to what one container can do; MPS clients run concurrently, others time-slice."""
         busy = 1.0 - self.busy_idle_product if concurrent else self.busy
+        # SM activity (a share of SMs over time) never exceeds the time any kernel ran
         return _Acc(
-            busy=min(1.0, busy),
+            busy=min(1.0, max(busy, self.sm)),
             sm=min(1.0, self.sm),
             occupancy=min(1.0, self.occupancy),
             tensor=min(1.0, self.tensor),
