@@ -30,6 +30,7 @@ ENV_SEED = "GPULENS_SIM_SEED"
 ENV_SPEED = "GPULENS_SIM_SPEED"
 ENV_PROCFS = "GPULENS_SIM_PROCFS"
 ENV_SITE_DIR = "GPULENS_SIM_SITE_DIR"
+ENV_PROCVIEW = "GPULENS_SIM_PROCVIEW"  # psutil's /proc: the real one plus the simulated processes
 ENV_REPORT_MISSING = "GPULENS_SIM_REPORT_MISSING"  # set: list the absent NVML symbols asked for, at exit
 
 SITECUSTOMIZE = '''\
@@ -82,11 +83,18 @@ def _install_from(env: MutableMapping[str, str]) -> object | None:
     seed = int(env[ENV_SEED]) if env.get(ENV_SEED) else None
     speed = float(env.get(ENV_SPEED) or 1.0)
     clock = RealClock() if speed == 1.0 else ScaledClock(speed)
-    procfs = env.pop(ENV_PROCFS, None)
+    procfs = env.pop(ENV_PROCFS, None)  # the first process writes the files, its children only read
     node = build_node(
         load_scenario(name), seed=seed, clock=clock, procfs_root=Path(procfs) if procfs else None
     )
     lib = install(node)
+    view = env.get(ENV_PROCVIEW)
+    if view:
+        from gpulens.exporter.sim._site.procview import ProcView, redirect_psutil
+
+        if procfs:
+            ProcView(Path(view), node, Path(procfs)).start()
+        redirect_psutil(Path(view))
     if env.get(ENV_REPORT_MISSING):
         atexit.register(_report_missing, lib)
     return lib
@@ -124,6 +132,7 @@ def child_environment(
     seed: int | None,
     speed: float,
     procfs_dir: str | None,
+    procview_dir: str | None = None,
 ) -> dict[str, str]:
     """The environment of the launched program: the scenario, and our sitecustomize first."""
     env = dict(base)
@@ -138,6 +147,10 @@ def child_environment(
         env[ENV_PROCFS] = str(Path(procfs_dir).resolve())
     else:
         env.pop(ENV_PROCFS, None)
+    if procview_dir:
+        env[ENV_PROCVIEW] = procview_dir
+    else:
+        env.pop(ENV_PROCVIEW, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir, base.get("PYTHONPATH", "")) if p)
     if sys.prefix != sys.base_prefix:  # running from a virtualenv: its `python`/`nvitop` come first
         bin_dir = str(Path(sys.executable).parent)
@@ -162,6 +175,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
     parser.add_argument("--speed", type=float, default=None, help="simulated seconds per real second (1)")
     parser.add_argument("--procfs-dir", default=None, help="write the simulated processes' fake /proc here")
+    parser.add_argument(
+        "--no-procview",
+        dest="procview",
+        action="store_false",
+        default=None,
+        help="do not show the simulated processes to psutil as host processes",
+    )
 
 
 class _HeadParser(argparse.ArgumentParser):
@@ -185,11 +205,13 @@ def split_run_arguments(args: argparse.Namespace) -> tuple[argparse.Namespace, l
             "sim run: expected a scenario name or file, e.g. `gpulens sim run dgx-h100 -- nvitop --once`"
         )
     options = parser.parse_args(head)
-    for name in ("seed", "speed", "procfs_dir"):  # options given before the scenario
+    for name in ("seed", "speed", "procfs_dir", "procview"):  # options given before the scenario
         if getattr(options, name) is None:
             setattr(options, name, getattr(args, name))
     if options.speed is None:
         options.speed = 1.0
+    if options.procview is None:
+        options.procview = True
     return options, command
 
 
@@ -200,9 +222,17 @@ def run(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         raise _CliError(f"sim run: --speed expected a number > 0, found {args.speed}")
     scenario = _resolve_scenario(args.scenario)
-    with tempfile.TemporaryDirectory(prefix="gpulens-sim-") as site_dir:
+    # tmpfs when there is one: the process view rewrites small files every second
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="gpulens-sim-", dir=shm) as site_dir:
         Path(site_dir, "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
-        env = child_environment(os.environ, site_dir, scenario, args.seed, args.speed, args.procfs_dir)
+        procfs_dir, procview_dir = args.procfs_dir, None
+        if args.procview:
+            procfs_dir = procfs_dir or str(Path(site_dir, "proc-sim"))
+            procview_dir = str(Path(site_dir, "proc"))
+        env = child_environment(
+            os.environ, site_dir, scenario, args.seed, args.speed, procfs_dir, procview_dir
+        )
         try:
             child = subprocess.Popen(command, env=env)
         except OSError as error:
@@ -268,7 +298,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run",
         help="run a Python program that uses pynvml on a simulated node",
         description="Run COMMAND with the simulated NVML library of SCENARIO under its pynvml.",
-        usage="gpulens sim run SCENARIO [--seed N] [--speed X] [--procfs-dir DIR] -- COMMAND ...",
+        usage="gpulens sim run SCENARIO [--seed N] [--speed X] [--procfs-dir DIR] [--no-procview]"
+        " -- COMMAND ...",
     )
     _add_run_options(run_parser)
     # argparse cannot mix options after a positional with a free-form command line; `run` splits

@@ -127,6 +127,7 @@ def test_nvitop_once_renders_gpus_mig_devices_and_processes() -> None:
     assert out.count("H100 80GB HBM3") == 8
     assert "3g.40gb @ GI/CI: 2/0" in out  # a MIG device row
     assert "Processes:" in out and "213101" in out  # a process of GPU 3
+    assert "pretrain.py" in out and "No Such Process" not in out  # psutil sees it as a host process
     assert "Driver Version: 550.54.15" in out
 
 

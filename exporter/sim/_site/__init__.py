@@ -1,0 +1,1 @@
+"""Start-up helpers for programs launched by `gpulens sim run` (see `launcher.py`)."""
