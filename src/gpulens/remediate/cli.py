@@ -1,0 +1,185 @@
+"""`gpulens remediate`: run the Alertmanager webhook receiver that isolates faulty GPUs' nodes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+from gpulens.remediate.auth import AuthConfigError, Authenticator, read_secret
+from gpulens.remediate.breaker import CircuitBreaker
+from gpulens.remediate.isolator import Isolator
+from gpulens.remediate.kubernetes import KubernetesClient, KubernetesIsolator
+from gpulens.remediate.server import RemediateServer
+from gpulens.remediate.service import Remediator
+from gpulens.remediate.slurm import SlurmIsolator
+
+DEFAULT_LISTEN = "127.0.0.1:9843"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+log = logging.getLogger("gpulens.remediate")
+
+
+class UsageError(ValueError):
+    """A bad option value; printed as one line."""
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `30m`, `1h`, `1d` -> seconds."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 90s, 30m or 1h")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "remediate",
+        help="Alertmanager webhook receiver that isolates faulty GPU nodes",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument(
+        "--listen",
+        type=parse_listen,
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"address to serve on (default {DEFAULT_LISTEN})",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["kubernetes", "slurm"],
+        required=True,
+        help="how to isolate: cordon + taint through the Kubernetes API, or scontrol drain",
+    )
+    parser.add_argument(
+        "--apply",
+        action="store_true",
+        help="really isolate; without it every action is only logged (dry-run)",
+    )
+    auth = parser.add_argument_group("caller authentication (one of)")
+    auth.add_argument("--token-file", type=Path, help="file with the bearer token Alertmanager sends")
+    auth.add_argument("--basic-auth-user", help="basic auth user name Alertmanager sends")
+    auth.add_argument("--basic-auth-password-file", type=Path, help="file with the basic auth password")
+    breaker = parser.add_argument_group("circuit breaker")
+    breaker.add_argument(
+        "--breaker-max-nodes",
+        type=int,
+        default=3,
+        metavar="N",
+        help="isolate at most N distinct nodes per window, then stop (default 3)",
+    )
+    breaker.add_argument(
+        "--breaker-window",
+        type=parse_duration,
+        default=3600.0,
+        metavar="DURATION",
+        help="window of the breaker (default 1h)",
+    )
+    kube = parser.add_argument_group("kubernetes backend")
+    default_api = ""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        default_api = (
+            f"https://{os.environ['KUBERNETES_SERVICE_HOST']}:"
+            f"{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}"
+        )
+    kube.add_argument(
+        "--kube-api-url",
+        default=default_api or None,
+        help="API server URL (default: the in-cluster service address)",
+    )
+    kube.add_argument(
+        "--kube-token-file",
+        type=Path,
+        default=SERVICE_ACCOUNT / "token",
+        help="bearer token for the API (default: the pod's service account token)",
+    )
+    kube.add_argument(
+        "--kube-ca-file",
+        type=Path,
+        default=SERVICE_ACCOUNT / "ca.crt",
+        help="CA bundle of the API server (default: the service account's)",
+    )
+    kube.add_argument(
+        "--drain",
+        action="store_true",
+        help="for isolate_node alerts also evict the node's pods through the Eviction API",
+    )
+    slurm = parser.add_argument_group("slurm backend")
+    slurm.add_argument("--scontrol", default="scontrol", help="scontrol binary (default: from PATH)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(func=run)
+
+
+def build_isolator(args: argparse.Namespace) -> Isolator:
+    if args.backend == "slurm":
+        return SlurmIsolator(scontrol=args.scontrol)
+    if not args.kube_api_url:
+        if args.apply:
+            raise UsageError("--kube-api-url is required outside a Kubernetes pod")
+        args.kube_api_url = "https://kubernetes.default.svc"
+    token = args.kube_token_file if args.kube_token_file and args.kube_token_file.exists() else None
+    if args.apply and token is None:
+        raise UsageError(f"--kube-token-file {args.kube_token_file}: no such file")
+    ca = args.kube_ca_file if args.kube_ca_file and args.kube_ca_file.exists() else None
+    return KubernetesIsolator(KubernetesClient(args.kube_api_url, token, ca), drain=args.drain)
+
+
+def build_authenticator(args: argparse.Namespace) -> Authenticator:
+    token = read_secret(args.token_file, "--token-file") if args.token_file else None
+    password = None
+    if args.basic_auth_password_file:
+        if not args.basic_auth_user:
+            raise UsageError("--basic-auth-password-file needs --basic-auth-user")
+        password = read_secret(args.basic_auth_password_file, "--basic-auth-password-file")
+    return Authenticator(token=token, username=args.basic_auth_user, password=password)
+
+
+def _fail(message: str) -> int:
+    """One line on stderr and exit status 2, like gpulens' other usage errors."""
+    print(f"gpulens: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        if args.breaker_max_nodes < 1:
+            raise UsageError("--breaker-max-nodes: expected at least 1")
+        auth = build_authenticator(args)
+        isolator = build_isolator(args)
+    except (UsageError, AuthConfigError) as exc:
+        return _fail(str(exc))
+    remediator = Remediator(
+        isolator, CircuitBreaker(args.breaker_max_nodes, args.breaker_window), dry_run=not args.apply
+    )
+    try:
+        server = RemediateServer(args.listen, remediator, auth)
+    except OSError as exc:
+        return _fail(f"--listen {args.listen[0]}:{args.listen[1]}: {exc.strerror or exc}")
+    mode = "APPLY" if args.apply else "dry-run (pass --apply to act)"
+    log.info(
+        "listening on http://%s:%d/alerts, backend %s, %s, breaker %d nodes / %gs",
+        *server.server_address[:2],
+        isolator.backend,
+        mode,
+        args.breaker_max_nodes,
+        args.breaker_window,
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,341 @@
+"""`gpulens remediate` over HTTP: authentication, validation, dry-run, idempotency, the breaker,
+metrics, and the Slurm and Kubernetes backends against a fake scontrol and an API stand-in."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpulens.remediate.kubernetes import TAINT_KEY, KubernetesClient, KubernetesIsolator
+from gpulens.remediate.slurm import SlurmIsolator
+from tests.alerts.remediate_support import (
+    TOKEN,
+    KubeStandIn,
+    alert,
+    get,
+    kube_api,
+    notification,
+    path_with,
+    post,
+    receiver,
+    scontrol_calls,
+    write_fake_scontrol,
+)
+from tests.support.procs import free_port, wait_http
+
+
+@pytest.fixture
+def scontrol(tmp_path, monkeypatch):
+    """A recording scontrol first on PATH; yields its record file."""
+    bin_dir, record = write_fake_scontrol(tmp_path)
+    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
+    return record
+
+
+def _state(base: str) -> dict:
+    return json.loads(get(f"{base}/-/state")[1])
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", "Basic YW06cHc=", f"Token {TOKEN}"])
+def test_callers_without_the_credentials_get_401(scontrol, authorization):
+    with receiver(SlurmIsolator(), dry_run=False) as (base, _):
+        status, _body = post(f"{base}/alerts", notification(alert()), authorization=authorization)
+    assert status == 401
+    assert scontrol_calls(scontrol) == []
+
+
+def test_bad_payload_gets_a_one_line_400(scontrol):
+    with receiver(SlurmIsolator(), dry_run=False) as (base, _):
+        status, body = post(f"{base}/alerts", None, raw=b'{"alerts": [{"status": "firing", "labels": 3}]}')
+    assert status == 400
+    assert body == "bad payload: alerts[0].labels: expected an object of string values\n"
+
+
+def test_dry_run_is_the_default_and_logs_the_exact_command(scontrol, caplog):
+    caplog.set_level(logging.INFO, logger="gpulens.remediate")
+    with receiver(SlurmIsolator()) as (base, _):
+        status, _body = post(f"{base}/alerts", notification(alert(instance="gpu-17:9842", gpu="5")))
+        state = _state(base)
+    assert status == 200
+    assert scontrol_calls(scontrol) == []
+    (action,) = state["actions"]
+    assert action["result"] == "dry_run"
+    assert action["node"] == "gpu-17"
+    expected = "scontrol update NodeName=gpu-17 State=DRAIN 'Reason=gpulens: GPUXidFallenOffBus gpu 5 GPU-5'"
+    assert action["detail"] == f"DRY-RUN slurm: {expected}"
+    assert expected in caplog.text
+
+
+def test_apply_drains_the_node_with_scontrol(scontrol):
+    with receiver(SlurmIsolator(), dry_run=False) as (base, _):
+        status, body = post(f"{base}/alerts", notification(alert(instance="gpu-17:9842", gpu="5")))
+    assert status == 200
+    assert json.loads(body)["handled"] == [
+        {"alertname": "GPUXidFallenOffBus", "node": "gpu-17", "result": "applied"}
+    ]
+    assert scontrol_calls(scontrol) == [
+        ["update", "NodeName=gpu-17", "State=DRAIN", "Reason=gpulens: GPUXidFallenOffBus gpu 5 GPU-5"]
+    ]
+
+
+def test_repeats_of_one_episode_act_once_and_a_new_episode_acts_again(scontrol):
+    with receiver(SlurmIsolator(), dry_run=False) as (base, _):
+        post(f"{base}/alerts", notification(alert()))
+        _status, body = post(f"{base}/alerts", notification(alert()))
+        assert json.loads(body)["handled"][0]["result"] == "duplicate"
+        post(f"{base}/alerts", notification(alert(starts_at="2026-11-30T08:00:00Z")))
+    assert len(scontrol_calls(scontrol)) == 2
+
+
+def test_resolved_never_returns_a_node_to_service(scontrol):
+    with receiver(SlurmIsolator(), dry_run=False) as (base, _):
+        post(f"{base}/alerts", notification(alert(status="resolved")))
+        state = _state(base)
+    assert scontrol_calls(scontrol) == []
+    assert state["actions"][0]["result"] == "resolved_ignored"
+
+
+def test_alerts_without_the_remediate_label_are_ignored(scontrol):
+    with receiver(SlurmIsolator(), dry_run=False) as (base, _):
+        status, body = post(
+            f"{base}/alerts", notification(alert(alertname="GPUTemperatureHigh", remediate=None))
+        )
+    assert (status, json.loads(body)["handled"]) == (200, [])
+    assert scontrol_calls(scontrol) == []
+
+
+def test_a_failed_drain_is_reported_and_retried_on_the_next_repeat(tmp_path, monkeypatch):
+    bin_dir, record = write_fake_scontrol(tmp_path, exit_code=1)
+    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
+    with receiver(SlurmIsolator(), dry_run=False) as (base, _):
+        _, first = post(f"{base}/alerts", notification(alert()))
+        _, second = post(f"{base}/alerts", notification(alert()))
+        state = _state(base)
+    assert [json.loads(b)["handled"][0]["result"] for b in (first, second)] == ["failed", "failed"]
+    assert len(scontrol_calls(record)) == 2
+    assert state["actions"][0]["detail"].endswith("slurm_update error: Invalid node name specified")
+
+
+def test_breaker_stops_isolating_after_max_nodes_until_reset(scontrol):
+    with receiver(SlurmIsolator(), dry_run=False, max_nodes=2) as (base, _):
+        for node in ("n1", "n2", "n3"):
+            post(f"{base}/alerts", notification(alert(instance=f"{node}:9842")))
+        metrics = get(f"{base}/metrics")[1]
+        state = _state(base)
+        assert post(f"{base}/-/breaker/reset", None, authorization=None, raw=b"")[0] == 401
+        assert post(f"{base}/-/breaker/reset", None, raw=b"")[0] == 200
+        post(f"{base}/alerts", notification(alert(instance="n3:9842", starts_at="later")))
+    assert [c[1] for c in scontrol_calls(scontrol)] == ["NodeName=n1", "NodeName=n2", "NodeName=n3"]
+    assert [a["result"] for a in state["actions"]] == ["applied", "applied", "breaker_open"]
+    assert state["breaker"]["open"] is True and state["breaker"]["refused_node"] == "n3"
+    assert "gpulens_remediate_breaker_open 1.0" in metrics
+    assert 'gpulens_remediate_actions_total{kind="isolate_node",result="breaker_open"} 1.0' in metrics
+
+
+def test_metrics_count_actions_and_requests(scontrol):
+    with receiver(SlurmIsolator()) as (base, _):
+        post(f"{base}/alerts", notification(alert(), alert(gpu="1", remediate="isolate_gpu")))
+        post(f"{base}/alerts", notification(alert()), authorization="Bearer nope")
+        metrics = get(f"{base}/metrics")[1]
+    assert 'gpulens_remediate_actions_total{kind="isolate_node",result="dry_run"} 1.0' in metrics
+    assert 'gpulens_remediate_actions_total{kind="isolate_gpu",result="dry_run"} 1.0' in metrics
+    assert 'gpulens_remediate_requests_total{code="200"} 1.0' in metrics
+    assert 'gpulens_remediate_requests_total{code="401"} 1.0' in metrics
+    assert "gpulens_remediate_dry_run 1.0" in metrics
+    assert "gpulens_remediate_breaker_open 0.0" in metrics
+
+
+def _node(name: str, taints: list | None = None, unschedulable: bool = False) -> dict:
+    return {
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": {}},
+        "spec": {"unschedulable": unschedulable, "taints": taints or []},
+    }
+
+
+def _pod(name: str, node: str, owner: str = "ReplicaSet", phase: str = "Running") -> dict:
+    return {
+        "metadata": {"name": name, "namespace": "ml", "ownerReferences": [{"kind": owner, "name": "o"}]},
+        "spec": {"nodeName": node},
+        "status": {"phase": phase},
+    }
+
+
+@pytest.fixture
+def kube(tmp_path):
+    state = KubeStandIn(
+        nodes={
+            "gpu-1": _node(
+                "gpu-1", taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+            ),
+            "gpu-2": _node(
+                "gpu-2",
+                taints=[{"key": TAINT_KEY, "value": "GPULost", "effect": "NoSchedule"}],
+                unschedulable=True,
+            ),
+        },
+        pods=[
+            _pod("train-0", "gpu-1"),
+            _pod("dcgm", "gpu-1", owner="DaemonSet"),
+            _pod("done", "gpu-1", phase="Succeeded"),
+            _pod("guarded", "gpu-1"),
+            _pod("other", "gpu-2"),
+        ],
+        pdb_blocked={"guarded"},
+    )
+    token_file = tmp_path / "kube-token"
+    token_file.write_text("kube-sa-token\n")
+    with kube_api(state):
+        state.client = KubernetesClient(state.url, token_file=token_file)  # type: ignore[attr-defined]
+        yield state
+
+
+def test_kubernetes_isolate_gpu_cordons_and_taints_without_evicting(kube):
+    with receiver(KubernetesIsolator(kube.client, drain=True), dry_run=False) as (base, _):
+        _, body = post(
+            f"{base}/alerts",
+            notification(
+                alert(alertname="GPURowRemapPending", instance="gpu-1:9842", gpu="3", remediate="isolate_gpu")
+            ),
+        )
+    assert json.loads(body)["handled"][0]["result"] == "applied"
+    (patch,) = kube.of("PATCH")
+    assert patch.path == "/api/v1/nodes/gpu-1"
+    assert patch.content_type == "application/merge-patch+json"
+    assert patch.authorization == "Bearer kube-sa-token"
+    assert patch.body["spec"]["unschedulable"] is True
+    assert patch.body["spec"]["taints"] == [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+        {"key": TAINT_KEY, "value": "GPURowRemapPending", "effect": "NoSchedule"},
+    ]
+    annotations = patch.body["metadata"]["annotations"]
+    assert annotations["gpulens.io/isolation-reason"] == "gpulens: GPURowRemapPending gpu 3 GPU-3"
+    assert time.strptime(annotations["gpulens.io/isolated-at"], "%Y-%m-%dT%H:%M:%SZ")
+    assert annotations["gpulens.io/alert-fingerprint"] == "fp-GPURowRemapPending-gpu-1:9842-3"
+    assert kube.of("POST") == []
+
+
+def test_kubernetes_isolate_node_with_drain_evicts_through_the_eviction_api(kube):
+    with receiver(KubernetesIsolator(kube.client, drain=True), dry_run=False) as (base, _):
+        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+    (handled,) = json.loads(body)["handled"]
+    assert handled["result"] == "applied"
+    evictions = kube.of("POST")
+    assert [e.path for e in evictions] == [
+        "/api/v1/namespaces/ml/pods/train-0/eviction",
+        "/api/v1/namespaces/ml/pods/guarded/eviction",
+    ]
+    assert evictions[0].body == {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "train-0", "namespace": "ml"},
+    }
+
+
+def test_kubernetes_drain_reports_pods_blocked_by_disruption_budgets(kube):
+    with receiver(KubernetesIsolator(kube.client, drain=True), dry_run=False) as (base, _):
+        post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+        state = _state(base)
+    assert state["actions"][0]["detail"].endswith(
+        "drain: 1 evicted, 1 blocked by disruption budgets, 0 failed"
+    )
+
+
+def test_kubernetes_node_already_isolated_is_not_patched_again(kube):
+    with receiver(KubernetesIsolator(kube.client), dry_run=False) as (base, _):
+        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-2:9842")))
+    assert json.loads(body)["handled"][0]["result"] == "already"
+    assert kube.of("PATCH") == []
+
+
+def test_kubernetes_unknown_node_fails_without_patching(kube):
+    with receiver(KubernetesIsolator(kube.client), dry_run=False) as (base, _):
+        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-9:9842")))
+        state = _state(base)
+    assert json.loads(body)["handled"][0]["result"] == "failed"
+    assert state["actions"][0]["detail"] == 'GET node gpu-9: HTTP 404 nodes "gpu-9" not found'
+    assert kube.of("PATCH") == []
+
+
+def test_kubernetes_dry_run_touches_nothing_and_describes_the_patch(kube):
+    with receiver(KubernetesIsolator(kube.client, drain=True)) as (base, _):
+        post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+        state = _state(base)
+    assert kube.requests == []
+    detail = state["actions"][0]["detail"]
+    assert detail.startswith(f"DRY-RUN kubernetes: PATCH {kube.url}/api/v1/nodes/gpu-1 ")
+    assert '"unschedulable": true' in detail and TAINT_KEY in detail
+    assert detail.endswith("evict every non-DaemonSet pod on gpu-1 via the Eviction API")
+
+
+def _cli(*args: str, env: dict | None = None, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpulens.cli", "remediate", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def test_cli_refuses_to_start_without_caller_credentials():
+    result = _cli("--backend", "slurm")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "gpulens: error: no credentials: give --token-file, "
+        "or --basic-auth-user with --basic-auth-password-file"
+    ]
+
+
+def test_cli_names_an_unreadable_token_file(tmp_path):
+    result = _cli("--backend", "slurm", "--token-file", str(tmp_path / "missing"))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"gpulens: error: --token-file {tmp_path / 'missing'}: ")
+
+
+def test_cli_apply_with_basic_auth_drains_through_scontrol_on_path(tmp_path):
+    bin_dir, record = write_fake_scontrol(tmp_path)
+    password = tmp_path / "password"
+    password.write_text("pw\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpulens.cli",
+            "remediate",
+            "--backend",
+            "slurm",
+            "--apply",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--basic-auth-user",
+            "am",
+            "--basic-auth-password-file",
+            str(password),
+        ],
+        env=path_with(bin_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/healthy", timeout=20, proc=proc)
+        status, _ = post(
+            f"http://127.0.0.1:{port}/alerts",
+            notification(alert(instance="gpu-3:9842")),
+            authorization="Basic YW06cHc=",
+        )
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=10)[0]
+    assert status == 200
+    assert scontrol_calls(record) == [
+        ["update", "NodeName=gpu-3", "State=DRAIN", "Reason=gpulens: GPUXidFallenOffBus gpu 0 GPU-0"]
+    ]
+    assert "applied GPUXidFallenOffBus node=gpu-3" in output
