@@ -60,8 +60,10 @@ GIB = 1024**3
 QUANTUM = 0.01  # seconds: states are cached per GPU and quantum
 BUCKET = 10.0  # seconds: counter integration step
 TEMP_WINDOW = 120.0  # seconds of average power the temperature follows
+ACTIVITY_READINGS = 16  # most readings averaged by activity_between
 
 _IDLE_BUSY = 0.05
+_NO_SAMPLE = Sample()  # placeholder for processes not sampled yet (never mutated)
 _REASON_IDLE = THROTTLE_BITS["gpu_idle"]
 _REASON_POWER_CAP = THROTTLE_BITS["sw_power_cap"]
 _THERMAL = THROTTLE_BITS["sw_thermal"] | THROTTLE_BITS["hw_thermal"]
@@ -289,10 +291,12 @@ class ScenarioNode:
                 )
         self._runtime_mig: dict[int, list[MigInstanceSpec]] = {}
         self._cache: dict[int, tuple[int, GpuState]] = {}
+        self._snapshots: dict[tuple[int, float], _Snapshot] = {}
         self._counters = [_Counters() for _ in scenario.gpus]
         self._counter_lock = threading.Lock()
         self._files = NodeFiles(procfs_root, pods_root, job_mapping_dir)
         self._files_key: object = None
+        self._files_quantum: int | None = None
         self._energy_base_j = [
             g.model.idle_power_watts * 86400 * (1 + 20 * hash_unit(seed, g.index, 91)) for g in scenario.gpus
         ]
@@ -314,7 +318,7 @@ class ScenarioNode:
         state = self._build_state(index, quantum * QUANTUM)
         with self._lock:
             self._cache[index] = (quantum, state)
-        self._maybe_sync_files(quantum * QUANTUM - self.start_time)
+        self._maybe_sync_files(quantum * QUANTUM - self.start_time, quantum=quantum)
         return state
 
     def events_between(self, start: float, end: float) -> list[SimEvent]:
@@ -334,16 +338,15 @@ class ScenarioNode:
     def activity_between(
         self, index: int, gpu_instance_id: int | None, start: float, end: float
     ) -> ActivityState:
+        # Each reading is already a one-second average, so readings one second apart cover the
+        # interval; the instances of a GPU share them through the snapshot cache.
         t0 = self.start_time
-        if end <= start:
-            times = [end - t0]
-        else:
-            n = max(4, min(64, math.ceil((end - start) / 0.25)))
-            step = (end - start) / n
-            times = [start - t0 + (k + 0.5) * step for k in range(n)]
+        n = max(1, min(ACTIVITY_READINGS, math.ceil(end - start)))
+        step = (end - start) / n if end > start else 0.0
+        times = [end - t0 - k * step for k in range(n)]
         total = _Acc()
         for r in times:
-            snap = self._snapshot(index, r, smooth=False)
+            snap = self._cached_snapshot(index, r)
             acc = snap.gpu if gpu_instance_id in (None, NO_INSTANCE) else snap.instances.get(gpu_instance_id)
             if acc is not None:
                 acc.scaled_into(total, 1.0)
@@ -371,6 +374,7 @@ class ScenarioNode:
     def _changed(self) -> None:
         with self._lock:
             self._cache.clear()
+            self._snapshots.clear()
         self.sync_files()
 
     def _check_gpu(self, gpu: int) -> GpuSpec:
@@ -513,30 +517,36 @@ class ScenarioNode:
         """Write the procfs / pod / job-mapping trees for the processes running now."""
         self._maybe_sync_files(self._now_rel(), force=True)
 
-    def _maybe_sync_files(self, r: float, force: bool = False) -> None:
+    def _maybe_sync_files(self, r: float, force: bool = False, quantum: int | None = None) -> None:
+        """Rewrite the file trees if the running processes changed (checked once per quantum)."""
         if not self._files.enabled:
             return
-        views: list[ProcView] = []
-        mapping: dict[str, list[str]] = {}
+        if not force:
+            with self._lock:
+                if quantum is not None and quantum == self._files_quantum:
+                    return
+                self._files_quantum = quantum
+        running: list[tuple[GpuSpec, _Running, MigInstanceSpec | None]] = []
         for g in self._gpus:
             layout = {i.gpu_instance_id: i for i in self._layout(g.index, r)}
             faults = self._timeline.gpu(g.index, r) if g.mps is not None else None
-            for proc in self._alive(g.index, r, faults):
-                spec = proc.spec
-                inst = layout.get(spec.instance) if spec.instance is not None else None
-                uuid = mig_uuid(self.scenario.hostname, g.index, inst) if inst else g.uuid
-                views.append(ProcView(spec, proc.pid, uuid, self.scenario.hostname))
-                job = job_id(spec)
-                if job is not None and (spec.instance is None or inst is not None):
-                    key = str(g.index) if spec.instance is None else f"{g.index}.{spec.instance}"
-                    mapping.setdefault(key, []).append(job)
-        key = (
-            tuple((v.pid, v.device_uuid) for v in views),
-            tuple(sorted((k, tuple(v)) for k, v in mapping.items())),
-        )
+            for run in self._alive(g.index, r, faults):
+                inst = layout.get(run.spec.instance) if run.spec.instance is not None else None
+                running.append((g, run, inst))
+        key = tuple((run.pid, id(run.spec), inst) for _, run, inst in running)
         with self._lock:
             if not force and key == self._files_key:
                 return
+            views: list[ProcView] = []
+            mapping: dict[str, list[str]] = {}
+            for g, run, inst in running:
+                spec = run.spec
+                uuid = mig_uuid(self.scenario.hostname, g.index, inst) if inst else g.uuid
+                views.append(ProcView(spec, run.pid, uuid, self.scenario.hostname))
+                job = job_id(spec)
+                if job is not None and (spec.instance is None or inst is not None):
+                    device = str(g.index) if spec.instance is None else f"{g.index}.{spec.instance}"
+                    mapping.setdefault(device, []).append(job)
             self._files_key = key
             self._files.sync(views, mapping)
 
@@ -584,7 +594,7 @@ class ScenarioNode:
             assert mps is not None
             pid = mps.server_pid if faults.mps_restarts % 2 == 0 else mps.restart_pid
             started = max(server.spec.start, faults.mps_up_since)
-            out.append(_Running(server.spec, pid, Sample(), started, server.workload))
+            out.append(_Running(server.spec, pid, _NO_SAMPLE, started, server.workload))
         with self._lock:
             procs = list(self._procs[gpu])
         for proc in procs:
@@ -593,8 +603,20 @@ class ScenarioNode:
                 start = spec.start
                 if spec.kind == "mps_client" and server is not None:
                     start = max(start, out[0].start_time)
-                out.append(_Running(spec, spec.pid, Sample(), start, proc.workload))
+                out.append(_Running(spec, spec.pid, _NO_SAMPLE, start, proc.workload))
         return out
+
+    def _cached_snapshot(self, gpu: int, r: float) -> _Snapshot:
+        key = (gpu, r)
+        with self._lock:
+            snap = self._snapshots.get(key)
+        if snap is None:
+            snap = self._snapshot(gpu, r, smooth=False)
+            with self._lock:
+                if len(self._snapshots) >= 512:
+                    self._snapshots.pop(next(iter(self._snapshots)))
+                self._snapshots[key] = snap
+        return snap
 
     def _snapshot(self, gpu: int, r: float, smooth: bool) -> _Snapshot:
         g = self._gpus[gpu]
@@ -720,7 +742,7 @@ class ScenarioNode:
         g = self._gpus[index]
         model = g.model
         r = t - self.start_time
-        snap = self._snapshot(index, r, smooth=False)
+        snap = self._cached_snapshot(index, r)
         faults = snap.faults
         acc = snap.gpu
         busy = acc.busy
