@@ -141,7 +141,7 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
 @contextlib.contextmanager
 def kube_api(state: KubeStandIn) -> Iterator[KubeStandIn]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     state.url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
@@ -162,7 +162,7 @@ def receiver(
     """The receiver in a thread on a free port; yields its base URL and the Remediator."""
     remediator = Remediator(isolator, CircuitBreaker(max_nodes, window_s), dry_run=dry_run)
     server = RemediateServer(("127.0.0.1", 0), remediator, auth or Authenticator(token=TOKEN))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", remediator
