@@ -265,7 +265,10 @@ def require_binary(*names: str) -> str:
 
 
 def port_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:port now (servers set SO_REUSEADDR, so do we:
+    a port in TIME_WAIT after the previous demo is free for them)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
