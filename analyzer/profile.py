@@ -140,6 +140,12 @@ def _signal_steps(
     fam = samples[(samples["metric"] == signal.family) & (samples["value"] >= 0)]
     if signal.scope == "job":
         rows = fam[fam["job_id"].isin(jobs)][["job_id", "timestamp", "value"]]
+    elif signal.scope == "gpu_share":
+        sharers = info.groupby(["uuid", "timestamp"]).size().rename("n").reset_index()
+        device = fam[["uuid", "timestamp", "value"]].merge(sharers, on=["uuid", "timestamp"])
+        device = device.assign(value=device["value"] / device["n"])[["uuid", "timestamp", "value"]]
+        left = info[info["job_id"].isin(jobs)][["job_id", "uuid", "timestamp"]]
+        rows = left.merge(device, on=["uuid", "timestamp"])[["job_id", "timestamp", "value"]]
     else:
         keys = ["uuid", "timestamp"] if signal.scope == "gpu" else ["uuid", "gpu_instance", "timestamp"]
         left = info[info["job_id"].isin(jobs)][["job_id", *keys]]
@@ -175,6 +181,9 @@ def stats_from_samples(samples: pd.DataFrame, thresholds: Thresholds) -> tuple[I
     missing = [label for label in LABELS if label not in samples]
     if missing:
         samples = samples.assign(**dict.fromkeys(missing, ""))
+    samples = samples[
+        ~((samples["metric"] == "gpu_job_info") & (samples["job_source"] == signals.SYSTEM_SOURCE))
+    ]
     info = samples[samples["metric"] == "gpu_job_info"]
     if info.empty:
         raise AnalyzerError("no gpu_job_info samples in the window: there are no jobs to profile")

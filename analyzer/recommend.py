@@ -34,6 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
+from gpulens.analyzer.signals import DUTY_CYCLE
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.exporter.catalog import GIB, MIB, GpuModel, MigProfile, model_for_nvml_name
 
@@ -192,9 +193,13 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
             numbers=numbers,
         )
     need = memory_need(peak, th)
-    duty_only = row["activity_signal"] == "utilization"
+    duty_only = row["activity_signal"] in DUTY_CYCLE
     basis = mean if duty_only else p95
     basis_name = "mean duty cycle" if duty_only else "p95 SM activity"
+    if row["sharing"] == "mig" and row["mig_profile_now"]:
+        basis_name += f" of its {row['mig_profile_now']} slice"
+    if str(row["activity_signal"]).endswith("_share"):
+        basis_name += " (device activity split among the GPU's jobs)"
     device_sms = float(row["device_sms"]) if not math.isnan(row["device_sms"]) else float(model.sm_count)
     demand_sms = basis * device_sms * (1 + th.get("headroom", "compute_ratio"))
     sm_fraction = min(1.0, basis * device_sms / model.sm_count)
@@ -212,7 +217,7 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
     sizing = {"memory_need_bytes": need, "sm_demand_sms": demand_sms, "sm_fraction": sm_fraction}
 
     def exclusive(reason: str) -> Recommendation:
-        busy = basis >= th.get("exclusive", "min_activity")
+        busy = sm_fraction >= th.get("exclusive", "min_activity")
         if th.get("downsize", "enabled") and not busy:
             target = _downsize(row, model, need, demand_sms, fleet)
             if target is not None:
@@ -238,15 +243,19 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
             **sizing,
             **flags,
         )
-    if basis >= th.get("exclusive", "min_activity"):
+    if sm_fraction >= th.get("exclusive", "min_activity"):
         limit = th.get("exclusive", "min_activity")
-        return exclusive(f"busy: {basis_name} {_pct(basis)} >= {_pct(limit)}")
+        return exclusive(
+            f"busy: {basis_name} {_pct(basis)} = {_pct(sm_fraction)} of the GPU >= {_pct(limit)}"
+        )
     if gpus > 1:
         return exclusive(f"multi-GPU job ({gpus} GPUs) at p95 {_pct(p95)}: keep whole GPUs")
     if need > model.memory_bytes:
         return exclusive(f"peak memory {_gib(peak)} + headroom exceeds a {model.key}")
     mps_fraction = max(mem_fraction, sm_fraction)
     profile = choose_mig_profile(model, need, demand_sms) if model.mig_capable else None
+    if profile is not None and profile.compute_slices == model.compute_slices:
+        profile = None  # the full-GPU instance is a whole GPU: no sharing to recommend
     mig_frac = mig_fraction(model, profile) if profile else math.inf
     numbers.update(mps_gpu_fraction=mps_fraction, mig_gpu_fraction=mig_frac if profile else math.nan)
     if min(mps_fraction, mig_frac) > 0.5:
@@ -258,7 +267,8 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
     mps_density = min(clients, math.floor(1.0 / max(mps_fraction, 1e-6)))
     mig_density = profile.max_instances if profile else 0
     numbers.update(mps_jobs_per_gpu=mps_density, mig_jobs_per_gpu=mig_density)
-    if profile is not None and mig_density >= th.get("mig", "min_density_ratio") * mps_density:
+    on_mig = row["sharing"] == "mig"
+    if profile is not None and (on_mig or mig_density >= th.get("mig", "min_density_ratio") * mps_density):
         return rec(
             "mig",
             f"fits {profile.name}: peak {_gib(peak)} + headroom <= {_gib(profile.memory_bytes)}, "

@@ -5,7 +5,9 @@ table, so they pick the same signal for the same job and produce the same profil
 
 - `exclusive` jobs own the whole GPU: device-wide SM activity describes the job.
 - `mig` jobs own a GPU instance: per-instance activity (relative to the slice's SMs).
-- `shared` (MPS, time-slicing) jobs share the device: only per-job process utilization is theirs.
+- `shared` (MPS, time-slicing) jobs share the device: per-job process utilization is theirs; when
+  the driver gives none (MPS clients often have no process samples), the device's activity is
+  split evenly among the jobs on it at that step (`*_share`), an estimate the reason names.
 
 Each chain is tried in order; the first signal with at least one sample for a job is used, and
 its name is reported as `activity_signal` so a reader knows whether SM activity or the coarser
@@ -17,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Scope = Literal["gpu", "mig", "job"]
+Scope = Literal["gpu", "mig", "job", "gpu_share"]
 Kind = Literal["exclusive", "mig", "shared"]
 
 
@@ -25,7 +27,9 @@ Kind = Literal["exclusive", "mig", "shared"]
 class Signal:
     name: str  # reported name
     family: str  # metric family (docs/metrics.md)
-    scope: Scope  # gpu: join on uuid; mig: join on uuid + gpu_instance; job: series carry job_id
+    # gpu: join on uuid; mig: join on uuid + gpu_instance; job: series carry job_id;
+    # gpu_share: the device value divided by the number of jobs on that GPU at that step
+    scope: Scope
 
 
 ACTIVITY: dict[str, tuple[Signal, ...]] = {
@@ -38,8 +42,18 @@ ACTIVITY: dict[str, tuple[Signal, ...]] = {
         Signal("sm_active", "gpu_mig_sm_active_ratio", "mig"),
         Signal("job_sm_utilization", "gpu_job_sm_utilization_ratio", "job"),
     ),
-    "shared": (Signal("job_sm_utilization", "gpu_job_sm_utilization_ratio", "job"),),
+    "shared": (
+        Signal("job_sm_utilization", "gpu_job_sm_utilization_ratio", "job"),
+        Signal("sm_active_share", "gpu_sm_active_ratio", "gpu_share"),
+        Signal("utilization_share", "gpu_utilization_ratio", "gpu_share"),
+    ),
 }
+
+# duty-cycle signals: fraction of time any kernel ran (see recommend.py, "activity basis")
+DUTY_CYCLE = frozenset({"utilization", "utilization_share"})
+
+# job_source of pseudo-jobs that are infrastructure, not work (the MPS server); never profiled
+SYSTEM_SOURCE = "system"
 
 MEMORY: dict[str, tuple[Signal, ...]] = {
     "exclusive": (

@@ -165,6 +165,10 @@ def signal_expr(signal: signals.Signal, regex: str, how: str) -> str:
     sel = f'job_id=~"{regex}"'
     if signal.scope == "job":
         return f"{how} by (job_id) ({signal.family}{{{sel}}} >= 0)"
+    if signal.scope == "gpu_share":
+        jobs_on_gpu = f'count by (uuid) (gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"}})'
+        share = f"(({signal.family} >= 0) / on(uuid) group_left() {jobs_on_gpu})"
+        return f"{how} by (job_id) (gpu_job_info{{{sel}}} * on(uuid) group_left() {share})"
     on = "uuid" if signal.scope == "gpu" else "uuid, gpu_instance"
     return f"{how} by (job_id) (gpu_job_info{{{sel}}} * on({on}) group_left() ({signal.family} >= 0))"
 
@@ -211,7 +215,10 @@ class PromSource:
         return pd.DataFrame(rows, columns=keys)
 
     def identity(self) -> Identity:
-        series = self._labels("gpu_job_info", ["job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS])
+        series = self._labels(
+            f'gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"}}',
+            ["job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS],
+        )
         if series.empty:
             raise AnalyzerError(
                 f"{self.client.base}: no gpu_job_info series in the {int(self.window_s)} s window ending at "

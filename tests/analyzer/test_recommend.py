@@ -141,7 +141,7 @@ def test_bad_thresholds_files_are_one_line_errors(tmp_path, text, message):
         load_thresholds(path)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     model=st.sampled_from(sorted(MODELS)),
     peak_fraction=st.floats(0.01, 0.95),
