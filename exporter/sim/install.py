@@ -8,7 +8,7 @@ fetch function pointers through pynvml (nvitop), to run against the simulated no
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import pynvml
@@ -23,9 +23,13 @@ def _swap(lib: SimLib | None) -> None:
         pynvml._nvmlLib_refcount = 0  # pynvml's own count of nvmlInit calls, for the new library
 
 
-def install(node: SimNode) -> SimLib:
-    """Serve `node` to every pynvml user in this process; replaces any library installed before."""
-    lib = SimLib(node)
+def install(node: SimNode, *, exclude: Iterable[str] = ()) -> SimLib:
+    """Serve `node` to every pynvml user in this process; replaces any library installed before.
+
+    `exclude` names C symbols to leave out, to play an older driver (pynvml then raises
+    FunctionNotFound for them).
+    """
+    lib = SimLib(node, exclude=exclude)
     _swap(lib)
     return lib
 
@@ -36,9 +40,9 @@ def uninstall() -> None:
 
 
 @contextmanager
-def simulated(node: SimNode) -> Iterator[SimLib]:
+def simulated(node: SimNode, *, exclude: Iterable[str] = ()) -> Iterator[SimLib]:
     """`with simulated(node) as lib:` — install for the duration of the block."""
-    lib = install(node)
+    lib = install(node, exclude=exclude)
     try:
         yield lib
     finally:

@@ -84,3 +84,14 @@ def test_absent_symbols_raise_function_not_found(sim) -> None:
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
         pynvml.nvmlDeviceGetVgpuSchedulerLog(handle)
+
+
+def test_excluded_symbols_play_an_older_driver() -> None:
+    with simulated(example_node(), exclude=["nvmlDeviceGetMemoryInfo_v2"]) as lib:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(2)
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        assert pynvml.nvmlDeviceGetMemoryInfo(handle).total == 40960 * 1024**2
+        assert "nvmlDeviceGetMemoryInfo_v2" in lib.missing_symbols
+        pynvml.nvmlShutdown()
