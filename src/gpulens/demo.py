@@ -620,9 +620,10 @@ def start_remediate(options: Options, ports: dict[str, int]) -> int:
         "remediate",
         "--listen",
         f"127.0.0.1:{ports['remediate']}",
+        "--backend",
+        "slurm",  # the live faults node runs Slurm jobs; without --apply every action is only logged
         "--token-file",
         str(options.layout.token_file),
-        "--dry-run",
     ]
     return start_daemon(options.layout, "remediate", cmd, f"http://127.0.0.1:{ports['remediate']}/-/healthy")
 

@@ -124,7 +124,7 @@ def test_remediation_receiver_runs_in_dry_run():
     remediate = services()["remediate"]
     assert remediate["entrypoint"] == ["gpulens"]
     assert args_of(remediate)[0] == "remediate"
-    assert "--dry-run" in args_of(remediate)
+    assert "--apply" not in args_of(remediate)  # dry-run unless --apply
 
 
 def test_alertmanager_reaches_the_webhook_at_the_shipped_url_with_the_shipped_token_file():
@@ -236,7 +236,8 @@ def test_dockerfile_is_python_slim_non_root_and_the_exporter_stage_has_no_analyz
     final = stages[-1]
     assert final.startswith("base AS exporter"), "the exporter must be the default (last) stage"
     assert re.search(r"^USER 10001:10001$", final, flags=re.MULTILINE)
-    assert ".[web]" in final and "analyzer" not in final.split("RUN", 1)[1].split("\n")[0]
+    install = final.split("RUN", 1)[1].split("\n")[0]
+    assert ".[web,kubernetes]" in install and "analyzer" not in install
     assert 'ENTRYPOINT ["gpulens-exporter"]' in final
 
 
