@@ -37,8 +37,8 @@ from gpulens.exporter.sim.scenario import (
     Scenario,
     ScenarioError,
     _Check,
-    _instance_ids,
     default_gpu_instance_id,
+    instance_profiles,
     make_uuid,
     parse_process,
 )
@@ -439,13 +439,14 @@ class ScenarioNode:
         now = self._now_rel()
         raw.setdefault("start", now)
         c = _Check("add_process")
-        ids = {
-            g.index: _instance_ids(g, []) | {i.gpu_instance_id for i in self._runtime_mig.get(g.index, [])}
-            for g in self._gpus
-        }
+        instances = {g.index: instance_profiles(g, self.scenario.faults) for g in self._gpus}
+        with self._lock:
+            for gpu, created in self._runtime_mig.items():
+                for inst in created:
+                    instances[gpu].setdefault(inst.gpu_instance_id, inst.profile)
         users = dict(self.scenario.users)
         spec = parse_process(
-            c, "process", raw, self._gpus, users, dict(self.scenario.kubernetes_defaults), ids
+            c, "process", raw, self._gpus, users, dict(self.scenario.kubernetes_defaults), instances
         )
         with self._lock:
             for procs in self._procs.values():

@@ -747,25 +747,16 @@ def parse_workload(c: _Check, path: str, raw: Any, limit_bytes: int, limit_what:
     return WorkloadSpec(**kwargs)
 
 
-def _instance_ids(gpu: GpuSpec, faults_raw: list[Any]) -> set[int]:
-    """GPU instance ids that ever exist on `gpu` (layout plus mig_create entries)."""
-    ids = {inst.gpu_instance_id for inst in gpu.mig or ()}
-    for entry in faults_raw:
-        if (
-            isinstance(entry, dict)
-            and entry.get("gpu") == gpu.index
-            and isinstance(entry.get("mig_create"), dict)
-        ):
-            created = entry["mig_create"]
-            if isinstance(created.get("id"), int):
-                ids.add(created["id"])
-            elif isinstance(created.get("profile"), str) and isinstance(created.get("start"), int):
-                try:
-                    profile = gpu.model.mig_profile(created["profile"])
-                    ids.add(default_gpu_instance_id(gpu.model, profile, created["start"]))
-                except (CatalogError, KeyError):
-                    pass
-    return ids
+def instance_profiles(gpu: GpuSpec, faults: tuple[FaultSpec, ...] | list[FaultSpec]) -> dict[int, MigProfile]:
+    """GPU instance id -> profile for every instance that ever exists on `gpu` (its layout and the
+    timeline's mig_create entries); when an id is created with several profiles, the smallest."""
+    out = {inst.gpu_instance_id: inst.profile for inst in gpu.mig or ()}
+    for fault in faults:
+        if fault.kind == "mig_create" and fault.gpu == gpu.index and fault.mig is not None:
+            gid, profile = fault.mig.gpu_instance_id, fault.mig.profile
+            if gid not in out or profile.memory_bytes < out[gid].memory_bytes:
+                out[gid] = profile
+    return out
 
 
 def parse_process(
@@ -775,7 +766,7 @@ def parse_process(
     gpus: tuple[GpuSpec, ...],
     users: dict[str, int],
     k8s_defaults: dict[str, str],
-    instance_ids: dict[int, set[int]],
+    instances: dict[int, dict[int, MigProfile]],
 ) -> ProcessSpec:
     m = c.mapping(
         path,
@@ -791,7 +782,7 @@ def parse_process(
     instance: int | None = None
     limit, limit_what = gpu.model.memory_bytes, f"memory of {gpu.model.key}"
     if gpu.mig is not None:
-        ids = sorted(instance_ids[gpu_index])
+        ids = sorted(instances[gpu_index])
         if "instance" not in m:
             raise c.fail(
                 f"{path}.instance",
@@ -805,9 +796,8 @@ def parse_process(
                 f"a GPU instance id of GPU {gpu_index} ({', '.join(map(str, ids)) or 'none'})",
                 instance,
             )
-        profiles = [i.profile for i in gpu.mig if i.gpu_instance_id == instance]
-        if profiles:
-            limit, limit_what = profiles[0].memory_bytes, f"memory of MIG {profiles[0].name}"
+        profile = instances[gpu_index][instance]
+        limit, limit_what = profile.memory_bytes, f"memory of MIG {profile.name}"
     elif "instance" in m:
         raise c.expected(
             f"{path}.instance", f"no instance (GPU {gpu_index} is not in MIG mode)", m["instance"]
@@ -1092,11 +1082,11 @@ def _parse_faults(
     for i, f in enumerate(faults):
         if f.kind == "xid" and f.instance is not None:
             assert f.gpu is not None
-            ids = _instance_ids(gpus[f.gpu], [e for e in m["timeline"]])
+            ids = sorted(instance_profiles(gpus[f.gpu], faults))
             if f.instance not in ids:
                 raise c.expected(
                     f"faults.timeline[{i}].instance",
-                    f"a GPU instance id of GPU {f.gpu} ({', '.join(map(str, sorted(ids)))})",
+                    f"a GPU instance id of GPU {f.gpu} ({', '.join(map(str, ids))})",
                     f.instance,
                 )
     return tuple(faults), repeat
@@ -1119,10 +1109,8 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
     users_raw = c.mapping("users", top.get("users", {}), (), tuple(top.get("users", {}) or ()))
     users = {str(u): c.integer(f"users.{u}", uid, 0) for u, uid in users_raw.items()}
     gpus = _parse_gpus(c, top["gpus"], hostname, users)
-    faults_raw = top.get("faults")
-    timeline_raw = faults_raw.get("timeline", []) if isinstance(faults_raw, dict) else []
-    timeline_raw = timeline_raw if isinstance(timeline_raw, list) else []
-    instance_ids = {g.index: _instance_ids(g, timeline_raw) for g in gpus}
+    faults, repeat = _parse_faults(c, top.get("faults"), gpus)
+    instances = {g.index: instance_profiles(g, faults) for g in gpus}
     processes: list[ProcessSpec] = []
     owners: dict[int, str] = {}
     for g in gpus:
@@ -1132,7 +1120,7 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
     for i, entry in enumerate(c.list_("processes", top.get("processes", []) or [])):
         path = f"processes[{i}]"
         proc = parse_process(
-            c, path, entry, gpus, users, {str(k): str(v) for k, v in k8s_defaults.items()}, instance_ids
+            c, path, entry, gpus, users, {str(k): str(v) for k, v in k8s_defaults.items()}, instances
         )
         if proc.pid in owners:
             raise c.expected(
@@ -1140,7 +1128,6 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
             )
         owners[proc.pid] = f"{path}.pid"
         processes.append(proc)
-    faults, repeat = _parse_faults(c, faults_raw, gpus)
     return Scenario(
         name=scenario_name,
         source=source,

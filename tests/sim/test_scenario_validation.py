@@ -197,3 +197,18 @@ def test_errors_in_a_file_name_the_file(tmp_path) -> None:
     assert str(info.value).startswith(
         f"{path}: processes[0].wrkload: expected one of the keys pid, gpu, workload"
     )
+
+
+def test_a_process_may_wait_for_an_instance_the_timeline_creates() -> None:
+    data = {
+        "gpus": [{"model": "H100-80GB", "mig": ["3g.40gb"]}],
+        "processes": [proc(instance=11, start="2m", workload={"pattern": "constant", "memory": "4GiB"})],
+        "faults": {"timeline": [{"at": "1m", "gpu": 0, "mig_create": {"profile": "1g.10gb"}}]},
+    }
+    (created,) = [f for f in parse_scenario(data, "t.yaml").faults if f.kind == "mig_create"]
+    assert created.mig is not None and created.mig.gpu_instance_id == 11  # first fit after the 3g: slice 4
+    data["processes"][0]["workload"]["memory"] = "12GiB"
+    assert error_of(data) == (
+        "t.yaml: processes[0].workload.memory: expected at most 9.75 GiB (memory of MIG 1g.10gb), "
+        "found '12GiB'"
+    )
