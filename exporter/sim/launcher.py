@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
     scenario = _resolve_scenario(args.scenario)
     # tmpfs when there is one: the process view rewrites small files every second
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    with tempfile.TemporaryDirectory(prefix="gpulens-sim-", dir=shm) as site_dir:
+    with tempfile.TemporaryDirectory(prefix="gpulens-sim-", dir=shm, ignore_cleanup_errors=True) as site_dir:
         Path(site_dir, "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
         procfs_dir, procview_dir = args.procfs_dir, None
         if args.procview:
@@ -266,7 +266,7 @@ def validate(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.file)
     except ScenarioError as error:
         raise _CliError(str(error)) from None
-    mig = sum(1 for g in scenario.gpus if getattr(g, "mig", None))
+    mig = sum(1 for g in scenario.gpus if getattr(g, "mig", None) is not None)
     print(
         f"{args.file}: ok ({len(scenario.gpus)} GPUs, {mig} with MIG, "
         f"{len(scenario.processes)} processes, {len(scenario.faults)} faults)"
