@@ -166,7 +166,7 @@ def job_variable() -> Template:
     return Template(
         name="job_id",
         label="Job",
-        query='label_values(gpu_job_info{instance=~"$node", gpu=~"$gpu"}, job_id)',
+        query='label_values(gpu_job_info{instance=~"$node", gpu=~"$gpu", job_source!="system"}, job_id)',
         dataSource=DATASOURCE,
         multi=False,
         includeAll=False,

@@ -19,6 +19,7 @@ from gpulens.dashboards.common import (
     UP,
     Layout,
     column_links,
+    column_unit,
     dashboard,
     datasource_variable,
     gpu_variable,
@@ -174,12 +175,49 @@ def _sampling(layout: Layout) -> None:
     )
     layout.add(
         table(
-            "Failing collectors",
-            [(f"{sel('gpulens_collector_success', base=NODE)} == 0", "")],
+            "Collector status",
+            [
+                (f"min by (instance, collector) ({sel('gpulens_collector_success', base=NODE)})", ""),
+                (
+                    f"1 - min by (instance, collector) "
+                    f"(avg_over_time({sel('gpulens_collector_success', base=NODE)}[$__range]))",
+                    "",
+                ),
+                (
+                    f"max by (instance, collector) ({sel('gpulens_collector_duration_seconds', base=NODE)})",
+                    "",
+                ),
+            ],
             NONE,
-            hide=("Time", "__name__", "job", "Value"),
-            overrides=[column_links("instance", node_link("${__data.fields.instance}"))],
-            description="Collectors whose last run failed, per node (empty when all is well).",
+            merge=True,
+            rename={"Value #A": "last run", "Value #B": "failed (time range)", "Value #C": "duration"},
+            order=("instance", "collector", "Value #A", "Value #B", "Value #C"),
+            sort_by="failed (time range)",
+            overrides=[
+                column_links("instance", node_link("${__data.fields.instance}")),
+                {
+                    "matcher": {"id": "byName", "options": "last run"},
+                    "properties": [
+                        {
+                            "id": "mappings",
+                            "value": [
+                                {
+                                    "type": "value",
+                                    "options": {
+                                        "0": {"color": "red", "index": 0, "text": "failed"},
+                                        "1": {"color": "green", "index": 1, "text": "ok"},
+                                    },
+                                }
+                            ],
+                        },
+                        {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+                    ],
+                },
+                column_unit("failed (time range)", PERCENTUNIT),
+                column_unit("duration", SECONDS),
+            ],
+            description="Each collector's last run per node, and the share of its runs that failed in the "
+            "time range (failures first).",
         ),
         w=12,
         h=6,

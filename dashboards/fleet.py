@@ -13,7 +13,6 @@ from gpulens.dashboards.common import (
     BYTES,
     COUNT,
     CRITICAL_XID_REGEX,
-    EVENTS_PER_MINUTE,
     HOURS,
     IDLE_LOW,
     NONE,
@@ -288,18 +287,14 @@ def _alerts_row(layout: Layout) -> None:
     )
     layout.add(
         timeseries(
-            "Xid rate by code",
-            [
-                (
-                    f"60 * sum by (xid) (rate({sel('gpu_xid_errors_total')}[$__rate_interval]))",
-                    "Xid {{xid}}",
-                )
-            ],
-            EVENTS_PER_MINUTE,
-            bars=True,
+            "Xid rate by code (events per 10 min)",
+            [(f"sum by (xid) ({sel(q.XID_RECENT)})", "Xid {{xid}}")],
+            COUNT,
             stack=True,
-            description="Xid events per minute by code, from the per-code counter (never a last-value "
-            "gauge). Critical codes: " + CRITICAL_XID_REGEX.replace("|", ", ") + ".",
+            description="Xid events in the preceding 10 minutes by code (recording rule over the per-code "
+            "counter, first event of a code included; never a last-value gauge). Critical codes: "
+            + CRITICAL_XID_REGEX.replace("|", ", ")
+            + ".",
         ),
         w=12,
         h=8,
@@ -307,7 +302,7 @@ def _alerts_row(layout: Layout) -> None:
     layout.add(
         table(
             "Xid events in time range",
-            [(f"sum by (instance, gpu, xid) (increase({sel('gpu_xid_errors_total')}[$__range])) > 0", "")],
+            [(f"sum by (instance, gpu, xid) ({q.xid_events()}) > 0", "")],
             COUNT,
             rename={"Value": "events"},
             thresholds=ANY_IS_BAD,

@@ -377,16 +377,11 @@ def _health(layout: Layout) -> None:
     )
     layout.add(
         timeseries(
-            "Xid events",
-            [
-                (
-                    f"sum by (gpu, xid) (increase({sel('gpu_xid_errors_total')}[$__rate_interval]))",
-                    "GPU {{gpu}} Xid {{xid}}",
-                )
-            ],
+            "Xid events (per 10 min)",
+            [(f"sum by (gpu, xid) ({sel(q.XID_RECENT)})", "GPU {{gpu}} Xid {{xid}}")],
             COUNT,
-            bars=True,
-            description="Xid events per interval by GPU and code (NVML event counter).",
+            description="Xid events in the preceding 10 minutes by GPU and code (recording rule over the "
+            "NVML event counter; a code's first event included).",
         ),
         w=12,
         h=8,

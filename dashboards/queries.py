@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from gpulens.dashboards.common import CRITICAL_XID_REGEX, NODE_GPU
 
+# attribution rows of real workloads (the MPS server is the pseudo-job job_source="system")
+WORKLOAD = 'job_source!="system"'
+
 
 def sel(metric: str, *matchers: str, base: str = NODE_GPU) -> str:
     """`metric{<base>, <matchers>}`: a selector that always honours the dashboard variables."""
@@ -77,10 +80,15 @@ def job_waste(base: str = NODE_GPU) -> str:
     A job's share of a slot is the slot's fraction divided by the jobs on it (MPS and time-slicing
     split a GPU); its use is its SM utilization scaled to the whole GPU (on MIG that utilization is
     relative to the instance). Waste = max(share - use, 0), so shared GPUs are never counted twice.
+    The MPS server's pseudo-job (`job_source="system"`) is not a workload and takes no share.
     """
     frac = slot_fraction(base)
-    jobs = f"count by (instance, gpu, gpu_instance) ({sel('gpu_job_info', base=base)})"
-    util = f"max by (instance, gpu, gpu_instance, job_id) ({sel('gpu_job_sm_utilization_ratio', base=base)})"
+    workloads = sel("gpu_job_info", WORKLOAD, base=base)
+    jobs = f"count by (instance, gpu, gpu_instance) ({workloads})"
+    util = (
+        f"max by (instance, gpu, gpu_instance, job_id) ({sel('gpu_job_sm_utilization_ratio', base=base)}"
+        f" and on (instance, gpu, gpu_instance, job_id) {workloads})"
+    )
     return (
         f"clamp_min(({frac} / {jobs})"
         f" - on (instance, gpu, gpu_instance) group_right ()"
@@ -88,6 +96,26 @@ def job_waste(base: str = NODE_GPU) -> str:
     )
 
 
-def top_wasteful_jobs(base: str = NODE_GPU, k: int = 10, window: str = "$__range") -> str:
-    """The `k` jobs with the most idle GPU-hours they held in `window`."""
-    return f"topk({k}, sum by (job_id) (sum_over_time(({job_waste(base)})[{window}:1m])) / 60)"
+def top_wasteful_jobs(base: str = NODE_GPU, k: int = 10) -> str:
+    """The `k` jobs with the most idle GPU-hours they held over the dashboard range.
+
+    The waste is averaged at the panel's `$__interval` resolution (a subquery) and scaled by the
+    range in hours, so a range shorter than any fixed step still has samples.
+    """
+    return (
+        f"topk({k}, sum by (job_id) (avg_over_time(({job_waste(base)})[$__range:$__interval]))"
+        " * $__range_s / 3600)"
+    )
+
+
+XID_RECENT = "instance_gpu_xid:gpu_xid_errors:increase10m"
+
+
+def xid_events(window: str = "$__range", base: str = NODE_GPU) -> str:
+    """Xid events per (GPU, code) in `window`, counting a counter series born inside the window.
+
+    A per-code counter appears with its first Xid, so `increase()` alone misses that first event;
+    a series absent `window` ago contributes its whole value instead (as the recording rule does).
+    """
+    counter = sel("gpu_xid_errors_total", base=base)
+    return f"({counter} unless {counter} offset {window}) or increase({counter}[{window}])"
