@@ -124,13 +124,17 @@ class PromAPI:
 def prometheus(tmp_path: Path, scrape_targets: Sequence[str], rule_files: Sequence[Path] = (),
                alertmanager_url: str | None = None, scrape_interval: str = "1s",
                evaluation_interval: str = "1s", storage: Path | None = None,
-               extra_args: Sequence[str] = ()) -> Iterator[PromAPI]:
-    """A real Prometheus scraping `scrape_targets` (host:port) as job "gpulens"."""
+               extra_args: Sequence[str] = (), scrape_config: dict | None = None) -> Iterator[PromAPI]:
+    """A real Prometheus scraping `scrape_targets` (host:port) as job "gpulens".
+
+    `scrape_config` entries (for example `relabel_configs`) are added to that job's config.
+    """
     binary = find_binary("prometheus")
     port = free_port()
     config: dict = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
-        "scrape_configs": [{"job_name": "gpulens", "static_configs": [{"targets": list(scrape_targets)}]}],
+        "scrape_configs": [{"job_name": "gpulens", "static_configs": [{"targets": list(scrape_targets)}],
+                            **(scrape_config or {})}],
         "rule_files": [str(p) for p in rule_files],
     }
     if alertmanager_url:
