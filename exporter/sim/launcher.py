@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 
 ENV_SCENARIO = "GPULENS_SIM_SCENARIO"
@@ -274,7 +274,7 @@ def validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _guarded(func):  # type: ignore[no-untyped-def]
+def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Turn a _CliError into the CLI's one-line error and exit status 2."""
 
     def call(args: argparse.Namespace) -> int:
