@@ -132,3 +132,11 @@ def test_wrong_request_version_is_a_version_mismatch(sim) -> None:
     request.version = 7
     with pytest.raises(pynvml.NVMLError_ArgumentVersionMismatch):
         pynvml.nvmlGpmMetricsGet(request)
+
+
+def test_streaming_can_be_switched_on_hopper_only(sim) -> None:
+    assert pynvml.nvmlGpmQueryIfStreamingEnabled(handle(1)) == 0
+    pynvml.nvmlGpmSetStreamingEnabled(handle(1), 1)
+    assert pynvml.nvmlGpmQueryIfStreamingEnabled(handle(1)) == 1
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlGpmSetStreamingEnabled(handle(2), 1)

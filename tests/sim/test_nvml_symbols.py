@@ -125,6 +125,7 @@ COVERED_WRAPPERS = [
     "nvmlDeviceGetGpuInstanceProfileInfo",
     "nvmlGpmQueryDeviceSupport",
     "nvmlGpmQueryIfStreamingEnabled",
+    "nvmlGpmSetStreamingEnabled",
     "nvmlGpmSampleAlloc",
     "nvmlGpmSampleFree",
     "nvmlGpmSampleGet",

@@ -115,9 +115,22 @@ def query_device_support(ctx: Context, handle: int, out: int) -> None:
 
 @TABLE.define("nvmlGpmQueryIfStreamingEnabled", DEV, PTR)
 def query_streaming(ctx: Context, handle: int, out: int) -> None:
-    if not gpm_supported(ctx.device(handle)):
+    target = ctx.device(handle)
+    if not gpm_supported(target):
         raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-    out_uint(out, 0)
+    out_uint(out, int(target.index in ctx.gpm_streaming))
+
+
+@TABLE.define("nvmlGpmSetStreamingEnabled", DEV, UINT)
+def set_streaming(ctx: Context, handle: int, state: int) -> None:
+    """Streaming only changes how the driver buffers samples; the values served are the same."""
+    target = ctx.device(handle)
+    if not gpm_supported(target) or target.is_mig:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    if state not in (0, 1):
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    with ctx.lock:
+        (ctx.gpm_streaming.add if state else ctx.gpm_streaming.discard)(target.index)
 
 
 @TABLE.define("nvmlGpmSampleAlloc", PTR)
