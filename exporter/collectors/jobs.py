@@ -78,6 +78,4 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     yield from non_empty(info, mem, sm, procs)
 
 
-SPEC = CollectorSpec(
-    "jobs", True, "per-job identity, memory, SM utilization and process count", collect, reads_nvml=False
-)
+SPEC = CollectorSpec("jobs", True, "per-job identity, memory, SM utilization and process count", collect)

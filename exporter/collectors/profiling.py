@@ -1,6 +1,7 @@
 """Profiling-level activity (SM, tensor, DRAM, FP pipes) from NVML GPM on Hopper+.
 
-Whole-GPU values go to `gpu_<metric>_active_ratio`, instance values to `gpu_mig_<metric>_active_ratio`.
+Whole-GPU values go to `gpu_<metric>_active_ratio` (`gpu_sm_occupancy_ratio` for occupancy), instance
+values to `gpu_mig_<metric>_active_ratio`.
 `gpulens_profiling_source_info` says per GPU which source fed them (`gpm`; `nvml` when only the
 coarse utilization is available, in which case the `*_active_ratio` families are absent).
 """
@@ -22,10 +23,17 @@ from gpulens.exporter.collectors.base import (
 from gpulens.exporter.snapshot import PROFILING_KEYS, NodeSnapshot
 from prometheus_client.core import Metric
 
+
+def family_name(key: str, mig: bool = False) -> str:
+    """`sm` -> gpu_sm_active_ratio; `sm_occupancy` -> gpu_sm_occupancy_ratio (occupancy is not activity)."""
+    prefix = "gpu_mig_" if mig else "gpu_"
+    return f"{prefix}{key}_ratio" if key == "sm_occupancy" else f"{prefix}{key}_active_ratio"
+
+
 DESCRIPTIONS = {
     "graphics": "graphics or compute engine active (GPM GRAPHICS_UTIL)",
     "sm": "SMs with at least one warp assigned (GPM SM_UTIL)",
-    "sm_occupancy": "resident warps relative to the maximum (GPM SM_OCCUPANCY)",
+    "sm_occupancy": "resident warps relative to the maximum, averaged (GPM SM_OCCUPANCY)",
     "tensor": "any tensor pipe active (GPM ANY_TENSOR_UTIL)",
     "dram": "device memory interface busy, of peak bandwidth (GPM DRAM_BW_UTIL)",
     "fp64": "FP64 pipe active (GPM FP64_UTIL)",
@@ -42,7 +50,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     )
     gpu_families = {
         key: gauge(
-            f"gpu_{key}_active_ratio",
+            family_name(key),
             f"Fraction of the sample interval with {DESCRIPTIONS[key]}.",
             GPU_LABELS,
         )
@@ -50,7 +58,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     }
     mig_families = {
         key: gauge(
-            f"gpu_mig_{key}_active_ratio",
+            family_name(key, mig=True),
             f"MIG instance: fraction of the sample interval with {DESCRIPTIONS[key]}.",
             MIG_LABELS,
         )

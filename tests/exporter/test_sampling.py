@@ -227,3 +227,28 @@ def test_gpm_profiling_needs_two_samples_and_reports_ratios(exporter: Exporter, 
     assert value(text, "gpulens_profiling_source_info", gpu="2", source="nvml") == 1  # A100: no GPM
     assert abs(value(text, "gpu_mig_sm_active_ratio", gpu="0", gpu_instance="1") - 0.25) < 1e-6
     assert value(text, "gpu_sm_active_ratio", gpu="2") is None
+
+
+def test_job_sm_utilization_with_the_default_collectors(node: StaticNode) -> None:
+    exporter = make_exporter(node, collectors=DEFAULT_ENABLED)
+    try:
+        text = text_of(exporter)
+    finally:
+        exporter.close()
+    assert value(text, "gpu_job_sm_utilization_ratio", gpu="2") == 0.37  # per-process utilization
+
+
+def test_profiling_family_names_follow_the_contract(exporter: Exporter, node: StaticNode) -> None:
+    text_of(exporter)
+    node.clock.advance(5)
+    text = text_of(exporter)
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    profiling = {n for n in names if n.endswith("_ratio") and ("_active_" in n or "occupancy" in n)}
+    expected_gpu = {
+        f"gpu_{k}_active_ratio" for k in ("graphics", "sm", "tensor", "dram", "fp64", "fp32", "fp16")
+    }
+    expected_mig = {
+        f"gpu_mig_{k}_active_ratio" for k in ("graphics", "sm", "tensor", "dram", "fp64", "fp32", "fp16")
+    }
+    expected = expected_gpu | expected_mig | {"gpu_sm_occupancy_ratio", "gpu_mig_sm_occupancy_ratio"}
+    assert profiling == expected
