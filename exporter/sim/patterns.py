@@ -139,6 +139,8 @@ class WorkloadSpec:
     nvlink_gbps: float = 0.0
 
 
+_PHASE_BUCKET = 7.3  # seconds; deliberately not a divisor of common sampling intervals
+_MAX_STEP_DRIFT = 3.0  # seconds a long training step may drift by
 # noise tags
 _JITTER, _PHASE, _LOAD, _SLOT_ON, _SLOT_LEN, _STEP = 1, 2, 3, 4, 5, 6
 
@@ -208,7 +210,11 @@ class Workload:
             if smooth:
                 f, jitter = duty, 1.0
             else:
-                f = square_fraction(age - WINDOW, age, spec.step_seconds, duty)
+                # steps drift against any sampler: a random phase per ~7 s keeps a sampler whose
+                # interval is a multiple of the step from always landing in the same phase
+                amplitude = min(spec.step_seconds, _MAX_STEP_DRIFT)
+                shift = amplitude * self._u(_STEP, math.floor(age / _PHASE_BUCKET))
+                f = square_fraction(age - WINDOW + shift, age + shift, spec.step_seconds, duty)
                 jitter = self._jitter(age)
             peak = min(1.0, spec.sm / duty) if duty > 0 else 0.0
             busy = ramp * (f + (1 - f) * 0.03)
