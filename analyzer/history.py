@@ -227,22 +227,14 @@ def write_openmetrics(samples_path: Path, out_path: Path) -> None:
             out.write(f"# TYPE {family} gauge\n")
             if family in HELP:
                 out.write(f"# HELP {family} {HELP[family]}\n")
-            label_cols = [frame[label].to_numpy() for label in present]
-            values = frame["value"].to_numpy()
-            stamps = frame["timestamp"].to_numpy()
-            lines = []
-            for row in range(len(frame)):
-                pairs = [
-                    f'{name}="{_escape(col[row])}"'
-                    for name, col in zip(present, label_cols, strict=True)
-                    if col[row]
-                ]
-                labels = "{" + ",".join(pairs) + "}" if pairs else ""
-                lines.append(f"{family}{labels} {format_value(values[row])} {format_value(stamps[row])}\n")
-                if len(lines) >= 50_000:
-                    out.writelines(lines)
-                    lines = []
-            out.writelines(lines)
+            for key, series in frame.groupby(present, sort=False) if present else [((), frame)]:
+                values = key if isinstance(key, tuple) else (key,)
+                pairs = [f'{name}="{_escape(v)}"' for name, v in zip(present, values, strict=True) if v]
+                prefix = family + ("{" + ",".join(pairs) + "}" if pairs else "") + " "
+                out.writelines(
+                    f"{prefix}{format_value(v)} {format_value(t)}\n"
+                    for v, t in zip(series["value"].to_numpy(), series["timestamp"].to_numpy(), strict=True)
+                )
         out.write("# EOF\n")
 
 

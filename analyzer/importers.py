@@ -99,10 +99,14 @@ def import_genai_2026(src: Path, out: Path, model: GpuModel) -> dict:
     util_path, mem_path = _find(src, GENAI_UTIL), _find(src, GENAI_MEMORY)
     util = _read_csv(util_path, GENAI_COLUMNS[GENAI_UTIL])
     mem = _read_csv(mem_path, GENAI_COLUMNS[GENAI_MEMORY])
-    for frame, path in ((util, util_path), (mem, mem_path)):
-        frame["value"] = _numeric(frame, "value", path)
-        frame["timestamp_anon"] = _numeric(frame, "timestamp_anon", path)
-        frame.dropna(subset=["timestamp_anon", "container_ip"], inplace=True)
+    util, mem = (
+        frame.assign(
+            value=_numeric(frame, "value", path), timestamp_anon=_numeric(frame, "timestamp_anon", path)
+        )
+        .dropna(subset=["timestamp_anon", "container_ip"])
+        .reset_index(drop=True)
+        for frame, path in ((util, util_path), (mem, mem_path))
+    )
     if util.empty or mem.empty:
         raise AnalyzerError(f"{src}: the trace has no usable rows")
     stamps = pd.Series(sorted(set(util["timestamp_anon"]) | set(mem["timestamp_anon"])))

@@ -1,0 +1,146 @@
+"""Real public traces (read from the shared copy, never copied into the repository)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer.history import read_history
+from gpulens.analyzer.importers import import_trace
+from gpulens.analyzer.pipeline import analyze_history
+from gpulens.analyzer.recommend import memory_need
+from gpulens.analyzer.report import write_report
+from gpulens.analyzer.thresholds import load_thresholds
+from gpulens.exporter.catalog import get_model
+
+TRACES = Path("/work/shared/traces")
+GENAI = TRACES / "alibaba-genai-2026"
+V2023 = TRACES / "alibaba-gpu-v2023"
+needs_traces = pytest.mark.skipif(
+    not GENAI.is_dir() or not V2023.is_dir(), reason="shared traces not present"
+)
+
+
+@pytest.fixture(scope="module")
+def genai(tmp_path_factory):
+    if not GENAI.is_dir():
+        pytest.skip("shared traces not present")
+    out = tmp_path_factory.mktemp("genai") / "history"
+    import_trace("alibaba-genai-2026", GENAI, out, get_model("H100-80GB"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def genai_analysis(genai):
+    return analyze_history(read_history(genai), load_thresholds())
+
+
+@needs_traces
+def test_genai_trace_becomes_a_usage_history(genai):
+    history = read_history(genai)
+    assert history.meta["source"] == "alibaba-genai-2026"
+    assert history.meta["gpu_model"] == "H100-80GB"
+    assert 50 < history.step_s < 70
+    jobs = history.samples.loc[history.samples["metric"] == "gpu_job_info", "job_id"]
+    assert jobs.nunique() == 144
+
+
+@needs_traces
+def test_genai_recommendations_never_go_below_peak_memory(genai_analysis, th):
+    analysis = genai_analysis
+    recs = analysis.recs
+    model = get_model("H100-80GB")
+    assert recs["activity_signal"].isin({"utilization", "none"}).all()
+    for row in recs.itertuples():
+        need = memory_need(row.memory_peak_bytes, th) if row.memory_peak_bytes == row.memory_peak_bytes else 0
+        if row.recommendation == "mig":
+            assert model.mig_profile(row.mig_profile).memory_bytes >= need >= row.memory_peak_bytes
+        if row.recommendation == "mps":
+            assert row.mps_pinned_memory_limit_bytes >= need >= row.memory_peak_bytes
+    idle = recs[recs["recommendation"] == "reclaim"]
+    assert len(idle) >= 5  # the trace has pods that never ran a kernel
+    assert (idle["idle_fraction"] >= 0.95).all()
+    assert analysis.plan.gpus_freed > 0
+
+
+@needs_traces
+def test_genai_report_renders(genai_analysis, tmp_path):
+    analysis = genai_analysis
+    written = write_report(analysis, tmp_path / "report")
+    html = written["html"].read_text()
+    assert html.count("data:image/png;base64,") >= 3
+    assert "GPU-hours" in written["markdown"].read_text()
+    jobs = json.loads(written["json"].read_text())["jobs"]
+    assert len(jobs) == len(analysis.recs)
+    assert (tmp_path / "report" / "config" / "mig-parted.yaml").exists()
+
+
+@needs_traces
+def test_v2023_requests_pack_with_a_gpus_freed_figure(tmp_path, th):
+    meta = import_trace("alibaba-gpu-v2023", V2023, tmp_path / "h", None)
+    assert meta["kind"] == "requests"
+    analysis = analyze_history(read_history(tmp_path / "h"), th)
+    plan = analysis.plan
+    assert plan.gpus_before > plan.gpus_after > 0
+    assert plan.gpus_freed == plan.gpus_before - plan.gpus_after
+    shares = [e["requested_share"] for e in plan.layout]
+    assert max(shares) <= 1.0 + 1e-9
+    assert set(analysis.recs["recommendation"]) == {"mps", "exclusive"}
+    assert (analysis.recs["confidence_level"] == "low").all()
+
+
+def test_genai_needs_a_gpu_model(tmp_path):
+    with pytest.raises(AnalyzerError, match="--gpu-model"):
+        import_trace("alibaba-genai-2026", tmp_path, tmp_path / "out", None)
+
+
+def test_corrupt_tarball_is_a_one_line_error(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "pod_gpu_duty_cycle_anon.tar.gz").write_bytes(b"\x1f\x8b\x08garbage")
+    (src / "pod_gpu_memory_used_bytes_anon.csv").write_text("timestamp_anon,value,container_ip\n1,2,a\n")
+    with pytest.raises(AnalyzerError) as err:
+        import_trace("alibaba-genai-2026", src, tmp_path / "out", get_model("A100"))
+    assert "pod_gpu_duty_cycle_anon.tar.gz: cannot read archive" in str(err.value)
+
+
+def test_wrong_columns_name_the_file_and_the_expected_columns(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    data = b"when,what\n1,2\n"
+    with tarfile.open(src / "pod_gpu_duty_cycle_anon.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("pod_gpu_duty_cycle_anon.csv")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    (src / "pod_gpu_memory_used_bytes_anon.csv").write_text("timestamp_anon,value,container_ip\n1,2,a\n")
+    with pytest.raises(AnalyzerError, match=r"missing columns \['value', 'timestamp_anon', 'container_ip'\]"):
+        import_trace("alibaba-genai-2026", src, tmp_path / "out", get_model("A100"))
+
+
+def test_non_numeric_values_are_reported_with_an_example(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "pod_gpu_duty_cycle_anon.csv").write_text("value,timestamp_anon,container_ip\nbusy,1,a\n")
+    (src / "pod_gpu_memory_used_bytes_anon.csv").write_text("timestamp_anon,value,container_ip\n1,2,a\n")
+    with pytest.raises(AnalyzerError, match="column 'value' must be numeric, got 'busy'"):
+        import_trace("alibaba-genai-2026", src, tmp_path / "out", get_model("A100"))
+
+
+def test_missing_values_become_gaps(tmp_path, th):
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = "\n".join(f"{'NULL' if t % 4 == 0 else 20},{1000 + 60 * t},pod-a" for t in range(40))
+    (src / "pod_gpu_duty_cycle_anon.csv").write_text("value,timestamp_anon,container_ip\n" + rows + "\n")
+    mem = "\n".join(f"{1000 + 60 * t},{2e9},pod-a" for t in range(40))
+    (src / "pod_gpu_memory_used_bytes_anon.csv").write_text(
+        "timestamp_anon,value,container_ip\n" + mem + "\n"
+    )
+    import_trace("alibaba-genai-2026", src, tmp_path / "h", get_model("A100"))
+    analysis = analyze_history(read_history(tmp_path / "h"), th)
+    row = analysis.recs.iloc[0]
+    assert row["coverage"] == pytest.approx(0.75)
+    assert row["sm_active_mean"] == pytest.approx(0.2)
