@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from gpulens.exporter.sim._site.procview import ProcView, simulated_processes
+from gpulens.exporter.sim.clock import ManualClock
 from gpulens.exporter.sim.engine import ScenarioNode, build_node
 from gpulens.exporter.sim.scenario import load_scenario
 
@@ -18,7 +20,8 @@ from tests.sim.test_launcher import gpulens
 
 @pytest.fixture(name="view")
 def _view(tmp_path: Path) -> Iterator[tuple[ScenarioNode, ProcView]]:
-    node = build_node(load_scenario("dgx-h100"), seed=1, procfs_root=tmp_path / "engine")
+    clock = ManualClock(time.time())
+    node = build_node(load_scenario("dgx-h100"), seed=1, clock=clock, procfs_root=tmp_path / "engine")
     view = ProcView(tmp_path / "view", node, tmp_path / "engine")
     view.refresh()
     previous = psutil.PROCFS_PATH
@@ -55,10 +58,18 @@ def test_pids_lists_real_and_simulated_processes(view) -> None:
 def test_an_ended_process_leaves_the_view(view) -> None:
     node, view_ = view
     node.remove_process(213101)
+    node.clock.advance(1)
     view_.refresh()
-    assert not (view_.root / "213101").exists()
-    with pytest.raises(psutil.NoSuchProcess):
-        psutil.Process(213101)
+    entry = view_.root / "213101"
+    # gone, or (should the host have a real process with that pid) the mirror of the real one
+    assert not entry.exists() or os.readlink(entry) == "/proc/213101"
+
+
+def test_real_processes_are_mirrored_as_links(view) -> None:
+    _, view_ = view
+    entry = view_.root / str(os.getpid())
+    assert entry.is_symlink()
+    assert os.readlink(entry) == f"/proc/{os.getpid()}"
 
 
 def test_run_shows_simulated_processes_to_psutil_by_default() -> None:

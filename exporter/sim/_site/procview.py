@@ -8,7 +8,7 @@ a container with the host's /proc mounted elsewhere). Pointing it at this view i
 set-up: the view mirrors the real /proc entry for entry (symbolic links, so `self`, `stat`,
 `meminfo` and the program's own pid stay live) and adds a directory per simulated process with the
 engine's files (`cgroup`, `environ`, `comm`, `cmdline`, `status`) plus the `stat` and `statm` psutil
-needs, derived from the process's start time and state.
+needs, derived from the process's start time and the RSS the engine writes.
 
 The view is refreshed by a daemon thread, so processes that start and end in the scenario come and
 go here too. Only psutil is redirected; nothing else in the program reads the view.
@@ -61,16 +61,17 @@ def _rss_bytes(status_file: Path) -> int:
     return 1024**3
 
 
-def stat_line(proc: ProcessState, now: float, boot: float, rss_bytes: int) -> str:
-    """`/proc/<pid>/stat`: a running GPU process uses about one core, mostly in user mode."""
-    running = max(0.0, now - proc.start_time)
-    cpu_share = 0.5 + min(100, proc.sm_util_percent) / 200  # a CUDA host thread feeding the GPU
-    utime = int(running * cpu_share * 0.9 * CLK_TCK)
-    stime = int(running * cpu_share * 0.1 * CLK_TCK)
+def stat_line(proc: ProcessState, boot: float, rss_bytes: int) -> str:
+    """`/proc/<pid>/stat` with the fields psutil reads: name, state, parent, start time, RSS.
+
+    CPU time is not modelled (utime = stime = 0, so CPU% reads 0): rewriting every process's stat
+    each second to advance it would cost the measured program about 2 % of a core with 200
+    processes, which would bias the side-by-side benchmarks this view serves.
+    """
     start_ticks = max(0, int((proc.start_time - boot) * CLK_TCK))
     name = proc.name[:15].replace(")", "]")
     fields = ["S", "1", str(proc.pid), str(proc.pid), "0", "-1", "4194304", "0", "0", "0", "0"]
-    fields += [str(utime), str(stime), "0", "0", "20", "0", "24", "0", str(start_ticks)]
+    fields += ["0", "0", "0", "0", "20", "0", "24", "0", str(start_ticks)]
     fields += [str(rss_bytes * 4), str(rss_bytes // PAGE)] + ["0"] * 30
     return f"{proc.pid} ({name}) {' '.join(fields)}\n"
 
@@ -78,12 +79,6 @@ def stat_line(proc: ProcessState, now: float, boot: float, rss_bytes: int) -> st
 def statm_line(rss_bytes: int) -> str:
     pages = rss_bytes // PAGE
     return f"{pages * 4} {pages} {pages // 8} 1 0 {pages} 0\n"
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class ProcView:
@@ -98,49 +93,48 @@ class ProcView:
         self.real_proc = real_proc
         self.boot = boot_time(real_proc)
         self._stop = threading.Event()
-        self._statm: dict[int, str] = {}  # last statm written per pid (it rarely changes)
+        self._entries: dict[str, int | None] = {}  # name in the view -> simulated pid or None (mirror)
         root.mkdir(parents=True, exist_ok=True)
 
     def refresh(self) -> None:
-        simulated = simulated_processes(self.node)
-        now = self.node.clock.now()
-        wanted: set[str] = set()
-        for pid, proc in simulated.items():
+        """Bring the view up to date; only entries that appeared or went away are touched."""
+        wanted: dict[str, int | None] = {}
+        for pid, proc in simulated_processes(self.node).items():
+            if self._entries.get(str(pid)) == pid:  # already shown
+                wanted[str(pid)] = pid
+                continue
             source = self.engine_procfs / str(pid)
-            if source.is_dir():
-                self._simulated_entry(pid, proc, source, now)
-                wanted.add(str(pid))
+            if source.is_dir():  # the engine has written its files
+                wanted[str(pid)] = pid
+                self._simulated_entry(proc, source)
         for name in os.listdir(self.real_proc):
             if name not in wanted:
-                self._mirror_entry(name)
-                wanted.add(name)
-        for name in os.listdir(self.root):
-            if name not in wanted and not name.startswith("."):
-                self._remove(self.root / name)
+                wanted[name] = None
+                if name not in self._entries or self._entries[name] is not None:
+                    self._mirror_entry(name)
+        for name in set(self._entries) - set(wanted):
+            self._remove(self.root / name)
+        self._entries = wanted
 
     def _mirror_entry(self, name: str) -> None:
         link = self.root / name
-        target = self.real_proc / name
-        if link.is_symlink() and os.readlink(link) == str(target):
-            return
         self._remove(link)
         with contextlib.suppress(FileExistsError):  # another process of the program made it
-            link.symlink_to(target)
+            link.symlink_to(self.real_proc / name)
 
-    def _simulated_entry(self, pid: int, proc: ProcessState, source: Path, now: float) -> None:
-        directory = self.root / str(pid)
-        if directory.is_symlink() or not directory.is_dir():
-            self._remove(directory)
-            directory.mkdir()
-            for name in ENGINE_FILES:
-                (directory / name).symlink_to(source / name)
-            (directory / "cwd").symlink_to("/")
+    def _simulated_entry(self, proc: ProcessState, source: Path) -> None:
+        directory = self.root / str(proc.pid)
+        self._remove(directory)
+        tmp = self.root / f".{proc.pid}.tmp"
+        self._remove(tmp)
+        tmp.mkdir()
+        for name in ENGINE_FILES:
+            (tmp / name).symlink_to(source / name)
+        (tmp / "cwd").symlink_to("/")
         rss = _rss_bytes(source / "status")
-        _write(directory / "stat", stat_line(proc, now, self.boot, rss))
-        statm = statm_line(rss)
-        if self._statm.get(pid) != statm or not (directory / "statm").exists():
-            _write(directory / "statm", statm)
-            self._statm[pid] = statm
+        (tmp / "stat").write_text(stat_line(proc, self.boot, rss))
+        (tmp / "statm").write_text(statm_line(rss))
+        os.replace(tmp, directory)  # appears complete, never half-written
 
     @staticmethod
     def _remove(path: Path) -> None:
