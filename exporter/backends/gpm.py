@@ -36,12 +36,18 @@ GPM_METRICS: tuple[tuple[str, int], ...] = (
 MIN_WINDOW_SECONDS = 0.1
 
 
+class _Unsupported(Exception):
+    """This device or instance cannot give a GPM sample (e.g. a MIG parent on some drivers)."""
+
+
 def _gpm_call(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     except pynvml.NVMLError as exc:
         if exc.value in _LOST:
             raise GpuLostError(error_text(exc)) from exc
+        if exc.value in _ABSENT:
+            raise _Unsupported(error_text(exc)) from exc
         raise AreaError(f"{getattr(fn, '__name__', fn)}: {error_text(exc)}") from exc
 
 
@@ -96,9 +102,16 @@ class GpmProfiler:
     def _window(
         self, key: tuple[int, int | None], take: Callable[[Any], Any]
     ) -> tuple[tuple[str, float], ...]:
-        sample = _gpm_call(pynvml.nvmlGpmSampleAlloc)
+        try:
+            sample = _gpm_call(pynvml.nvmlGpmSampleAlloc)
+        except _Unsupported:
+            return ()
         try:
             _gpm_call(take, sample)
+        except _Unsupported:
+            pynvml.nvmlGpmSampleFree(sample)
+            self._free(key)
+            return ()  # this window only: the other instances and the parent still count
         except (AreaError, GpuLostError):
             pynvml.nvmlGpmSampleFree(sample)
             raise
@@ -112,6 +125,8 @@ class GpmProfiler:
         if previous is not None:
             try:
                 values = self._metrics(previous[0], sample)
+            except _Unsupported:
+                values = ()
             finally:
                 self._free(key)
         with self._lock:

@@ -252,3 +252,28 @@ def test_profiling_family_names_follow_the_contract(exporter: Exporter, node: St
     }
     expected = expected_gpu | expected_mig | {"gpu_sm_occupancy_ratio", "gpu_mig_sm_occupancy_ratio"}
     assert profiling == expected
+
+
+def test_gpm_unsupported_for_instances_leaves_the_rest_of_profiling_working() -> None:
+    from gpulens.exporter.sim.install import uninstall
+    from gpulens.exporter.sim.nvml import SimLib
+
+    from tests.sim.static_node import example_node
+
+    node = example_node()
+    lib = SimLib(node, exclude=["nvmlGpmMigSampleGet"])  # an older driver: FunctionNotFound
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
+    exporter = make_exporter(node)
+    try:
+        text_of(exporter)
+        node.clock.advance(5)
+        text = text_of(exporter)
+    finally:
+        exporter.close()
+        uninstall()
+    assert not samples(text, "gpu_mig_sm_active_ratio")
+    assert value(text, "gpu_sm_active_ratio", gpu="1") is not None
+    assert value(text, "gpulens_collector_success", collector="profiling") == 1

@@ -208,3 +208,36 @@ def test_bad_web_config_names_the_field(tls_files: TlsFiles, text: str, field: s
     with pytest.raises(ConfigError, match=field) as info:
         load_web_config(config)
     assert "\n" not in str(info.value)
+
+
+def test_landing_page_of_a_real_exporter_lists_gpus_and_collector_status(exporter) -> None:
+    exporter.refresh()
+    server = HttpServer(exporter, "127.0.0.1", 0)
+    server.start()
+    try:
+        status, _, body = get(f"http://127.0.0.1:{server.port}/")
+        ready = get(f"http://127.0.0.1:{server.port}/-/ready")[0]
+    finally:
+        server.stop()
+    page = body.decode()
+    assert status == 200 and ready == 200
+    assert "GPUs seen: 4" in page
+    assert "NVIDIA H100 80GB HBM3" in page
+    for collector in ("device", "mig", "jobs", "profiling"):
+        assert f"<td>{collector}</td><td>ok</td>" in page
+
+
+def test_json_log_lines_are_json_objects() -> None:
+    import json
+    import logging
+
+    from gpulens.exporter.logging_setup import JsonFormatter
+
+    record = logging.LogRecord(
+        "gpulens.exporter", logging.WARNING, __file__, 1, "GPU %d: %s", (2, "lost"), None
+    )
+    line = JsonFormatter().format(record)
+    payload = json.loads(line)
+    assert payload["level"] == "warning"
+    assert payload["msg"] == "GPU 2: lost"
+    assert payload["logger"] == "gpulens.exporter"
