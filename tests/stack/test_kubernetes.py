@@ -297,3 +297,88 @@ def test_daemonset_args_are_flags_the_exporter_accepts(tmp_path):
     config = parse_config(args, env={})
     assert config.listen == f":{EXPORTER_PORT}"
     assert config.simulate is None
+
+
+# --- the optional remediation webhook (deploy/kubernetes/remediate/) --------------------------
+
+RDIR = KDIR / "remediate"
+
+
+def remediate_objects() -> list[dict]:
+    names = yaml.safe_load((RDIR / "kustomization.yaml").read_text())["resources"]
+    return [d for name in names for d in yaml.safe_load_all((RDIR / name).read_text()) if d]
+
+
+def remediate_one(kind: str) -> dict:
+    (obj,) = [o for o in remediate_objects() if o["kind"] == kind]
+    return obj
+
+
+def test_remediate_kustomization_lists_every_file_beside_it():
+    listed = set(yaml.safe_load((RDIR / "kustomization.yaml").read_text())["resources"])
+    assert listed == {p.name for p in RDIR.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+def test_remediate_runs_dry_run_against_the_kubernetes_backend_with_flags_it_accepts():
+    from gpulens.cli import build_parser
+
+    (container,) = remediate_one("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["gpulens"]
+    args = build_parser("remediate").parse_args(container["args"])
+    assert args.backend == "kubernetes"
+    assert not args.apply, "the shipped receiver must stay in dry-run until someone adds --apply"
+    assert str(args.token_file) == "/etc/gpulens/token/token"
+    # an empty host means loopback to `gpulens remediate`: Alertmanager in another pod needs all addresses
+    assert args.listen == ("0.0.0.0", 9843)
+
+
+def test_remediate_token_comes_from_the_secret_the_instructions_create():
+    spec = remediate_one("Deployment")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    (volume,) = [v for v in spec["volumes"] if "secret" in v]
+    secret = volume["secret"]["secretName"]
+    assert (
+        f"create secret generic {secret} --from-literal=token=" in (RDIR / "kustomization.yaml").read_text()
+    )
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert "--token-file=" + mount["mountPath"] + "/token" in container["args"]
+
+
+def test_remediate_service_and_probes_use_the_named_port():
+    deployment = remediate_one("Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selects(deployment["spec"]["selector"]["matchLabels"], pod_labels)
+    service = remediate_one("Service")
+    assert selects(service["spec"]["selector"], pod_labels)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    names = {p["name"]: p["containerPort"] for p in container["ports"]}
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] in names and port["port"] == names[port["targetPort"]] == 9843
+    assert container["livenessProbe"]["httpGet"] == {"path": "/-/healthy", "port": "http"}
+
+
+def test_remediate_rbac_grants_only_cordon_taint_and_eviction_to_its_own_account():
+    role = remediate_one("ClusterRole")
+    grants = {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]}
+    assert grants == {
+        (("nodes",), ("get", "patch")),
+        (("pods",), ("list",)),
+        (("pods/eviction",), ("create",)),
+    }
+    binding = remediate_one("ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    (subject,) = binding["subjects"]
+    account = remediate_one("ServiceAccount")["metadata"]["name"]
+    assert subject == {"kind": "ServiceAccount", "name": account, "namespace": "gpulens"}
+    assert remediate_one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account
+
+
+def test_remediation_taint_is_tolerated_by_the_exporter():
+    from gpulens.remediate.kubernetes import TAINT_KEY
+
+    tolerated = {t["key"] for t in daemonset()["spec"]["template"]["spec"]["tolerations"]}
+    assert TAINT_KEY in tolerated, "an isolated node must stay monitored"
