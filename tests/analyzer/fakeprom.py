@@ -1,0 +1,37 @@
+"""A tiny HTTP server that answers /api/v1/query with canned bodies (for error-path tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@contextlib.contextmanager
+def fake_prometheus(responses: list[tuple[int, bytes]]) -> Iterator[tuple[str, list[dict]]]:
+    """Serve `responses` in order (the last repeats); yields (base URL, recorded requests)."""
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", 0))
+            seen.append({"path": self.path, "headers": dict(self.headers), "body": self.rfile.read(length)})
+            status, body = responses[min(len(seen) - 1, len(responses) - 1)]
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()

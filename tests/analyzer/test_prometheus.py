@@ -1,0 +1,105 @@
+"""The PromQL path against a real Prometheus backfilled from a generated history."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+from gpulens.analyzer.history import write_history
+from gpulens.analyzer.signals import ACTIVITY
+from gpulens.analyzer.sources import files
+from gpulens.analyzer.sources.prometheus import PromClient, PromConfig, PromSource, _regex, signal_expr
+
+from tests.analyzer import synth
+from tests.analyzer.synth import SynthJob, flat, steady
+from tests.support.procs import find_binary, prometheus
+
+GIB = 1024**3
+STEPS = 60
+
+
+def history_frame(start: float) -> pd.DataFrame:
+    jobs = synth.seed_case(STEPS)
+    jobs += [
+        SynthJob(
+            "mig-1",
+            "GPU-mig-0001",
+            steady(STEPS, 0.5, 0.1, seed=9),
+            flat(STEPS, 8 * GIB),
+            model="NVIDIA H100 80GB HBM3",
+            sharing="mig",
+            gpu_instance="7",
+            mig_profile="1g.10gb",
+        ),
+        SynthJob(
+            "mps-1",
+            "GPU-mps-0001",
+            steady(40, 0.2, 0.1, seed=3),
+            flat(40, 4 * GIB),
+            sharing="mps",
+            first_step=10,
+        ),
+        SynthJob(
+            "mps-2", "GPU-mps-0001", steady(STEPS, 0.1, 0.1, seed=4), flat(STEPS, 3 * GIB), sharing="mps"
+        ),
+        SynthJob(
+            "util-1",
+            "GPU-util-0001",
+            steady(STEPS, 0.3, 0.1, seed=5),
+            flat(STEPS, GIB),
+            activity_family="gpu_utilization_ratio",
+        ),
+    ]
+    frame = synth.frame(jobs, start=start)
+    gap = (frame["metric"] == "gpu_sm_active_ratio") & (frame["uuid"] == "GPU-seed-0001")
+    frame.loc[gap & (frame["timestamp"] == start + 600), "value"] = np.nan  # NaN sample
+    return frame.drop(frame.index[gap & (frame["timestamp"] == start + 1200)])  # and a gap
+
+
+@pytest.mark.slow
+def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th):
+    promtool = find_binary("promtool")
+    start = 1_767_225_600.0  # aligned to the step, as `gpulens simulate` aligns its histories
+    write_history(tmp_path / "h", history_frame(start), {"step_s": synth.STEP})
+    subprocess.run(
+        [
+            promtool,
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            str(tmp_path / "h" / "metrics.om"),
+            str(tmp_path / "db"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    end = start + STEPS * synth.STEP
+    window = 6 * 3600.0
+    from_files = (
+        files.profiles(files.load(str(tmp_path / "h"), window, end), th).set_index("job_id").sort_index()
+    )
+    # backfilled blocks carry no staleness markers: a lookback shorter than the step stops a series
+    # from lingering after its last sample, as staleness does on live data
+    with prometheus(tmp_path, [], storage=tmp_path / "db", extra_args=["--query.lookback-delta=30s"]) as api:
+        source = PromSource(PromClient(PromConfig(api.base_url)), window, end, synth.STEP, chunk_size=3)
+        from_prom = source.profiles(th).set_index("job_id").sort_index()
+    assert list(from_prom.index) == list(from_files.index)
+    for column in from_files.columns:
+        a, b = from_files[column], from_prom[column]
+        if a.dtype.kind == "f":
+            assert np.allclose(a.astype(float), b.astype(float), rtol=1e-6, equal_nan=True), column
+        else:
+            assert list(a.astype(str)) == list(b.astype(str)), column
+    assert from_prom.loc["seed-1", "coverage"] < 1.0
+    assert from_prom.loc["util-1", "activity_signal"] == "utilization"
+    assert from_prom.loc["mig-1", "mig_profile_now"] == "1g.10gb"
+
+
+def test_job_ids_are_escaped_in_the_matcher():
+    regex = _regex(["a.b", 'c"d'])
+    assert regex == 'a\\\\.b|c\\"d'
+    expr = signal_expr(ACTIVITY["exclusive"][0], regex, "avg")
+    assert 'job_id=~"a\\\\.b|c\\"d"' in expr
