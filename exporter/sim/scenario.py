@@ -563,7 +563,9 @@ def _parse_gpus(c: _Check, raw: Any, hostname: str, users: dict[str, int]) -> tu
         rows = c.mapping(
             f"{p}.overrides.remapped_rows", ov.get("remapped_rows", {}), (), ("correctable", "uncorrectable")
         )
-        for n in range(count):
+        if len(gpus) + count > 64:
+            raise c.expected(f"{p}.count", "at most 64 GPUs on the node", count)
+        for _ in range(count):
             index = len(gpus)
             bus = _DGX_BUSES[index] if index < len(_DGX_BUSES) else 0x100 - len(gpus) * 4
             serial: str | None = str(
@@ -587,7 +589,6 @@ def _parse_gpus(c: _Check, raw: Any, hostname: str, users: dict[str, int]) -> tu
                     r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]",
                     "a bus id like 00000000:18:00.0",
                 )
-            del n
             gpus.append(
                 GpuSpec(
                     index=index,
