@@ -139,3 +139,11 @@ def test_a_child_that_cannot_build_the_node_stops_with_one_line(tmp_path: Path) 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "broken.yaml" in result.stderr
+
+
+def test_seed_and_speed_reach_the_child_node() -> None:
+    code = "import pynvml; n = pynvml.nvmlLib.node; print(n.seed, type(n.clock).__name__, n.clock.speed)"
+    result = gpulens(
+        "sim", "run", "dgx-h100", "--seed", "42", "--speed", "60", "--", sys.executable, "-c", code
+    )
+    assert result.stdout == "42 ScaledClock 60.0\n", result.stderr
