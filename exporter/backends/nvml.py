@@ -625,15 +625,17 @@ class NvmlBackend:
             if exc.value in _LOST:
                 raise GpuLostError(error_text(exc)) from exc
             return None
-        latest: dict[int, tuple[int, float]] = {}
+        # NVML keeps one sample per process and driver sampling period; the mean of those since the
+        # last read is the process's SM utilization over the exporter's interval.
+        sums: dict[int, list[float]] = {}
         newest = since
         for s in samples:
-            ts = int(s.timeStamp)
-            newest = max(newest, ts)
-            if s.pid not in latest or ts >= latest[s.pid][0]:
-                latest[s.pid] = (ts, min(1.0, max(0.0, s.smUtil / 100.0)))
-        state.last_util_timestamp_us = max(newest, since)
-        return {pid: v for pid, (_, v) in latest.items()}
+            newest = max(newest, int(s.timeStamp))
+            acc = sums.setdefault(int(s.pid), [0.0, 0.0])
+            acc[0] += min(100.0, max(0.0, float(s.smUtil)))
+            acc[1] += 1
+        state.last_util_timestamp_us = newest
+        return {pid: total / count / 100.0 for pid, (total, count) in sums.items()}
 
 
 # ---- helpers -------------------------------------------------------------------------------
