@@ -136,3 +136,15 @@ def test_activity_between_averages_over_the_interval(dgx) -> None:
     inst = node.activity_between(0, 2, T0 + 1000, T0 + 1060)
     assert inst.sm == pytest.approx(0.62, abs=0.06)
     assert node.activity_between(0, 14, T0 + 1000, T0 + 1060).sm == 0.0  # no such instance
+
+
+def test_a_long_run_keeps_a_bounded_window_of_counter_steps(dgx) -> None:
+    clock = ManualClock(T0)
+    node = build_node(dgx, clock=clock)
+    early = build_node(dgx, clock=ManualClock(T0))._integrals(3, 1234.5)
+    clock.advance(86400)
+    before = node.gpu_state(3).energy_mj
+    clock.advance(5)
+    assert node.gpu_state(3).energy_mj > before
+    assert len(node._counters[3].rates) <= 128  # a day would be 8640 ten-second steps
+    assert node._integrals(3, 1234.5) == early  # an old time is integrated again, identically
