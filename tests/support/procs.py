@@ -64,12 +64,22 @@ def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = N
 
 
 @contextlib.contextmanager
-def running(cmd: Sequence[str], ready_url: str, log_path: Path, timeout: float = 30.0,
-            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+def running(
+    cmd: Sequence[str],
+    ready_url: str,
+    log_path: Path,
+    timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen]:
     """Run `cmd` until the context exits; the log goes to `log_path` and is shown on failure."""
     log = log_path.open("wb")
-    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     try:
         try:
             wait_http(ready_url, timeout=timeout, proc=proc)
@@ -121,10 +131,17 @@ class PromAPI:
 
 
 @contextlib.contextmanager
-def prometheus(tmp_path: Path, scrape_targets: Sequence[str], rule_files: Sequence[Path] = (),
-               alertmanager_url: str | None = None, scrape_interval: str = "1s",
-               evaluation_interval: str = "1s", storage: Path | None = None,
-               extra_args: Sequence[str] = (), scrape_config: dict | None = None) -> Iterator[PromAPI]:
+def prometheus(
+    tmp_path: Path,
+    scrape_targets: Sequence[str],
+    rule_files: Sequence[Path] = (),
+    alertmanager_url: str | None = None,
+    scrape_interval: str = "1s",
+    evaluation_interval: str = "1s",
+    storage: Path | None = None,
+    extra_args: Sequence[str] = (),
+    scrape_config: dict | None = None,
+) -> Iterator[PromAPI]:
     """A real Prometheus scraping `scrape_targets` (host:port) as job "gpulens".
 
     `scrape_config` entries (for example `relabel_configs`) are added to that job's config.
@@ -133,19 +150,33 @@ def prometheus(tmp_path: Path, scrape_targets: Sequence[str], rule_files: Sequen
     port = free_port()
     config: dict = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
-        "scrape_configs": [{"job_name": "gpulens", "static_configs": [{"targets": list(scrape_targets)}],
-                            **(scrape_config or {})}],
+        "scrape_configs": [
+            {
+                "job_name": "gpulens",
+                "static_configs": [{"targets": list(scrape_targets)}],
+                **(scrape_config or {}),
+            }
+        ],
         "rule_files": [str(p) for p in rule_files],
     }
     if alertmanager_url:
-        config["alerting"] = {"alertmanagers": [{"static_configs": [
-            {"targets": [urllib.parse.urlparse(alertmanager_url).netloc]}]}]}
+        config["alerting"] = {
+            "alertmanagers": [
+                {"static_configs": [{"targets": [urllib.parse.urlparse(alertmanager_url).netloc]}]}
+            ]
+        }
     config_path = tmp_path / "prometheus.yml"
     config_path.write_text(json.dumps(config))
     data = storage or tmp_path / "prom-data"
-    cmd = [binary, f"--config.file={config_path}", f"--storage.tsdb.path={data}",
-           f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle",
-           "--storage.tsdb.retention.time=3650d", *extra_args]
+    cmd = [
+        binary,
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={data}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-lifecycle",
+        "--storage.tsdb.retention.time=3650d",
+        *extra_args,
+    ]
     base = f"http://127.0.0.1:{port}"
     with running(cmd, f"{base}/-/ready", tmp_path / "prometheus.log", timeout=60):
         yield PromAPI(base)
@@ -158,10 +189,14 @@ def alertmanager(tmp_path: Path, config_path: Path) -> Iterator[str]:
     port = free_port()
     cluster_port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cmd = [binary, f"--config.file={config_path}", f"--storage.path={tmp_path / 'am-data'}",
-           f"--web.listen-address=127.0.0.1:{port}",
-           f"--cluster.listen-address=127.0.0.1:{cluster_port}",
-           f"--web.external-url={base}"]
+    cmd = [
+        binary,
+        f"--config.file={config_path}",
+        f"--storage.path={tmp_path / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--cluster.listen-address=127.0.0.1:{cluster_port}",
+        f"--web.external-url={base}",
+    ]
     with running(cmd, f"{base}/-/ready", tmp_path / "alertmanager.log", timeout=60):
         yield base
 
@@ -171,6 +206,5 @@ def exporter(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> I
     """`gpulens-exporter` (this checkout) on a free loopback port; yields host:port."""
     port = free_port()
     cmd = [sys.executable, "-m", "gpulens.exporter.cli", "--listen", f"127.0.0.1:{port}", *args]
-    with running(cmd, f"http://127.0.0.1:{port}/-/healthy", tmp_path / "exporter.log",
-                 timeout=60, env=env):
+    with running(cmd, f"http://127.0.0.1:{port}/-/healthy", tmp_path / "exporter.log", timeout=60, env=env):
         yield f"127.0.0.1:{port}"
