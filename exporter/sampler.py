@@ -184,7 +184,7 @@ class Sampler:
         if self.settings.jobs_enabled:
             areas["jobs"] = AreaTiming(seconds=jobs_seconds, success=not jobs_error)
         if self.xid is not None and "xid" in self.settings.areas:
-            areas["xid"] = AreaTiming(seconds=0.0, success=True)
+            areas["xid"] = AreaTiming(seconds=0.0, success=self.xid.active)
         return NodeSnapshot(
             timestamp=self.clock(),
             duration_seconds=time.perf_counter() - started,

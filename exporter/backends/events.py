@@ -82,6 +82,11 @@ class XidWatcher:
                     continue
                 self._registered[key] = (index, uuid)
 
+    @property
+    def active(self) -> bool:
+        """Whether an event set exists (creating it can fail, e.g. on platforms without events)."""
+        return self._event_set is not None
+
     def forget(self, handles: Sequence[Any]) -> None:
         """Forget devices so that `attach` re-registers them (after a GPU came back)."""
         with self._set_lock:
