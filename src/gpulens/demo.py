@@ -159,6 +159,7 @@ class State:
     ports: dict[str, int] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
+    live_instance: str = ""
     history: dict[str, object] = field(default_factory=dict)
     report: dict[str, str] = field(default_factory=dict)
 
@@ -639,8 +640,23 @@ def start_exporter(options: Options, ports: dict[str, int]) -> int:
     return start_daemon(options.layout, "exporter", cmd, f"http://127.0.0.1:{ports['exporter']}/-/ready")
 
 
+def live_node_name(scenario: str) -> str | None:
+    """Host name of the simulated node, used as its `instance` (as a real node name would be, so
+    alerts, dashboards and the remediation's dry-run `scontrol` name a node, not 127.0.0.1)."""
+    try:
+        from gpulens.exporter.sim.scenario import load_scenario
+
+        return load_scenario(scenario).hostname
+    except Exception:  # an unknown or broken scenario: the exporter reports it when it starts
+        return None
+
+
 def prometheus_config(options: Options, ports: dict[str, int]) -> dict[str, object]:
     """Scrape the live exporter every 5 s, load the shipped rules, alert to the demo's Alertmanager."""
+    exporter_target: dict[str, object] = {"targets": [f"127.0.0.1:{ports['exporter']}"]}
+    node = live_node_name(options.live_scenario)
+    if node:
+        exporter_target["labels"] = {"instance": node}
     return {
         "global": {
             "scrape_interval": "5s",
@@ -652,7 +668,7 @@ def prometheus_config(options: Options, ports: dict[str, int]) -> dict[str, obje
             "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports['alertmanager']}"]}]}]
         },
         "scrape_configs": [
-            {"job_name": "gpulens", "static_configs": [{"targets": [f"127.0.0.1:{ports['exporter']}"]}]},
+            {"job_name": "gpulens", "static_configs": [exporter_target]},
             {
                 "job_name": "remediate",
                 "static_configs": [{"targets": [f"127.0.0.1:{ports['remediate']}"]}],
@@ -773,6 +789,7 @@ def run_demo(options: Options, progress: Progress) -> State:
             state.save(layout)
         with progress.step(f"starting the exporter live on the simulated {options.live_scenario!r} node"):
             state.pids["exporter"] = start_exporter(options, ports)
+            state.live_instance = live_node_name(options.live_scenario) or f"127.0.0.1:{ports['exporter']}"
             state.save(layout)
         with progress.step("starting Prometheus with the shipped rules on the backfilled TSDB"):
             state.pids["prometheus"] = start_prometheus(options, ports)
@@ -802,7 +819,7 @@ def summary(state: State, layout: Layout) -> str:
             f"  Alerts in Prometheus   {state.urls['prometheus']}/alerts",
             f"  Alertmanager           {state.urls['alertmanager']}   (the fault scenario fires alerts "
             "within a few minutes)",
-            f"  Exporter               {state.urls['exporter']}",
+            f"  Exporter               {state.urls['exporter']}   (node {state.live_instance!r})",
             f"  Remediation (dry-run)  {state.urls['remediate']}   (actions in {layout.log('remediate')})",
             f"  Logs, data, pid files  {layout.root}",
             "",

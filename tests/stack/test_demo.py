@@ -88,9 +88,10 @@ def test_prometheus_has_the_backfilled_history(demo_run):
 def test_prometheus_scrapes_the_live_exporter(demo_run):
     _state_dir, state, _stdout = demo_run
     api = PromAPI(state["urls"]["prometheus"])
-    exporter = state["urls"]["exporter"].split("//")[1].split("/")[0]
-    assert api.wait_for(f'up{{job="gpulens", instance="{exporter}"}} == 1', timeout=30)
-    assert api.wait_for(f'count(gpu_up{{instance="{exporter}"}}) > 0', timeout=30)
+    node = state["live_instance"]
+    assert node == "gpu-faulty-01"  # the faults scenario's host name
+    assert api.wait_for(f'up{{job="gpulens", instance="{node}"}} == 1', timeout=30)
+    assert api.wait_for(f'count(gpu_up{{instance="{node}"}}) > 0', timeout=30)
 
 
 def test_prometheus_loaded_the_shipped_rules_and_alertmanager_is_up(demo_run):
