@@ -183,6 +183,15 @@ def test_inhibition_hides_symptoms_of_a_lost_gpu_and_a_down_exporter(tmp_path):
             "instance": "n1:9842",
             "gpu": "1",
         },
+        # collectors report failure while a GPU of the node is down
+        {
+            "alertname": "GPUExporterCollectorFailing",
+            "severity": "warning",
+            "scope": "node",
+            "class": "exporter",
+            "instance": "n1:9842",
+            "collector": "memory",
+        },
         # n2's exporter is down: its GPU alerts are stale
         {
             "alertname": "GPUExporterDown",
@@ -238,6 +247,7 @@ def test_inhibition_hides_symptoms_of_a_lost_gpu_and_a_down_exporter(tmp_path):
         ("GPULost", "n1:9842", "0"): "suppressed",
         ("GPUThermalSlowdown", "n1:9842", "0"): "suppressed",
         ("GPUThermalSlowdown", "n1:9842", "1"): "active",
+        ("GPUExporterCollectorFailing", "n1:9842", ""): "suppressed",
         ("GPUExporterDown", "n2:9842", ""): "active",
         ("GPURowRemapPending", "n2:9842", "3"): "suppressed",
         ("GPULost", "n3:9842", "2"): "active",
