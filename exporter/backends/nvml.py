@@ -243,7 +243,12 @@ class NvmlBackend:
         errors: list[str] = []
         fields: dict[str, Any] = {}
 
-        mig_current = _call(pynvml.nvmlDeviceGetMigMode, handle)
+        try:
+            mig_current = _call(pynvml.nvmlDeviceGetMigMode, handle)
+        except AreaError as exc:
+            mig_current = None
+            failed.add("mig")
+            errors.append(f"mig: {exc}")
         mig_enabled = bool(mig_current and mig_current[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
         fields["mig_mode"] = None if mig_current is None else ("enabled" if mig_enabled else "disabled")
 
