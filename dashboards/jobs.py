@@ -17,6 +17,7 @@ from gpulens.dashboards.common import (
     UID_JOBS,
     Layout,
     column_links,
+    column_unit,
     dashboard,
     datasource_variable,
     gpu_link,
@@ -101,12 +102,23 @@ def _identity(layout: Layout) -> None:
     layout.add(
         table(
             "Latest recommendation",
-            [(sel("gpulens_recommendation_info", JOB, base=ANYWHERE), "")],
+            [
+                (
+                    "max by (job_id, recommendation, mig_profile, gpu_model, confidence_level) "
+                    f"({sel('gpulens_recommendation_info', JOB, base=ANYWHERE)})",
+                    "",
+                ),
+                (f"max by (job_id) ({sel('gpulens_recommendation_confidence', JOB, base=ANYWHERE)})", ""),
+            ],
             NONE,
-            hide=("Time", "__name__", "job", "instance", "Value"),
-            order=("job_id", "recommendation", "mig_profile"),
-            description="Published by the analyzer (`gpulens recommend` with metrics output). Empty until "
-            "the analyzer has seen this job.",
+            merge=True,
+            hide=("Time", "Value #A", "job_id"),
+            rename={"Value #B": "confidence", "gpu_model": "for GPU model", "confidence_level": "level"},
+            order=("recommendation", "mig_profile", "Value #B", "confidence_level", "gpu_model"),
+            overrides=[column_unit("confidence", PERCENTUNIT)],
+            description="From the analyzer (`gpulens recommend --textfile FILE`, exposed by node_exporter's "
+            "textfile collector): exclusive, mps, mig (with the profile), time_slicing or reclaim. Empty "
+            "until the analyzer has seen this job.",
         ),
         w=8,
         h=5,

@@ -1,22 +1,31 @@
 """Every dashboard query, evaluated against a real Prometheus fed by the simulated exporters.
 
-One Prometheus scrapes `gpulens-exporter --simulate dgx-h100` and a second exporter on the `faults`
-scenario, with the shipped recording and alert rules loaded. Variables are resolved from the data
-the way Grafana resolves them (`label_values`), substituted into every target, and each target is
-evaluated through the HTTP API: no expression may error, and every target of every panel must
-return a series on the healthy dgx-h100 node (the Jobs dashboard once per sharing mode). The few
-panels that can only show something when a GPU is broken, or on a time-sliced GPU, are listed
-below with the reason, and must return a series on the node of that scenario instead.
+One Prometheus scrapes `gpulens-exporter --simulate dgx-h100` and exporters on the `faults` and
+`k8s-a100-mixed` scenarios, with the shipped recording and alert rules loaded; the real analyzer
+(`gpulens recommend --textfile`) then publishes its recommendations, served as node_exporter's
+textfile collector would.
+
+Variables are resolved from the data the way Grafana resolves them (`label_values`), substituted
+into every target, and each target is evaluated through the HTTP API: no expression may error, and
+every target of every panel must return a series on the healthy dgx-h100 node (the Jobs dashboard
+once per sharing mode). The few panels that can only show something when a GPU is broken, or on a
+time-sliced GPU, are listed below with the reason, and must return a series on the node of that
+scenario instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.server
 import re
+import subprocess
+import sys
+import threading
 import time
 import urllib.error
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -56,16 +65,61 @@ ABSENT_ON_HEALTHY_NODE: dict[str, str] = {
     "ALERTS": "no alert fires on a healthy node",
     "gpu_retired_pages_pending": "pre-Ampere only (page retirement became row remapping)",
 }
-# names that come from outside the exporter and the rules
+# names published by the analyzer (`gpulens recommend --textfile`), scraped from the textfile target
 EXTERNAL: dict[str, str] = {
-    "gpulens_recommendation_info": "published by the analyzer, not scraped in this test",
+    "gpulens_recommendation_info": "the analyzer's latest recommendation per job",
+    "gpulens_recommendation_confidence": "the analyzer's confidence per job",
 }
-ANALYZER_PANELS = {("gpulens-jobs", "Latest recommendation")}
 # (dashboard uid, panel title, refId) -> why that one target of a multi-target panel is empty there
 EMPTY_TARGETS: dict[tuple[str, str, str], str] = {
     ("gpulens-fleet", "GPUs by state", "C"): "the faulty count; the same query is the Faulty stat, "
     "proven on the faults node",
 }
+
+
+class TextfileServer:
+    """node_exporter's textfile collector in miniature: serves one *.prom file as /metrics.
+
+    The analyzer writes its recommendations with `gpulens recommend --textfile FILE`; in production
+    node_exporter exposes that file. Before the file exists this serves an empty exposition.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        textfile = path
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = textfile.read_bytes() if textfile.exists() else b""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def publish_recommendations(prom: PromAPI, textfile: Path) -> None:
+    """Run the real analyzer against this Prometheus, as the weekly job would (short window)."""
+    cmd = [sys.executable, "-m", "gpulens.cli", "recommend", "--prometheus", prom.base_url,
+           "--window", "20s", "--step", "2s", "--format", "json", "--textfile", str(textfile)]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    if result.returncode != 0:
+        pytest.fail(f"gpulens recommend failed ({result.returncode}): {result.stderr[-2000:]}")
+    prom.wait_for("count(gpulens_recommendation_info)", timeout=30)
 
 
 @dataclass
@@ -93,7 +147,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             nodes[scenario] = stack_.enter_context(
                 exporter(base / scenario, "--simulate", scenario, "--interval", "1")
             )
-        prom = stack_.enter_context(prometheus(base, list(nodes.values()), rule_files=RULE_FILES))
+        textfile = stack_.enter_context(TextfileServer(base / "recommendations.prom"))
+        targets = [*nodes.values(), textfile]
+        prom = stack_.enter_context(prometheus(base, targets, rule_files=RULE_FILES))
         started = time.time()
         healthy, faulty = nodes[HEALTHY], nodes["faults"]
 
@@ -105,7 +161,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         has(f'count(gpu_xid_errors_total{{instance="{faulty}"}})')
         has('count(ALERTS{alertstate="firing", severity="critical"})')
         # rates over $__rate_interval need a few samples of every counter
-        time.sleep(max(0.0, 12 - (time.time() - started)))
+        time.sleep(max(0.0, 20 - (time.time() - started)))
+        publish_recommendations(prom, base / "recommendations.prom")
         yield Stack(prom, nodes, started)
 
 
@@ -185,7 +242,7 @@ def empty_panels(stack: Stack, uid: str, values: dict[str, str]) -> list[str]:
     empty = []
     for ref in panels_of(uid):
         counts = evaluate_targets(stack, ref, values)
-        if (uid, ref.title) in ELSEWHERE or (uid, ref.title) in ANALYZER_PANELS:
+        if (uid, ref.title) in ELSEWHERE:
             continue
         empty += [
             f"{ref.title} [{ref_id}]"
@@ -206,7 +263,7 @@ def jobs_by_sharing(stack: Stack, node: str) -> dict[str, str]:
 
 def test_listed_panels_exist_and_name_a_started_scenario() -> None:
     titles = {(ref.dashboard, ref.title) for ref in data_panels()}
-    assert set(ELSEWHERE) | ANALYZER_PANELS <= titles
+    assert set(ELSEWHERE) <= titles
     targets = {(ref.dashboard, ref.title, t["refId"]) for ref in data_panels() for t in ref.panel["targets"]}
     assert set(EMPTY_TARGETS) <= targets
     assert {scenario for scenario, _ in ELSEWHERE.values()} <= set(SCENARIOS)
@@ -255,8 +312,9 @@ def test_every_selected_metric_exists_on_the_healthy_node(stack: Stack) -> None:
     """Catches a misspelt name hidden behind `or` (the panel still shows the other branch)."""
     names = set().union(*(metric_names(e) for ref in data_panels() for e in ref.exprs))
     missing = []
-    for name in sorted(names - set(ABSENT_ON_HEALTHY_NODE) - set(EXTERNAL)):
-        if not stack.prom.query(f'count({{__name__="{name}", instance="{stack.healthy}"}})'):
+    for name in sorted(names - set(ABSENT_ON_HEALTHY_NODE)):
+        where = "" if name in EXTERNAL else f', instance="{stack.healthy}"'
+        if not stack.prom.query(f'count({{__name__="{name}"{where}}})'):
             missing.append(name)
     assert not missing, f"selected by dashboards but absent from the {HEALTHY} node: {missing}"
 

@@ -37,7 +37,7 @@ DEPRECATED_PANEL_TYPES = {
 }
 PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "ALERTS"}
 # published by the analyzer (`gpulens recommend`), not by the exporter
-ANALYZER_METRICS = {"gpulens_recommendation_info"}
+ANALYZER_METRICS = {"gpulens_recommendation_info", "gpulens_recommendation_confidence"}
 
 
 def contract_metrics() -> set[str]:
