@@ -425,7 +425,6 @@ class HeatmapPanel(Panel):
                         "reverse": False,
                     },
                     "exemplars": {"color": "rgba(255,0,255,0.7)"},
-                    "filterValues": {"le": 1e-9},
                     "legend": {"show": True},
                     "rowsFrame": {"layout": "auto"},
                     "tooltip": {"mode": "single", "yHistogram": True, "showColorScale": True},

@@ -305,3 +305,25 @@ def test_grafana_provisioning_points_at_prometheus_and_the_json_directory() -> N
     providers = yaml.safe_load((base / "dashboards" / "gpulens.yml").read_text(encoding="utf-8"))
     (provider,) = providers["providers"]
     assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
+
+
+def test_targets_have_unique_ref_ids_and_the_query_type_their_panel_needs() -> None:
+    for ref in data_panels():
+        ref_ids = [t["refId"] for t in ref.panel["targets"]]
+        assert len(ref_ids) == len(set(ref_ids)), ref.name
+        for target in ref.panel["targets"]:
+            if ref.panel["type"] == "table":
+                assert target["instant"] and target["format"] == "table", ref.name
+            elif ref.panel["type"] in {"timeseries", "heatmap"}:
+                assert not target["instant"] and target["format"] == "time_series", ref.name
+
+
+def test_merged_tables_rename_every_value_column() -> None:
+    """A merged table names its value columns (`Value #A` ...) instead of showing refIds."""
+    for ref in data_panels():
+        transformations = ref.panel.get("transformations", [])
+        if any(t["id"] == "merge" for t in transformations):
+            (organize,) = [t for t in transformations if t["id"] == "organize"]
+            shown = {f"Value #{t['refId']}" for t in ref.panel["targets"]}
+            hidden = set(organize["options"]["excludeByName"])
+            assert shown - hidden <= set(organize["options"]["renameByName"]), ref.name
