@@ -181,7 +181,9 @@ class Progress:
         self.interval = 10.0 if self.out.isatty() else 30.0
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        """Print a line; a closed terminal or pipe (`make demo | head`) must not stop the cleanup."""
+        with contextlib.suppress(OSError, ValueError):
+            print(text, file=self.out, flush=True)
 
     @contextlib.contextmanager
     def step(self, title: str) -> Iterator[None]:
