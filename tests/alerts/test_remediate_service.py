@@ -339,3 +339,25 @@ def test_cli_apply_with_basic_auth_drains_through_scontrol_on_path(tmp_path):
         ["update", "NodeName=gpu-3", "State=DRAIN", "Reason=gpulens: GPUXidFallenOffBus gpu 0 GPU-0"]
     ]
     assert "applied GPUXidFallenOffBus node=gpu-3" in output
+
+
+def test_kubernetes_unreadable_api_token_fails_with_one_line(kube, tmp_path):
+    client = KubernetesClient(kube.url, token_file=tmp_path / "gone")
+    with receiver(KubernetesIsolator(client), dry_run=False) as (base, _):
+        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+        state = _state(base)
+    assert json.loads(body)["handled"][0]["result"] == "failed"
+    assert (
+        state["actions"][0]["detail"] == f"--kube-token-file {tmp_path / 'gone'}: No such file or directory"
+    )
+    assert kube.requests == []
+
+
+def test_unreachable_kubernetes_api_fails_and_is_retried(scontrol):
+    client = KubernetesClient(f"http://127.0.0.1:{free_port()}")
+    with receiver(KubernetesIsolator(client), dry_run=False) as (base, _):
+        _, first = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+        _, second = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+        state = _state(base)
+    assert [json.loads(b)["handled"][0]["result"] for b in (first, second)] == ["failed", "failed"]
+    assert state["actions"][0]["detail"].startswith("GET /api/v1/nodes/gpu-1: ")

@@ -55,7 +55,10 @@ class KubernetesClient:
         headers = {"Accept": "application/json"}
         if self.token_file:
             # Read on every call: projected service-account tokens are rotated on disk.
-            headers["Authorization"] = f"Bearer {self.token_file.read_text().strip()}"
+            try:
+                headers["Authorization"] = f"Bearer {self.token_file.read_text().strip()}"
+            except OSError as exc:
+                raise KubernetesError(f"--kube-token-file {self.token_file}: {exc.strerror or exc}") from None
         data = None
         if body is not None:
             data = json.dumps(body).encode()

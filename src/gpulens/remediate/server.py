@@ -91,7 +91,12 @@ class RemediateHandler(BaseHTTPRequestHandler):
         except PayloadError as exc:
             self._text(400, f"bad payload: {exc}")
             return
-        records = self.server.remediator.handle(alerts)
+        try:
+            records = self.server.remediator.handle(alerts)
+        except Exception as exc:  # a bug must answer 500, not drop the connection
+            log.exception("handling %d alerts failed", len(alerts))
+            self._text(500, f"internal error: {type(exc).__name__}: {exc}")
+            return
         self._json(
             200,
             {"handled": [{"alertname": r.alertname, "node": r.node, "result": r.result} for r in records]},
