@@ -32,7 +32,7 @@ def memory_used_ratio(base: str = NODE_GPU) -> str:
 
 def faulty_gpus(base: str = NODE_GPU, window: str = "1h") -> str:
     """One series per GPU that is lost, needs a reset / RMA, or had a critical Xid in `window`."""
-    critical_xid = sel("gpu_xid_errors_total", f'xid=~"{CRITICAL_XID_REGEX}"', base=base)
+    critical_xids = xid_events(window, f'xid=~"{CRITICAL_XID_REGEX}"', base=base)
     uncorrected = sel("gpu_ecc_errors_total", 'error="uncorrected"', 'scope="volatile"', base=base)
     return (
         "max by (instance, gpu) (\n"
@@ -40,7 +40,7 @@ def faulty_gpus(base: str = NODE_GPU, window: str = "1h") -> str:
         f"  or {sel('gpu_row_remap_pending', base=base)} == 1\n"
         f"  or {sel('gpu_row_remap_failed', base=base)} == 1\n"
         f"  or {sel('gpu_retired_pages_pending', base=base)} == 1\n"
-        f"  or increase({critical_xid}[{window}]) > 0\n"
+        f"  or ({critical_xids}) > 0\n"
         f"  or increase({uncorrected}[{window}]) > 0\n"
         ")"
     )
@@ -111,11 +111,11 @@ def top_wasteful_jobs(base: str = NODE_GPU, k: int = 10) -> str:
 XID_RECENT = "instance_gpu_xid:gpu_xid_errors:increase10m"
 
 
-def xid_events(window: str = "$__range", base: str = NODE_GPU) -> str:
+def xid_events(window: str = "$__range", *matchers: str, base: str = NODE_GPU) -> str:
     """Xid events per (GPU, code) in `window`, counting a counter series born inside the window.
 
     A per-code counter appears with its first Xid, so `increase()` alone misses that first event;
     a series absent `window` ago contributes its whole value instead (as the recording rule does).
     """
-    counter = sel("gpu_xid_errors_total", base=base)
+    counter = sel("gpu_xid_errors_total", *matchers, base=base)
     return f"({counter} unless {counter} offset {window}) or increase({counter}[{window}])"

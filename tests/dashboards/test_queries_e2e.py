@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from gpulens.dashboards import queries
+from gpulens.dashboards.common import CRITICAL_XID_REGEX
 
 from tests.dashboards.model import REPO, PanelRef, dashboards, data_panels, metric_names
 from tests.support.procs import PromAPI, exporter, prometheus
@@ -340,9 +342,20 @@ def test_estimated_mig_instance_power_adds_up_to_the_parent_gpu(stack: Stack) ->
 @pytest.mark.slow
 def test_job_waste_never_exceeds_one_gpu_per_gpu(stack: Stack) -> None:
     """Shared GPUs (MIG slices, MPS clients) split one GPU: their waste cannot add up to more."""
-    from gpulens.dashboards.queries import job_waste
-
     values = resolve_variables("gpulens-fleet", stack.healthy, stack)
-    per_gpu = stack.prom.query(f"sum by (instance, gpu) ({substitute(job_waste(), values, stack)})")
+    per_gpu = stack.prom.query(f"sum by (instance, gpu) ({substitute(queries.job_waste(), values, stack)})")
     assert {r["metric"]["gpu"] for r in per_gpu} >= {"0", "1", "2"}  # MIG, MIG, MPS GPUs
     assert all(0 <= float(r["value"][1]) <= 1 + 1e-9 for r in per_gpu), per_gpu
+
+
+@pytest.mark.slow
+def test_the_first_xid_of_a_code_is_counted_and_makes_the_gpu_faulty(stack: Stack) -> None:
+    """faults.yaml: Xid 79 on GPU 2 at 15 s; its counter series is born with that event."""
+    values = resolve_variables("gpulens-fleet", stack.nodes["faults"], stack)
+    (events,) = panel("gpulens-fleet", "Xid events in time range").exprs
+    rows = stack.prom.query(substitute(events, values, stack))
+    assert any(
+        r["metric"]["gpu"] == "2" and r["metric"]["xid"] == "79" and float(r["value"][1]) >= 1 for r in rows
+    )
+    critical = substitute(queries.xid_events("1h", f'xid=~"{CRITICAL_XID_REGEX}"'), values, stack)
+    assert "2" in {r["metric"]["gpu"] for r in stack.prom.query(f"({critical}) > 0")}
