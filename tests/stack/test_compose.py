@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,46 @@ def test_docker_compose_config_validates_when_compose_is_available():
             timeout=60,
         )
         assert result.returncode == 0, result.stderr
+
+
+def test_read_only_gpulens_containers_get_a_writable_tmp():
+    # the simulated node renders its procfs under the temp dir; Python needs one too
+    for name, service in services().items():
+        if service.get("read_only") and service.get("image", "").startswith("gpulens"):
+            assert "/tmp" in service.get("tmpfs", []), name
+
+
+def installed_closure(requirement_names: list[str]) -> set[str]:
+    """Names of every installed distribution these requirements pull in (extras followed)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirement_names]
+    while todo:
+        req = todo.pop()
+        name = req.name.lower().replace("_", "-")
+        key = f"{name}[{','.join(sorted(req.extras))}]"
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            requires = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for text in requires:
+            sub = Requirement(text)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in (req.extras or {""})):
+                todo.append(sub)
+    return {k.split("[")[0] for k in seen}
+
+
+def test_the_exporter_image_installs_no_analyzer_dependency():
+    install = next(line for line in DOCKERFILE.read_text().splitlines() if ".[web,kubernetes]" in line)
+    extras = re.search(r"\.\[([a-z,]+)\]", install).group(1).split(",")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]
+    closure = installed_closure(wanted)
+    assert {"prometheus-client", "nvidia-ml-py", "pyyaml", "grpcio"} <= closure
+    assert not closure & {"pandas", "numpy", "scikit-learn", "matplotlib", "pyarrow", "scipy"}, closure
