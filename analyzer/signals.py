@@ -5,9 +5,10 @@ table, so they pick the same signal for the same job and produce the same profil
 
 - `exclusive` jobs own the whole GPU: device-wide SM activity describes the job.
 - `mig` jobs own a GPU instance: per-instance activity (relative to the slice's SMs).
-- `shared` (MPS, time-slicing) jobs share the device: per-job process utilization is theirs; when
-  the driver gives none (MPS clients often have no process samples), the device's activity is
-  split evenly among the jobs on it at that step (`*_share`), an estimate the reason names.
+- `shared` (MPS, time-slicing) jobs share the device. Device SM activity split evenly among the
+  jobs on the GPU at that step (`sm_active_share`) comes first: per-process utilization is a duty
+  cycle whose client times overlap under MPS, so it overstates demand; it is the fallback, then
+  the device duty cycle split the same way. The reason names the estimate used.
 
 Each chain is tried in order; the first signal with at least one sample for a job is used, and
 its name is reported as `activity_signal` so a reader knows whether SM activity or the coarser
@@ -40,17 +41,20 @@ ACTIVITY: dict[str, tuple[Signal, ...]] = {
     ),
     "mig": (
         Signal("sm_active", "gpu_mig_sm_active_ratio", "mig"),
-        Signal("job_sm_utilization", "gpu_job_sm_utilization_ratio", "job"),
+        # on MIG the exporter fills the per-job family with the instance's activity
+        Signal("instance_activity", "gpu_job_sm_utilization_ratio", "job"),
     ),
     "shared": (
-        Signal("job_sm_utilization", "gpu_job_sm_utilization_ratio", "job"),
         Signal("sm_active_share", "gpu_sm_active_ratio", "gpu_share"),
+        Signal("job_sm_utilization", "gpu_job_sm_utilization_ratio", "job"),
         Signal("utilization_share", "gpu_utilization_ratio", "gpu_share"),
     ),
 }
 
-# duty-cycle signals: fraction of time any kernel ran (see recommend.py, "activity basis")
-DUTY_CYCLE = frozenset({"utilization", "utilization_share"})
+# duty-cycle signals: fraction of time a kernel ran, not of SMs used (see recommend.py, "activity
+# basis"). NVML process utilization (`smUtil`) is time-based too, and under MPS the clients' times
+# overlap, so it cannot be summed as SM demand.
+DUTY_CYCLE = frozenset({"utilization", "utilization_share", "job_sm_utilization"})
 
 # job_source of pseudo-jobs that are infrastructure, not work (the MPS server); never profiled
 SYSTEM_SOURCE = "system"
