@@ -33,6 +33,7 @@ from gpulens.exporter.snapshot import AreaTiming, GpuIdentity, GpuSample, NodeSn
 
 BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0
+HUNG = "(hung)"
 
 
 class Worker:
@@ -208,7 +209,7 @@ class Sampler:
             if worker is None:
                 worker = self._workers[index] = Worker(f"gpulens-gpu{index}")
             if worker.busy:
-                results[index] = self._down(index, "previous NVML call on this GPU has not returned (hung)")
+                results[index] = self._down(index, f"previous NVML call on this GPU has not returned {HUNG}")
                 continue
             futures[index] = worker.submit(self.backend.read_gpu, index, settings.areas, settings.interval)
         deadline = time.monotonic() + settings.deadline
@@ -218,7 +219,7 @@ class Sampler:
                 sample, gpu_timings = future.result(timeout=max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
                 results[index] = self._down(
-                    index, f"NVML calls did not return within {settings.deadline:g}s (hung)"
+                    index, f"NVML calls did not return within {settings.deadline:g}s {HUNG}"
                 )
                 continue
             except GpuLostError as exc:
@@ -238,14 +239,21 @@ class Sampler:
                 self._workers.pop(index).stop()
         gpus = [results[i] for i in range(count)]
         for gpu in gpus:
-            previous = self._last_gpu_errors.get(gpu.identity.index, "")
-            if gpu.error != previous:
-                if gpu.error:
-                    self.log.warning("GPU %d: %s", gpu.identity.index, gpu.error)
-                else:
-                    self.log.info("GPU %d: reads succeed again", gpu.identity.index)
-                self._last_gpu_errors[gpu.identity.index] = gpu.error
+            self._log_gpu_state(gpu)
         return gpus, timings
+
+    def _log_gpu_state(self, gpu: GpuSample) -> None:
+        """One line when a GPU's state changes (a hang stays one state while its call is stuck)."""
+        key = "hung" if gpu.error.endswith(HUNG) else gpu.error
+        index = gpu.identity.index
+        previous = self._last_gpu_errors.get(index, "")
+        if key == previous:
+            return
+        if gpu.error:
+            self.log.warning("GPU %d: %s", index, gpu.error)
+        else:
+            self.log.info("GPU %d: reads succeed again", index)
+        self._last_gpu_errors[index] = key
 
     def _down(self, index: int, error: str) -> GpuSample:
         identity = (

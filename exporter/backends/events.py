@@ -46,6 +46,8 @@ class XidWatcher:
         self._counters: dict[tuple[int, str, int | None, int], _Counter] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_error = ""  # the wait/watcher failure last logged, so each is logged once
+        self.wait_failed = False
 
     # ---- registration ------------------------------------------------------------------------
     def attach(self, devices: Sequence[tuple[int, str, Any]]) -> None:
@@ -104,7 +106,11 @@ class XidWatcher:
 
     # ---- waiting -----------------------------------------------------------------------------
     def poll(self, timeout_ms: int) -> int:
-        """Wait up to `timeout_ms` for the first event, then drain what is queued. Returns the count."""
+        """Wait up to `timeout_ms` for the first event, then drain what is queued. Returns the count.
+
+        An NVML error other than TIMEOUT is logged once (until waiting works again) and sets
+        `wait_failed`, so the watcher thread backs off instead of spinning.
+        """
         handled = 0
         with self._set_lock:
             event_set = self._event_set
@@ -115,12 +121,27 @@ class XidWatcher:
                 try:
                     data = pynvml.nvmlEventSetWait(event_set, wait)
                 except pynvml.NVMLError as exc:
-                    if exc.value != pynvml.NVML_ERROR_TIMEOUT:
-                        self.log.debug("xid: event wait: %s", error_text(exc))
+                    if exc.value == pynvml.NVML_ERROR_TIMEOUT:
+                        self._wait_ok()
+                        return handled
+                    self._wait_error(error_text(exc))
                     return handled
+                self._wait_ok()
                 self._count(data)
                 handled += 1
                 wait = 0
+
+    def _wait_error(self, message: str) -> None:
+        self.wait_failed = True
+        if message != self._last_error:
+            self.log.warning("xid: waiting for NVML events failed: %s (retrying)", message)
+            self._last_error = message
+
+    def _wait_ok(self) -> None:
+        self.wait_failed = False
+        if self._last_error:
+            self.log.info("xid: waiting for NVML events works again")
+            self._last_error = ""
 
     def _count(self, data: Any) -> None:
         if not int(data.eventType) & XID_MASK:
@@ -165,9 +186,14 @@ class XidWatcher:
                     continue
                 try:
                     self.poll(timeout_ms)
-                except Exception:  # never let the watcher die
-                    self.log.exception("xid: watcher error")
-                    self._stop.wait(1.0)
+                except Exception as exc:  # never let the watcher die; log each distinct failure once
+                    message = f"{type(exc).__name__}: {exc}"
+                    if message != self._last_error:
+                        self.log.error("xid: event watcher error: %s (retrying)", message, exc_info=True)
+                        self._last_error = message
+                    self.wait_failed = True
+                if self.wait_failed:
+                    self._stop.wait(max(0.1, timeout_ms / 1000))
 
         self._thread = threading.Thread(target=loop, name="gpulens-xid", daemon=True)
         self._thread.start()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pynvml
+import pytest
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.collectors import DEFAULT_ENABLED
 
@@ -277,3 +279,38 @@ def test_gpm_unsupported_for_instances_leaves_the_rest_of_profiling_working() ->
     assert not samples(text, "gpu_mig_sm_active_ratio")
     assert value(text, "gpu_sm_active_ratio", gpu="1") is not None
     assert value(text, "gpulens_collector_success", collector="profiling") == 1
+
+
+def test_a_hung_gpu_is_logged_once_while_it_stays_hung(
+    exporter: Exporter, node: StaticNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    text_of(exporter)
+    node.update(3, hang_seconds=1.2)
+    with caplog.at_level(logging.INFO, logger="gpulens"):
+        exporter.sample_once()
+        exporter.sample_once()  # still stuck: a different message, the same state
+        node.update(3, hang_seconds=0.0)
+        time.sleep(1.3)
+        exporter.sample_once()
+    gpu3 = [r for r in caplog.records if r.getMessage().startswith("GPU 3")]
+    assert [r.levelno for r in gpu3] == [logging.WARNING, logging.INFO]
+
+
+def test_event_wait_errors_are_logged_once_and_do_not_spin(
+    exporter: Exporter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter.sample_once()
+    calls = []
+
+    def failing_wait(*_args: object) -> None:
+        calls.append(1)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait", failing_wait)
+    with caplog.at_level(logging.INFO, logger="gpulens"):
+        exporter.xid.start(timeout_ms=100)
+        time.sleep(0.6)
+        exporter.xid.stop()
+    assert len(calls) <= 8, f"{len(calls)} waits in 0.6 s: the watcher spins"
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "xid" in r.getMessage()]
+    assert len(warnings) == 1
