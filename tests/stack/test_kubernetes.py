@@ -382,3 +382,39 @@ def test_remediation_taint_is_tolerated_by_the_exporter():
 
     tolerated = {t["key"] for t in daemonset()["spec"]["template"]["spec"]["tolerations"]}
     assert TAINT_KEY in tolerated, "an isolated node must stay monitored"
+
+
+# --- schema validation (kubernetes-validate bundles the Kubernetes OpenAPI schemas offline) ----
+
+
+def core_objects() -> list[tuple[str, dict]]:
+    """(file, object) of every built-in Kubernetes kind shipped; CRDs (monitoring.coreos.com) have
+    no bundled schema and are checked structurally above."""
+    files = sorted(KDIR.glob("*.yaml")) + sorted(RDIR.glob("*.yaml"))
+    found = []
+    for path in files:
+        if path.name == "kustomization.yaml":
+            continue
+        for document in yaml.safe_load_all(path.read_text()):
+            if document and not document["apiVersion"].startswith("monitoring.coreos.com/"):
+                found.append((str(path.relative_to(REPO)), document))
+    return found
+
+
+def test_every_core_object_passes_the_kubernetes_schema_strictly():
+    validator = pytest.importorskip("kubernetes_validate")
+    version = validator.latest_version()
+    objects_checked = core_objects()
+    assert {o["kind"] for _f, o in objects_checked} >= {
+        "DaemonSet",
+        "Service",
+        "CronJob",
+        "Deployment",
+        "ClusterRole",
+        "PersistentVolumeClaim",
+    }
+    for path, obj in objects_checked:
+        try:
+            validator.validate(obj, version, strict=True)
+        except validator.ValidationError as exc:
+            pytest.fail(f"{path}: {obj['kind']}/{obj['metadata']['name']}: {str(exc).splitlines()[0]}")
