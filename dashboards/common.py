@@ -72,12 +72,13 @@ HOURS = "h"
 COUNT = "short"
 NONE = "none"
 EVENTS_PER_MINUTE = "cpm"
-EVENTS_PER_SECOND = "cps"
 TIMESTAMP = "dateTimeAsIso"
 
-# Xid codes that need a GPU reset or a node reboot (NVIDIA's RESET_GPU / RESTART_BM resolution
-# buckets); the same list the critical alert uses. Shown as "faulty" on the fleet overview.
-CRITICAL_XIDS: tuple[int, ...] = (48, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143, 155, 156, 158)
+# Xid codes that need a GPU reset, a node reboot or hardware service: exactly the codes of the
+# critical Xid alerts in alerts/gpu_alerts.yml (a test keeps the two equal). Shown as "faulty".
+CRITICAL_XIDS: tuple[int, ...] = (
+    46, 48, 54, 62, 64, 74, 79, 95, 109, 119, 120, 136, 140, 143, 155, 156, 158,
+)  # fmt: skip
 CRITICAL_XID_REGEX = "|".join(str(x) for x in CRITICAL_XIDS)
 
 # Label selectors every per-GPU query starts from.

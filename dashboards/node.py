@@ -22,6 +22,7 @@ from gpulens.dashboards.common import (
     PERCENTUNIT,
     RATIO_HIGH,
     TEMPERATURE,
+    TIMESTAMP,
     UID_NODE,
     UID_SHARING,
     UP,
@@ -390,7 +391,7 @@ def _health(layout: Layout) -> None:
         table(
             "Last Xid per GPU and code",
             [(f"max by (instance, gpu, xid) ({sel('gpu_xid_last_timestamp_seconds')}) * 1000", "")],
-            "dateTimeAsIso",
+            TIMESTAMP,
             rename={"Value": "last seen"},
             sort_by="last seen",
         ),

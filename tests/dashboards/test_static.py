@@ -327,3 +327,19 @@ def test_merged_tables_rename_every_value_column() -> None:
             shown = {f"Value #{t['refId']}" for t in ref.panel["targets"]}
             hidden = set(organize["options"]["excludeByName"])
             assert shown - hidden <= set(organize["options"]["renameByName"]), ref.name
+
+
+def test_faulty_xids_are_exactly_the_codes_of_the_critical_xid_alerts() -> None:
+    from gpulens.dashboards.common import CRITICAL_XIDS
+
+    rules = yaml.safe_load((REPO / "alerts" / "gpu_alerts.yml").read_text(encoding="utf-8"))
+    codes: set[int] = set()
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if (
+                rule.get("labels", {}).get("severity") == "critical"
+                and "gpu_xid_errors_total" in rule["expr"]
+            ):
+                for matcher in re.findall(r'xid=~?"([0-9|]+)"', rule["expr"]):
+                    codes |= {int(c) for c in matcher.split("|")}
+    assert codes and set(CRITICAL_XIDS) == codes
