@@ -7,6 +7,7 @@ and service accounts referenced but not shipped, a PrometheusRule that drifted f
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import shutil
 import subprocess
@@ -35,15 +36,16 @@ def kustomization() -> dict:
     return yaml.safe_load((KDIR / "kustomization.yaml").read_text())
 
 
+@functools.cache
+def parsed(path: Path) -> tuple[dict, ...]:
+    """The documents of one manifest file, parsed once per run (the generated files are large)."""
+    return tuple(d for d in yaml.safe_load_all(path.read_text()) if d)
+
+
 def objects(files: list[str] | None = None) -> list[dict]:
     """Every object of the kustomization's resources (or of the named files)."""
     names = files if files is not None else kustomization()["resources"]
-    found = []
-    for name in names:
-        for document in yaml.safe_load_all((KDIR / name).read_text()):
-            if document:
-                found.append(document)
-    return found
+    return [document for name in names for document in parsed(KDIR / name)]
 
 
 def one(kind: str, files: list[str] | None = None) -> dict:
