@@ -151,6 +151,16 @@ class Options:
     python: str = sys.executable
 
 
+@dataclass(frozen=True)
+class HistoryRange:
+    """What promtool backfilled: block count, time range (seconds since epoch) and samples."""
+
+    blocks: int = 0
+    min_time: float = 0.0
+    max_time: float = 0.0
+    samples: int = 0
+
+
 @dataclass
 class State:
     """What a running demo exposes: written to `state.json` for people, `--stop` and tests."""
@@ -160,7 +170,7 @@ class State:
     urls: dict[str, str] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     live_instance: str = ""
-    history: dict[str, object] = field(default_factory=dict)
+    history: HistoryRange = field(default_factory=HistoryRange)
     report: dict[str, str] = field(default_factory=dict)
 
     def save(self, layout: Layout) -> None:
@@ -527,7 +537,7 @@ def generate_history(options: Options, progress: Progress, now: float) -> Path:
     return metrics
 
 
-def backfill(options: Options, progress: Progress, metrics: Path) -> dict[str, object]:
+def backfill(options: Options, progress: Progress, metrics: Path) -> HistoryRange:
     """promtool turns the OpenMetrics history into TSDB blocks Prometheus loads at start."""
     layout = options.layout
     cmd = [
@@ -545,7 +555,7 @@ def backfill(options: Options, progress: Progress, metrics: Path) -> dict[str, o
     return blocks_range(layout.tsdb)
 
 
-def blocks_range(tsdb: Path) -> dict[str, object]:
+def blocks_range(tsdb: Path) -> HistoryRange:
     """Time range and block count of the TSDB blocks under `tsdb` (from their meta.json)."""
     metas = []
     for meta in tsdb.glob("*/meta.json"):
@@ -556,7 +566,7 @@ def blocks_range(tsdb: Path) -> dict[str, object]:
     min_ms = min(int(m["minTime"]) for m in metas)
     max_ms = max(int(m["maxTime"]) for m in metas)
     samples = sum(int(m.get("stats", {}).get("numSamples", 0)) for m in metas)
-    return {"blocks": len(metas), "min_time": min_ms / 1000, "max_time": max_ms / 1000, "samples": samples}
+    return HistoryRange(blocks=len(metas), min_time=min_ms / 1000, max_time=max_ms / 1000, samples=samples)
 
 
 def allocate_ports() -> dict[str, int]:
@@ -708,7 +718,7 @@ def prom_query(base: str, expr: str, at: float | None = None) -> list[dict]:
     return body["data"]["result"]
 
 
-def wait_for_data(base: str, history: dict[str, object], timeout: float = 90.0) -> int:
+def wait_for_data(base: str, history: HistoryRange, timeout: float = 90.0) -> int:
     """Wait for the first live scrape; check the backfilled history answers a query. Returns series."""
     deadline = time.monotonic() + timeout
     while not any(r["value"][1] == "1" for r in prom_query(base, 'up{job="gpulens"}')):
@@ -717,7 +727,7 @@ def wait_for_data(base: str, history: dict[str, object], timeout: float = 90.0) 
                 f"Prometheus has not scraped the exporter after {timeout:.0f} s (see its targets page)"
             )
         time.sleep(1)
-    middle = (float(history["min_time"]) + float(history["max_time"])) / 2  # type: ignore[arg-type]
+    middle = (history.min_time + history.max_time) / 2
     found = prom_query(base, 'count({__name__=~"gpu_.+"})', at=middle)
     if not found:
         raise DemoError(
@@ -776,7 +786,7 @@ def run_demo(options: Options, progress: Progress) -> State:
             "backfilling it into a Prometheus TSDB (promtool tsdb create-blocks-from openmetrics)"
         ):
             state.history = backfill(options, progress, metrics)
-            progress.say(f"      {state.history['blocks']} blocks, {state.history['samples']:,} samples")
+            progress.say(f"      {state.history.blocks} blocks, {state.history.samples:,} samples")
         ports = allocate_ports()
         state.ports = ports
         state.urls = {
@@ -808,8 +818,8 @@ def run_demo(options: Options, progress: Progress) -> State:
 
 
 def summary(state: State, layout: Layout) -> str:
-    start = datetime.fromtimestamp(float(state.history["min_time"]), UTC)  # type: ignore[arg-type]
-    end = datetime.fromtimestamp(float(state.history["max_time"]), UTC)  # type: ignore[arg-type]
+    start = datetime.fromtimestamp(state.history.min_time, UTC)
+    end = datetime.fromtimestamp(state.history.max_time, UTC)
     return "\n".join(
         [
             "",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -190,3 +191,18 @@ def test_a_missing_gpulens_command_is_one_line_naming_it(tmp_path, monkeypatch, 
 def test_a_bad_history_length_is_one_line(tmp_path, capsys):
     assert demo.main(["--dir", str(tmp_path), "--history", "a week"]) == 1
     assert "duration 'a week': expected a number and one unit" in capsys.readouterr().err
+
+
+def test_backfilled_range_comes_from_the_block_metadata(tmp_path):
+    for name, lo, hi, samples in (("a", 1000, 8_200_000, 10), ("b", 8_200_000, 9_000_000, 5)):
+        (tmp_path / name).mkdir()
+        meta = {"minTime": lo, "maxTime": hi, "stats": {"numSamples": samples}}
+        (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+    assert demo.blocks_range(tmp_path) == demo.HistoryRange(
+        blocks=2, min_time=1.0, max_time=9000.0, samples=15
+    )
+
+
+def test_no_backfilled_block_is_one_clear_error(tmp_path):
+    with pytest.raises(demo.DemoError, match="promtool wrote no TSDB block under"):
+        demo.blocks_range(tmp_path)
