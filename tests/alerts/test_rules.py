@@ -133,3 +133,20 @@ def test_referenced_series_exist_in_the_metric_contract():
 def test_series_extraction_ignores_labels_functions_and_keywords():
     expr = 'max by (instance, gpu_instance) (rate(gpu_x_total{xid=~"13|31"}[5m])) > on (gpu) gpu_y offset 1h'
     assert rulefiles.referenced_series(expr) == {"gpu_x_total", "gpu_y"}
+
+
+@pytest.mark.parametrize("rule", ALERTS, ids=lambda r: r.name)
+def test_runbook_shows_the_current_rule(rule):
+    text = (rulefiles.RUNBOOKS / f"{rule.name}.md").read_text()
+    match = re.search(r"```promql\n(.*?)\n```", text, re.S)
+    assert match, "the runbook quotes the rule's expression"
+    assert match.group(1) == rule.expr.strip(), "runbook out of date with gpu_alerts.yml"
+    assert f"Severity **{rule.labels['severity']}**" in text
+    for section in (
+        "## What it means",
+        "## NVIDIA's action",
+        "## Reset, reboot or RMA",
+        "## What to do",
+        "## Escalate when",
+    ):
+        assert section in text
