@@ -304,7 +304,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("scenario", help="scenario name (e.g. seed-case, dgx-h100) or YAML file")
     p.add_argument("--duration", default="7d", help="simulated time span (default 7d)")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--step", default="60s", help="sampling step in simulated time (default 60s)")
+    p.add_argument(
+        "--step", default="5m", help="sampling step in simulated time (default 5m: a week in about a minute)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start", default=None, help="simulated start time (default: aligned, 7 days ago)")
     p.add_argument("--progress", action="store_true", help="print progress on stderr")
