@@ -56,7 +56,8 @@ def test_exporter_hardening_keeps_the_nvidia_device_nodes_reachable():
     service = unit("gpulens-exporter.service")["Service"]
     assert service["DevicePolicy"] == ["closed"]
     allowed = [value.split()[0] for value in service["DeviceAllow"]]
-    assert "char-nvidia-frontend" in allowed and "/dev/nvidiactl" in allowed
+    # major 195 is "nvidia" in /proc/devices, or "nvidia-frontend" with multi-instance drivers
+    assert {"char-nvidia", "char-nvidia-frontend", "char-nvidia-caps", "/dev/nvidiactl"} <= set(allowed)
     assert service.get("PrivateDevices", ["no"]) == ["no"], "PrivateDevices hides /dev/nvidia*"
     assert service["ProtectSystem"] == ["strict"]
     assert service["NoNewPrivileges"] == ["yes"]
