@@ -88,8 +88,10 @@ def test_prometheus_has_the_backfilled_history(demo_run):
 def test_prometheus_scrapes_the_live_exporter(demo_run):
     _state_dir, state, _stdout = demo_run
     api = PromAPI(state["urls"]["prometheus"])
+    from gpulens.exporter.sim.scenario import load_scenario
+
     node = state["live_instance"]
-    assert node == "gpu-faulty-01"  # the faults scenario's host name
+    assert node == load_scenario("faults").hostname  # named like a node, not 127.0.0.1:port
     assert api.wait_for(f'up{{job="gpulens", instance="{node}"}} == 1', timeout=30)
     assert api.wait_for(f'count(gpu_up{{instance="{node}"}}) > 0', timeout=30)
 

@@ -100,7 +100,9 @@ def test_prometheus_config_loads_the_shipped_rules_and_scrapes_the_exporter_as_j
     assert jobs["gpulens"] == ["127.0.0.1:3"]
     # the live node is named like a real one (the scenario's host name), not by its loopback address
     (exporter,) = next(j for j in config["scrape_configs"] if j["job_name"] == "gpulens")["static_configs"]
-    assert exporter["labels"] == {"instance": "gpu-faulty-01"}
+    from gpulens.exporter.sim.scenario import load_scenario
+
+    assert exporter["labels"] == {"instance": load_scenario("faults").hostname}
     # GPUExporterDown watches every scrape job named *gpulens*: only the exporter's may be
     assert [name for name in jobs if "gpulens" in name] == ["gpulens"]
     assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:2"]
