@@ -98,6 +98,9 @@ class GpuSample:
     performance_state: int | None = None
     compute_mode: str | None = None
     fan_speed_ratio: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    persistence_mode: bool | None = None
     # memory
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None  # excludes reserved: total = used + free + reserved
@@ -111,11 +114,13 @@ class GpuSample:
     energy_joules: float | None = None
     temperature_celsius: float | None = None
     memory_temperature_celsius: float | None = None
+    temperature_thresholds: tuple[tuple[str, float], ...] = ()  # (threshold, celsius)
     # clocks
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
     sm_clock_max_hertz: float | None = None
     clock_events: tuple[tuple[str, bool], ...] = ()  # (reason, active) for supported reasons
+    clock_event_seconds: tuple[tuple[str, float], ...] = ()  # (reason, cumulative seconds)
     # pcie / nvlink
     pcie_tx_bytes: int | None = None
     pcie_rx_bytes: int | None = None

@@ -68,6 +68,32 @@ NVLINK_ERROR_KINDS: tuple[tuple[str, int], ...] = (
     ("crc_data", 3),
     ("ecc_data", 4),
 )
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_* fields: cumulative nanoseconds clocks were held down, per reason
+CLOCK_EVENT_FIELDS: tuple[tuple[str, int], ...] = (
+    ("sw_power_cap", 74),
+    ("sync_boost", 76),
+    ("sw_thermal_slowdown", 269),
+    ("hw_thermal_slowdown", 270),
+    ("hw_power_brake_slowdown", 271),
+)
+TEMPERATURE_THRESHOLDS: tuple[tuple[str, int], ...] = (
+    ("slowdown", pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+    ("shutdown", pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+)
+# per-link NVLink error count fields exist for links 0..11 (NVML_FI_DEV_NVLINK_<KIND>_ERROR_COUNT_L<n>)
+_NVLINK_ERROR_FIELD_PREFIX = {
+    "replay": "REPLAY",
+    "recovery": "RECOVERY",
+    "crc_flit": "CRC_FLIT",
+    "crc_data": "CRC_DATA",
+    "ecc_data": "ECC_DATA",
+}
+NVLINK_ERROR_FIELDS: dict[tuple[str, int], int] = {
+    (kind, link): getattr(pynvml, f"NVML_FI_DEV_NVLINK_{prefix}_ERROR_COUNT_L{link}")
+    for kind, prefix in _NVLINK_ERROR_FIELD_PREFIX.items()
+    for link in range(64)
+    if hasattr(pynvml, f"NVML_FI_DEV_NVLINK_{prefix}_ERROR_COUNT_L{link}")
+}
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
 # Areas whose reads need the process lists.
@@ -337,6 +363,12 @@ class NvmlBackend:
         out["compute_mode"] = None if mode is None else COMPUTE_MODES.get(int(mode), str(mode))
         fan = _call(pynvml.nvmlDeviceGetFanSpeed, handle)
         out["fan_speed_ratio"] = None if fan is None else fan / 100.0
+        encoder = _call(pynvml.nvmlDeviceGetEncoderUtilization, handle)
+        out["encoder_utilization_ratio"] = None if encoder is None else encoder[0] / 100.0
+        decoder = _call(pynvml.nvmlDeviceGetDecoderUtilization, handle)
+        out["decoder_utilization_ratio"] = None if decoder is None else decoder[0] / 100.0
+        persistence = _call(pynvml.nvmlDeviceGetPersistenceMode, handle)
+        out["persistence_mode"] = None if persistence is None else bool(persistence)
         return out
 
     def _read_memory(self, handle: Any) -> dict[str, Any]:
@@ -367,6 +399,12 @@ class NvmlBackend:
         values = _field_values(handle, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
         mem_temp = values.get((pynvml.NVML_FI_DEV_MEMORY_TEMP, 0))
         out["memory_temperature_celsius"] = None if mem_temp is None else float(mem_temp)
+        thresholds: list[tuple[str, float]] = []
+        for name, kind in TEMPERATURE_THRESHOLDS:
+            celsius = _call(pynvml.nvmlDeviceGetTemperatureThreshold, handle, kind)
+            if celsius is not None:
+                thresholds.append((name, float(celsius)))
+        out["temperature_thresholds"] = tuple(thresholds)
         return out
 
     def _read_clocks(self, handle: Any) -> dict[str, Any]:
@@ -384,6 +422,12 @@ class NvmlBackend:
             out["clock_events"] = tuple(
                 (reason, bool(int(current) & bit)) for reason, bit in CLOCK_EVENT_REASONS if mask & bit
             )
+        durations = _field_values(handle, [field for _, field in CLOCK_EVENT_FIELDS])
+        out["clock_event_seconds"] = tuple(
+            (reason, durations[(field, 0)] / 1e9)
+            for reason, field in CLOCK_EVENT_FIELDS
+            if (field, 0) in durations
+        )
         return out
 
     def _read_pcie_nvlink(self, handle: Any) -> dict[str, Any]:
@@ -428,12 +472,19 @@ class NvmlBackend:
         for link in links:
             requests.append((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link))
             requests.append((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link))
-        values = _field_values(handle, requests)
+            for kind, _ in NVLINK_ERROR_KINDS:
+                field = NVLINK_ERROR_FIELDS.get((kind, link))
+                if field is not None:
+                    requests.append((field, 0))
+        values = _field_values(handle, requests)  # one call instead of 7 per link
         out: list[NvLinkSample] = []
         for link in links:
             errors: list[tuple[str, int]] = []
             for kind, counter in NVLINK_ERROR_KINDS:
-                count = _call(pynvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)
+                field = NVLINK_ERROR_FIELDS.get((kind, link))
+                count = values.get((field, 0)) if field is not None else None
+                if count is None:  # links above 11 have no field; older drivers may lack them
+                    count = _call(pynvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)
                 if count is not None:
                     errors.append((kind, int(count)))
             tx = values.get((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link))

@@ -9,6 +9,7 @@ from gpulens.exporter.collectors.base import (
     CollectorOptions,
     CollectorSpec,
     add_optional,
+    counter,
     gauge,
     gpu_labels,
     non_empty,
@@ -32,6 +33,12 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         " supported reasons only.",
         [*GPU_LABELS, "reason"],
     )
+    seconds = counter(
+        "gpu_clock_event_seconds_total",
+        "Time clocks were held down by the reason since the driver loaded (NVML CLOCKS_EVENT_REASON_* fields,"
+        " ns / 1e9); rate() is the fraction of time throttled, including events between samples.",
+        [*GPU_LABELS, "reason"],
+    )
     for gpu in readable(snapshot, "clocks"):
         labels = gpu_labels(gpu)
         add_optional(sm, labels, gpu.sm_clock_hertz)
@@ -39,7 +46,9 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         add_optional(sm_max, labels, gpu.sm_clock_max_hertz)
         for reason, active in gpu.clock_events:
             events.add_metric([*labels, reason], 1.0 if active else 0.0)
-    yield from non_empty(sm, mem, sm_max, events)
+        for reason, total in gpu.clock_event_seconds:
+            seconds.add_metric([*labels, reason], total)
+    yield from non_empty(sm, mem, sm_max, events, seconds)
 
 
 SPEC = CollectorSpec("clocks", True, "SM/memory clocks and clock event (throttle) reasons", collect)

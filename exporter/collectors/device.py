@@ -57,6 +57,19 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         "Fan speed as a fraction of maximum (NVML fan speed; absent on fanless boards).",
         GPU_LABELS,
     )
+    encoder = gauge(
+        "gpu_encoder_utilization_ratio",
+        "Video encoder utilization (NVML encoder utilization); absent on MIG.",
+        GPU_LABELS,
+    )
+    decoder = gauge(
+        "gpu_decoder_utilization_ratio",
+        "Video decoder utilization (NVML decoder utilization); absent on MIG.",
+        GPU_LABELS,
+    )
+    persistence = gauge(
+        "gpu_persistence_mode", "1 if persistence mode is enabled (NVML persistence mode).", GPU_LABELS
+    )
     procs = gauge(
         "gpu_processes",
         "Compute and graphics processes with a context on the GPU (all MIG instances).",
@@ -86,8 +99,12 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         if gpu.compute_mode is not None:
             mode.add_metric([*labels, gpu.compute_mode], 1.0)
         add_optional(fan, labels, gpu.fan_speed_ratio)
+        add_optional(encoder, labels, gpu.encoder_utilization_ratio)
+        add_optional(decoder, labels, gpu.decoder_utilization_ratio)
+        if gpu.persistence_mode is not None:
+            persistence.add_metric(labels, 1.0 if gpu.persistence_mode else 0.0)
         procs.add_metric(labels, float(len(gpu.processes)))
-    yield from non_empty(info, up, util, mem_util, pstate, mode, fan, procs)
+    yield from non_empty(info, up, util, mem_util, pstate, mode, fan, encoder, decoder, persistence, procs)
 
 
 SPEC = CollectorSpec(

@@ -35,6 +35,11 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     mem_temp = gauge(
         "gpu_memory_temperature_celsius", "HBM temperature (NVML field 82, MEMORY_TEMP).", GPU_LABELS
     )
+    thresholds = gauge(
+        "gpu_temperature_threshold_celsius",
+        "Temperature at which the GPU slows down or shuts down (NVML temperature threshold).",
+        [*GPU_LABELS, "threshold"],
+    )
     for gpu in readable(snapshot, "power_thermal"):
         labels = gpu_labels(gpu)
         add_optional(power, labels, gpu.power_watts)
@@ -42,7 +47,9 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         add_optional(energy, labels, gpu.energy_joules)
         add_optional(temp, labels, gpu.temperature_celsius)
         add_optional(mem_temp, labels, gpu.memory_temperature_celsius)
-    yield from non_empty(power, limit, energy, temp, mem_temp)
+        for name, celsius in gpu.temperature_thresholds:
+            thresholds.add_metric([*labels, name], celsius)
+    yield from non_empty(power, limit, energy, temp, mem_temp, thresholds)
 
 
 SPEC = CollectorSpec(

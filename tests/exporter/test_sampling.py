@@ -314,3 +314,10 @@ def test_event_wait_errors_are_logged_once_and_do_not_spin(
     assert len(calls) <= 8, f"{len(calls)} waits in 0.6 s: the watcher spins"
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "xid" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_clock_event_durations_are_counters_in_seconds(exporter: Exporter, node: StaticNode) -> None:
+    node.update(2, clock_event_reason_ns={pynvml.nvmlClocksEventReasonHwThermalSlowdown: 2_500_000_000})
+    text = text_of(exporter)
+    assert value(text, "gpu_clock_event_seconds_total", gpu="2", reason="hw_thermal_slowdown") == 2.5
+    assert value(text, "gpu_clock_event_seconds_total", gpu="2", reason="sw_power_cap") == 0
