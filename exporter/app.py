@@ -20,6 +20,7 @@ sampling loop and the Xid watcher thread; `current` is the last published (snaps
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -55,6 +56,7 @@ class Published:
 class SimulatedPaths:
     """Where the simulated node writes its fake /proc, /var/log/pods and job-mapping files."""
 
+    root: Path
     procfs: Path
     pod_logs: Path
     job_mapping: Path
@@ -69,7 +71,9 @@ def build_simulated_node(config: ExporterConfig) -> tuple[Any, SimulatedPaths]:
 
     assert config.simulate is not None
     root = Path(tempfile.mkdtemp(prefix="gpulens-sim-"))
-    paths = SimulatedPaths(procfs=root / "proc", pod_logs=root / "pods", job_mapping=root / "job-mapping")
+    paths = SimulatedPaths(
+        root=root, procfs=root / "proc", pod_logs=root / "pods", job_mapping=root / "job-mapping"
+    )
     for path in (paths.procfs, paths.pod_logs, paths.job_mapping):
         path.mkdir()
     clock = RealClock() if config.sim_speed == 1.0 else ScaledClock(config.sim_speed)
@@ -83,6 +87,7 @@ def build_simulated_node(config: ExporterConfig) -> tuple[Any, SimulatedPaths]:
             job_mapping_dir=paths.job_mapping,
         )
     except (OSError, ValueError) as exc:  # ScenarioError is a ValueError with a one-line message
+        shutil.rmtree(root, ignore_errors=True)
         raise ConfigError(f"--simulate: {exc}") from exc
     install(node)
     return node, paths
@@ -100,9 +105,11 @@ class Exporter:
         self.config = config
         self.log = logger or logging.getLogger("gpulens.exporter")
         self.node = node
+        self._sim_paths: SimulatedPaths | None = None
         procfs = config.procfs
         if node is None and config.simulate:
             self.node, sim_paths = build_simulated_node(config)
+            self._sim_paths = sim_paths
             procfs = procfs or sim_paths.procfs
             config = replace(
                 config,
@@ -296,3 +303,9 @@ class Exporter:
         self.sampler.close()
         if self._attributor is not None:
             self._attributor.close()
+        if self._sim_paths is not None:  # we built and installed the simulated node: undo both
+            from gpulens.exporter.sim.install import uninstall
+
+            uninstall()
+            shutil.rmtree(self._sim_paths.root, ignore_errors=True)
+            self._sim_paths = None

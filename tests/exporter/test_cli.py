@@ -107,3 +107,38 @@ def test_bad_web_config_prints_one_line_naming_the_field(tmp_path: Path) -> None
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "basic_auth_users.alice" in result.stderr
+
+
+def test_unknown_scenario_prints_one_line_and_exits_2() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpulens.exporter",
+            "--simulate",
+            "no-such-scenario",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "--simulate" in result.stderr and "no-such-scenario" in result.stderr
+
+
+def test_a_simulating_exporter_cleans_up_its_node_and_files() -> None:
+    import pynvml
+    from gpulens.exporter.app import Exporter
+    from gpulens.exporter.config import ExporterConfig
+
+    exporter = Exporter(ExporterConfig(simulate="seed-case", pod_resources_socket=None))
+    try:
+        assert exporter.sample_once().gpu_count > 0
+        assert exporter.procfs.is_dir()
+    finally:
+        exporter.close()
+    assert not exporter.procfs.exists()
+    assert pynvml.nvmlLib is None
