@@ -129,7 +129,8 @@ class Exporter:
             f"simulated ({config.simulate})" if config.simulate else ("simulated" if node else "nvml")
         )
 
-        self.enabled = tuple(name for name in REGISTRY if name in (config.collectors or DEFAULT_ENABLED))
+        wanted = DEFAULT_ENABLED if config.collectors is None else config.collectors
+        self.enabled = tuple(name for name in REGISTRY if name in wanted)
         self.options = CollectorOptions(processes_max=config.processes_max)
         areas = frozenset(n for n in self.enabled if REGISTRY[n].reads_nvml)
         if config.profiling == "off":

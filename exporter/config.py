@@ -6,7 +6,7 @@ user error (`ConfigError`, one line naming the flag or file and what was expecte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_PORT = 9842
@@ -38,7 +38,7 @@ class ExporterConfig:
     log_level: str = "info"
     log_format: str = "text"
     web_config_file: Path | None = None
-    collectors: frozenset[str] = field(default_factory=frozenset)  # empty: the defaults
+    collectors: frozenset[str] | None = None  # None: the defaults; empty: only the exporter's own metrics
     processes_max: int = 100
     profiling: str = "auto"
 

@@ -321,3 +321,14 @@ def test_clock_event_durations_are_counters_in_seconds(exporter: Exporter, node:
     text = text_of(exporter)
     assert value(text, "gpu_clock_event_seconds_total", gpu="2", reason="hw_thermal_slowdown") == 2.5
     assert value(text, "gpu_clock_event_seconds_total", gpu="2", reason="sw_power_cap") == 0
+
+
+def test_disabling_every_collector_leaves_only_the_exporters_own_metrics(node: StaticNode) -> None:
+    exporter = make_exporter(node, collectors=frozenset())
+    try:
+        text = text_of(exporter)
+    finally:
+        exporter.close()
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    assert names and all(name.startswith("gpulens_") for name in names)
+    assert value(text, "gpulens_gpus") == 4
