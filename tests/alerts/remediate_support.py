@@ -66,6 +66,7 @@ class KubeStandIn:
     nodes: dict[str, dict] = field(default_factory=dict)
     pods: list[dict] = field(default_factory=list)
     pdb_blocked: set[str] = field(default_factory=set)  # pod names whose eviction answers 429
+    conflicts: int = 0  # how many times another writer changes a node between GET and PATCH
     requests: list[KubeRequest] = field(default_factory=list)
     url: str = ""
 
@@ -106,7 +107,12 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             if url.path.startswith("/api/v1/nodes/"):
                 name = url.path.rsplit("/", 1)[1]
                 if name in state.nodes:
-                    self._reply(200, state.nodes[name])
+                    node = state.nodes[name]
+                    self._reply(200, node)
+                    if state.conflicts:  # someone else writes the node right after our read
+                        state.conflicts -= 1
+                        meta = node.setdefault("metadata", {})
+                        meta["resourceVersion"] = str(int(meta.get("resourceVersion", "1")) + 1)
                 else:
                     self._reply(404, {"kind": "Status", "message": f'nodes "{name}" not found'})
             elif url.path == "/api/v1/pods":
@@ -124,8 +130,14 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             if node is None:
                 self._reply(404, {"message": "not found"})
                 return
+            meta = node.setdefault("metadata", {})
+            wanted = body.get("metadata", {}).get("resourceVersion")
+            if wanted and wanted != meta.get("resourceVersion", "1"):
+                self._reply(409, {"kind": "Status", "message": "the object has been modified"})
+                return
+            meta["resourceVersion"] = str(int(meta.get("resourceVersion", "1")) + 1)
             # JSON merge patch (RFC 7386) of metadata.annotations and spec
-            annotations = node.setdefault("metadata", {}).setdefault("annotations", {})
+            annotations = meta.setdefault("annotations", {})
             annotations.update(body.get("metadata", {}).get("annotations", {}))
             node.setdefault("spec", {}).update(body.get("spec", {}))
             self._reply(200, node)

@@ -153,7 +153,7 @@ def test_metrics_count_actions_and_requests(scontrol):
 def _node(name: str, taints: list | None = None, unschedulable: bool = False) -> dict:
     return {
         "kind": "Node",
-        "metadata": {"name": name, "annotations": {}},
+        "metadata": {"name": name, "annotations": {}, "resourceVersion": "7"},
         "spec": {"unschedulable": unschedulable, "taints": taints or []},
     }
 
@@ -361,3 +361,23 @@ def test_unreachable_kubernetes_api_fails_and_is_retried(scontrol):
         state = _state(base)
     assert [json.loads(b)["handled"][0]["result"] for b in (first, second)] == ["failed", "failed"]
     assert state["actions"][0]["detail"].startswith("GET /api/v1/nodes/gpu-1: ")
+
+
+def test_kubernetes_patch_is_conditional_and_retried_after_a_conflict(kube):
+    kube.conflicts = 1
+    with receiver(KubernetesIsolator(kube.client), dry_run=False) as (base, _):
+        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842", remediate="isolate_gpu")))
+    assert json.loads(body)["handled"][0]["result"] == "applied"
+    first, second = kube.of("PATCH")
+    assert first.body["metadata"]["resourceVersion"] == "7"  # refused: the node moved on to 8
+    assert second.body["metadata"]["resourceVersion"] == "8"
+    assert len(kube.of("GET")) == 2
+
+
+def test_kubernetes_gives_up_after_repeated_conflicts(kube):
+    kube.conflicts = 10
+    with receiver(KubernetesIsolator(kube.client), dry_run=False) as (base, _):
+        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842", remediate="isolate_gpu")))
+        state = _state(base)
+    assert json.loads(body)["handled"][0]["result"] == "failed"
+    assert state["actions"][0]["detail"] == "PATCH node gpu-1: still conflicting after 3 tries"

@@ -29,6 +29,7 @@ TAINT_KEY = "gpulens.io/gpu-fault"
 ANNOTATION_AT = "gpulens.io/isolated-at"
 ANNOTATION_REASON = "gpulens.io/isolation-reason"
 ANNOTATION_FINGERPRINT = "gpulens.io/alert-fingerprint"
+CONFLICT_RETRIES = 3
 
 
 class KubernetesError(Exception):
@@ -121,31 +122,46 @@ class KubernetesIsolator:
         return text
 
     def isolate(self, request: IsolationRequest, now: float) -> Outcome:
-        path = f"/api/v1/nodes/{urllib.parse.quote(request.node)}"
         try:
-            status, node = self.client.request("GET", path)
-            if status != 200:
-                return Outcome("failed", f"GET node {request.node}: HTTP {status} {node.get('message', '')}")
-            spec = node.get("spec", {})
-            taints = [t for t in spec.get("taints") or [] if isinstance(t, dict)]
-            ours = any(t.get("key") == TAINT_KEY for t in taints)
-            if ours and spec.get("unschedulable"):
-                detail = f"node {request.node} already cordoned and tainted {TAINT_KEY}"
-                return Outcome("already", detail + self._drain(request))
-            if not ours:
-                taints.append(_taint(request))
-            # A merge patch replaces the taints list as a whole, hence the list read above.
-            status, answer = self.client.request(
-                "PATCH", path, self._patch(request, now, taints), content_type="application/merge-patch+json"
+            for _ in range(CONFLICT_RETRIES):
+                outcome = self._cordon_and_taint(request, now)
+                if outcome is not None:
+                    return outcome
+            return Outcome(
+                "failed", f"PATCH node {request.node}: still conflicting after {CONFLICT_RETRIES} tries"
             )
-            if status != 200:
-                return Outcome(
-                    "failed", f"PATCH node {request.node}: HTTP {status} {answer.get('message', '')}"
-                )
-            detail = f"cordoned node {request.node} and tainted {TAINT_KEY}={request.alertname}:NoSchedule"
-            return Outcome("applied", detail + self._drain(request))
         except KubernetesError as exc:
             return Outcome("failed", str(exc))
+
+    def _cordon_and_taint(self, request: IsolationRequest, now: float) -> Outcome | None:
+        """One read-modify-write of the node; None when another writer changed it in between."""
+        path = f"/api/v1/nodes/{urllib.parse.quote(request.node)}"
+        status, node = self.client.request("GET", path)
+        if status != 200:
+            return Outcome("failed", f"GET node {request.node}: HTTP {status} {node.get('message', '')}")
+        spec = node.get("spec", {})
+        taints = [t for t in spec.get("taints") or [] if isinstance(t, dict)]
+        ours = any(t.get("key") == TAINT_KEY for t in taints)
+        if ours and spec.get("unschedulable"):
+            detail = f"node {request.node} already cordoned and tainted {TAINT_KEY}"
+            return Outcome("already", detail + self._drain(request))
+        if not ours:
+            taints.append(_taint(request))
+        # A merge patch replaces the taints list as a whole, hence the list read above; the
+        # resourceVersion makes the API refuse (409) if someone changed the node since.
+        patch = self._patch(request, now, taints)
+        version = node.get("metadata", {}).get("resourceVersion")
+        if version:
+            patch["metadata"]["resourceVersion"] = version
+        status, answer = self.client.request(
+            "PATCH", path, patch, content_type="application/merge-patch+json"
+        )
+        if status == 409:
+            return None
+        if status != 200:
+            return Outcome("failed", f"PATCH node {request.node}: HTTP {status} {answer.get('message', '')}")
+        detail = f"cordoned node {request.node} and tainted {TAINT_KEY}={request.alertname}:NoSchedule"
+        return Outcome("applied", detail + self._drain(request))
 
     def _drain(self, request: IsolationRequest) -> str:
         if not self._drains(request):
