@@ -4,7 +4,7 @@ Without measured use, the only question is how many GPUs the requested shares ne
 pod list is a workload to place (the ATC '23 simulator places all of it on the 6,212-GPU
 cluster; most pods live minutes, so wall-clock concurrency is not what it models), so we place
 all pods: GPUs counted as if every pod got whole GPUs (no sharing) versus fractional requests
-packed first-fit decreasing onto shared GPUs (whole-GPU pods keep whole GPUs). `at` restricts
+packed best-fit decreasing onto shared GPUs (whole-GPU pods keep whole GPUs). `at` restricts
 the placement to pods alive at one instant instead. Recommendations say so plainly and carry low
 confidence: `mps` for fractional requests (space sharing with a thread share), `exclusive` for
 whole GPUs.
@@ -12,6 +12,7 @@ whole GPUs.
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -84,19 +85,23 @@ def plan_requests(recs: pd.DataFrame, at: float | None = None) -> Plan:
         whole = int(group.loc[group["requested_gpus"] >= 1, "requested_gpus"].apply(math.ceil).sum())
         bins: list[list[tuple[str, float]]] = []
         loads: list[float] = []
-        for job, req in sorted(
+        free: list[tuple[float, int]] = []  # (remaining share, bin index), sorted: best fit by bisect
+        pairs = sorted(
             zip(group["job_id"], group["requested_gpus"], strict=True), key=lambda x: (-x[1], x[0])
-        ):
+        )
+        for job, req in pairs:
             if req >= 1:
                 continue
-            for i, load in enumerate(loads):
-                if load + req <= 1.0 + 1e-9:
-                    loads[i] += req
-                    bins[i].append((job, req))
-                    break
+            pos = bisect.bisect_left(free, (req - 1e-9, -1))
+            if pos < len(free):
+                remaining, index = free.pop(pos)
+                loads[index] += req
+                bins[index].append((job, req))
+                bisect.insort(free, (remaining - req, index))
             else:
                 loads.append(req)
                 bins.append([(job, req)])
+                bisect.insort(free, (1.0 - req, len(bins) - 1))
         after = whole + len(bins)
         by_model[str(model)] = {"gpus_before": before, "gpus_after": after, "gpus_freed": before - after}
         for i, members in enumerate(bins):
