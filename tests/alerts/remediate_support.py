@@ -25,23 +25,40 @@ from gpulens.remediate.service import Remediator
 TOKEN = "s3cret-token"
 
 
-def write_fake_scontrol(tmp_path: Path, exit_code: int = 0) -> tuple[Path, Path]:
-    """A `scontrol` in a fresh bin dir that appends its argv (JSON) to a record file."""
+def write_fake_scontrol(
+    tmp_path: Path, exit_code: int = 0, state: str = "MIXED", reason: str = ""
+) -> tuple[Path, Path]:
+    """A `scontrol` in a fresh bin dir that appends its argv (JSON) to a record file.
+
+    `show node` prints a one-line node record in `state` (with `reason`); `update` exits with
+    `exit_code` and Slurm's message when it is not 0.
+    """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     record = tmp_path / "scontrol-calls.jsonl"
+    shown = f"NodeName={{node}} Arch=x86_64 CPUTot=128 State={state} Gres=gpu:h100:8 Partitions=gpu"
+    if reason:
+        shown += f" Reason={reason} [root@2026-11-29T20:00:00]"
     script = bin_dir / "scontrol"
     script.write_text(
         f"#!{sys.executable}\n"
         "import json, sys\n"
         f"with open({str(record)!r}, 'a') as f:\n"
         "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        "if sys.argv[1:3] == ['show', 'node']:\n"
+        f"    print({shown!r}.format(node=sys.argv[3]))\n"
+        "    sys.exit(0)\n"
         f"if {exit_code}:\n"
         "    print('slurm_update error: Invalid node name specified', file=sys.stderr)\n"
         f"sys.exit({exit_code})\n"
     )
     script.chmod(0o755)
     return bin_dir, record
+
+
+def scontrol_updates(record: Path) -> list[list[str]]:
+    """The `scontrol update ...` calls only (the backend reads the node first)."""
+    return [call for call in scontrol_calls(record) if call[:1] == ["update"]]
 
 
 def scontrol_calls(record: Path) -> list[list[str]]:

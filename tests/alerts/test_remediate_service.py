@@ -24,6 +24,7 @@ from tests.alerts.remediate_support import (
     post,
     receiver,
     scontrol_calls,
+    scontrol_updates,
     write_fake_scontrol,
 )
 from tests.support.procs import free_port, wait_http
@@ -79,8 +80,28 @@ def test_apply_drains_the_node_with_scontrol(scontrol):
         {"alertname": "GPUXidFallenOffBus", "node": "gpu-17", "result": "applied"}
     ]
     assert scontrol_calls(scontrol) == [
-        ["update", "NodeName=gpu-17", "State=DRAIN", "Reason=gpulens: GPUXidFallenOffBus gpu 5 GPU-5"]
+        ["show", "node", "gpu-17", "--oneliner"],
+        ["update", "NodeName=gpu-17", "State=DRAIN", "Reason=gpulens: GPUXidFallenOffBus gpu 5 GPU-5"],
     ]
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "owner"),
+    [
+        ("IDLE+DRAIN", "disk replacement", "by someone else"),
+        ("MIXED+DRAIN", "gpulens: GPULost gpu 1 GPU-1", "by gpulens"),
+        ("DOWN+DRAIN", "", "by someone else"),
+    ],
+)
+def test_a_drained_node_is_left_as_it_is(tmp_path, monkeypatch, state, reason, owner):
+    bin_dir, record = write_fake_scontrol(tmp_path, state=state, reason=reason)
+    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
+    with receiver(SlurmIsolator(), dry_run=False) as (base, _):
+        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-17:9842")))
+        state_doc = _state(base)
+    assert json.loads(body)["handled"][0]["result"] == "already"
+    assert state_doc["actions"][0]["detail"] == f"node gpu-17 already drained {owner} (Reason={reason})"
+    assert scontrol_updates(record) == []
 
 
 def test_repeats_of_one_episode_act_once_and_a_new_episode_acts_again(scontrol):
@@ -89,7 +110,7 @@ def test_repeats_of_one_episode_act_once_and_a_new_episode_acts_again(scontrol):
         _status, body = post(f"{base}/alerts", notification(alert()))
         assert json.loads(body)["handled"][0]["result"] == "duplicate"
         post(f"{base}/alerts", notification(alert(starts_at="2026-11-30T08:00:00Z")))
-    assert len(scontrol_calls(scontrol)) == 2
+    assert len(scontrol_updates(scontrol)) == 2
 
 
 def test_resolved_never_returns_a_node_to_service(scontrol):
@@ -117,7 +138,7 @@ def test_a_failed_drain_is_reported_and_retried_on_the_next_repeat(tmp_path, mon
         _, second = post(f"{base}/alerts", notification(alert()))
         state = _state(base)
     assert [json.loads(b)["handled"][0]["result"] for b in (first, second)] == ["failed", "failed"]
-    assert len(scontrol_calls(record)) == 2
+    assert len(scontrol_updates(record)) == 2
     assert state["actions"][0]["detail"].endswith("slurm_update error: Invalid node name specified")
 
 
@@ -130,7 +151,7 @@ def test_breaker_stops_isolating_after_max_nodes_until_reset(scontrol):
         assert post(f"{base}/-/breaker/reset", None, authorization=None, raw=b"")[0] == 401
         assert post(f"{base}/-/breaker/reset", None, raw=b"")[0] == 200
         post(f"{base}/alerts", notification(alert(instance="n3:9842", starts_at="later")))
-    assert [c[1] for c in scontrol_calls(scontrol)] == ["NodeName=n1", "NodeName=n2", "NodeName=n3"]
+    assert [c[1] for c in scontrol_updates(scontrol)] == ["NodeName=n1", "NodeName=n2", "NodeName=n3"]
     assert [a["result"] for a in state["actions"]] == ["applied", "applied", "breaker_open"]
     assert state["breaker"]["open"] is True and state["breaker"]["refused_node"] == "n3"
     assert "gpulens_remediate_breaker_open 1.0" in metrics
@@ -335,7 +356,7 @@ def test_cli_apply_with_basic_auth_drains_through_scontrol_on_path(tmp_path):
         proc.terminate()
         output = proc.communicate(timeout=10)[0]
     assert status == 200
-    assert scontrol_calls(record) == [
+    assert scontrol_updates(record) == [
         ["update", "NodeName=gpu-3", "State=DRAIN", "Reason=gpulens: GPUXidFallenOffBus gpu 0 GPU-0"]
     ]
     assert "applied GPUXidFallenOffBus node=gpu-3" in output
