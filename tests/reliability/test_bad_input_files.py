@@ -174,11 +174,13 @@ def test_impossible_mig_layouts_name_the_field(bad_input: Count, case: str) -> N
             "faults.timeline[0].at",
         ),
         (
-            "gpus: [{model: H100-80GB}]\nprocesses: [{pid: 4242, gpu: 3, workload: {pattern: constant, memory: 1GiB}}]",
+            "gpus: [{model: H100-80GB}]\n"
+            "processes: [{pid: 4242, gpu: 3, workload: {pattern: constant, memory: 1GiB}}]",
             "processes[0].gpu",
         ),
         (
-            "gpus: [{model: H100-80GB}]\nprocesses: [{pid: 4242, gpu: 0, workload: {pattern: constant, memory: 1TiB}}]",
+            "gpus: [{model: H100-80GB}]\n"
+            "processes: [{pid: 4242, gpu: 0, workload: {pattern: constant, memory: 1TiB}}]",
             "processes[0].workload.memory",
         ),
         ("{{{{", "yaml"),
