@@ -622,7 +622,7 @@ class ScenarioNode:
         if snap is None:
             snap = self._snapshot(gpu, r, smooth=False)
             with self._lock:
-                if len(self._snapshots) >= 512:
+                if len(self._snapshots) >= 128:
                     self._snapshots.pop(next(iter(self._snapshots)))
                 self._snapshots[key] = snap
         return snap
