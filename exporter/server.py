@@ -62,6 +62,9 @@ def make_handler(exporter: Any, web: WebConfig) -> type[BaseHTTPRequestHandler]:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # headers and body go out in separate writes; with Nagle on, a keep-alive client's delayed
+        # ACK stalls the body ~40 ms (seen with small gzip bodies)
+        disable_nagle_algorithm = True
         server_version = f"gpulens-exporter/{__version__}"
         timeout = 60
 

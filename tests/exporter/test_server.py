@@ -241,3 +241,22 @@ def test_json_log_lines_are_json_objects() -> None:
     assert payload["level"] == "warning"
     assert payload["msg"] == "GPU 2: lost"
     assert payload["logger"] == "gpulens.exporter"
+
+
+def test_keep_alive_gzip_scrapes_are_not_delayed_by_nagle() -> None:
+    import http.client
+    import statistics
+    import time
+
+    with serving() as (server, _):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        latencies = []
+        for _ in range(15):
+            started = time.perf_counter()
+            connection.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+            response = connection.getresponse()
+            response.read()
+            latencies.append(time.perf_counter() - started)
+        connection.close()
+    # header and body are separate writes: with Nagle and delayed ACKs each scrape took ~40 ms
+    assert statistics.median(latencies) < 0.02, latencies
