@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from gpulens.exporter.sim.clock import ManualClock
 from gpulens.exporter.sim.engine import build_node
@@ -65,3 +69,32 @@ def test_exclusive_gpu_memory_is_processes_plus_reserved(dgx):
     (proc,) = state.processes
     assert proc.gpu_instance_id == NO_INSTANCE
     assert state.memory_used_bytes == state.memory_reserved_bytes + proc.used_memory_bytes
+
+
+def test_states_do_not_depend_on_python_hash_randomization() -> None:
+    script = (
+        "from gpulens.exporter.sim.clock import ManualClock\n"
+        "from gpulens.exporter.sim.engine import build_node\n"
+        "from gpulens.exporter.sim.scenario import load_scenario\n"
+        "import hashlib\n"
+        f"clock = ManualClock({T0})\n"
+        "node = build_node(load_scenario('faults'), seed=3, clock=clock)\n"
+        "digest = hashlib.sha256()\n"
+        "for step in (1, 20, 40, 75):\n"
+        "    clock.advance(step)\n"
+        "    digest.update(repr([node.gpu_state(i) for i in range(8)]).encode())\n"
+        "    digest.update(repr(node.events_between(clock.now() - step, clock.now())).encode())\n"
+        "print(digest.hexdigest())\n"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(digests) == 1
