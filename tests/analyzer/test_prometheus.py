@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import urllib.request
 
 import numpy as np
 import pandas as pd
 import pytest
 from gpulens.analyzer.history import write_history
+from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.signals import ACTIVITY
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.sources.prometheus import PromClient, PromConfig, PromSource, _regex, signal_expr
 
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady
-from tests.support.procs import find_binary, prometheus
+from tests.support.procs import find_binary, free_port, prometheus, running
 
 GIB = 1024**3
 STEPS = 60
@@ -103,3 +106,48 @@ def test_job_ids_are_escaped_in_the_matcher():
     assert regex == 'a\\\\.b|c\\"d'
     expr = signal_expr(ACTIVITY["exclusive"][0], regex, "avg")
     assert 'job_id=~"a\\\\.b|c\\"d"' in expr
+
+
+@pytest.mark.slow
+def test_victoriametrics_answers_the_same_queries(tmp_path, th):
+    """Any PromQL-compatible store: VictoriaMetrics (Debian `victoria-metrics`, skipped if absent).
+
+    VictoriaMetrics imports Prometheus text (ms timestamps) and has no lookback flag, so a series
+    lingers one step past its end and gaps are filled: counts may differ by a sample, numbers
+    slightly; jobs, signals and recommendations must not.
+    """
+    binary = shutil.which("victoria-metrics")
+    if binary is None:
+        pytest.skip("victoria-metrics is not installed (apt-get install victoria-metrics)")
+    start = 1_767_225_600.0
+    write_history(tmp_path / "h", history_frame(start), {"step_s": synth.STEP})
+    end, window = start + STEPS * synth.STEP, 6 * 3600.0
+    from_files = files.profiles(files.load(str(tmp_path / "h"), window, end), th)
+    lines = []
+    for line in (tmp_path / "h" / "metrics.om").read_text().splitlines():
+        if not line.startswith("#"):
+            head, stamp = line.rsplit(" ", 1)
+            lines.append(f"{head} {int(float(stamp) * 1000)}")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [
+        binary,
+        f"-storageDataPath={tmp_path / 'vm'}",
+        f"-httpListenAddr=127.0.0.1:{port}",
+        "-retentionPeriod=100y",
+    ]
+    with running(cmd, f"{base}/health", tmp_path / "vm.log"):
+        request = urllib.request.Request(f"{base}/api/v1/import/prometheus", data="\n".join(lines).encode())
+        urllib.request.urlopen(request, timeout=30).read()
+        urllib.request.urlopen(f"{base}/internal/force_flush", timeout=30).read()
+        source = PromSource(PromClient(PromConfig(base)), window, end, synth.STEP, chunk_size=3)
+        from_vm = source.profiles(th)
+    a, b = from_files.set_index("job_id").sort_index(), from_vm.set_index("job_id").sort_index()
+    assert list(a.index) == list(b.index)
+    assert list(a["activity_signal"]) == list(b["activity_signal"])
+    assert (abs(a["samples"] - b["samples"]) <= 1).all()
+    assert np.allclose(a["sm_active_mean"], b["sm_active_mean"], atol=0.02)
+    assert np.allclose(a["memory_peak_bytes"], b["memory_peak_bytes"])
+    assert list(recommend(a.reset_index(), th)["recommendation"]) == list(
+        recommend(b.reset_index(), th)["recommendation"]
+    )
