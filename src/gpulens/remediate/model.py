@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 IsolationKind = Literal["isolate_gpu", "isolate_node"]
@@ -76,4 +76,3 @@ class ActionRecord:
     gpu: str
     result: Result
     detail: str
-    extra: dict[str, str] = field(default_factory=dict)
