@@ -67,11 +67,13 @@ class Worker:
                 return
             fn, args, future = item
             try:
-                future.set_result(fn(*args))
+                result = fn(*args)
             except BaseException as exc:
+                self._busy.clear()  # before waking the caller, so its next sample never sees us busy
                 future.set_exception(exc)
-            finally:
+            else:
                 self._busy.clear()
+                future.set_result(result)
 
 
 @dataclass(frozen=True)
