@@ -94,6 +94,13 @@ def build_simulated_node(config: ExporterConfig) -> tuple[Any, SimulatedPaths]:
 
 
 class Exporter:
+    """Sampler, collectors and renderer for one node; see the module docstring for the entry points.
+
+    `node` is an already installed simulated node (its clock drives sampling timestamps, GPM windows,
+    NVML retry backoff and Xid timestamps); with `config.simulate` the exporter builds and installs
+    one itself and removes it on `close()`. Without either it reads the real NVML library.
+    """
+
     def __init__(
         self,
         config: ExporterConfig,
@@ -166,7 +173,6 @@ class Exporter:
         )
         initial = NodeSnapshot(timestamp=0.0, duration_seconds=0.0, nvml_up=False, nvml_error="no sample yet")
         self._published = self._publish(initial, ready=False)
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
