@@ -313,3 +313,17 @@ def test_the_exporter_image_installs_no_analyzer_dependency():
     closure = installed_closure(wanted)
     assert {"prometheus-client", "nvidia-ml-py", "pyyaml", "grpcio"} <= closure
     assert not closure & {"pandas", "numpy", "scikit-learn", "matplotlib", "pyarrow", "scipy"}, closure
+
+
+def test_the_image_build_context_holds_every_package_root_setup_py_maps():
+    # setup.py maps gpulens.* onto top-level directories; the image must copy (and not ignore) each
+    roots = re.search(r"ROOTS = \{(.*?)\}", (REPO / "setup.py").read_text(), flags=re.DOTALL).group(1)
+    paths = {p.split("/")[0] for p in re.findall(r'"gpulens[\w.]*": "([^"]+)"', roots)}
+    assert paths >= {"src", "exporter", "analyzer", "dashboards"}
+    copied = set(re.findall(r"^COPY (\S+) ", DOCKERFILE.read_text(), flags=re.MULTILINE))
+    ignore = (REPO / "deploy" / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
+    for path in paths:
+        assert path in copied, f"{path}/ is a package root but the Dockerfile does not COPY it"
+        assert f"!{path}/**" in ignore, f"{path}/ is excluded from the build context"
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        assert f"!{name}" in ignore
