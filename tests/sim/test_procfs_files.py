@@ -201,3 +201,24 @@ def test_kubernetes_pods_get_log_dirs(tmp_path) -> None:
     build_node(load_scenario("k8s-a100-mixed"), clock=ManualClock(T0), pods_root=tmp_path / "pods")
     names = {p.name.split("_")[1] for p in (tmp_path / "pods").iterdir()}
     assert {"chat-api-7d9f8c6b5-x2kqp", "jupyter-jane-0", "pretrain-llm-0"} <= names
+
+
+def test_node_kubernetes_defaults_shape_every_pod_cgroup(tmp_path) -> None:
+    scenario = parse_scenario(
+        {
+            "node": {"kubernetes": {"driver": "cgroupfs", "runtime": "cri-o", "cgroup": "v1"}},
+            "gpus": [{"model": "A100-80GB"}],
+            "processes": [
+                {
+                    "pid": 321,
+                    "gpu": 0,
+                    "job": {"kubernetes": {"namespace": "ml", "pod": "p-0", "uid": UID, "container_id": CID}},
+                    "workload": {"pattern": "constant", "memory": "1GiB"},
+                }
+            ],
+        },
+        "t.yaml",
+    )
+    build_node(scenario, clock=ManualClock(T0), procfs_root=tmp_path)
+    lines = (tmp_path / "321" / "cgroup").read_text().splitlines()
+    assert len(lines) > 1 and all(line.endswith(f"/kubepods/burstable/pod{UID}/crio-{CID}") for line in lines)

@@ -212,3 +212,24 @@ def test_a_process_may_wait_for_an_instance_the_timeline_creates() -> None:
         "t.yaml: processes[0].workload.memory: expected at most 9.75 GiB (memory of MIG 1g.10gb), "
         "found '12GiB'"
     )
+
+
+def test_gpu_instance_ids_follow_nvidia_smi_by_placement() -> None:
+    data = {
+        "gpus": [
+            {
+                "model": "A100-80GB",
+                "mig": [
+                    {"profile": "3g.40gb", "start": 4},
+                    {"profile": "2g.20gb", "start": 0},
+                    "1g.10gb",
+                    "1g.10gb",
+                ],
+            },
+            {"model": "H100-80GB", "mig": ["4g.40gb", {"profile": "1g.20gb", "start": 6}]},
+            {"model": "H100-80GB", "mig": ["7g.80gb"]},
+            {"model": "A30", "mig": ["2g.12gb", "1g.6gb", "1g.6gb"]},
+        ]
+    }
+    ids = [[(i.start, i.gpu_instance_id) for i in g.mig or ()] for g in parse_scenario(data, "t.yaml").gpus]
+    assert ids == [[(4, 2), (0, 3), (2, 9), (3, 10)], [(0, 1), (6, 6)], [(0, 0)], [(0, 1), (2, 5), (3, 6)]]
