@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpulens.exporter.catalog import CatalogError, MigProfile, place_mig_layout
+from gpulens.exporter.catalog import CatalogError, place_mig_layout
 from gpulens.exporter.sim.clock import RealClock
 from gpulens.exporter.sim.faults import GpuFaults, Timeline
 from gpulens.exporter.sim.patterns import Sample, Workload, WorkloadSpec, hash_unit
@@ -38,7 +38,9 @@ from gpulens.exporter.sim.scenario import (
     ScenarioError,
     _Check,
     default_gpu_instance_id,
+    gpu_reserved_bytes,
     instance_profiles,
+    instance_reserved_bytes,
     make_uuid,
     parse_process,
 )
@@ -791,7 +793,7 @@ class ScenarioNode:
                 sm_clock = min(sm_clock, model.max_sm_clock_mhz * factor)
         sm_clock_i = _round_clock(sm_clock)
         # memory
-        reserved = int(model.memory_bytes * 0.0065) // MIB * MIB
+        reserved = gpu_reserved_bytes(model)
         mig_states: list[MigInstanceState] = []
         processes: list[ProcessState] = []
         clients: list[ProcessState] = []
@@ -809,7 +811,7 @@ class ScenarioNode:
         by_instance: dict[int | None, list[ProcessState]] = {}
         capacity: dict[int | None, int] = {None: model.memory_bytes - reserved}
         for inst in snap.layout:
-            capacity[inst.gpu_instance_id] = inst.profile.memory_bytes - self._instance_reserved(inst.profile)
+            capacity[inst.gpu_instance_id] = inst.profile.memory_bytes - instance_reserved_bytes(inst.profile)
         demand: dict[int | None, int] = {}
         for run in snap.running:
             demand[run.spec.instance] = demand.get(run.spec.instance, 0) + run.sample.memory
@@ -841,7 +843,7 @@ class ScenarioNode:
         for inst in snap.layout:
             inst_acc = snap.instances[inst.gpu_instance_id]
             inst_procs = by_instance.get(inst.gpu_instance_id, [])
-            inst_reserved = self._instance_reserved(inst.profile)
+            inst_reserved = instance_reserved_bytes(inst.profile)
             inst_used = inst_reserved + sum(p.used_memory_bytes or 0 for p in inst_procs)
             used += inst_used
             mig_states.append(
@@ -944,10 +946,6 @@ class ScenarioNode:
             activity=acc.activity(),
             accounting_enabled=g.accounting and g.mig is None,
         )
-
-    @staticmethod
-    def _instance_reserved(profile: MigProfile) -> int:
-        return (11 + 2 * profile.placement_size) * MIB
 
 
 def build_node(

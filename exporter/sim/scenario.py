@@ -262,6 +262,16 @@ def make_uuid(*keys: int | str) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+def gpu_reserved_bytes(model: GpuModel) -> int:
+    """Memory the driver keeps for itself on a whole GPU (NVML v2 `reserved`)."""
+    return int(model.memory_bytes * 0.0065) // (1024**2) * 1024**2
+
+
+def instance_reserved_bytes(profile: MigProfile) -> int:
+    """Memory an empty MIG instance already shows as used."""
+    return (11 + 2 * profile.placement_size) * 1024**2
+
+
 def default_uid(user: str) -> int:
     """A stable uid for a user name the scenario did not map (root is 0)."""
     if user == "root":
@@ -1129,6 +1139,7 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
             )
         owners[proc.pid] = f"{path}.pid"
         processes.append(proc)
+    _check_memory_fits(c, gpus, processes, instances)
     return Scenario(
         name=scenario_name,
         source=source,
@@ -1143,6 +1154,47 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
         users=tuple(sorted(users.items())),
         kubernetes_defaults=tuple(sorted((str(k), str(v)) for k, v in k8s_defaults.items())),
     )
+
+
+def _check_memory_fits(
+    c: _Check,
+    gpus: tuple[GpuSpec, ...],
+    processes: list[ProcessSpec],
+    instances: dict[int, dict[int, MigProfile]],
+) -> None:
+    """Processes that run at the same time in one container must fit its memory together (at their
+    peak), as the driver would refuse the allocation that does not."""
+    by_container: dict[tuple[int, int | None], list[int]] = {}
+    for i, proc in enumerate(processes):
+        by_container.setdefault((proc.gpu, proc.instance), []).append(i)
+    for (gpu_index, instance), members in by_container.items():
+        gpu = gpus[gpu_index]
+        if instance is None:
+            capacity = gpu.model.memory_bytes - gpu_reserved_bytes(gpu.model)
+            capacity -= gpu.mps.memory_bytes if gpu.mps is not None else 0
+            what = f"GPU {gpu_index}"
+        else:
+            profile = instances[gpu_index][instance]
+            capacity = profile.memory_bytes - instance_reserved_bytes(profile)
+            what = f"GPU {gpu_index} instance {instance} ({profile.name})"
+        # sweep start/end times; ends sort before starts at the same time
+        events = sorted(
+            [(processes[i].start, 1, i) for i in members] + [(processes[i].end, 0, i) for i in members]
+        )
+        running: dict[int, int] = {}
+        for when, starting, i in events:
+            if not starting:
+                running.pop(i, None)
+                continue
+            running[i] = processes[i].workload.memory_bytes
+            total = sum(running.values())
+            if total > capacity:
+                pids = ", ".join(str(processes[j].pid) for j in running)
+                raise c.fail(
+                    f"processes[{i}].workload.memory",
+                    f"expected processes running together on {what} to fit its {_gib(capacity)},"
+                    f" found {_gib(total)} (pids {pids} at {when:g}s)",
+                )
 
 
 def list_builtin() -> list[str]:

@@ -233,3 +233,19 @@ def test_gpu_instance_ids_follow_nvidia_smi_by_placement() -> None:
     }
     ids = [[(i.start, i.gpu_instance_id) for i in g.mig or ()] for g in parse_scenario(data, "t.yaml").gpus]
     assert ids == [[(4, 2), (0, 3), (2, 9), (3, 10)], [(0, 1), (6, 6)], [(0, 0)], [(0, 1), (2, 5), (3, 6)]]
+
+
+def test_processes_running_together_must_fit_their_instance() -> None:
+    data = {
+        "gpus": [{"model": "H100-80GB", "mig": ["1g.10gb"]}],
+        "processes": [
+            proc(pid=5, instance=7, workload={"pattern": "constant", "memory": "6GiB"}),
+            proc(pid=6, instance=7, start="1m", workload={"pattern": "constant", "memory": "5GiB"}),
+        ],
+    }
+    assert error_of(data) == (
+        "t.yaml: processes[1].workload.memory: expected processes running together on GPU 0 instance 7 "
+        "(1g.10gb) to fit its 9.74 GiB, found 11.00 GiB (pids 5, 6 at 60s)"
+    )
+    data["processes"][0]["end"] = "1m"  # one after the other is fine
+    assert len(parse_scenario(data, "t.yaml").processes) == 2
