@@ -125,6 +125,11 @@ class HistoryWriter:
         self._tmin = math.inf
         self._tmax = -math.inf
 
+    @property
+    def rows(self) -> int:
+        """Samples written so far (flushed or buffered)."""
+        return self._rows + len(self._columns["timestamp"])
+
     def __enter__(self) -> HistoryWriter:
         return self
 

@@ -120,6 +120,22 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def apply_plan_moves(recs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
+    """Jobs the plan put on a free MIG slice (instead of an MPS GPU of their own) say so."""
+    if not plan.moved_to_mig:
+        return recs
+    recs = recs.copy()
+    for job, profile in plan.moved_to_mig.items():
+        at = recs.index[recs["job_id"] == job]
+        recs.loc[at, "reason"] = (
+            recs.loc[at, "reason"] + f"; plan: alone under MPS, so a free {profile} slice instead"
+        )
+        recs.loc[at, "recommendation"] = "mig"
+        recs.loc[at, "mig_profile"] = profile
+        recs.loc[at, ["mps_active_thread_percentage", "mps_pinned_memory_limit_bytes"]] = None
+    return recs
+
+
 def analyze_profiles(
     profiles: pd.DataFrame,
     th: Thresholds,
@@ -130,6 +146,7 @@ def analyze_profiles(
     """Recommendations, plan, configuration and archetypes for a profile table."""
     recs = recommend(profiles, th)
     plan = build_plan(recs, th)
+    recs = apply_plan_moves(recs, plan)
     return Analysis(
         kind="usage",
         source=source,

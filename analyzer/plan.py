@@ -45,6 +45,7 @@ class Item:
     load: float  # mean activity as a fraction of the GPU (for projected utilisation)
     used_hours: float
     mig_profile: str | None = None
+    mig_alternative: str | None = None
     thread_pct: int | None = None
     memory_limit: int | None = None
 
@@ -100,6 +101,7 @@ class Plan:
     layout: list[dict]
     node_groups: dict[str, dict]
     notes: list[str] = field(default_factory=list)
+    moved_to_mig: dict[str, str] = field(default_factory=dict)  # lone MPS jobs placed on free slices
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -128,6 +130,7 @@ def _items(recs: pd.DataFrame) -> list[Item]:
                 load=0.0 if math.isnan(load) else float(load),
                 used_hours=0.0 if math.isnan(row.gpu_hours_used) else float(row.gpu_hours_used),
                 mig_profile=row.mig_profile if kind == "mig" else None,
+                mig_alternative=row.mig_alternative if isinstance(row.mig_alternative, str) else None,
                 thread_pct=None
                 if row.mps_active_thread_percentage is None
                 else row.mps_active_thread_percentage,
@@ -166,9 +169,12 @@ def _fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> bo
 def _pack(items: list[Item], th: Thresholds) -> list[GpuBin]:
     bins: list[GpuBin] = []
     counters: dict[str, int] = {}
-    order = sorted(
-        items, key=lambda i: (i.model, i.kind, -max(i.memory / 1e12, i.sm, i.load), i.start, i.job_id)
-    )
+
+    def size(i: Item) -> float:
+        model = model_for_nvml_name(i.model)
+        return max(i.memory / model.memory_bytes if model else 0.0, i.sm, i.load)
+
+    order = sorted(items, key=lambda i: (i.model, i.kind, -size(i), i.start, i.job_id))
     for item in order:
         model = model_for_nvml_name(item.model)
         needed = item.gpus
@@ -186,6 +192,38 @@ def _pack(items: list[Item], th: Thresholds) -> list[GpuBin]:
         for gpu in chosen:
             gpu.items.append(item)
     return bins
+
+
+def _absorb_lone_sharers(bins: list[GpuBin]) -> tuple[list[GpuBin], dict[str, str]]:
+    """An MPS job alone on its GPU moves to a free slice of a MIG GPU when its slice fits there.
+
+    A GPU shared by nobody saves nothing; the slice the recommendation already sized does.
+    Returns the remaining bins and job_id -> MIG profile for the jobs that moved.
+    """
+    moved: dict[str, str] = {}
+    keep: list[GpuBin] = []
+    for gpu in bins:
+        item = gpu.items[0] if gpu.mode == "mps" and len(gpu.items) == 1 else None
+        model = model_for_nvml_name(gpu.model)
+        target = None
+        if item is not None and item.mig_alternative and model is not None:
+            for other in bins:
+                if other.mode != "mig" or other.model != gpu.model:
+                    continue
+                wanted = [(o.mig_profile, None) for o in other.items] + [(item.mig_alternative, None)]
+                try:
+                    place_mig_layout(model, wanted)
+                except CatalogError:
+                    continue
+                target = other
+                break
+        if target is None or item is None:
+            keep.append(gpu)
+            continue
+        item.kind, item.mig_profile = "mig", item.mig_alternative
+        target.items.append(item)
+        moved[item.job_id] = str(item.mig_alternative)
+    return keep, moved
 
 
 def _mig_layouts(bins: list[GpuBin]) -> None:
@@ -224,13 +262,12 @@ def build_plan(recs: pd.DataFrame, th: Thresholds) -> Plan:
     """Pack the recommended jobs; see the module docstring for the rules."""
     if recs.empty:
         return Plan(0, 0, 0, {}, 0.0, 0.0, 0.0, [], {})
-    step_pad = 0.0
     start, end = float(recs["start"].min()), float(recs["end"].max())
-    window_hours = max((end - start + step_pad) / 3600.0, 1e-9)
+    window_hours = max((end - start) / 3600.0, 1e-9)
     if "duration_s" in recs and len(recs):
         window_hours = max(window_hours, float(recs["duration_s"].max()) / 3600.0)
     items = _items(recs)
-    bins = _pack(items, th)
+    bins, moved = _absorb_lone_sharers(_pack(items, th))
     _mig_layouts(bins)
     pinned = recs[recs["recommendation"] == "insufficient-data"]
     kept: dict[str, str] = {}
@@ -304,10 +341,10 @@ def build_plan(recs: pd.DataFrame, th: Thresholds) -> Plan:
             entry["uuid"] = gpu.original_uuid
         layout.append(entry)
     notes = []
-    moved = recs[recs["recommendation"] == "downsize-model"]
-    if len(moved):
+    downsized = recs[recs["recommendation"] == "downsize-model"]
+    if len(downsized):
         notes.append(
-            f"{len(moved)} job(s) move to a smaller GPU model; per-model counts show where GPUs are needed"
+            f"{len(downsized)} job(s) move to a smaller GPU model; per-model counts show where GPUs go"
         )
     return Plan(
         gpus_before=gpus_before,
@@ -320,4 +357,5 @@ def build_plan(recs: pd.DataFrame, th: Thresholds) -> Plan:
         layout=layout,
         node_groups=groups,
         notes=notes,
+        moved_to_mig=moved,
     )

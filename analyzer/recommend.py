@@ -69,6 +69,7 @@ class Recommendation:
     mps_active_thread_percentage: int | None = None
     mps_pinned_memory_limit_bytes: int | None = None
     target_gpu_model: str | None = None
+    mig_alternative: str | None = None  # MPS jobs: the slice that would fit (the plan may use it)
     memory_need_bytes: float | None = None
     sm_demand_sms: float | None = None
     sm_fraction: float | None = None  # activity basis as a fraction of the whole GPU (packing)
@@ -290,6 +291,7 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
         f"peak {_gib(peak)} -> {_gib(limit)} pinned limit" + why_not_mig,
         mps_active_thread_percentage=pct,
         mps_pinned_memory_limit_bytes=limit,
+        mig_alternative=profile.name if profile else None,
         gpu_fraction=mps_fraction,
         **sizing,
         **flags,

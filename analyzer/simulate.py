@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -128,9 +127,5 @@ def simulate(
         finally:
             exporter.close()
             uninstall()
-    meta_out.update(samples=writer._rows)
+    meta_out.update(samples=writer.rows)
     return meta_out
-
-
-if __name__ == "__main__":  # pragma: no cover - manual timing helper
-    simulate(sys.argv[1], float(sys.argv[2]), sys.argv[3], progress=sys.stderr)

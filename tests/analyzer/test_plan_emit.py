@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from gpulens.analyzer.emit import emit
+from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.plan import build_plan
 from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.recommend import recommend
@@ -81,3 +82,17 @@ def test_emitted_configs_match_the_plan_and_validate(th):
     slurm = out.files["slurm-gres-hints.conf"]
     assert "Name=mps Count=" in slurm and "--gres=mps:" in slurm
     assert "--gres=gpu:1g.10gb:1" in slurm
+
+
+def test_a_job_alone_under_mps_takes_a_free_mig_slice_instead(th):
+    jobs = [
+        SynthJob(f"m{i}", f"GPU-h{i}", steady(60, 0.06, 0.005), flat(60, 8 * GIB), model=H100)
+        for i in range(3)
+    ] + [SynthJob("lone", "GPU-x", steady(60, 0.10, 0.01), flat(60, 8 * GIB), model=H100)]
+    profiles = profiles_from_samples(synth.frame(jobs), synth.STEP, th)
+    assert recommend(profiles, th).set_index("job_id").loc["lone", "recommendation"] == "mps"
+    analysis = analyze_profiles(profiles, th, "test")
+    row = analysis.recs.set_index("job_id").loc["lone"]
+    assert row["recommendation"] == "mig" and row["mig_profile"] == "2g.20gb"
+    assert "plan:" in row["reason"]
+    assert (analysis.plan.gpus_before, analysis.plan.gpus_after) == (4, 1)
