@@ -15,7 +15,6 @@ must cost one series, not the sample. Every call goes through `_Call`, which map
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import math
 import time
@@ -133,11 +132,6 @@ def _call(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
-def _handle_key(handle: Any) -> int | None:
-    """A comparable identity for a device handle (pynvml returns new pointer objects)."""
-    return ctypes.cast(handle, ctypes.c_void_p).value
-
-
 @dataclass
 class _GpuState:
     """Per-GPU state kept between samples (touched only by that GPU's worker thread)."""
@@ -145,7 +139,7 @@ class _GpuState:
     handle: Any
     identity: GpuIdentity | None = None
     last_util_timestamp_us: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    mig_handles: dict[int, Any] = field(default_factory=dict)  # GPU instance id -> MIG device handle
 
 
 @dataclass(frozen=True)
@@ -582,12 +576,12 @@ class NvmlBackend:
                 )
             )
             handles[int(gi)] = mig
-        state.extra["mig_handles"] = handles
+        state.mig_handles = handles
         return tuple(out)
 
     def mig_handle(self, index: int, gpu_instance: int) -> Any:
         state = self._gpus.get(index)
-        return None if state is None else state.extra.get("mig_handles", {}).get(gpu_instance)
+        return None if state is None else state.mig_handles.get(gpu_instance)
 
     # ---- processes -------------------------------------------------------------------------
     def _process_lists(self, handle: Any) -> tuple[list[ProcessSample], list[ProcessSample]]:
@@ -642,7 +636,7 @@ class NvmlBackend:
         clients: dict[int, ProcessSample] = {p.pid: p for p in parent_clients}
         new_migs: list[MigSample] = []
         if mig_enabled:
-            cache = state.extra.get("mig_handles", {})
+            cache = state.mig_handles
             for mig in mig_instances:
                 mig_handle = cache.get(mig.gpu_instance)
                 mig_procs: list[ProcessSample] = []
