@@ -3,6 +3,7 @@ metrics, and the Slurm and Kubernetes backends against a fake scontrol and an AP
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import subprocess
@@ -402,3 +403,67 @@ def test_kubernetes_gives_up_after_repeated_conflicts(kube):
         state = _state(base)
     assert json.loads(body)["handled"][0]["result"] == "failed"
     assert state["actions"][0]["detail"] == "PATCH node gpu-1: still conflicting after 3 tries"
+
+
+def test_oversized_or_unsized_bodies_are_refused(scontrol):
+    with receiver(SlurmIsolator(), dry_run=False) as (base, _):
+        too_big = post(f"{base}/alerts", None, raw=b" " * ((1 << 20) + 1))
+        connection = http.client.HTTPConnection("127.0.0.1", int(base.rsplit(":", 1)[1]), timeout=10)
+        connection.putrequest("POST", "/alerts")
+        connection.putheader("Authorization", f"Bearer {TOKEN}")
+        connection.endheaders()  # no Content-Length
+        unsized = connection.getresponse().status
+        connection.close()
+    assert too_big == (413, f"body larger than {1 << 20} bytes\n")
+    assert unsized == 411
+    assert scontrol_calls(scontrol) == []
+
+
+def test_cli_kubernetes_dry_run_needs_no_cluster(tmp_path):
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    port = free_port()
+    env = {k: v for k, v in path_with(tmp_path).items() if not k.startswith("KUBERNETES_")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpulens.cli",
+            "remediate",
+            "--backend",
+            "kubernetes",
+            "--drain",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--token-file",
+            str(token),
+            "--kube-token-file",
+            str(tmp_path / "none"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/-/healthy", timeout=20, proc=proc)
+        post(f"{base}/alerts", notification(alert(instance="gpu-5:9842")))
+        state = _state(base)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    (action,) = state["actions"]
+    assert action["result"] == "dry_run"
+    assert action["detail"].startswith(
+        "DRY-RUN kubernetes: PATCH https://kubernetes.default.svc/api/v1/nodes/gpu-5 "
+    )
+
+
+def test_cli_kubernetes_apply_outside_a_cluster_needs_an_api_url(tmp_path):
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    env = {k: v for k, v in path_with(tmp_path).items() if not k.startswith("KUBERNETES_")}
+    result = _cli("--backend", "kubernetes", "--apply", "--token-file", str(token), env=env)
+    assert result.returncode == 2
+    assert result.stderr == "gpulens: error: --kube-api-url is required outside a Kubernetes pod\n"
