@@ -1,0 +1,339 @@
+"""`--compat dcgm`: the same snapshot under dcgm-exporter 4.8's names, units, types and labels.
+
+A user switching from dcgm-exporter keeps dashboards and alerts unchanged: `DCGM_FI_DEV_*` and
+`DCGM_FI_PROF_*` families with labels `gpu`, `UUID`, `pci_bus_id`, `device` (`nvidia<N>`),
+`modelName`, `Hostname` and `DCGM_FI_DRIVER_VERSION`; utilization in percent, framebuffer in MiB,
+energy in mJ, clocks in MHz, PROF ratios 0..1, throttle durations in ns; the last Xid as a gauge with
+`err_code` / `err_msg`. Types and HELP follow dcgm-exporter's `etc/default-counters.csv`.
+
+MIG behaves like dcgm-exporter's default `-d f` mode: a GPU with MIG instances has no GPU-level
+series; every series is per GPU instance (`GPU_I_PROFILE`, `GPU_I_ID`; `gpu`/`UUID` name the
+parent). Memory and PROF ratios are the instance's own; device-wide values (power, temperature,
+clocks, energy, health counters) are repeated on each instance, and utilization and PCIe/NVLink PROF
+rates are absent, exactly as there. (So `sum(DCGM_FI_DEV_POWER_USAGE)` over-counts on MIG nodes with
+dcgm-exporter and here alike; the native `gpu_power_watts` does not.) A MIG-enabled GPU without any
+instance keeps GPU-level series.
+
+`Hostname` is `$NODE_NAME` if set, else the host name, as dcgm-exporter does. Only values gpulens
+has are emitted; docs/metrics.md maps every field to its native family.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
+from gpulens.exporter.snapshot import GpuSample, MigSample, NodeSnapshot, XidCount
+from prometheus_client.core import Metric
+
+MIB = 1024 * 1024
+GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
+MIG_LABELS = [*GPU_LABELS[:5], "GPU_I_PROFILE", "GPU_I_ID", *GPU_LABELS[5:]]
+
+# Xid code -> message, from NVIDIA's Xid catalogue (the text dcgm-exporter puts in err_msg)
+XID_MESSAGES: dict[int, str] = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    32: "Invalid or corrupted push buffer stream",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
+    48: "Double Bit ECC Error",
+    61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "NVDEC0 Exception",
+    69: "Graphics Engine class error",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+    121: "C2C Link Error",
+    136: "ALI Training Fail",
+    140: "Unrecovered ECC Error",
+    143: "GPU Initialization Failure",
+    145: "NVLINK: RLW Error",
+    154: "GPU Recovery Action Changed",
+    155: "NVLINK: SW Defined Error",
+}
+
+# snapshot clock-event reason -> nvmlClocksEventReason* bit (DCGM_FI_DEV_CLOCKS_EVENT_REASONS)
+CLOCK_EVENT_BITS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+Value = float | None
+
+
+@dataclass(frozen=True)
+class Field:
+    """One dcgm-exporter family: its DCGM field, type, HELP, the collector area it comes from, and
+    how to read it from a GPU (`device`) and, where the value is per instance, from a MIG instance."""
+
+    name: str
+    field_id: int
+    type: str  # "gauge" | "counter"
+    help: str
+    area: str
+    device: Callable[[GpuSample], Value]
+    instance: Callable[[MigSample], Value] | None = None  # None: device-wide, repeated per instance
+    on_mig: bool = True  # False: absent on MIG GPUs (DCGM cannot read it per instance)
+
+
+def _scaled(value: float | int | None, factor: float) -> Value:
+    return None if value is None else float(value) * factor
+
+
+def _mib(value: int | None) -> Value:
+    return None if value is None else float(int(value) // MIB)
+
+
+def _flag(value: bool | None) -> Value:
+    return None if value is None else (1.0 if value else 0.0)
+
+
+def _ecc(gpu: GpuSample, error: str, scope: str) -> Value:
+    return next((float(c) for e, s, c in gpu.ecc_errors if e == error and s == scope), None)
+
+
+def _pair(pairs: tuple[tuple[str, int], ...], key: str) -> Value:
+    return next((float(v) for k, v in pairs if k == key), None)
+
+
+def _nvlink_errors(gpu: GpuSample, kind: str) -> Value:
+    counts = [c for link in gpu.nvlinks for k, c in link.errors if k == kind]
+    return float(sum(counts)) if counts else None
+
+
+def _event_ns(gpu: GpuSample, *reasons: str) -> Value:
+    seconds = [s for r, s in gpu.clock_event_seconds if r in reasons]
+    return sum(seconds) * 1e9 if seconds else None
+
+
+def _event_mask(gpu: GpuSample) -> Value:
+    if not gpu.clock_events:
+        return None
+    return float(sum(CLOCK_EVENT_BITS.get(reason, 0) for reason, active in gpu.clock_events if active))
+
+
+def _prof(key: str) -> Callable[[GpuSample | MigSample], Value]:
+    return lambda sample: dict(sample.profiling).get(key)
+
+
+def _mig_free(m: MigSample) -> Value:
+    if m.memory_total_bytes is None or m.memory_used_bytes is None:
+        return None
+    return _mib(m.memory_total_bytes - m.memory_used_bytes - (m.memory_reserved_bytes or 0))
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("DCGM_FI_DEV_SM_CLOCK", 100, "gauge", "SM clock frequency (in MHz).", "clocks",
+          lambda g: _scaled(g.sm_clock_hertz, 1e-6)),
+    Field("DCGM_FI_DEV_MEM_CLOCK", 101, "gauge", "Memory clock frequency (in MHz).", "clocks",
+          lambda g: _scaled(g.memory_clock_hertz, 1e-6)),
+    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 112, "gauge",
+          "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).", "clocks", _event_mask),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", 140, "gauge", "Memory temperature (in C).", "power_thermal",
+          lambda g: g.memory_temperature_celsius),
+    Field("DCGM_FI_DEV_GPU_TEMP", 150, "gauge", "GPU temperature (in C).", "power_thermal",
+          lambda g: g.temperature_celsius),
+    Field("DCGM_FI_DEV_POWER_USAGE", 155, "gauge", "Power draw (in W).", "power_thermal",
+          lambda g: g.power_watts),
+    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 156, "counter",
+          "Total energy consumption since boot (in mJ).", "power_thermal",
+          lambda g: _scaled(g.energy_joules, 1e3)),
+    Field("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", 164, "gauge", "Enforced power limit (in W).", "power_thermal",
+          lambda g: g.power_limit_watts),
+    Field("DCGM_FI_DEV_PSTATE", 190, "gauge", "Performance state (P-State) 0-15. 0=highest.", "device",
+          lambda g: g.performance_state),
+    Field("DCGM_FI_DEV_FAN_SPEED", 191, "gauge", "Fan speed for the device in percent 0-100.", "device",
+          lambda g: _scaled(g.fan_speed_ratio, 100.0)),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 202, "counter", "Total number of PCIe retries.", "pcie_nvlink",
+          lambda g: g.pcie_replays),
+    Field("DCGM_FI_DEV_GPU_UTIL", 203, "gauge", "GPU utilization (in %).", "device",
+          lambda g: _scaled(g.utilization_ratio, 100.0), on_mig=False),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", 204, "gauge", "Memory utilization (in %).", "device",
+          lambda g: _scaled(g.memory_utilization_ratio, 100.0), on_mig=False),
+    Field("DCGM_FI_DEV_ENC_UTIL", 206, "gauge", "Encoder utilization (in %).", "device",
+          lambda g: _scaled(g.encoder_utilization_ratio, 100.0), on_mig=False),
+    Field("DCGM_FI_DEV_DEC_UTIL", 207, "gauge", "Decoder utilization (in %).", "device",
+          lambda g: _scaled(g.decoder_utilization_ratio, 100.0), on_mig=False),
+    Field("DCGM_FI_DEV_PCIE_LINK_GEN", 237, "gauge", "PCIe current link generation.", "pcie_nvlink",
+          lambda g: g.pcie_link_generation),
+    Field("DCGM_FI_DEV_PCIE_LINK_WIDTH", 238, "gauge", "PCIe current link width.", "pcie_nvlink",
+          lambda g: g.pcie_link_width),
+    Field("DCGM_FI_DEV_POWER_VIOLATION", 240, "counter",
+          "Throttling duration due to power constraints (in ns).", "clocks",
+          lambda g: _event_ns(g, "sw_power_cap")),
+    Field("DCGM_FI_DEV_THERMAL_VIOLATION", 241, "counter",
+          "Throttling duration due to thermal constraints (in ns).", "clocks",
+          lambda g: _event_ns(g, "sw_thermal_slowdown", "hw_thermal_slowdown")),
+    Field("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", 242, "counter",
+          "Throttling duration due to sync-boost constraints (in ns).", "clocks",
+          lambda g: _event_ns(g, "sync_boost")),
+    Field("DCGM_FI_DEV_FB_TOTAL", 250, "gauge", "Framebuffer memory total (in MiB).", "memory",
+          lambda g: _mib(g.memory_total_bytes), lambda m: _mib(m.memory_total_bytes)),
+    Field("DCGM_FI_DEV_FB_FREE", 251, "gauge", "Framebuffer memory free (in MiB).", "memory",
+          lambda g: _mib(g.memory_free_bytes), _mig_free),
+    Field("DCGM_FI_DEV_FB_USED", 252, "gauge", "Framebuffer memory used (in MiB).", "memory",
+          lambda g: _mib(g.memory_used_bytes), lambda m: _mib(m.memory_used_bytes)),
+    Field("DCGM_FI_DEV_FB_RESERVED", 253, "gauge", "Framebuffer memory reserved (in MiB).", "memory",
+          lambda g: _mib(g.memory_reserved_bytes), lambda m: _mib(m.memory_reserved_bytes)),
+    Field("DCGM_FI_DEV_BAR1_TOTAL", 90, "gauge", "Total BAR1 memory (in MB).", "memory",
+          lambda g: _mib(g.bar1_total_bytes)),
+    Field("DCGM_FI_DEV_BAR1_USED", 92, "gauge", "BAR1 memory used (in MB).", "memory",
+          lambda g: _mib(g.bar1_used_bytes)),
+    Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 310, "counter", "Total number of single-bit volatile ECC errors.",
+          "health", lambda g: _ecc(g, "corrected", "volatile")),
+    Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 311, "counter", "Total number of double-bit volatile ECC errors.",
+          "health", lambda g: _ecc(g, "uncorrected", "volatile")),
+    Field("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", 312, "counter",
+          "Total number of single-bit persistent ECC errors.", "health",
+          lambda g: _ecc(g, "corrected", "aggregate")),
+    Field("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 313, "counter",
+          "Total number of double-bit persistent ECC errors.", "health",
+          lambda g: _ecc(g, "uncorrected", "aggregate")),
+    Field("DCGM_FI_DEV_RETIRED_SBE", 390, "counter",
+          "Total number of retired pages due to single-bit errors.", "health",
+          lambda g: _pair(g.retired_pages, "single_bit_ecc")),
+    Field("DCGM_FI_DEV_RETIRED_DBE", 391, "counter",
+          "Total number of retired pages due to double-bit errors.", "health",
+          lambda g: _pair(g.retired_pages, "double_bit_ecc")),
+    Field("DCGM_FI_DEV_RETIRED_PENDING", 392, "counter", "Total number of pages pending retirement.",
+          "health", lambda g: _flag(g.retired_pages_pending)),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 393, "counter",
+          "Number of remapped rows for uncorrectable errors", "health",
+          lambda g: _pair(g.remapped_rows, "uncorrectable")),
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 394, "counter",
+          "Number of remapped rows for correctable errors", "health",
+          lambda g: _pair(g.remapped_rows, "correctable")),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", 395, "gauge", "Whether remapping of rows has failed", "health",
+          lambda g: _flag(g.row_remap_failed)),
+    Field("DCGM_FI_DEV_ROW_REMAP_PENDING", 396, "gauge", "Whether remapping of rows is pending", "health",
+          lambda g: _flag(g.row_remap_pending)),
+    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 409, "counter",
+          "Total number of NVLink flow-control CRC errors.", "pcie_nvlink",
+          lambda g: _nvlink_errors(g, "crc_flit")),
+    Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", 419, "counter",
+          "Total number of NVLink data CRC errors.", "pcie_nvlink", lambda g: _nvlink_errors(g, "crc_data")),
+    Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 429, "counter", "Total number of NVLink retries.",
+          "pcie_nvlink", lambda g: _nvlink_errors(g, "replay")),
+    Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 439, "counter",
+          "Total number of NVLink recovery errors.", "pcie_nvlink", lambda g: _nvlink_errors(g, "recovery")),
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1001, "gauge", "Ratio of time the graphics engine is active.",
+          "profiling", _prof("graphics"), _prof("graphics")),
+    Field("DCGM_FI_PROF_SM_ACTIVE", 1002, "gauge", "The ratio of cycles an SM has at least 1 warp assigned.",
+          "profiling", _prof("sm"), _prof("sm")),
+    Field("DCGM_FI_PROF_SM_OCCUPANCY", 1003, "gauge", "The ratio of number of warps resident on an SM.",
+          "profiling", _prof("sm_occupancy"), _prof("sm_occupancy")),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 1004, "gauge",
+          "Ratio of cycles the tensor (HMMA) pipe is active.", "profiling", _prof("tensor"), _prof("tensor")),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", 1005, "gauge",
+          "Ratio of cycles the device memory interface is active sending or receiving data.",
+          "profiling", _prof("dram"), _prof("dram")),
+    Field("DCGM_FI_PROF_PIPE_FP64_ACTIVE", 1006, "gauge", "Ratio of cycles the fp64 pipes are active.",
+          "profiling", _prof("fp64"), _prof("fp64")),
+    Field("DCGM_FI_PROF_PIPE_FP32_ACTIVE", 1007, "gauge", "Ratio of cycles the fp32 pipes are active.",
+          "profiling", _prof("fp32"), _prof("fp32")),
+    Field("DCGM_FI_PROF_PIPE_FP16_ACTIVE", 1008, "gauge", "Ratio of cycles the fp16 pipes are active.",
+          "profiling", _prof("fp16"), _prof("fp16")),
+    Field("DCGM_FI_PROF_PCIE_TX_BYTES", 1009, "gauge",
+          "The rate of data transmitted over the PCIe bus - including both protocol headers and data"
+          " payloads - in bytes per second.", "profiling", _prof("pcie_tx_bytes_per_second"), on_mig=False),
+    Field("DCGM_FI_PROF_PCIE_RX_BYTES", 1010, "gauge",
+          "The rate of data received over the PCIe bus - including both protocol headers and data"
+          " payloads - in bytes per second.", "profiling", _prof("pcie_rx_bytes_per_second"), on_mig=False),
+    Field("DCGM_FI_PROF_NVLINK_TX_BYTES", 1011, "gauge",
+          "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+          "profiling", _prof("nvlink_tx_bytes_per_second"), on_mig=False),
+    Field("DCGM_FI_PROF_NVLINK_RX_BYTES", 1012, "gauge",
+          "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
+          "profiling", _prof("nvlink_rx_bytes_per_second"), on_mig=False),
+)  # fmt: skip
+
+XID_FIELD = Field(
+    "DCGM_FI_DEV_XID_ERRORS", 230, "gauge", "Value of the last XID error encountered.", "xid", lambda g: None
+)
+
+
+def hostname() -> str:
+    """dcgm-exporter's Hostname: $NODE_NAME (Kubernetes downward API) or the OS host name."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def _last_xids(snapshot: NodeSnapshot) -> dict[int, XidCount]:
+    """Per GPU, the Xid received last (what DCGM_FI_DEV_XID_ERRORS holds)."""
+    last: dict[int, XidCount] = {}
+    for x in snapshot.xids:
+        if x.gpu_instance is None and (x.gpu not in last or x.last_timestamp >= last[x.gpu].last_timestamp):
+            last[x.gpu] = x
+    return last
+
+
+def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
+    host = hostname()
+    driver = snapshot.driver_version
+    families = {f.name: Metric(f.name, f.help, f.type) for f in FIELDS}
+    xid = Metric(XID_FIELD.name, XID_FIELD.help, XID_FIELD.type)
+    last_xids = _last_xids(snapshot)
+    for gpu in snapshot.gpus:
+        if not gpu.up:
+            continue
+        ident = gpu.identity
+        base = {
+            "gpu": str(ident.index),
+            "UUID": ident.uuid,
+            "pci_bus_id": ident.pci_bus_id,
+            "device": f"nvidia{ident.index}",
+            "modelName": ident.model,
+        }
+        tail = {"Hostname": host, "DCGM_FI_DRIVER_VERSION": driver}
+        mig = gpu.mig_mode == "enabled" and bool(gpu.mig_instances)
+        entities: list[tuple[dict[str, str], MigSample | None]]
+        if mig:
+            entities = [
+                ({**base, "GPU_I_PROFILE": m.profile, "GPU_I_ID": str(m.gpu_instance), **tail}, m)
+                for m in gpu.mig_instances
+            ]
+        else:
+            entities = [({**base, **tail}, None)]
+        for f in FIELDS:
+            if f.area in gpu.failed_areas or (mig and not f.on_mig):
+                continue
+            family = families[f.name]
+            for labels, instance in entities:
+                value = f.device(gpu) if instance is None or f.instance is None else f.instance(instance)
+                if value is not None:
+                    family.add_sample(f.name, labels, float(value))
+        last = last_xids.get(ident.index)
+        if last is not None and "xid" not in gpu.failed_areas:
+            message = XID_MESSAGES.get(last.xid, "Unknown Error")
+            for labels, _ in entities:
+                xid.add_sample(
+                    XID_FIELD.name, {**labels, "err_code": str(last.xid), "err_msg": message}, float(last.xid)
+                )
+    yield from non_empty(*families.values(), xid)
+
+
+SPEC = CollectorSpec(
+    "dcgm_compat",
+    False,
+    "dcgm-exporter 4.8 names, units and labels (also enabled by --compat dcgm)",
+    collect,
+    reads_nvml=False,
+)
