@@ -50,8 +50,9 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# DEMO_ARGS passes options through, e.g. make demo DEMO_ARGS="--history 1d --live-scenario dgx-h100"
 demo: venv system-deps
-	$(BIN)/python -m gpulens.demo
+	$(BIN)/python -m gpulens.demo $(DEMO_ARGS)
 
 demo-stop: venv
 	$(BIN)/python -m gpulens.demo --stop
