@@ -38,7 +38,7 @@ def clear_error(err: str, *names: str) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, f"expected one line, got {lines}"
     assert lines[0].startswith("gpulens: error: "), lines[0]
-    assert "unexpected" not in lines[0] and "Traceback" not in err, lines[0]
+    assert not lines[0].startswith("gpulens: error: unexpected ") and "Traceback" not in err, lines[0]
     for name in names:
         assert name in lines[0], f"{lines[0]!r} does not name {name!r}"
 

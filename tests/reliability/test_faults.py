@@ -96,11 +96,6 @@ def test_a_call_hanging_longer_than_the_interval_marks_only_that_gpu_down(live: 
     assert len(live.logs.matching("GPU 5", "succeed", since=mark)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: exporter/sampler.py logs a hung GPU twice (deadline missed, then 'previous call has "
-    "not returned') because the error text changes between samples",
-)
 def test_a_hung_call_is_logged_once(live: LiveExporter) -> None:
     mark = live.logs.mark()
     live.node.set_hang(5, 5 * INTERVAL)
@@ -235,21 +230,11 @@ def test_event_thread_exceptions_do_not_stop_xid_counting_or_spin(
     assert lines, "the failure was not logged"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: exporter/backends/events.py XidWatcher loop logs the same exception with a traceback "
-    "every second while it persists, instead of once",
-)
 def test_event_thread_exceptions_are_logged_once(live: LiveExporter, monkeypatch: pytest.MonkeyPatch) -> None:
     _, lines = _event_thread_fault(live, monkeypatch, RuntimeError("event queue corrupted"))
     assert len(lines) == 1, lines
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: exporter/backends/events.py XidWatcher.poll returns at once on an NVML error other than "
-    "TIMEOUT and logs it at debug only, so the watcher thread busy-loops with nothing in the log",
-)
 def test_event_wait_nvml_errors_are_logged_once_without_spinning(
     live: LiveExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
