@@ -712,7 +712,10 @@ def start_prometheus(options: Options, ports: dict[str, int]) -> int:
 
 def prom_query(base: str, expr: str, at: float | None = None) -> list[dict]:
     params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
-    body = json.loads(http_get(f"{base}/api/v1/query?{urllib.parse.urlencode(params)}", timeout=30))
+    try:
+        body = json.loads(http_get(f"{base}/api/v1/query?{urllib.parse.urlencode(params)}", timeout=30))
+    except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+        raise DemoError(f"Prometheus at {base} did not answer the query {expr!r}: {exc}") from exc
     if body.get("status") != "success":
         raise DemoError(f"Prometheus query {expr!r} failed: {body.get('error')}")
     return body["data"]["result"]
@@ -904,6 +907,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except DemoError as exc:
         print(f"demo: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. a state directory that cannot be written
+        print(f"demo: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("demo: interrupted; stopped what it had started", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -208,3 +209,19 @@ def test_backfilled_range_comes_from_the_block_metadata(tmp_path):
 def test_no_backfilled_block_is_one_clear_error(tmp_path):
     with pytest.raises(demo.DemoError, match="promtool wrote no TSDB block under"):
         demo.blocks_range(tmp_path)
+
+
+def test_an_unwritable_state_directory_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert demo.main(["--dir", str(blocker / "state"), "--history", "1h"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and err.startswith("demo: error: ") and "state" in err
+
+
+def test_a_prometheus_that_does_not_answer_is_a_demo_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(demo.DemoError, match="did not answer the query"):
+        demo.prom_query(f"http://127.0.0.1:{port}", "up")
