@@ -111,13 +111,22 @@ def reduce_series(values: np.ndarray, idle_below: float) -> dict[str, float]:
     }
 
 
-def _identity_from_samples(samples: pd.DataFrame) -> Identity:
-    info = samples[samples["metric"] == "gpu_job_info"]
+def _by_family(samples: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Split the long table once by family (repeated string filters over millions of rows are slow)."""
+    return {str(name): frame for name, frame in samples.groupby("metric", sort=False, observed=True)}
+
+
+def _family(fams: dict[str, pd.DataFrame], name: str, like: pd.DataFrame) -> pd.DataFrame:
+    return fams.get(name, like.iloc[0:0])
+
+
+def _identity_from_samples(fams: dict[str, pd.DataFrame], like: pd.DataFrame) -> Identity:
+    info = _family(fams, "gpu_job_info", like)
     cols = ["job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS]
     series = info[cols].drop_duplicates().reset_index(drop=True)
-    gpu_info = samples[samples["metric"] == "gpu_info"].sort_values("timestamp")
+    gpu_info = _family(fams, "gpu_info", like).sort_values("timestamp")
     gpus = gpu_info.drop_duplicates("uuid", keep="last")[["uuid", "model", "instance"]]
-    mig_info = samples[samples["metric"] == "gpu_mig_instance_info"].sort_values("timestamp")
+    mig_info = _family(fams, "gpu_mig_instance_info", like).sort_values("timestamp")
     migs = mig_info.drop_duplicates(["uuid", "gpu_instance"], keep="last")[
         ["uuid", "gpu_instance", "mig_profile"]
     ]
@@ -134,10 +143,11 @@ def job_kinds(series: pd.DataFrame) -> dict[str, str]:
 
 
 def _signal_steps(
-    samples: pd.DataFrame, info: pd.DataFrame, signal: signals.Signal, jobs: list[str], how: str
+    samples: dict[str, pd.DataFrame], info: pd.DataFrame, signal: signals.Signal, jobs: list[str], how: str
 ) -> pd.DataFrame:
     """Per (job_id, timestamp) value of one signal for the given jobs (NaN and negatives dropped)."""
-    fam = samples[(samples["metric"] == signal.family) & (samples["value"] >= 0)]
+    fam = _family(samples, signal.family, info)
+    fam = fam[fam["value"] >= 0]
     if signal.scope == "job":
         rows = fam[fam["job_id"].isin(jobs)][["job_id", "timestamp", "value"]]
     elif signal.scope == "gpu_share":
@@ -156,7 +166,7 @@ def _signal_steps(
 
 
 def _chain_steps(
-    samples: pd.DataFrame,
+    samples: dict[str, pd.DataFrame],
     info: pd.DataFrame,
     chain: dict[str, tuple[signals.Signal, ...]],
     kinds: dict[str, str],
@@ -181,13 +191,14 @@ def stats_from_samples(samples: pd.DataFrame, thresholds: Thresholds) -> tuple[I
     missing = [label for label in LABELS if label not in samples]
     if missing:
         samples = samples.assign(**dict.fromkeys(missing, ""))
-    samples = samples[
-        ~((samples["metric"] == "gpu_job_info") & (samples["job_source"] == signals.SYSTEM_SOURCE))
-    ]
-    info = samples[samples["metric"] == "gpu_job_info"]
+    fams = _by_family(samples)
+    if "gpu_job_info" in fams:
+        jobs = fams["gpu_job_info"]
+        fams["gpu_job_info"] = jobs[jobs["job_source"] != signals.SYSTEM_SOURCE]
+    info = _family(fams, "gpu_job_info", samples)
     if info.empty:
         raise AnalyzerError("no gpu_job_info samples in the window: there are no jobs to profile")
-    identity = _identity_from_samples(samples)
+    identity = _identity_from_samples(fams, samples)
     kinds = job_kinds(identity.series)
     idle_below = thresholds.get("activity", "idle_below")
     stats: dict[str, JobStats] = {}
@@ -199,16 +210,16 @@ def stats_from_samples(samples: pd.DataFrame, thresholds: Thresholds) -> tuple[I
             samples=len(group),
             gpus=int(group["n"].max()),
         )
-    for job, (name, values) in _chain_steps(samples, info, signals.ACTIVITY, kinds, "mean").items():
+    for job, (name, values) in _chain_steps(fams, info, signals.ACTIVITY, kinds, "mean").items():
         stats[job].activity_signal = name
         stats[job].activity = reduce_series(values, idle_below)
-    for job, (name, values) in _chain_steps(samples, info, signals.MEMORY, kinds, "max").items():
+    for job, (name, values) in _chain_steps(fams, info, signals.MEMORY, kinds, "max").items():
         stats[job].memory_signal = name
         stats[job].memory_peak = float(values.max())
         stats[job].memory_p95 = float(np.quantile(values, 0.95))
-    for job, (_, values) in _chain_steps(samples, info, signals.DRAM, kinds, "mean").items():
+    for job, (_, values) in _chain_steps(fams, info, signals.DRAM, kinds, "mean").items():
         stats[job].dram_p95 = float(np.quantile(values, 0.95))
-    for job, (_, values) in _chain_steps(samples, info, signals.TENSOR, kinds, "mean").items():
+    for job, (_, values) in _chain_steps(fams, info, signals.TENSOR, kinds, "mean").items():
         stats[job].tensor_mean = float(values.mean())
     return identity, stats
 
