@@ -140,6 +140,7 @@ class _GpuState:
     identity: GpuIdentity | None = None
     last_util_timestamp_us: int = 0
     mig_handles: dict[int, Any] = field(default_factory=dict)  # GPU instance id -> MIG device handle
+    mps_server_pids: dict[int, bool] = field(default_factory=dict)  # pid -> is the MPS server
 
 
 @dataclass(frozen=True)
@@ -584,8 +585,14 @@ class NvmlBackend:
         return None if state is None else state.mig_handles.get(gpu_instance)
 
     # ---- processes -------------------------------------------------------------------------
-    def _process_lists(self, handle: Any) -> tuple[list[ProcessSample], list[ProcessSample]]:
-        """(compute+graphics, mps clients) of one device or MIG handle."""
+    def _process_lists(
+        self, handle: Any, known: dict[int, bool], seen: dict[int, bool]
+    ) -> tuple[list[ProcessSample], list[ProcessSample]]:
+        """(compute+graphics, mps clients) of one device or MIG handle.
+
+        Whether a compute process is the MPS server is looked up once per pid (`known`, from the
+        previous sample) and recorded in `seen`, so steady processes cost no name lookups.
+        """
         procs: dict[int, ProcessSample] = {}
         for kind, fn in (
             ("compute", pynvml.nvmlDeviceGetComputeRunningProcesses),
@@ -604,8 +611,13 @@ class NvmlBackend:
         for p in procs.values():
             if p.pid in client_pids:
                 continue
-            if p.kind == "compute" and self._is_mps_server(p.pid):
-                p = _replace_kind(p, "mps_server")
+            if p.kind == "compute":
+                is_server = seen.get(p.pid)
+                if is_server is None:
+                    is_server = known[p.pid] if p.pid in known else self._is_mps_server(p.pid)
+                    seen[p.pid] = is_server
+                if is_server:
+                    p = _replace_kind(p, "mps_server")
             out.append(p)
         return out, clients
 
@@ -631,7 +643,8 @@ class NvmlBackend:
         interval: float,
     ) -> dict[str, Any]:
         handle = state.handle
-        parent_procs, parent_clients = self._process_lists(handle)
+        known, seen = state.mps_server_pids, {}
+        parent_procs, parent_clients = self._process_lists(handle, known, seen)
         procs: dict[int, ProcessSample] = {p.pid: p for p in parent_procs}
         clients: dict[int, ProcessSample] = {p.pid: p for p in parent_clients}
         new_migs: list[MigSample] = []
@@ -642,7 +655,7 @@ class NvmlBackend:
                 mig_procs: list[ProcessSample] = []
                 mig_clients: list[ProcessSample] = []
                 if mig_handle is not None:
-                    raw_procs, raw_clients = self._process_lists(mig_handle)
+                    raw_procs, raw_clients = self._process_lists(mig_handle, known, seen)
                     mig_procs = [_on_instance(p, mig) for p in raw_procs]
                     mig_clients = [_on_instance(p, mig) for p in raw_clients]
                 for p in mig_procs:
@@ -650,6 +663,7 @@ class NvmlBackend:
                 for p in mig_clients:
                     clients[p.pid] = p
                 new_migs.append(_with_processes(mig, tuple(mig_procs), tuple(mig_clients)))
+        state.mps_server_pids = seen  # pids that left are forgotten (pid reuse stays correct)
         out: dict[str, Any] = {}
         if not mig_enabled and areas & {"jobs", "processes"}:
             utils = self._process_utilization(state, interval)

@@ -66,6 +66,7 @@ def test_the_fault_timeline(faults: Stepper) -> None:
     assert value(text, "gpu_ecc_errors_total", gpu="4", error="uncorrected", scope="volatile") == 1
     assert value(text, "gpu_row_remap_pending", gpu="4") == 1
 
+    assert value(text, "gpu_mps_server_active", gpu="1") == 1
     text = faults.at(38)  # Xid 13 on GPU 3, Xid 31 on MIG instance 3 of GPU 0, thermal slowdown on GPU 5
     assert value(text, "gpu_xid_errors_total", gpu="3", xid="13") == 1
     assert value(text, "gpu_mig_xid_errors_total", gpu="0", gpu_instance="3", xid="31") == 1
@@ -74,12 +75,16 @@ def test_the_fault_timeline(faults: Stepper) -> None:
     assert value(text, "gpu_clock_event_active", gpu="6", reason="hw_power_brake_slowdown") == 1
     assert value(text, "gpu_clock_event_active", gpu="4", reason="hw_thermal_slowdown") == 0
 
+    text = faults.at(82)  # the MPS server of GPU 1 is restarting
+    assert value(text, "gpu_mps_server_active", gpu="1") == 0
+
     text = faults.at(100)  # GPU 2 back; MIG instance created at 70 s; PCIe replays and NVLink errors
     assert value(text, "gpu_up", gpu="2") == 1
     assert value(text, "gpu_xid_errors_total", gpu="2", xid="79") == 1  # counters survive the outage
     assert value(text, "gpu_mig_instance_info", gpu="0", gpu_instance="9") == 1
     assert value(text, "gpu_pcie_replays_total", gpu="3") == 12
     assert value(text, "gpu_nvlink_errors_total", gpu="3", link="2", kind="crc_flit") == 8
+    assert value(text, "gpu_mps_server_active", gpu="1") == 1  # the restarted server has a new pid
 
     text = faults.at(140)  # row remap failure on GPU 6 at 100 s; the MIG instance destroyed at 130 s
     assert value(text, "gpu_row_remap_failed", gpu="6") == 1
