@@ -7,6 +7,7 @@ Regenerate the golden files after an intended change with:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -66,3 +67,13 @@ def test_openmetrics_output_parses(scenario: str, tmp_path: Path) -> None:
     text = scenario_exposition(scenario, tmp_path, openmetrics=True)
     families = list(text_string_to_metric_families(text))
     assert any(f.name == "gpu_up" for f in families)
+
+
+def test_docs_metrics_md_lists_every_exported_family() -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    exported: set[str] = set()
+    for golden in GOLDEN.glob("*.prom"):
+        exported |= {line.split()[2] for line in golden.read_text().splitlines() if line.startswith("# TYPE")}
+    assert exported
+    missing = sorted(name for name in exported if not re.search(rf"(?<![a-z0-9_]){name}(?![a-z0-9_])", docs))
+    assert missing == [], f"families missing from docs/metrics.md: {missing}"
