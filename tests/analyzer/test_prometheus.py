@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import urllib.request
@@ -15,6 +16,7 @@ from gpulens.analyzer.signals import ACTIVITY
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.sources.prometheus import PromClient, PromConfig, PromSource, _regex, signal_expr
 
+from gpulens.cli import main
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady
 from tests.support.procs import find_binary, free_port, prometheus, running
@@ -62,7 +64,7 @@ def history_frame(start: float) -> pd.DataFrame:
 
 
 @pytest.mark.slow
-def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th):
+def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, capsys):
     promtool = find_binary("promtool")
     start = 1_767_225_600.0  # aligned to the step, as `gpulens simulate` aligns its histories
     write_history(tmp_path / "h", history_frame(start), {"step_s": synth.STEP})
@@ -89,6 +91,47 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th):
     with prometheus(tmp_path, [], storage=tmp_path / "db", extra_args=["--query.lookback-delta=30s"]) as api:
         source = PromSource(PromClient(PromConfig(api.base_url)), window, end, synth.STEP, chunk_size=3)
         from_prom = source.profiles(th).set_index("job_id").sort_index()
+        code = main(
+            [
+                "recommend",
+                "--prometheus",
+                api.base_url,
+                "--window",
+                "6h",
+                "--end",
+                str(end),
+                "--format",
+                "json",
+            ]
+        )
+        via_cli = json.loads(capsys.readouterr().out)
+    assert code == 0
+    code = main(
+        [
+            "recommend",
+            "--history",
+            str(tmp_path / "h"),
+            "--window",
+            "6h",
+            "--end",
+            str(end),
+            "--format",
+            "json",
+        ]
+    )
+    via_files = json.loads(capsys.readouterr().out)
+    assert code == 0
+    pick = (
+        "job_id",
+        "recommendation",
+        "mig_profile",
+        "mps_active_thread_percentage",
+        "mps_pinned_memory_limit_bytes",
+    )
+    assert [[j[k] for k in pick] for j in via_cli["jobs"]] == [
+        [j[k] for k in pick] for j in via_files["jobs"]
+    ]
+    assert via_cli["plan"]["gpus_freed"] == via_files["plan"]["gpus_freed"]
     assert list(from_prom.index) == list(from_files.index)
     for column in from_files.columns:
         a, b = from_files[column], from_prom[column]
