@@ -34,6 +34,8 @@ from gpulens.analyzer.thresholds import Thresholds
 from gpulens.exporter.catalog import GpuModel
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
+# a stats query repeats the job matcher ~7 times; VictoriaMetrics rejects queries over 16 KiB by default
+MAX_REGEX_CHARS = 1800
 
 
 @dataclass
@@ -160,6 +162,23 @@ def _regex(jobs: list[str]) -> str:
     return "|".join(escaped).replace("\\", "\\\\").replace('"', '\\"')
 
 
+def chunk_jobs(jobs: list[str], size: int, max_regex_chars: int = MAX_REGEX_CHARS) -> list[list[str]]:
+    """Chunks of at most `size` jobs whose matcher stays short enough for every store's query limit."""
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    length = 0
+    for job in jobs:
+        cost = len(_regex([job])) + 1
+        if current and (len(current) >= size or length + cost > max_regex_chars):
+            chunks.append(current)
+            current, length = [], 0
+        current.append(job)
+        length += cost
+    if current:
+        chunks.append(current)
+    return chunks
+
+
 def signal_expr(signal: signals.Signal, regex: str, how: str) -> str:
     """Per-step, per-job aggregate of one signal (mirrors `profile._signal_steps`)."""
     sel = f'job_id=~"{regex}"'
@@ -276,10 +295,9 @@ class PromSource:
         }
         stats: dict[str, JobStats] = {}
         chunks = [
-            (kind, jobs[i : i + self.chunk_size])
+            (kind, chunk)
             for kind in ("exclusive", "mig", "shared")
-            for jobs in [sorted(j for j, k in kinds.items() if k == kind)]
-            for i in range(0, len(jobs), self.chunk_size)
+            for chunk in chunk_jobs(sorted(j for j, k in kinds.items() if k == kind), self.chunk_size)
         ]
         for n, (kind, jobs) in enumerate(chunks, start=1):
             self._say(f"prometheus: chunk {n}/{len(chunks)}: {len(jobs)} {kind} jobs")

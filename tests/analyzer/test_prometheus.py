@@ -14,7 +14,14 @@ from gpulens.analyzer.history import write_history
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.signals import ACTIVITY
 from gpulens.analyzer.sources import files
-from gpulens.analyzer.sources.prometheus import PromClient, PromConfig, PromSource, _regex, signal_expr
+from gpulens.analyzer.sources.prometheus import (
+    PromClient,
+    PromConfig,
+    PromSource,
+    _regex,
+    chunk_jobs,
+    signal_expr,
+)
 
 from gpulens.cli import main
 from tests.analyzer import synth
@@ -142,6 +149,14 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     assert from_prom.loc["seed-1", "coverage"] < 1.0
     assert from_prom.loc["util-1", "activity_signal"] == "utilization"
     assert from_prom.loc["mig-1", "mig_profile_now"] == "1g.10gb"
+
+
+def test_chunks_respect_both_the_job_count_and_the_matcher_length():
+    jobs = [f"job-{i:05d}" for i in range(1000)]
+    chunks = chunk_jobs(jobs, 200)
+    assert [j for c in chunks for j in c] == jobs
+    assert all(len(c) <= 200 and len(_regex(c)) <= 1800 for c in chunks)
+    assert len(chunk_jobs(jobs[:10], 3)) == 4
 
 
 def test_job_ids_are_escaped_in_the_matcher():
