@@ -107,6 +107,28 @@ def test_prometheus_loaded_the_shipped_rules_and_alertmanager_is_up(demo_run):
     assert api.get("/api/v1/alertmanagers")["activeAlertmanagers"]
 
 
+def test_a_fault_alert_reaches_alertmanager_and_the_dry_run_webhook(demo_run):
+    # the faults node loses a GPU (Xid 79) 15 s into its timeline: the shipped rules fire, the
+    # shipped Alertmanager routes it to the webhook with the demo's port and token, and the
+    # webhook logs the drain it would do for that node
+    state_dir, state, _stdout = demo_run
+    node = state["live_instance"]
+    log = state_dir / "logs" / "remediate.log"
+    deadline = time.monotonic() + 150
+    alerts: list[dict] = []
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{state['urls']['alertmanager']}/api/v2/alerts", timeout=5) as response:
+            alerts = json.load(response)
+        if any(a["labels"].get("instance") == node for a in alerts) and f"NodeName={node}" in log.read_text():
+            break
+        time.sleep(2)
+    assert any(
+        a["labels"].get("instance") == node and a["labels"]["alertname"].startswith("GPU") for a in alerts
+    )
+    actions = [line for line in log.read_text().splitlines() if "DRY-RUN" in line]
+    assert actions and all(f"NodeName={node}" in line for line in actions), log.read_text()[-2000:]
+
+
 def test_pid_files_record_every_daemon_it_started(demo_run):
     state_dir, state, _stdout = demo_run
     # the pid files of the run are there and name live processes
