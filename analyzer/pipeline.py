@@ -121,18 +121,20 @@ def jsonable(value: Any) -> Any:
 
 
 def apply_plan_moves(recs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
-    """Jobs the plan put on a free MIG slice (instead of an MPS GPU of their own) say so."""
-    if not plan.moved_to_mig:
+    """Jobs the plan moved (alone on a shared GPU, placed with others instead) say so."""
+    if not plan.moved:
         return recs
     recs = recs.copy()
-    for job, profile in plan.moved_to_mig.items():
+    for job, change in plan.moved.items():
         at = recs.index[recs["job_id"] == job]
+        detail = change.get("mig_profile") or change["recommendation"]
         recs.loc[at, "reason"] = (
-            recs.loc[at, "reason"] + f"; plan: alone under MPS, so a free {profile} slice instead"
+            recs.loc[at, "reason"] + f"; plan: alone on its GPU, so {detail} beside others"
         )
-        recs.loc[at, "recommendation"] = "mig"
-        recs.loc[at, "mig_profile"] = profile
-        recs.loc[at, ["mps_active_thread_percentage", "mps_pinned_memory_limit_bytes"]] = None
+        if change["recommendation"] != "mps":
+            recs.loc[at, ["mps_active_thread_percentage", "mps_pinned_memory_limit_bytes"]] = None
+        for key, value in change.items():
+            recs.loc[at, key] = value
     return recs
 
 

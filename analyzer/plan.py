@@ -13,19 +13,19 @@ MPS is not supported on MIG GPUs:
 - `time-slicing`: memory need sums to the GPU memory (no isolation), at most
   `time_slicing.max_replicas` jobs, mean activity to `plan.max_gpu_load`.
 
-`reclaim` jobs free their GPUs; `insufficient-data` jobs stay where they are (their GPUs are
-counted after as before). GPUs are grouped into node groups of `plan.gpus_per_node` per model
-and sharing type, which is what `emit` turns into configuration.
+`reclaim` jobs free their GPUs; a GPU hosting an `insufficient-data` job stays as it is, with
+every job on it (moving its neighbours would not free it). GPUs are grouped into node groups of
+`plan.gpus_per_node` per model and sharing type, which is what `emit` turns into configuration.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import pandas as pd
 from gpulens.analyzer.thresholds import Thresholds
-from gpulens.exporter.catalog import CatalogError, GpuModel, model_for_nvml_name, place_mig_layout
+from gpulens.exporter.catalog import MIB, CatalogError, GpuModel, model_for_nvml_name, place_mig_layout
 
 SHARED_KINDS = ("mps", "time-slicing")
 
@@ -101,7 +101,7 @@ class Plan:
     layout: list[dict]
     node_groups: dict[str, dict]
     notes: list[str] = field(default_factory=list)
-    moved_to_mig: dict[str, str] = field(default_factory=dict)  # lone MPS jobs placed on free slices
+    moved: dict[str, dict] = field(default_factory=dict)  # lone sharers placed elsewhere: new settings
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -194,36 +194,67 @@ def _pack(items: list[Item], th: Thresholds) -> list[GpuBin]:
     return bins
 
 
-def _absorb_lone_sharers(bins: list[GpuBin]) -> tuple[list[GpuBin], dict[str, str]]:
-    """An MPS job alone on its GPU moves to a free slice of a MIG GPU when its slice fits there.
+def _absorb_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBin], dict[str, dict]]:
+    """A job alone on a shared GPU joins another GPU where it fits, changing how it shares.
 
-    A GPU shared by nobody saves nothing; the slice the recommendation already sized does.
-    Returns the remaining bins and job_id -> MIG profile for the jobs that moved.
+    A GPU shared by nobody saves nothing. An MPS job takes a free slice of a MIG GPU of the same
+    model (the slice its recommendation sized); an MPS or time-sliced job joins a GPU of the other
+    sharing mode when the rules of that mode admit it. Returns the remaining bins and, per moved
+    job, its new sharing mode and settings.
     """
-    moved: dict[str, str] = {}
-    keep: list[GpuBin] = []
+    moved: dict[str, dict] = {}
+    removed: set[int] = set()
     for gpu in bins:
-        item = gpu.items[0] if gpu.mode == "mps" and len(gpu.items) == 1 else None
+        if gpu.mode not in SHARED_KINDS or len(gpu.items) != 1:
+            continue
+        item = gpu.items[0]
         model = model_for_nvml_name(gpu.model)
-        target = None
-        if item is not None and item.mig_alternative and model is not None:
-            for other in bins:
-                if other.mode != "mig" or other.model != gpu.model:
-                    continue
+        if model is None:
+            continue
+        for other in bins:
+            if other is gpu or id(other) in removed or other.model != gpu.model:
+                continue
+            if other.mode == "mig" and item.kind == "mps" and item.mig_alternative:
                 wanted = [(o.mig_profile, None) for o in other.items] + [(item.mig_alternative, None)]
                 try:
                     place_mig_layout(model, wanted)
                 except CatalogError:
                     continue
-                target = other
-                break
-        if target is None or item is None:
-            keep.append(gpu)
-            continue
-        item.kind, item.mig_profile = "mig", item.mig_alternative
-        target.items.append(item)
-        moved[item.job_id] = str(item.mig_alternative)
-    return keep, moved
+                change = {"recommendation": "mig", "mig_profile": item.mig_alternative}
+            elif other.mode in SHARED_KINDS and other.mode != item.kind and len(other.items) > 1:
+                candidate = replace(item, kind=other.mode)
+                if other.mode == "mps":
+                    candidate.thread_pct = _thread_pct(item.sm, th)
+                    candidate.memory_limit = int(math.ceil(item.memory / MIB) * MIB)
+                if not _fits(other, candidate, model, th):
+                    continue
+                item.kind, item.thread_pct, item.memory_limit = (
+                    candidate.kind,
+                    candidate.thread_pct,
+                    candidate.memory_limit,
+                )
+                change = {"recommendation": other.mode}
+                if other.mode == "mps":
+                    change.update(
+                        mps_active_thread_percentage=item.thread_pct,
+                        mps_pinned_memory_limit_bytes=item.memory_limit,
+                    )
+            else:
+                continue
+            if change["recommendation"] == "mig":
+                item.kind, item.mig_profile = "mig", item.mig_alternative
+            other.items.append(item)
+            removed.add(id(gpu))
+            moved[item.job_id] = change
+            break
+    return [b for b in bins if id(b) not in removed], moved
+
+
+def _thread_pct(sm_fraction: float, th: Thresholds) -> int:
+    """MPS thread percentage for a job that joins an MPS GPU from the packer (as recommend sizes it)."""
+    demand = sm_fraction * (1 + th.get("headroom", "compute_ratio"))
+    pct = math.ceil(demand * 100 / 5 - 1e-9) * 5
+    return int(min(100, max(th.get("mps", "min_thread_percentage"), pct)))
 
 
 def _mig_layouts(bins: list[GpuBin]) -> None:
@@ -266,10 +297,15 @@ def build_plan(recs: pd.DataFrame, th: Thresholds) -> Plan:
     window_hours = max((end - start) / 3600.0, 1e-9)
     if "duration_s" in recs and len(recs):
         window_hours = max(window_hours, float(recs["duration_s"].max()) / 3600.0)
-    items = _items(recs)
-    bins, moved = _absorb_lone_sharers(_pack(items, th))
+    # a GPU hosting a job we cannot size stays as it is, with every job on it: moving its
+    # neighbours away would not free it
+    unknown = recs[recs["recommendation"] == "insufficient-data"]
+    held = {u for uuids in unknown["uuids"] for u in str(uuids).split(",") if u}
+    on_held = recs["uuids"].map(lambda v: bool(held & set(str(v).split(","))))
+    items = _items(recs[~on_held])
+    bins, moved = _absorb_lone_sharers(_pack(items, th), th)
     _mig_layouts(bins)
-    pinned = recs[recs["recommendation"] == "insufficient-data"]
+    pinned = recs[on_held & (recs["recommendation"] != "reclaim")]
     kept: dict[str, str] = {}
     for row in pinned.itertuples(index=False):
         for uuid in str(row.uuids).split(","):
@@ -357,5 +393,5 @@ def build_plan(recs: pd.DataFrame, th: Thresholds) -> Plan:
         layout=layout,
         node_groups=groups,
         notes=notes,
-        moved_to_mig=moved,
+        moved=moved,
     )

@@ -168,6 +168,11 @@ def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Reco
     def no_data(reason: str) -> Recommendation:
         return Recommendation(job, "insufficient-data", reason, 0.0, "low", numbers=numbers)
 
+    if row["activity_signal"] == "none":
+        return no_data(
+            f"no activity samples in {samples} samples: the exporter reported neither SM activity nor "
+            "utilization for this job (e.g. MIG on a pre-Hopper GPU without DCGM)"
+        )
     if samples < min_samples or coverage < min_cov or math.isnan(p95):
         return no_data(
             f"{samples} samples, {_pct(coverage)} coverage ({row['activity_signal']}); "

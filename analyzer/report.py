@@ -127,7 +127,12 @@ def markdown(analysis: Analysis) -> str:
         lines += [
             f"- **GPU-hours**: {h['gpu_hours_allocated']:.1f} allocated, {h['gpu_hours_used']:.1f} used, "
             f"**{h['gpu_hours_idle']:.1f} idle**",
-            f"- **GPUs that could be freed**: {h['gpus_freed']} ({h['gpus_before']} -> {h['gpus_after']})",
+            (
+                f"- **GPUs that could be freed**: {h['gpus_freed']} ({h['gpus_before']} -> {h['gpus_after']})"
+                if h["gpus_freed"] >= 0
+                else f"- **More GPUs needed**: {-h['gpus_freed']} ({h['gpus_before']} -> {h['gpus_after']}): "
+                "slices or GPUs are too small for the observed demand"
+            ),
             f"- Utilisation: {100 * h['utilization_before']:.1f} % now, "
             f"{100 * h['utilization_after']:.1f} % projected after consolidation",
         ]
