@@ -39,6 +39,9 @@ JOB_FIELDS = (
 )
 
 
+INTEGER_FIELDS = ("gpus", "samples", "mps_active_thread_percentage", "mps_pinned_memory_limit_bytes")
+
+
 @dataclass
 class Analysis:
     """Everything one run produced."""
@@ -57,7 +60,12 @@ class Analysis:
         if self.archetypes is not None and len(self.archetypes.labels):
             frame = frame.assign(archetype=frame["job_id"].map(self.archetypes.labels))
         columns = [c for c in JOB_FIELDS if c in frame] + [c for c in frame if c not in JOB_FIELDS]
-        return [{k: jsonable(row[k]) for k in columns} for _, row in frame.iterrows()]
+        rows = [{k: jsonable(row[k]) for k in columns} for _, row in frame.iterrows()]
+        for row in rows:
+            for key in INTEGER_FIELDS:
+                if isinstance(row.get(key), float):
+                    row[key] = int(row[key])
+        return rows
 
     def headline(self) -> dict[str, float]:
         r = self.recs
