@@ -33,6 +33,7 @@ VERSION = 1
 SAMPLES_FILE = "samples.parquet"
 OPENMETRICS_FILE = "metrics.om"
 META_FILE = "meta.json"
+CSV_FILE = "samples.csv"  # accepted on input instead of Parquet (same columns)
 
 # labels kept in histories: the ones the analyzer reads (identity and joins); others are dropped
 LABELS: tuple[str, ...] = (
@@ -243,6 +244,28 @@ def write_openmetrics(samples_path: Path, out_path: Path) -> None:
         out.write("# EOF\n")
 
 
+def read_openmetrics(path: Path) -> pd.DataFrame:
+    """The long table from an OpenMetrics file with timestamps (input fallback when no Parquet)."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    rows: dict[str, list] = {name: [] for name in SCHEMA.names}
+    try:
+        for family in text_string_to_metric_families(path.read_text()):
+            for sample in family.samples:
+                if sample.name not in FAMILIES:
+                    continue
+                if sample.timestamp is None:
+                    raise AnalyzerError(f"{path}: sample of {sample.name} has no timestamp")
+                rows["timestamp"].append(float(sample.timestamp))
+                rows["metric"].append(sample.name)
+                rows["value"].append(float(sample.value))
+                for label in LABELS:
+                    rows[label].append(sample.labels.get(label, ""))
+    except (ValueError, OSError) as exc:
+        raise AnalyzerError(f"{path}: not valid OpenMetrics: {str(exc).splitlines()[0]}") from exc
+    return pd.DataFrame(rows)
+
+
 def write_history(out_dir: str | Path, frame: pd.DataFrame, meta: Mapping[str, Any]) -> Path:
     """Write a whole sample frame as a history (tests and importers)."""
     with HistoryWriter(out_dir, meta) as writer:
@@ -274,13 +297,26 @@ def read_history(path: str | Path, start: float | None = None, end: float | None
     if not step > 0:
         raise AnalyzerError(f'{meta_path}: field "step_s" must be positive')
     samples_path = root / SAMPLES_FILE
-    try:
-        samples = pq.read_table(samples_path).to_pandas()
-    except FileNotFoundError as exc:
-        raise AnalyzerError(f"{samples_path}: missing") from exc
-    except (OSError, pa.ArrowException) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise AnalyzerError(f"{samples_path}: not a readable Parquet file: {reason}") from exc
+    if samples_path.exists():
+        try:
+            samples = pq.read_table(samples_path).to_pandas()
+        except (OSError, pa.ArrowException) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise AnalyzerError(f"{samples_path}: not a readable Parquet file: {reason}") from exc
+    elif (root / CSV_FILE).exists():
+        samples_path = root / CSV_FILE
+        try:
+            samples = pd.read_csv(samples_path, dtype={label: str for label in LABELS}, keep_default_na=False)
+        except (OSError, ValueError, pd.errors.ParserError) as exc:
+            raise AnalyzerError(
+                f"{samples_path}: not a readable CSV file: {str(exc).splitlines()[0]}"
+            ) from exc
+        samples["value"] = pd.to_numeric(samples.get("value"), errors="coerce")
+    elif (root / OPENMETRICS_FILE).exists():
+        samples_path = root / OPENMETRICS_FILE
+        samples = read_openmetrics(samples_path)
+    else:
+        raise AnalyzerError(f"{root}: no {SAMPLES_FILE}, {CSV_FILE} or {OPENMETRICS_FILE}")
     missing = [c for c in ("timestamp", "metric", "value") if c not in samples]
     if missing:
         raise AnalyzerError(f"{samples_path}: missing columns {missing}")

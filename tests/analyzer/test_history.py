@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 
+import pandas as pd
 import pytest
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import format_value, read_history, write_history
@@ -92,3 +93,27 @@ def test_bad_history_directories_give_one_line_errors(tmp_path, setup, message):
         read_history(target)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("keep", ["metrics.om", "samples.csv"])
+def test_csv_or_openmetrics_alone_read_like_parquet(tmp_path, keep, th):
+    from gpulens.analyzer.profile import profiles_from_samples
+
+    frame = synth.frame(synth.seed_case(12))
+    write_history(tmp_path / "h", frame, {"step_s": 60.0})
+    expected = profiles_from_samples(read_history(tmp_path / "h").samples, 60.0, th)
+    if keep == "samples.csv":
+        read_history(tmp_path / "h").samples.to_csv(tmp_path / "h" / "samples.csv", index=False)
+    (tmp_path / "h" / "samples.parquet").unlink()
+    got = profiles_from_samples(read_history(tmp_path / "h").samples, 60.0, th)
+    pd.testing.assert_frame_equal(
+        expected.drop(columns=["uuids"]), got.drop(columns=["uuids"]), check_dtype=False
+    )
+
+
+def test_a_history_without_samples_is_an_error(tmp_path):
+    write_history(tmp_path / "h", synth.frame(synth.seed_case(3)), {"step_s": 60.0})
+    for name in ("samples.parquet", "metrics.om"):
+        (tmp_path / "h" / name).unlink()
+    with pytest.raises(AnalyzerError, match=r"no samples\.parquet, samples\.csv or metrics\.om"):
+        read_history(tmp_path / "h")
