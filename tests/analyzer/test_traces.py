@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import json
 import tarfile
 from pathlib import Path
@@ -17,7 +18,15 @@ from gpulens.analyzer.report import write_report
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.exporter.catalog import get_model
 
-TRACES = Path("/work/shared/traces")
+def _traces_dir() -> Path:
+    """$GPULENS_TRACES, else the shared copy beside the repository (../shared/traces)."""
+    if os.environ.get("GPULENS_TRACES"):
+        return Path(os.environ["GPULENS_TRACES"])
+    beside = Path(__file__).resolve().parents[3] / "shared" / "traces"
+    return beside if beside.is_dir() else Path("/work/shared/traces")
+
+
+TRACES = _traces_dir()
 GENAI = TRACES / "alibaba-genai-2026"
 V2023 = TRACES / "alibaba-gpu-v2023"
 needs_traces = pytest.mark.skipif(
