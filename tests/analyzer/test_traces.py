@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import os
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from gpulens.analyzer.recommend import memory_need
 from gpulens.analyzer.report import write_report
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.exporter.catalog import get_model
+
 
 def _traces_dir() -> Path:
     """$GPULENS_TRACES, else the shared copy beside the repository (../shared/traces)."""
