@@ -66,6 +66,22 @@ def name_for(centroid: pd.Series) -> str:
     return "steady compute"
 
 
+def _unique_names(bases: dict[int, str], centroids: dict[int, pd.Series]) -> dict[int, str]:
+    """Clusters sharing a name are told apart by activity: light ... heavy (numbered beyond three)."""
+    names: dict[int, str] = {}
+    for base in set(bases.values()):
+        same = sorted(
+            (k for k, b in bases.items() if b == base), key=lambda k: centroids[k]["sm_active_mean"]
+        )
+        if len(same) == 1:
+            names[same[0]] = base
+            continue
+        tags = ["light", "heavy"] if len(same) == 2 else ["light", "medium", "heavy"]
+        for rank, k in enumerate(same):
+            names[k] = f"{base} ({tags[rank]})" if len(same) <= 3 else f"{base} ({rank + 1})"
+    return names
+
+
 def cluster(profiles: pd.DataFrame, th: Thresholds) -> Archetypes:
     """Cluster usable jobs; jobs without features get no archetype."""
     feats = features(profiles)
@@ -85,13 +101,8 @@ def cluster(profiles: pd.DataFrame, th: Thresholds) -> Archetypes:
         if best is None or score > best[0] + 1e-9:
             best = (score, labels)
     labels = np.zeros(len(feats), dtype=int) if best is None else best[1]
-    names: dict[int, str] = {}
-    used: dict[str, int] = {}
-    for k in sorted(set(labels)):
-        centroid = feats[labels == k].mean()
-        base = name_for(centroid)
-        used[base] = used.get(base, 0) + 1
-        names[k] = base if used[base] == 1 else f"{base} ({used[base]})"
+    centroids = {k: feats[labels == k].mean() for k in sorted(set(labels))}
+    names = _unique_names({k: name_for(c) for k, c in centroids.items()}, centroids)
     series = pd.Series([names[k] for k in labels], index=feats.index, name="archetype")
     hours = profiles.set_index("job_id")["gpu_hours_allocated"]
     summary = (
