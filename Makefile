@@ -57,7 +57,9 @@ demo: venv system-deps
 demo-stop: venv
 	$(BIN)/python -m gpulens.demo --stop
 
+# wrk (Debian) drives the scrape load from outside Python; nvitop-exporter is the peer
 bench: venv
+	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
 	$(BIN)/gpulens bench
 
 dashboards: venv

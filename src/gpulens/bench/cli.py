@@ -149,6 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--idle-window", type=float, default=30.0, help="seconds of CPU measurement")
     parser.add_argument("--scrapes-single", type=int, default=300, help="scrapes with 1 scraper")
     parser.add_argument("--scrapes-concurrent", type=int, default=2000, help="scrapes with 20 scrapers")
+    parser.add_argument("--wrk-seconds", type=float, default=10.0, help="duration of each wrk load")
     parser.add_argument("--soak", type=int, default=10000, help="total scrapes before the final RSS")
     parser.add_argument("--no-peer", action="store_true", help="measure gpulens-exporter only")
     parser.add_argument("--out", default="docs/benchmarks.md", help="Markdown report ('' to skip)")

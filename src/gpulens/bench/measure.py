@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import threading
@@ -140,6 +142,53 @@ def scrape_load(port: int, concurrency: int, total: int, path: str = "/metrics")
     )
 
 
+_WRK_PERCENTILE = re.compile(r"^\s+(50|99)(?:\.0+)?%\s+([\d.]+)(us|ms|s)\s*$")
+_WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def wrk_load(port: int, concurrency: int, seconds: float, path: str = "/metrics") -> LatencyResult:
+    """Load from wrk (a separate C process, so the client never competes for our GIL), with
+    keep-alive and `Accept-Encoding: gzip` like Prometheus' scrapes."""
+    wrk = shutil.which("wrk")
+    assert wrk is not None
+    threads = min(concurrency, 2)
+    out = subprocess.run(
+        [
+            wrk,
+            f"-t{threads}",
+            f"-c{concurrency}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout",
+            "30s",
+            "--latency",
+            "-H",
+            "Accept-Encoding: gzip",
+            f"http://127.0.0.1:{port}{path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=True,
+    ).stdout
+    percentiles: dict[str, float] = {}
+    requests, errors = 0, 0
+    for line in out.splitlines():
+        if match := _WRK_PERCENTILE.match(line):
+            percentiles[match.group(1)] = float(match.group(2)) * _WRK_UNITS[match.group(3)]
+        elif "requests in" in line:
+            requests = int(line.split()[0])
+        elif line.strip().startswith(("Non-2xx", "Socket errors")):
+            errors += sum(int(n) for n in re.findall(r"\d+", line.split(":", 1)[1]))
+    return LatencyResult(
+        concurrency,
+        requests,
+        percentiles.get("50", float("nan")),
+        percentiles.get("99", float("nan")),
+        errors,
+        seconds,
+    )
+
+
 @dataclass
 class ExporterResult:
     name: str
@@ -157,6 +206,7 @@ class ExporterResult:
     threads_warm: int = 0
     threads_after: int = 0
     scrapes_total: int = 0
+    load_generator: str = ""
     latency: list[LatencyResult] = field(default_factory=list)
 
 
@@ -171,6 +221,7 @@ def measure_exporter(
     scrape_counts: dict[int, int],
     soak_scrapes: int,
     log_path: Path,
+    wrk_seconds: float = 10.0,
 ) -> ExporterResult:
     """Start `command`, measure it as described in docs/benchmarks.md, stop it."""
     result = ExporterResult(name=name, version=version, interval_s=interval, idle_window_s=idle_window)
@@ -192,11 +243,20 @@ def measure_exporter(
             result.response_bytes = len(body)
             result.rss_warm_bytes, result.threads_warm = rss_bytes(pid), thread_count(pid)
             for concurrency, count in scrape_counts.items():
-                result.latency.append(scrape_load(port, concurrency, count))
+                if shutil.which("wrk"):
+                    result.latency.append(wrk_load(port, concurrency, wrk_seconds))
+                else:
+                    result.latency.append(scrape_load(port, concurrency, count))
+            result.load_generator = "wrk" if shutil.which("wrk") else "python threads"
             done = sum(r.requests for r in result.latency)
             if soak_scrapes > done:
-                scrape_load(port, 20, soak_scrapes - done)
-            result.scrapes_total = max(soak_scrapes, done)
+                # keep scraping until `soak_scrapes` were served (bounded in time for a slow peer)
+                if shutil.which("wrk"):
+                    estimate = wrk_seconds * (soak_scrapes - done) / max(result.latency[-1].requests, 1)
+                    done += wrk_load(port, 20, min(max(estimate, 1.0), 120.0)).requests
+                else:
+                    done += scrape_load(port, 20, soak_scrapes - done).requests
+            result.scrapes_total = done
             result.rss_after_bytes, result.threads_after = rss_bytes(pid), thread_count(pid)
         finally:
             try:

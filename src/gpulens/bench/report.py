@@ -90,6 +90,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         _row("RSS after warm-up (MiB)", [_mb(e["rss_warm_bytes"]) for e in exporters]),
         _row("RSS after the scrapes (MiB)", [_mb(e["rss_after_bytes"]) for e in exporters]),
         _row("scrapes served", [str(e["scrapes_total"]) for e in exporters]),
+        _row("load generator", [e.get("load_generator", "") for e in exporters]),
         _row(
             "threads after warm-up / after",
             [f"{e['threads_warm']} / {e['threads_after']}" for e in exporters],
