@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY
 from gpulens.exporter.config import (
+    COMPAT_MODES,
     DEFAULT_LISTEN,
     LOG_FORMATS,
     LOG_LEVELS,
@@ -118,7 +119,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="TLS and basic auth configuration (exporter-toolkit format)",
     )
     p.add_argument(
-        "--profiling", choices=PROFILING_MODES, help="profiling source: auto (GPM where supported), gpm, off"
+        "--profiling",
+        choices=PROFILING_MODES,
+        help="profiling source: auto (DCGM if reachable, else GPM where supported), dcgm, gpm, off",
+    )
+    p.add_argument(
+        "--dcgm-bindings",
+        dest="dcgm_bindings",
+        type=Path,
+        metavar="PATH",
+        help="directory of DCGM's Python bindings (default: the DCGM 4, then DCGM 3 install path)",
+    )
+    p.add_argument(
+        "--dcgm-address",
+        dest="dcgm_address",
+        metavar="ADDR",
+        help="standalone nv-hostengine, HOST[:PORT] or unix:///PATH (default: embedded host engine)",
+    )
+    p.add_argument(
+        "--compat",
+        choices=COMPAT_MODES,
+        help="also emit another exporter's names, units and labels (dcgm: dcgm-exporter 4.8)",
     )
     p.add_argument(
         "--collector.processes.max",
@@ -182,6 +203,9 @@ VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("--log-format", "log_format", str),
     ("--web.config-file", "web_config_file", Path),
     ("--profiling", "profiling", str),
+    ("--dcgm-bindings", "dcgm_bindings", Path),
+    ("--dcgm-address", "dcgm_address", str),
+    ("--compat", "compat", str),
     ("--collector.processes.max", "processes_max", int),
 )
 

@@ -13,7 +13,8 @@ DEFAULT_PORT = 9842
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
-PROFILING_MODES = ("auto", "gpm", "off")
+PROFILING_MODES = ("auto", "dcgm", "gpm", "off")
+COMPAT_MODES = ("dcgm",)
 
 
 class ConfigError(ValueError):
@@ -41,6 +42,9 @@ class ExporterConfig:
     collectors: frozenset[str] | None = None  # None: the defaults; empty: only the exporter's own metrics
     processes_max: int = 100
     profiling: str = "auto"
+    dcgm_bindings: Path | None = None  # directory with DCGM's pydcgm.py (None: the standard paths)
+    dcgm_address: str | None = None  # nv-hostengine "host[:port]" or "unix:///path"; None: embedded
+    compat: str = ""  # "dcgm": also emit dcgm-exporter's names, units and labels
 
     def read_deadline(self) -> float:
         """Seconds one GPU's reads may take before the GPU is reported hung."""
@@ -81,6 +85,12 @@ def validate(config: ExporterConfig) -> ExporterConfig:
         raise ConfigError(
             f"--profiling: expected one of {', '.join(PROFILING_MODES)}, got {config.profiling!r}"
         )
+    if config.compat and config.compat not in COMPAT_MODES:
+        raise ConfigError(f"--compat: expected one of {', '.join(COMPAT_MODES)}, got {config.compat!r}")
+    if config.dcgm_bindings is not None and not config.dcgm_bindings.is_dir():
+        raise ConfigError(f"--dcgm-bindings: {config.dcgm_bindings} is not a directory")
+    if config.dcgm_address is not None:
+        _check_dcgm_address(config.dcgm_address)
     if config.processes_max < 0:
         raise ConfigError(f"--collector.processes.max: must be >= 0, got {config.processes_max}")
     if config.procfs is not None and not config.procfs.is_dir():
@@ -94,3 +104,16 @@ def validate(config: ExporterConfig) -> ExporterConfig:
     if config.web_config_file is not None and not config.web_config_file.is_file():
         raise ConfigError(f"--web.config-file: {config.web_config_file} does not exist")
     return config
+
+
+def _check_dcgm_address(address: str) -> None:
+    """`host`, `host:port` or `unix:///absolute/path` (what nv-hostengine listens on)."""
+    if address.startswith("unix://"):
+        if not address[len("unix://") :].startswith("/"):
+            raise ConfigError(f"--dcgm-address: expected unix:///absolute/path, got {address!r}")
+        return
+    host, sep, port = address.removeprefix("tcp://").rpartition(":")
+    if not sep:
+        host, port = port, "5555"
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(f"--dcgm-address: expected HOST[:PORT] or unix:///PATH, got {address!r}")
