@@ -107,6 +107,13 @@ class Plan:
         return asdict(self)
 
 
+def _int_or_none(value: object) -> int | None:
+    """Integer settings from a DataFrame column that may hold NaN/None."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return int(value)  # type: ignore[arg-type]
+
+
 def _items(recs: pd.DataFrame) -> list[Item]:
     items = []
     for row in recs.itertuples(index=False):
@@ -131,10 +138,8 @@ def _items(recs: pd.DataFrame) -> list[Item]:
                 used_hours=0.0 if math.isnan(row.gpu_hours_used) else float(row.gpu_hours_used),
                 mig_profile=row.mig_profile if kind == "mig" else None,
                 mig_alternative=row.mig_alternative if isinstance(row.mig_alternative, str) else None,
-                thread_pct=None
-                if row.mps_active_thread_percentage is None
-                else row.mps_active_thread_percentage,
-                memory_limit=row.mps_pinned_memory_limit_bytes,
+                thread_pct=_int_or_none(row.mps_active_thread_percentage),
+                memory_limit=_int_or_none(row.mps_pinned_memory_limit_bytes),
             )
         )
     return items

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from gpulens.analyzer.emit import emit
@@ -80,7 +82,10 @@ def test_emitted_configs_match_the_plan_and_validate(th):
     mps = [c for c in plugin.values() if "mps" in c.get("sharing", {})]
     assert mps and mps[0]["sharing"]["mps"]["resources"][0]["replicas"] >= 2
     slurm = out.files["slurm-gres-hints.conf"]
-    assert "Name=mps Count=" in slurm and "--gres=mps:" in slurm
+    assert "Name=mps Count=" in slurm
+    assert re.search(r"--gres=mps:\d+  \(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=\d+M\)", slurm)
+    layout_clients = [c for e in plan.layout for c in e.get("mps_clients", [])]
+    assert all(isinstance(c["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], int) for c in layout_clients)
     assert "--gres=gpu:1g.10gb:1" in slurm
 
 
