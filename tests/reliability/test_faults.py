@@ -336,3 +336,40 @@ def test_dcgm_host_engine_disconnect() -> None:
 
 def test_scenario_is_loadable() -> None:
     assert load_scenario("dgx-h100").gpus[2].mps is not None  # the MPS test relies on GPU 2
+
+
+class SlowEventWait:
+    """Stands in for nvmlEventSetWait: while armed, each wait lasts `hold` seconds (a quiet GPU node)."""
+
+    def __init__(self, real, hold: float) -> None:  # type: ignore[no-untyped-def]
+        self.real = real
+        self.hold = hold
+        self.armed = threading.Event()
+        self.waiting = threading.Event()
+
+    def __call__(self, event_set, timeout_ms):  # type: ignore[no-untyped-def]
+        if not self.armed.is_set():
+            return self.real(event_set, timeout_ms)
+        self.waiting.set()
+        time.sleep(self.hold)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: exporter/backends/events.py XidWatcher.forget/attach take the lock poll() holds during "
+    "nvmlEventSetWait, so the sample in which a GPU comes back waits for the event thread's wait",
+)
+def test_a_gpu_coming_back_does_not_make_the_sample_wait_for_the_event_thread(
+    live: LiveExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live.node.set_lost(3, True)
+    live.wait_value("gpu_up", 0, gpu="3")
+    slow = SlowEventWait(pynvml.nvmlEventSetWait, hold=3.0)
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait", slow)
+    slow.armed.set()
+    assert slow.waiting.wait(timeout=5)
+    live.node.set_lost(3, None)
+    body = live.wait_value("gpu_up", 1, gpu="3")
+    slow.armed.clear()
+    assert value(body, "gpulens_sample_duration_seconds") < 1.0  # the read deadline is 0.3 s
