@@ -64,7 +64,18 @@ def history_frame(start: float) -> pd.DataFrame:
             activity_family="gpu_utilization_ratio",
         ),
     ]
+    # two MPS clients without per-process samples: only the device's SM activity, split between them
+    jobs += [
+        SynthJob(
+            f"share-{i}", "GPU-share-0001", flat(30, 0.0), flat(30, GIB), sharing="mps", activity_family="x"
+        )
+        for i in (1, 2)
+    ]
     frame = synth.frame(jobs, start=start)
+    frame = frame[frame["metric"] != "x"]
+    device = frame[(frame["metric"] == "gpu_info") & (frame["uuid"] == "GPU-share-0001")]
+    device = device.assign(metric="gpu_sm_active_ratio", model="", value=np.linspace(0.2, 0.8, len(device)))
+    frame = pd.concat([frame, device], ignore_index=True)
     gap = (frame["metric"] == "gpu_sm_active_ratio") & (frame["uuid"] == "GPU-seed-0001")
     frame.loc[gap & (frame["timestamp"] == start + 600), "value"] = np.nan  # NaN sample
     return frame.drop(frame.index[gap & (frame["timestamp"] == start + 1200)])  # and a gap
@@ -149,6 +160,8 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     assert from_prom.loc["seed-1", "coverage"] < 1.0
     assert from_prom.loc["util-1", "activity_signal"] == "utilization"
     assert from_prom.loc["mig-1", "mig_profile_now"] == "1g.10gb"
+    assert from_prom.loc["share-1", "activity_signal"] == "sm_active_share"
+    assert from_prom.loc["share-1", "sm_active_max"] == pytest.approx(0.4)
 
 
 def test_chunks_respect_both_the_job_count_and_the_matcher_length():
