@@ -454,3 +454,41 @@ def test_fuzzed_trace_files_end_in_one_line(
     err = capsys.readouterr().err
     if code != 0:
         clear_error(err)
+
+
+GENAI_MEMORY_OK = b"timestamp_anon,value,container_ip\n0,1073741824,10.0.0.1\n60,1073741824,10.0.0.1\n"
+GENAI_UTIL_OK = b"value,timestamp_anon,container_ip\n50,0,10.0.0.1\n40,60,10.0.0.1\n"
+GENAI: dict[str, tuple[bytes, bytes]] = {
+    "util-random-bytes": (bytes(range(255, 0, -1)) * 4, GENAI_MEMORY_OK),
+    "util-missing-columns": (b"value\n50\n", GENAI_MEMORY_OK),
+    "memory-not-numeric": (GENAI_UTIL_OK, b"timestamp_anon,value,container_ip\n0,lots,10.0.0.1\n"),
+    "timestamps-not-numeric": (
+        b"value,timestamp_anon,container_ip\n50,yesterday,10.0.0.1\n",
+        GENAI_MEMORY_OK,
+    ),
+    "no-rows": (b"value,timestamp_anon,container_ip\n", b"timestamp_anon,value,container_ip\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GENAI))
+def test_corrupt_genai_traces_end_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad_input: Count, case: str
+) -> None:
+    bad_input("trace file")
+    util, memory = GENAI[case]
+    src = tmp_path / "genai"
+    src.mkdir()
+    (src / "pod_gpu_duty_cycle_anon.csv").write_bytes(util)
+    (src / "pod_gpu_memory_used_bytes_anon.csv").write_bytes(memory)
+    argv = [
+        "import-trace",
+        "alibaba-genai-2026",
+        str(src),
+        "--out",
+        str(tmp_path / "out"),
+        "--gpu-model",
+        "H100-80GB",
+    ]
+    code = gpulens_main(argv)
+    assert code != 0
+    clear_error(capsys.readouterr().err, str(src))
