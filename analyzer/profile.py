@@ -123,13 +123,14 @@ def _family(fams: dict[str, pd.DataFrame], name: str, like: pd.DataFrame) -> pd.
 def _identity_from_samples(fams: dict[str, pd.DataFrame], like: pd.DataFrame) -> Identity:
     info = _family(fams, "gpu_job_info", like)
     cols = ["job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS]
-    series = info[cols].drop_duplicates().reset_index(drop=True)
+    # plain strings from here on: categorical order is dictionary order, not the lexical order
+    # the Prometheus path sorts by
+    series = info[cols].astype(str).drop_duplicates().reset_index(drop=True)
     gpu_info = _family(fams, "gpu_info", like).sort_values("timestamp")
-    gpus = gpu_info.drop_duplicates("uuid", keep="last")[["uuid", "model", "instance"]]
+    gpus = gpu_info.drop_duplicates("uuid", keep="last")[["uuid", "model", "instance"]].astype(str)
     mig_info = _family(fams, "gpu_mig_instance_info", like).sort_values("timestamp")
-    migs = mig_info.drop_duplicates(["uuid", "gpu_instance"], keep="last")[
-        ["uuid", "gpu_instance", "mig_profile"]
-    ]
+    migs = mig_info.drop_duplicates(["uuid", "gpu_instance"], keep="last")
+    migs = migs[["uuid", "gpu_instance", "mig_profile"]].astype(str)
     return Identity(series, gpus.reset_index(drop=True), migs.reset_index(drop=True))
 
 
@@ -151,7 +152,7 @@ def _signal_steps(
     if signal.scope == "job":
         rows = fam[fam["job_id"].isin(jobs)][["job_id", "timestamp", "value"]]
     elif signal.scope == "gpu_share":
-        sharers = info.groupby(["uuid", "timestamp"]).size().rename("n").reset_index()
+        sharers = info.groupby(["uuid", "timestamp"], observed=True).size().rename("n").reset_index()
         device = fam[["uuid", "timestamp", "value"]].merge(sharers, on=["uuid", "timestamp"])
         device = device.assign(value=device["value"] / device["n"])[["uuid", "timestamp", "value"]]
         left = info[info["job_id"].isin(jobs)][["job_id", "uuid", "timestamp"]]
@@ -162,7 +163,7 @@ def _signal_steps(
         rows = left.merge(fam[[*keys, "value"]], on=keys, how="inner")[["job_id", "timestamp", "value"]]
     if rows.empty:
         return rows
-    return rows.groupby(["job_id", "timestamp"], sort=True)["value"].agg(how).reset_index()
+    return rows.groupby(["job_id", "timestamp"], sort=True, observed=True)["value"].agg(how).reset_index()
 
 
 def _chain_steps(
@@ -180,7 +181,7 @@ def _chain_steps(
             if not pending:
                 break
             steps = _signal_steps(samples, info, signal, pending, how)
-            for job, group in steps.groupby("job_id", sort=False):
+            for job, group in steps.groupby("job_id", sort=False, observed=True):
                 out[str(job)] = (signal.name, group["value"].to_numpy(dtype=float))
             pending = [job for job in pending if job not in out]
     return out
@@ -202,8 +203,8 @@ def stats_from_samples(samples: pd.DataFrame, thresholds: Thresholds) -> tuple[I
     kinds = job_kinds(identity.series)
     idle_below = thresholds.get("activity", "idle_below")
     stats: dict[str, JobStats] = {}
-    per_step = info.groupby(["job_id", "timestamp"]).size().rename("n").reset_index()
-    for job, group in per_step.groupby("job_id", sort=False):
+    per_step = info.groupby(["job_id", "timestamp"], observed=True).size().rename("n").reset_index()
+    for job, group in per_step.groupby("job_id", sort=False, observed=True):
         stats[str(job)] = JobStats(
             start=float(group["timestamp"].min()),
             end=float(group["timestamp"].max()),
