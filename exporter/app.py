@@ -31,7 +31,7 @@ from typing import Any
 
 from gpulens.exporter.backends.events import XidWatcher
 from gpulens.exporter.backends.nvml import NvmlBackend, error_text
-from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY, CollectorOptions
+from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY, CollectorOptions, dcgm_compat
 from gpulens.exporter.collectors import exporter as meta
 from gpulens.exporter.config import ConfigError, ExporterConfig
 from gpulens.exporter.render import Rendered, render
@@ -143,11 +143,11 @@ class Exporter:
         if config.profiling == "off":
             areas -= {"profiling"}
         profiler_factory = None
-        if "profiling" in areas:
-            from gpulens.exporter.backends.gpm import GpmProfiler
+        if "profiling" in areas:  # DCGM / GPM / NVML-only per --profiling (backends/profiling_source.py)
+            from gpulens.exporter.backends.profiling_source import make_profiler_factory
 
-            def profiler_factory(_backend: NvmlBackend) -> GpmProfiler:
-                return GpmProfiler(self.clock, interval=config.interval, logger=self.log)
+            profiler_factory = make_profiler_factory(config, self.clock, self.log, node=self.node)
+        self.compat = config.compat == "dcgm"  # dcgm-exporter names from the same snapshot
 
         self.backend = NvmlBackend(
             clock=self.clock, procfs_root=self.procfs, profiler_factory=profiler_factory
@@ -250,6 +250,15 @@ class Exporter:
                 ok = False
                 self.log.error("collector %s failed: %s", name, error_text(exc))
             statuses[name] = AreaTiming(seconds=read.seconds + time.perf_counter() - started, success=ok)
+        if self.compat:
+            started = time.perf_counter()
+            ok = True
+            try:
+                families.extend(dcgm_compat.collect(snapshot, self.options))
+            except Exception as exc:
+                ok = False
+                self.log.error("collector dcgm_compat failed: %s", error_text(exc))
+            statuses["dcgm_compat"] = AreaTiming(seconds=time.perf_counter() - started, success=ok)
         families.extend(meta.collect(snapshot, statuses))
         return families, statuses
 
@@ -311,8 +320,12 @@ class Exporter:
         if self._attributor is not None:
             self._attributor.close()
         if self._sim_paths is not None:  # we built and installed the simulated node: undo both
+            from gpulens.exporter.sim.dcgm import hostengine
             from gpulens.exporter.sim.install import uninstall
 
             uninstall()
+            engine = hostengine.current()
+            if engine is not None and engine.node is self.node:
+                hostengine.uninstall()
             shutil.rmtree(self._sim_paths.root, ignore_errors=True)
             self._sim_paths = None
