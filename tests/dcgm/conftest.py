@@ -89,7 +89,8 @@ def simulate(tmp_path: Path) -> Iterator[Callable[[str], Sim]]:
 
 
 def family(families: list[Metric], name: str) -> Metric | None:
-    return next((f for f in families if f.name == name), None)
+    """The family of `name` (a counter family is named without `_total`, its samples with)."""
+    return next((f for f in families if name in (f.name, f.name + "_total")), None)
 
 
 def series(families: list[Metric], name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
@@ -99,7 +100,7 @@ def series(families: list[Metric], name: str, **labels: str) -> list[tuple[dict[
     return [
         (s.labels, s.value)
         for s in f.samples
-        if s.name in (name, name + "_total") and all(s.labels.get(k) == v for k, v in labels.items())
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
     ]
 
 
