@@ -237,7 +237,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         write_textfile(analysis, args.textfile)
     h = analysis.headline()
-    print(f"report written to {written['html']} ({h['gpus_freed']} GPUs could be freed)")
+    freed = h["gpus_freed"]
+    outcome = f"{freed} GPUs could be freed" if freed >= 0 else f"the jobs need {-freed} more GPUs"
+    print(f"report written to {written['html']} ({outcome})")
     return 0
 
 

@@ -52,12 +52,12 @@ def render(analysis: Analysis, now: float | None = None) -> str:
     ]
     if "gpu_hours_idle" in recs:
         lines += [
-            "# HELP gpulens_job_gpu_hours_idle GPU-hours allocated but not used in the analysed window.",
-            "# TYPE gpulens_job_gpu_hours_idle gauge",
+            "# HELP gpulens_job_gpu_idle_seconds GPU-seconds allocated but not used in the analysed window.",
+            "# TYPE gpulens_job_gpu_idle_seconds gauge",
         ]
         lines += [
-            f"gpulens_job_gpu_hours_idle{_labels(job_id=r.job_id, job_namespace=r.job_namespace)} "
-            f"{format_value(float(r.gpu_hours_idle))}"
+            f"gpulens_job_gpu_idle_seconds{_labels(job_id=r.job_id, job_namespace=r.job_namespace)} "
+            f"{format_value(round(float(r.gpu_hours_idle) * 3600, 3))}"
             for r in recs.itertuples(index=False)
         ]
     lines += [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -98,6 +99,10 @@ def test_report_writes_every_output_and_a_textfile(capsys, seed_history, tmp_pat
     text = textfile.read_text()
     assert 'gpulens_recommendation_info{job_id="seed-0"' in text
     assert 'gpulens_plan_gpus{gpu_model="A100-SXM4-40GB",state="freed"} 2' in text
+    promtool = shutil.which("promtool")
+    if promtool:
+        lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def test_unreachable_prometheus(capsys):
