@@ -168,3 +168,16 @@ def test_the_exposition_keeps_dcgm_names_without_a_total_suffix(h100: tuple[Sim,
     assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in om
     assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in om.replace("# HELP", "").replace("# TYPE", "")
     assert one(families, "gpulens_collector_success", collector="dcgm_compat") == 1
+
+
+def test_docs_map_every_compat_family_to_a_native_one() -> None:
+    from pathlib import Path
+
+    from gpulens.exporter.collectors.dcgm_compat import FIELDS, XID_FIELD
+
+    docs = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    section = docs.split("## dcgm-exporter compatibility")[1]
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| DCGM_")}
+    for f in (*FIELDS, XID_FIELD):
+        assert f.name in rows, f.name
+        assert f"| {f.field_id} | {f.type} |" in rows[f.name], f.name
