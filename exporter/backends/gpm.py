@@ -3,7 +3,8 @@
 GPM reports averages between two samples. Instead of sleeping inside a sample, the profiler keeps
 the previous GPM sample per device and per GPU instance and computes the metrics over the whole
 sampling interval; the first sample of a device therefore has no values yet. Each metric's own
-`nvmlReturn` is checked, NaN is treated as absent, and percentages become ratios 0..1.
+`nvmlReturn` is checked, NaN is treated as absent, and percentages become ratios 0..1. The
+whole-GPU PCIe and NVLink rates (MiB/s) are kept as bytes per second.
 
 Samples younger than 100 ms (GPM's internal refresh) are not used as a window: the older sample is
 kept until the window is long enough.
@@ -33,6 +34,16 @@ GPM_METRICS: tuple[tuple[str, int], ...] = (
     ("fp32", 12),
     ("fp16", 13),
 )
+# whole-GPU rates in MiB/s, kept in the snapshot as bytes per second (the dcgm-exporter compatibility
+# families DCGM_FI_PROF_PCIE_*_BYTES / NVLINK_*_BYTES read them; no native family does)
+GPM_RATES: tuple[tuple[str, int], ...] = (
+    ("pcie_tx_bytes_per_second", pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC),
+    ("pcie_rx_bytes_per_second", pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC),
+    ("nvlink_tx_bytes_per_second", pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC),
+    ("nvlink_rx_bytes_per_second", pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC),
+)
+_RATE_KEYS = frozenset(key for key, _ in GPM_RATES)
+MIB = 1024 * 1024
 MIN_WINDOW_SECONDS = 0.1
 
 
@@ -124,7 +135,7 @@ class GpmProfiler:
         values: tuple[tuple[str, float], ...] = ()
         if previous is not None:
             try:
-                values = self._metrics(previous[0], sample)
+                values = self._metrics(previous[0], sample, rates=key[1] is None)
             except _Unsupported:
                 values = ()
             finally:
@@ -134,17 +145,18 @@ class GpmProfiler:
         return values
 
     @staticmethod
-    def _metrics(sample1: Any, sample2: Any) -> tuple[tuple[str, float], ...]:
+    def _metrics(sample1: Any, sample2: Any, rates: bool = False) -> tuple[tuple[str, float], ...]:
+        wanted = GPM_METRICS + GPM_RATES if rates else GPM_METRICS  # PCIe/NVLink rates: whole GPU only
         request = pynvml.c_nvmlGpmMetricsGet_t()
         request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(GPM_METRICS)
+        request.numMetrics = len(wanted)
         request.sample1 = sample1
         request.sample2 = sample2
-        for i, (_, metric_id) in enumerate(GPM_METRICS):
+        for i, (_, metric_id) in enumerate(wanted):
             request.metrics[i].metricId = metric_id
         _gpm_call(pynvml.nvmlGpmMetricsGet, request)
         out: list[tuple[str, float]] = []
-        for i, (key, _) in enumerate(GPM_METRICS):
+        for i, (key, _) in enumerate(wanted):
             metric = request.metrics[i]
             if metric.nvmlReturn != pynvml.NVML_SUCCESS:
                 if metric.nvmlReturn in _LOST:
@@ -157,7 +169,10 @@ class GpmProfiler:
             value = float(metric.value)
             if math.isnan(value):
                 continue
-            out.append((key, min(1.0, max(0.0, value / 100.0))))
+            if key in _RATE_KEYS:
+                out.append((key, max(0.0, value * MIB)))
+            else:
+                out.append((key, min(1.0, max(0.0, value / 100.0))))
         return tuple(out)
 
     def _free(self, key: tuple[int, int | None]) -> None:

@@ -48,8 +48,6 @@ def h100(simulate: Callable[[str], Sim], monkeypatch: pytest.MonkeyPatch) -> tup
 def test_the_default_counters_exist_with_dcgm_exporters_types(h100: tuple[Sim, list[Metric]]) -> None:
     _, families = h100
     for name, kind in DEFAULT_COUNTERS.items():
-        if name.startswith("DCGM_FI_PROF_PCIE"):
-            continue  # GPM gives no PCIe rate: only DCGM feeds these (tested below)
         f = family(families, name)
         assert f is not None, name
         assert f.type == kind, name
@@ -81,6 +79,8 @@ def test_units_are_dcgm_exporters(h100: tuple[Sim, list[Metric]]) -> None:
     assert one(f, "DCGM_FI_DEV_SM_CLOCK", **g) == pytest.approx(one(f, "gpu_sm_clock_hertz", **g) / 1e6)  # type: ignore[operator]
     assert one(f, "DCGM_FI_DEV_POWER_USAGE", **g) == one(f, "gpu_power_watts", **g)
     assert one(f, "DCGM_FI_DEV_GPU_TEMP", **g) == one(f, "gpu_temperature_celsius", **g)
+    pcie = one(f, "DCGM_FI_PROF_PCIE_RX_BYTES", **g)  # bytes per second, from GPM's MiB/s
+    assert pcie == pytest.approx(h100[0].activity(3).pcie_rx_bytes_per_second, rel=0.01)
     tensor = one(f, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", **g)
     assert tensor == one(f, "gpu_tensor_active_ratio", **g)
     assert tensor is not None and 0 < tensor <= 1  # a ratio, not a percentage
