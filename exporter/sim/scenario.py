@@ -12,6 +12,7 @@ engine (`engine.py`) turns into driver state; nothing here depends on time.
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from dataclasses import dataclass, replace
@@ -226,6 +227,7 @@ _DGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 _DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_MAX_DURATION = 10 * 365 * 86400.0
 _SIZES = {
     "B": 1,
     "KiB": 1024,
@@ -344,6 +346,12 @@ class _Check:
                 raise self.fail(_join(path, key), "expected this required key, found nothing")
         return value
 
+    def any_mapping(self, path: str, value: Any) -> dict[str, Any]:
+        """A mapping with free-form keys (user names, environment variables)."""
+        if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+            raise self.expected(path, "a mapping of names", value)
+        return value
+
     def integer(self, path: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.expected(path, _range("an integer", lo, hi), value)
@@ -352,7 +360,7 @@ class _Check:
         return value
 
     def number(self, path: str, value: Any, lo: float | None = None, hi: float | None = None) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise self.expected(path, _range("a number", lo, hi), value)
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             raise self.expected(path, _range("a number", lo, hi), value)
@@ -400,6 +408,9 @@ class _Check:
             match = _DURATION.match(value.strip())
             if match:
                 seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        if seconds is not None and not (math.isfinite(seconds) and abs(seconds) <= _MAX_DURATION):
+            what = "a duration of at most 10 years" + (" or 'forever'" if forever else "")
+            raise self.expected(path, what, value)
         if seconds is None or (seconds < 0 and not negative):
             if seconds is not None:
                 what = "a duration that is not negative"
@@ -463,6 +474,13 @@ def _parse_driver(c: _Check, raw: dict[str, Any]) -> tuple[str, DriverInfo]:
     return hostname, DriverInfo(
         driver_version=driver_version, nvml_version=nvml_version, cuda_driver_version=cuda
     )
+
+
+def _mps_memory(c: _Check, path: str, raw: Any) -> int:
+    size = c.size(path, raw)
+    if size > 4 * 1024**3:
+        raise c.expected(path, "at most 4GiB (the server's own context)", raw)
+    return size
 
 
 def _parse_mig(c: _Check, path: str, model: GpuModel, raw: Any) -> tuple[MigInstanceSpec, ...]:
@@ -533,7 +551,7 @@ def _parse_gpus(c: _Check, raw: Any, hostname: str, users: dict[str, int]) -> tu
                 restart_pid,
                 user,
                 users.get(user, default_uid(user)),
-                c.size(f"{p}.mps.memory", mm.get("memory", "32MiB")),
+                _mps_memory(c, f"{p}.mps.memory", mm.get("memory", "32MiB")),
                 c.duration(f"{p}.mps.start", mm.get("start", "-1h"), negative=True),
             )
         ov = c.mapping(
@@ -837,8 +855,8 @@ def parse_process(
     start = c.duration(f"{path}.start", m.get("start", 0), negative=True)
     end = c.duration(f"{path}.end", m["end"], negative=True, forever=True) if "end" in m else FOREVER
     if end <= start:
-        raise c.expected(f"{path}.end", f"a time after start ({start:g}s)", m["end"])
-    env = c.mapping(f"{path}.environ", m.get("environ", {}), (), tuple(m.get("environ", {}) or ()))
+        raise c.expected(f"{path}.end", f"a time after start ({start:g}s)", m.get("end"))
+    env = c.any_mapping(f"{path}.environ", m.get("environ", {}))
     environ = tuple((str(k), c.string(f"{path}.environ.{k}", v)) for k, v in env.items())
     workload = parse_workload(c, f"{path}.workload", m["workload"], limit, limit_what)
     return ProcessSpec(
@@ -1117,7 +1135,7 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
     k8s_defaults = c.mapping(
         "node.kubernetes", node.get("kubernetes", {}), (), ("driver", "runtime", "cgroup")
     )
-    users_raw = c.mapping("users", top.get("users", {}), (), tuple(top.get("users", {}) or ()))
+    users_raw = c.any_mapping("users", top.get("users", {}))
     users = {str(u): c.integer(f"users.{u}", uid, 0) for u, uid in users_raw.items()}
     gpus = _parse_gpus(c, top["gpus"], hostname, users)
     faults, repeat = _parse_faults(c, top.get("faults"), gpus)
