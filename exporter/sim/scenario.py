@@ -1244,4 +1244,8 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         ) from None
     except OSError as e:
         raise ScenarioError(f"{shown}: expected a readable file, found {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(
+            f"{shown}: expected UTF-8 text, found byte {e.object[e.start]:#04x} at {e.start}"
+        ) from None
     return parse_scenario(data, shown, name=path.stem)

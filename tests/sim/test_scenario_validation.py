@@ -249,3 +249,13 @@ def test_processes_running_together_must_fit_their_instance() -> None:
     )
     data["processes"][0]["end"] = "1m"  # one after the other is fine
     assert len(parse_scenario(data, "t.yaml").processes) == 2
+
+
+def test_an_empty_or_binary_file_is_a_one_line_error(tmp_path) -> None:
+    empty, binary = tmp_path / "empty.yaml", tmp_path / "binary.yaml"
+    empty.write_text("")
+    binary.write_bytes(b"gpus: \xff\xfe\n")
+    with pytest.raises(ScenarioError, match=r"empty.yaml: \(top level\): expected a mapping, found nothing$"):
+        load_scenario(str(empty))
+    with pytest.raises(ScenarioError, match=r"binary.yaml: expected UTF-8 text, found byte 0xff at 6$"):
+        load_scenario(str(binary))
