@@ -868,12 +868,12 @@ class ScenarioNode:
         if g.ecc:
             for etype in (0, 1):
                 volatile = sum(n for (t_, _loc), n in faults.ecc.items() if t_ == etype)
+                total = sum(n for (t_, _loc), n in faults.ecc_total.items() if t_ == etype)
                 ecc_totals[(etype, 0)] = volatile
-                ecc_totals[(etype, 1)] = volatile + g.ecc_aggregate[etype]
-                for location in (0, 1, 2, 3, 7):
-                    count = faults.ecc.get((etype, location), 0)
-                    memory_errors[(etype, 0, location)] = count
-                    memory_errors[(etype, 1, location)] = count + (
+                ecc_totals[(etype, 1)] = total + g.ecc_aggregate[etype]
+                for location in sorted({0, 1, 2, 3, 7} | {loc for (_t, loc) in faults.ecc_total}):
+                    memory_errors[(etype, 0, location)] = faults.ecc.get((etype, location), 0)
+                    memory_errors[(etype, 1, location)] = faults.ecc_total.get((etype, location), 0) + (
                         g.ecc_aggregate[etype] if location == 2 else 0
                     )
         remapped: tuple[int, int, bool, bool] | None = None

@@ -65,6 +65,7 @@ class GpuFaults:
     hang_seconds: float = 0.0
     throttle: int = 0
     ecc: dict[tuple[int, int], int] = field(default_factory=dict)  # (error type, location) -> volatile
+    ecc_total: dict[tuple[int, int], int] = field(default_factory=dict)  # ... -> since the simulation began
     pcie_replay: int = 0
     nvlink_errors: dict[int, dict[int, int]] = field(default_factory=dict)  # link -> counter -> n
     remap_pending: bool = False
@@ -171,17 +172,7 @@ class Timeline:
             n, start = self._occurrences(entry, r)
             if n == 0:
                 continue
-            if kind == "ecc":
-                for etype, count in ((0, f.corrected), (1, f.uncorrected)):
-                    if count:
-                        key = (etype, f.location)
-                        out.ecc[key] = out.ecc.get(key, 0) + n * count
-            elif kind == "ecc_storm":
-                partial = min(1.0, (r - start) / f.duration)
-                count = (n - 1) * f.corrected + int(f.corrected * partial)
-                key = (0, f.location)
-                out.ecc[key] = out.ecc.get(key, 0) + count
-            elif kind == "row_remap":
+            if kind == "row_remap":
                 if f.remap == "pending":
                     out.remap_rows += n * f.rows
                     last_pending = max(last_pending, start)
@@ -193,9 +184,36 @@ class Timeline:
                 counters = out.nvlink_errors.setdefault(f.link, {})
                 counters[f.counter] = counters.get(f.counter, 0) + n * f.count
         out.remap_pending = last_pending > last_reset
+        entries = self._entries(gpu)
+        out.ecc_total = self._ecc(entries, r)
+        if last_reset == -math.inf:
+            out.ecc = dict(out.ecc_total)
+        else:  # a reset GPU starts its volatile counts again
+            before = self._ecc(entries, last_reset)
+            out.ecc = {key: n - before.get(key, 0) for key, n in out.ecc_total.items()}
         override = self._lost_override.get(gpu)
         if override is not None:
             out.lost = override
+        return out
+
+    def _ecc(self, entries: list[_Entry], r: float) -> dict[tuple[int, int], int]:
+        """ECC errors counted up to r: (error type, location) -> count."""
+        out: dict[tuple[int, int], int] = {}
+        for entry in entries:
+            f = entry.fault
+            if f.kind not in ("ecc", "ecc_storm"):
+                continue
+            n, start = self._occurrences(entry, r)
+            if n == 0:
+                continue
+            if f.kind == "ecc":
+                for etype, count in ((0, f.corrected), (1, f.uncorrected)):
+                    if count:
+                        out[(etype, f.location)] = out.get((etype, f.location), 0) + n * count
+            else:
+                partial = min(1.0, (r - start) / f.duration)
+                count = (n - 1) * f.corrected + int(f.corrected * partial)
+                out[(0, f.location)] = out.get((0, f.location), 0) + count
         return out
 
     def mig_instances(

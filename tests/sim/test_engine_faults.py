@@ -180,3 +180,19 @@ def test_a_repeating_timeline_repeats_events_and_keeps_counting() -> None:
     )
     assert [e.time - T0 for e in node.events_between(T0, T0 + 150) if e.event_type == XID] == [10, 70, 130]
     assert at(node, clock, 145).ecc_totals[(0, 0)] == 15
+
+
+def test_a_gpu_back_from_lost_restarts_its_volatile_ecc_counts() -> None:
+    node, clock = node_with(
+        {"at": 10, "gpu": 0, "ecc": {"corrected": 4, "location": "sram"}}, {"at": 20, "gpu": 0, "lost": "10s"}
+    )
+    before = at(node, clock, 15)
+    assert (before.ecc_totals[(0, 0)], before.ecc_totals[(0, 1)]) == (4, 4)
+    after = at(node, clock, 31)
+    assert (after.ecc_totals[(0, 0)], after.ecc_totals[(0, 1)]) == (0, 4)
+    assert (after.memory_error_counters[(0, 0, 7)], after.memory_error_counters[(0, 1, 7)]) == (0, 4)
+
+
+def test_ecc_in_any_location_has_its_own_counter() -> None:
+    node, clock = node_with({"at": 10, "gpu": 0, "ecc": {"uncorrected": 1, "location": "cbu"}})
+    assert at(node, clock, 11).memory_error_counters[(1, 0, 6)] == 1
