@@ -599,8 +599,8 @@ class ScenarioNode:
         server = self._mps_servers.get(gpu)
         if server is not None:
             assert faults is not None
-            if faults.mps_down:
-                return []
+            if faults.mps_down or r < server.spec.start:
+                return []  # clients need their server
             mps = self._gpus[gpu].mps
             assert mps is not None
             pid = mps.server_pid if faults.mps_restarts % 2 == 0 else mps.restart_pid
@@ -691,15 +691,18 @@ class ScenarioNode:
         sums: dict[int | None, list[float]] = {}
         with self._lock:
             procs = list(self._procs[gpu])
-        if g.mps is not None and faults.mps_down:
-            procs = []
+        mps_since = -math.inf
+        if g.mps is not None:
+            if faults.mps_down or r < g.mps.start:
+                procs = []
+            mps_since = max(g.mps.start, faults.mps_up_since)
         for proc in procs:
             spec = proc.spec
             if not spec.start <= r < spec.end or spec.instance not in weights:
                 continue
             start = spec.start
             if spec.kind == "mps_client":
-                start = max(start, faults.mps_up_since)
+                start = max(start, mps_since)  # as in _alive: clients (re)connect to the server
             terms = proc.workload.power_terms(r - start)
             acc = sums.get(spec.instance)
             if acc is None:

@@ -196,3 +196,27 @@ def test_a_gpu_back_from_lost_restarts_its_volatile_ecc_counts() -> None:
 def test_ecc_in_any_location_has_its_own_counter() -> None:
     node, clock = node_with({"at": 10, "gpu": 0, "ecc": {"uncorrected": 1, "location": "cbu"}})
     assert at(node, clock, 11).memory_error_counters[(1, 0, 6)] == 1
+
+
+def test_mps_clients_wait_for_their_server() -> None:
+    scenario = parse_scenario(
+        {
+            "gpus": [{"model": "H100-80GB", "mps": {"server_pid": 500, "start": "10s"}}],
+            "processes": [
+                {
+                    "pid": 77,
+                    "gpu": 0,
+                    "kind": "mps_client",
+                    "start": "-1h",
+                    "workload": {"pattern": "constant", "memory": "4GiB"},
+                }
+            ],
+        },
+        "t.yaml",
+    )
+    clock = ManualClock(T0)
+    node = build_node(scenario, clock=clock)
+    early = at(node, clock, 5)
+    assert early.processes == () and early.mps_clients == ()
+    late = at(node, clock, 15)
+    assert [p.pid for p in late.processes] == [500] and late.mps_clients[0].start_time == T0 + 10
