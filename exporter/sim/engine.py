@@ -328,7 +328,7 @@ class ScenarioNode:
         state = self._build_state(index, quantum * QUANTUM)
         with self._lock:
             self._cache[index] = (quantum, state)
-        self._maybe_sync_files(quantum * QUANTUM - self.start_time, quantum=quantum)
+        self._maybe_sync_files(max(quantum * QUANTUM - self.start_time, 0.0), quantum=quantum)
         return state
 
     def events_between(self, start: float, end: float) -> list[SimEvent]:
@@ -764,7 +764,7 @@ class ScenarioNode:
     def _build_state(self, index: int, t: float) -> GpuState:
         g = self._gpus[index]
         model = g.model
-        r = t - self.start_time
+        r = max(t - self.start_time, 0.0)  # the quantum may begin just before the node did
         snap = self._cached_snapshot(index, r)
         faults = snap.faults
         acc = snap.gpu

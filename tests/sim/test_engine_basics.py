@@ -9,7 +9,7 @@ import sys
 import pytest
 from gpulens.exporter.sim.clock import ManualClock
 from gpulens.exporter.sim.engine import build_node
-from gpulens.exporter.sim.scenario import load_scenario
+from gpulens.exporter.sim.scenario import load_scenario, parse_scenario
 from gpulens.exporter.sim.state import NO_INSTANCE
 
 T0 = 1_750_000_000.0
@@ -98,3 +98,15 @@ def test_states_do_not_depend_on_python_hash_randomization() -> None:
         for seed in ("1", "2")
     }
     assert len(digests) == 1
+
+
+def test_processes_starting_with_the_node_are_there_at_once_on_any_start_time() -> None:
+    scenario = parse_scenario(
+        {
+            "gpus": [{"model": "A30"}],
+            "processes": [{"pid": 9, "gpu": 0, "workload": {"pattern": "constant", "memory": "1GiB"}}],
+        },
+        "t.yaml",
+    )
+    node = build_node(scenario, clock=ManualClock(1_700_000_000.123))  # mid-quantum
+    assert [p.pid for p in node.gpu_state(0).processes] == [9]
