@@ -254,7 +254,8 @@ class Exporter:
             started = time.perf_counter()
             ok = True
             try:
-                families.extend(dcgm_compat.collect(snapshot, self.options))
+                node_name = getattr(getattr(self.node, "scenario", None), "hostname", None)
+                families.extend(dcgm_compat.collect(snapshot, self.options, node_name=node_name))
             except Exception as exc:
                 ok = False
                 self.log.error("collector dcgm_compat failed: %s", error_text(exc))

@@ -14,7 +14,8 @@ rates are absent, exactly as there. (So `sum(DCGM_FI_DEV_POWER_USAGE)` over-coun
 dcgm-exporter and here alike; the native `gpu_power_watts` does not.) A MIG-enabled GPU without any
 instance keeps GPU-level series.
 
-`Hostname` is `$NODE_NAME` if set, else the host name, as dcgm-exporter does. Only values gpulens
+`Hostname` is `$NODE_NAME` if set, else the host name, as dcgm-exporter does (a simulated node's
+scenario host name under `--simulate`). Only values gpulens
 has are emitted; docs/metrics.md maps every field to its native family.
 """
 
@@ -271,9 +272,10 @@ XID_FIELD = Field(
 )
 
 
-def hostname() -> str:
-    """dcgm-exporter's Hostname: $NODE_NAME (Kubernetes downward API) or the OS host name."""
-    return os.environ.get("NODE_NAME") or socket.gethostname()
+def hostname(default: str | None = None) -> str:
+    """dcgm-exporter's Hostname: $NODE_NAME (Kubernetes downward API), else `default` (a simulated
+    node's host name), else the OS host name."""
+    return os.environ.get("NODE_NAME") or default or socket.gethostname()
 
 
 def _last_xids(snapshot: NodeSnapshot) -> dict[int, XidCount]:
@@ -285,8 +287,10 @@ def _last_xids(snapshot: NodeSnapshot) -> dict[int, XidCount]:
     return last
 
 
-def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
-    host = hostname()
+def collect(
+    snapshot: NodeSnapshot, options: CollectorOptions, node_name: str | None = None
+) -> Iterator[Metric]:
+    host = hostname(node_name)
     driver = snapshot.driver_version
     families = {f.name: Metric(f.name, f.help, f.type) for f in FIELDS}
     xid = Metric(XID_FIELD.name, XID_FIELD.help, XID_FIELD.type)

@@ -181,3 +181,14 @@ def test_docs_map_every_compat_family_to_a_native_one() -> None:
     for f in (*FIELDS, XID_FIELD):
         assert f.name in rows, f.name
         assert f"| {f.field_id} | {f.type} |" in rows[f.name], f.name
+
+
+def test_hostname_is_node_name_else_the_simulated_hosts_name(
+    simulate: Callable[[str], Sim], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    sim = simulate("k8s-a100-mixed")
+    families = two_samples(sim.exporter(compat="dcgm"), sim)
+    assert {labels["Hostname"] for labels, _ in series(families, "DCGM_FI_DEV_GPU_TEMP")} == {
+        "k8s-gpu-worker-3"
+    }
