@@ -439,11 +439,6 @@ def test_bad_web_config_file_names_the_file(tmp_path: Path, bad_input: Count, co
     assert "hunter2" not in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: exporter/sim/scenario.py load_scenario lets UnicodeDecodeError escape for a non-UTF-8 "
-    "file, so `gpulens sim validate` prints a traceback (exit 1) instead of one line",
-)
 def test_non_utf8_scenario_file_via_cli_exits_2_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], bad_input: Count
 ) -> None:
