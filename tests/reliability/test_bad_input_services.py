@@ -12,6 +12,7 @@ import contextlib
 import gzip
 import io
 import json
+import logging
 import socket
 import statistics
 import tarfile
@@ -492,3 +493,19 @@ def test_corrupt_genai_traces_end_in_one_line(
     code = gpulens_main(argv)
     assert code != 0
     clear_error(capsys.readouterr().err, str(src))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: exporter/attribution/procfs.py treats a missing --procfs root like a vanished pid, so a "
+    "wrong --procfs silently turns every job into 'unknown' with no log line",
+)
+def test_a_procfs_root_that_does_not_exist_is_named_once(tmp_path: Path, bad_input: Count) -> None:
+    bad_input("exporter flags (--procfs)")
+    missing = tmp_path / "no-such-proc"
+    with live_exporter(tmp_path, interval=0.4, procfs=missing, job_mapping_dir=None) as live:
+        live.wait_for(lambda b: b'job_id="unknown"' in b, what="unknown jobs")
+        time.sleep(1.2)
+        still_serving(live)
+        lines = live.logs.matching(str(missing), min_level=logging.WARNING)
+        assert len(lines) == 1, lines
