@@ -509,3 +509,29 @@ def test_a_procfs_root_that_does_not_exist_is_named_once(tmp_path: Path, bad_inp
         still_serving(live)
         lines = live.logs.matching(str(missing), min_level=logging.WARNING)
         assert len(lines) == 1, lines
+
+
+ANALYZER_ARGS: dict[str, tuple[list[str], str]] = {
+    "ftp-url": (["--prometheus", "ftp://prom:9090", "--window", "1h"], "ftp://prom:9090"),
+    "no-host": (["--prometheus", "http://", "--window", "1h"], "--prometheus"),
+    "bad-window": (["--prometheus", "http://127.0.0.1:9", "--window", "7x"], "7x"),
+    "missing-token-file": (
+        ["--prometheus", "http://127.0.0.1:9", "--window", "1h", "--bearer-token-file", "/nonexistent/token"],
+        "/nonexistent/token",
+    ),
+    "bad-end": (
+        ["--prometheus", "http://127.0.0.1:9", "--window", "1h", "--end", "yesterday-ish"],
+        "yesterday-ish",
+    ),
+    "missing-history": (["--history", "/nonexistent/history"], "/nonexistent/history"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ANALYZER_ARGS))
+def test_bad_analyzer_arguments_end_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad_input: Count, case: str
+) -> None:
+    bad_input("analyzer command line")
+    args, name = ANALYZER_ARGS[case]
+    assert gpulens_main(["recommend", *args, "--retries", "0"]) != 0
+    clear_error(capsys.readouterr().err, name)
