@@ -228,6 +228,11 @@ def test_wrong_credentials_get_401_and_nothing_else(
             assert status == 401, what
             assert "Basic" in headers.get("WWW-Authenticate", ""), what
             assert body == b"Unauthorized\n", (what, body[:80])
+        status, _, _ = fetch(f"{url}{path}", client_context(pki), basic("prometheus", PASSWORD))
+        assert status in (200, 404)
+    log_text = "\n".join(live.logs.lines(min_level=logging.DEBUG))
+    assert PASSWORD not in log_text and "Tr0ub4dor" not in log_text  # credentials never logged
+    assert base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode() not in log_text
 
 
 def test_plain_http_to_the_tls_port_gets_no_metrics(live: LiveExporter, pki: Pki, tmp_path: Path) -> None:
