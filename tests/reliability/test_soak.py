@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulens.reliability.soak import Measurement, ScrapeStats, judge
+from gpulens.reliability.soak import Measurement, ScrapeStats, judge, log_summary
 
 
 def run_of(rss: list[float], threads: list[int]) -> list[Measurement]:
@@ -83,7 +83,21 @@ def test_a_short_soak_writes_a_report(tmp_path: Path) -> None:
     assert verdict["threads_max"] < 40  # one per GPU worker, Xid, attribution, HTTP: never unbounded
     assert len(report["series"]) >= 10
     assert "| RSS max (MiB) |" in (out / "report.md").read_text()
+    assert all(row["lines"] > 0 for row in report["log_summary"])
     assert (out / "exporter.log").exists()
+
+
+def test_log_summary_groups_messages_by_shape(tmp_path: Path) -> None:
+    log = tmp_path / "exporter.log"
+    log.write_text(
+        "2026-11-29 21:31:02,328 WARNING gpulens.exporter: xid 79 on GPU 2\n"
+        "2026-11-29 21:31:03,100 WARNING gpulens.exporter: xid 13 on GPU 3\n"
+        "2026-11-29 21:31:04,000 WARNING gpulens.exporter: GPU 2: GPU lost: NVMLError_GpuIsLost (15)\n"
+    )
+    assert log_summary(log) == [
+        ("WARNING gpulens.exporter: xid N on GPU N", 2),
+        ("WARNING gpulens.exporter: GPU N: GPU lost: NVMLError_GpuIsLost (N)", 1),
+    ]
 
 
 def test_bad_arguments_exit_2_with_one_line() -> None:

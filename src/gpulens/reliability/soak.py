@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import statistics
@@ -191,7 +192,29 @@ def machine() -> dict[str, str]:
     }
 
 
-def markdown(args: argparse.Namespace, verdict: Verdict, series: Sequence[Measurement], command: str) -> str:
+def log_summary(path: Path, top: int = 8) -> list[tuple[str, int]]:
+    """The exporter's log lines grouped by message with numbers blanked (`GPU N`, `xid N`), most first.
+
+    A message that grows with the number of samples rather than with the number of faults is log spam
+    the verdict cannot see; this table makes it visible in the report.
+    """
+    counts: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split(" ", 2)  # "<date> <time> LEVEL logger: message"
+            message = parts[2] if len(parts) == 3 else line
+            key = re.sub(r"\d+(\.\d+)?", "N", message)
+            counts[key] = counts.get(key, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+
+
+def markdown(
+    args: argparse.Namespace,
+    verdict: Verdict,
+    series: Sequence[Measurement],
+    command: str,
+    logs: Sequence[tuple[str, int]] = (),
+) -> str:
     host = machine()
     step = max(1, len(series) // 12)
     rows = "\n".join(
@@ -199,6 +222,7 @@ def markdown(args: argparse.Namespace, verdict: Verdict, series: Sequence[Measur
         for m in [*series[::step], series[-1]]
     )
     reasons = "".join(f"\n- {r}" for r in verdict.reasons) or "\n- none"
+    log_rows = "\n".join(f"| {n} | `{message.replace('|', '/')[:150]}` |" for message, n in logs) or "| 0 | |"
     v = verdict
     rss = f"{v.rss_start_mib} -> {v.rss_end_mib} ({v.rss_growth_mib:+})"
     threads = f"{v.threads_min}..{v.threads_max}, {v.threads_end}"
@@ -224,6 +248,12 @@ Verdict: **{"flat" if verdict.flat else "NOT flat"}**; reasons:{reasons}
 | simulated h | real s | RSS MiB | threads | fds | CPU s |
 |---|---|---|---|---|---|
 {rows}
+
+Exporter log, most frequent messages (numbers blanked):
+
+| lines | message |
+|---|---|
+{log_rows}
 """
 
 
@@ -303,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
     if exit_code != 0:
         stats.errors.append(f"exporter exited with status {exit_code} on SIGTERM")
     verdict = judge(series, stats, args.max_rss_growth_mib)
+    logs = log_summary(out / "exporter.log")
     report = {
         "command": command,
         "exporter_command": cmd,
@@ -313,10 +344,11 @@ def run(args: argparse.Namespace) -> int:
         "interval_s": args.interval,
         "scrapers": args.scrapers,
         "verdict": asdict(verdict),
+        "log_summary": [{"message": m, "lines": n} for m, n in logs],
         "series": [asdict(m) for m in series],
     }
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "report.md").write_text(markdown(args, verdict, series, command))
+    (out / "report.md").write_text(markdown(args, verdict, series, command, logs))
     print(
         f"soak: {'flat' if verdict.flat else 'NOT flat'}: RSS {verdict.rss_start_mib} -> "
         f"{verdict.rss_end_mib} MiB, threads {verdict.threads_min}..{verdict.threads_max}, "
