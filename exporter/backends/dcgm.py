@@ -211,6 +211,7 @@ class DcgmProfiler:
         self._bindings: Bindings | None = None
         self._uuids: dict[int, str] = {}
         self._last_message = ""
+        self._last_key = ""
         self._logged_unsupported: set[tuple[int, str]] = set()
         self._permanent = False
         self._backoff = backoff_start
@@ -237,7 +238,7 @@ class DcgmProfiler:
                 self._bindings = load_bindings(self.settings)
             self._conn = self._open(self._bindings)
         except DcgmUnavailable as exc:
-            self._fail(str(exc), exc.permanent)
+            self._fail(str(exc), exc.permanent, key=str(exc))
             return
         except Exception as exc:
             code = _code(exc)
@@ -246,7 +247,8 @@ class DcgmProfiler:
             hint = " (libdcgm not installed?)" if permanent else ""
             if code == ST_MODULE_NOT_LOADED:
                 hint = " (profiling module not loaded: needs CAP_SYS_ADMIN and DCGM's profiling library)"
-            self._fail(f"DCGM profiling unavailable, {where}: {error_line(exc)}{hint}", permanent)
+            message = f"DCGM profiling unavailable, {where}: {error_line(exc)}{hint}"
+            self._fail(message, permanent, key=error_line(exc))
             return
         self.log.info(
             "DCGM profiling source connected (%s, %d GPUs)",
@@ -254,14 +256,18 @@ class DcgmProfiler:
             len(self._conn.gpu_by_uuid),
         )
         self._last_message = ""
+        self._last_key = ""
         self._backoff = self._backoff_start
 
-    def _fail(self, message: str, permanent: bool) -> None:
-        if message != self._last_message:  # one line per distinct failure, not per retry
+    def _fail(self, message: str, permanent: bool, key: str) -> None:
+        """Log once per distinct error (`key`: the DCGM error itself, so the line saying the
+        connection broke and the retries failing with the same error make one line), then retry."""
+        if key != self._last_key:
             suffix = "" if permanent else "; retrying with backoff"
             level = logging.INFO if permanent and self.optional else logging.WARNING
             self.log.log(level, "%s%s", message, suffix)
-        self._last_message = message
+            self._last_message = message
+        self._last_key = key
         self._conn = None
         if permanent:
             self._permanent = True
@@ -299,14 +305,14 @@ class DcgmProfiler:
             raise
         return conn
 
-    def _drop(self, message: str) -> None:
+    def _drop(self, exc: BaseException) -> None:
         """The connection broke (caller holds the lock): close what is left and retry later."""
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.handle.Shutdown()
         self._backoff = self._backoff_start
-        self._fail(message, permanent=False)
+        self._fail(f"DCGM profiling stopped: {error_line(exc)}", permanent=False, key=error_line(exc))
 
     # ---- watches ----------------------------------------------------------------------------
     def _sync_watches(self, conn: _Connection, b: Bindings) -> None:
@@ -421,7 +427,7 @@ class DcgmProfiler:
             try:
                 self._refresh(conn, now)
             except Exception as exc:
-                self._drop(f"DCGM profiling stopped: {error_line(exc)}")
+                self._drop(exc)
                 return NOT_SERVED
             gpu_id = conn.gpu_by_uuid.get(uuid)
             gpu = conn.gpus.get(gpu_id) if gpu_id is not None else None

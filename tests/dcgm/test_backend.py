@@ -323,3 +323,26 @@ def test_watches_use_the_sampling_interval_and_one_read_per_sample(a100: Sim) ->
     assert reads == 4  # one GetLatest per GPU group per sample, not per GPU instance or field
     assert periods == {int(STEP * 1_000_000)}
     assert engine._connections == {}  # closed: groups and handle released
+
+
+def test_a_disconnect_and_the_failing_retries_after_it_make_one_line(
+    simulate: Callable[[str], Sim], caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = simulate("k8s-a100-mixed")
+    engine = hostengine.install(sim.node)
+    prof = profiler(sim, address="localhost:5555", backoff_start=0.02)
+    try:
+        sim.clock.advance(STEP)
+        assert prof.read(0, sim.handle(0), [])[0] == "dcgm"
+        with caplog.at_level(logging.INFO, logger="gpulens"):
+            engine.set_options(reachable=False)
+            sim.clock.advance(STEP)
+            assert prof.read(0, sim.handle(0), []) == NOT_SERVED
+            deadline = time.monotonic() + 2
+            while engine.calls.get("connect", 0) < 4 and time.monotonic() < deadline:
+                time.sleep(0.02)  # the background retries fail with the same error
+    finally:
+        prof.close()
+    lines = [r.getMessage() for r in caplog.records if "DCGM" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("DCGM profiling stopped: DCGMError_ConnectionNotValid (-21)")

@@ -388,11 +388,6 @@ def test_dcgm_host_engine_disconnect_and_reconnect(tmp_path: Path) -> None:
         live.assert_scrapes_healthy()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: exporter/backends/dcgm.py logs a host-engine disconnect twice ('DCGM profiling stopped: "
-    "...' then 'DCGM profiling unavailable, DCGM host engine ...: ...') because the message text differs",
-)
 def test_dcgm_host_engine_disconnect_is_logged_once(tmp_path: Path) -> None:
     with live_with_dcgm(tmp_path) as (live, engine):
         mark = live.logs.mark()
