@@ -352,11 +352,14 @@ class DcgmProfiler:
             except Exception as exc:
                 if _code(exc) not in GPU_UNSUPPORTED:
                     raise
-                gpu.unsupported = error_line(exc)
-                key = (gpu_id, gpu.unsupported)
-                if key not in self._logged_unsupported:
-                    self._logged_unsupported.add(key)
-                    self.log.warning("DCGM cannot profile GPU %d: %s", gpu_id, gpu.unsupported)
+                self._unsupported(gpu, error_line(exc))
+
+    def _unsupported(self, gpu: _Gpu, reason: str) -> None:
+        gpu.unsupported = reason
+        key = (gpu.gpu_id, reason)
+        if key not in self._logged_unsupported:
+            self._logged_unsupported.add(key)
+            self.log.warning("DCGM cannot profile GPU %d: %s", gpu.gpu_id, reason)
 
     @staticmethod
     def _delete_group(gpu: _Gpu) -> None:
@@ -377,6 +380,12 @@ class DcgmProfiler:
             if gpu.unsupported or gpu.group is None:
                 continue
             latest = gpu.group.samples.GetLatest_v2(conn.field_group)
+            own = latest.values.get(FE_GPU, {}).get(gpu.gpu_id, {})
+            if own and all(_not_supported(own.get(fid)) for fid, _ in RATIO_FIELDS):
+                # some DCGM versions accept the watch and then report every profiling field as
+                # blank NOT_SUPPORTED: treat it like a refused watch, so the fallback takes over
+                self._unsupported(gpu, "every profiling field reads blank NOT_SUPPORTED")
+                continue
             for entity_group, per_entity in latest.values.items():
                 for entity_id, per_field in per_entity.items():
                     out = values.setdefault((int(entity_group), int(entity_id)), {})
@@ -459,6 +468,15 @@ class DcgmProfiler:
                 conn.field_group.Delete()
             with contextlib.suppress(Exception):
                 conn.handle.Shutdown()
+
+
+def _not_supported(series: Any) -> bool:
+    """The newest value is DCGM's NOT_SUPPORTED blank (FP64 or INT64 flavour)."""
+    try:
+        value = getattr(series[-1], "value", None)
+    except (IndexError, TypeError):
+        return False
+    return isinstance(value, int | float) and value in (FP64_BLANK + 2, INT64_BLANK + 2)
 
 
 def _usable(series: Any) -> tuple[float, float] | None:

@@ -346,3 +346,22 @@ def test_a_disconnect_and_the_failing_retries_after_it_make_one_line(
     lines = [r.getMessage() for r in caplog.records if "DCGM" in r.getMessage()]
     assert len(lines) == 1, lines
     assert lines[0].startswith("DCGM profiling stopped: DCGMError_ConnectionNotValid (-21)")
+
+
+def test_a_gpu_whose_profiling_fields_all_read_not_supported_is_left_to_the_fallback(
+    simulate: Callable[[str], Sim], caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = simulate("k8s-a100-mixed")
+    hostengine.install(sim.node, EngineOptions(blank_gpus=frozenset({3})))
+    with caplog.at_level(logging.INFO, logger="gpulens"):
+        prof = profiler(sim)
+        try:
+            sim.clock.advance(STEP)
+            assert prof.read(3, sim.handle(3), []) == NOT_SERVED
+            sim.clock.advance(STEP)
+            assert prof.read(3, sim.handle(3), []) == NOT_SERVED
+            assert prof.read(2, sim.handle(2), [])[0] == "dcgm"
+        finally:
+            prof.close()
+    lines = [r.getMessage() for r in caplog.records if "GPU 3" in r.getMessage()]
+    assert lines == ["DCGM cannot profile GPU 3: every profiling field reads blank NOT_SUPPORTED"]

@@ -161,3 +161,19 @@ def test_gpm_on_h200_matches_a_constant_workload(simulate: Callable[[str], Sim],
     assert busy > 0.4
     assert one(families, "gpu_sm_active_ratio", gpu="1") == pytest.approx(0.0, abs=0.01)
     assert sources(families) == {"0": "gpm", "1": "gpm"}
+
+
+def test_auto_falls_back_when_dcgm_reads_blank_not_supported(simulate: Callable[[str], Sim]) -> None:
+    sim = simulate("dgx-h100")
+    hostengine.install(sim.node, EngineOptions(blank_gpus=frozenset({6})))
+    exporter = sim.exporter(profiling="auto", dcgm_bindings=BINDINGS_DIR)
+    try:
+        for _ in range(2):
+            exporter.sample_once()
+            sim.clock.advance(STEP)
+        families = exporter.families(exporter.sample_once())
+    finally:
+        exporter.close()
+    assert sources(families)["6"] == "gpm"
+    assert one(families, "gpu_sm_active_ratio", gpu="6") is not None
+    assert sources(families)["5"] == "dcgm"

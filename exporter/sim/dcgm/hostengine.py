@@ -80,6 +80,8 @@ class EngineOptions:
     or existing) fail with CONNECTION_NOT_VALID. `profiling_module`: False makes watches of
     profiling fields fail with MODULE_NOT_LOADED (no SYS_ADMIN, or libnvperf missing).
     `unsupported_gpus`: GPU ids whose profiling watches fail with PROFILING_NOT_SUPPORTED.
+    `blank_gpus`: GPU ids (and their instances) whose profiling fields are watched fine but always
+    read blank NOT_SUPPORTED, as some DCGM versions do on boards they cannot profile.
     """
 
     listen: str | None = None
@@ -87,6 +89,7 @@ class EngineOptions:
     embedded: bool = True
     profiling_module: bool = True
     unsupported_gpus: frozenset[int] = frozenset()
+    blank_gpus: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,8 @@ class SimHostEngine:
         out: list[tuple[int, int, int, int, float]] = []
         for entity_group, entity_id in entities:
             activity = self._activity(entity_group, entity_id, instances, end - period, end, completed)
+            if self._parent(entity_group, entity_id) in self.options.blank_gpus:
+                activity = FP64_NOT_SUPPORTED
             for field_id in fields:
                 out.append(
                     (
