@@ -74,7 +74,10 @@ def _fast_render(families: list[Metric]) -> tuple[bytes, bytes] | None:
     for family in families:
         if family.type not in ("gauge", "counter") or family.unit or not _LEGACY_NAME.match(family.name):
             return None
-        text_name = family.name + "_total" if family.type == "counter" else family.name
+        # counters named like dcgm-exporter's (no `_total` on the samples) keep their own name in
+        # the text format's TYPE line, or Prometheus would read the samples as untyped
+        totals = family.type == "counter" and all(s.name == family.name + "_total" for s in family.samples)
+        text_name = family.name + "_total" if totals else family.name
         doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
         text.append(f"# HELP {text_name} {doc}\n# TYPE {text_name} {family.type}\n")
         om_doc = doc.replace('"', r"\"")
