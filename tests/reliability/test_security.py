@@ -451,3 +451,48 @@ def test_the_remediation_receiver_acts_for_the_authenticated_caller(receiver: tu
     while not (record.exists() and "gpu-node-17" in record.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "gpu-node-17" in record.read_text()
+
+
+@pytest.mark.slow
+def test_a_real_prometheus_scrapes_over_mutual_tls_with_basic_auth_and_wrong_credentials_fail(
+    live: LiveExporter, pki: Pki, tmp_path: Path
+) -> None:
+    from tests.support.procs import PromAPI, find_binary, running
+
+    config = web_config(tmp_path, pki, client_auth="RequireAndVerifyClientCert")
+    with https_server(live, config) as url:
+        target = url.removeprefix("https://")
+        tls = {"ca_file": str(pki.ca), "cert_file": str(pki.client_cert), "key_file": str(pki.client_key)}
+
+        def job(name: str, password: str) -> dict:
+            return {
+                "job_name": name,
+                "scheme": "https",
+                "tls_config": tls,
+                "basic_auth": {"username": "prometheus", "password": password},
+                "static_configs": [{"targets": [target]}],
+            }
+
+        prom_config = tmp_path / "prometheus.yml"
+        prom_config.write_text(
+            json.dumps(
+                {
+                    "global": {"scrape_interval": "1s"},
+                    "scrape_configs": [job("gpulens-tls", PASSWORD), job("gpulens-wrong", "guess")],
+                }
+            )
+        )
+        port = free_port()
+        cmd = [
+            find_binary("prometheus"),
+            f"--config.file={prom_config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ]
+        with running(cmd, f"http://127.0.0.1:{port}/-/ready", tmp_path / "prometheus.log", timeout=60):
+            prom = PromAPI(f"http://127.0.0.1:{port}")
+            good = prom.wait_for('up{job="gpulens-tls"} == 1', timeout=30)
+            assert len(good) == 1
+            assert len(prom.wait_for('gpu_up{job="gpulens-tls"}', predicate=lambda r: len(r) == 8)) == 8
+            assert prom.wait_for('up{job="gpulens-wrong"} == 0', timeout=30)
+            assert prom.query('gpu_up{job="gpulens-wrong"}') == []
