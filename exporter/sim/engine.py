@@ -8,7 +8,8 @@ timeline, and reads counters (energy, PCIe/NVLink bytes) from a per-GPU integrat
 Counters are integrated over fixed 10 s buckets of the smooth activity envelope, evaluated at each
 bucket's start (a left Riemann sum from the node's start). So they are monotonic, independent of the
 order and frequency of queries, and agree with the gauges on average; a simulated week costs about
-60 k envelope evaluations per GPU. States are cached per GPU and 10 ms quantum.
+60 k envelope evaluations per GPU. States are cached per GPU and 100 ms quantum (NVML itself refreshes
+most readings about ten times a second), so the ~40 calls one sampler makes per GPU share one state.
 
 Nothing here touches global random state or numpy: noise comes from `patterns.hash_unit`.
 """
@@ -59,7 +60,7 @@ from gpulens.exporter.sim.state import (
 
 MIB = 1024**2
 GIB = 1024**3
-QUANTUM = 0.01  # seconds: states are cached per GPU and quantum
+QUANTUM = 0.1  # seconds: states are cached per GPU and quantum (NVML refreshes readings ~10x a second)
 BUCKET = 10.0  # seconds: counter integration step
 TEMP_WINDOW = 120.0  # seconds of average power the temperature follows
 ACTIVITY_READINGS = 16  # most readings averaged by activity_between
