@@ -361,6 +361,7 @@ def test_exporter_environment_parses_or_fails_with_one_line(bad_input: Count, en
         one_line(str(exc))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "names"),
     [

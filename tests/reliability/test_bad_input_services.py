@@ -121,6 +121,7 @@ REQUESTS: dict[str, tuple[bytes, set[int | None]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(REQUESTS))
 def test_odd_http_requests_get_an_error_or_nothing_and_the_exporter_keeps_serving(
     live: LiveExporter, bad_input: Count, case: str
@@ -137,6 +138,7 @@ def test_odd_http_requests_get_an_error_or_nothing_and_the_exporter_keeps_servin
     still_serving(live)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     method=st.sampled_from(["GET", "HEAD", "get", "G ET", "GET\x00"]) | st.text(max_size=8),
@@ -153,6 +155,7 @@ def test_fuzzed_requests_never_break_the_exporter(
     still_serving(live)
 
 
+@pytest.mark.slow
 def test_slowloris_connections_do_not_block_scrapes(live: LiveExporter, bad_input: Count) -> None:
     bad_input("HTTP request (slowloris)", 100)
     baseline = threading.active_count()
@@ -179,6 +182,7 @@ def test_slowloris_connections_do_not_block_scrapes(live: LiveExporter, bad_inpu
     assert threading.active_count() <= baseline + 2, "connection threads outlived their connections"
 
 
+@pytest.mark.slow
 def test_bad_mapping_files_in_the_live_directory_keep_jobs_exported(
     live: LiveExporter, bad_input: Count
 ) -> None:
@@ -495,6 +499,7 @@ def test_corrupt_genai_traces_end_in_one_line(
     clear_error(capsys.readouterr().err, str(src))
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     reason="bug: exporter/attribution/procfs.py treats a missing --procfs root like a vanished pid, so a "

@@ -27,6 +27,8 @@ from tests.reliability.harness import LiveExporter, live_exporter, scenario_file
 SAMPLES_TO_WATCH = 5  # a fault must stay quiet in the log for this many samples after its line
 INTERVAL = 0.4
 
+pytestmark = pytest.mark.slow  # real HTTP(S) against a running exporter
+
 
 def hold(live: LiveExporter, samples: int = SAMPLES_TO_WATCH) -> bytes:
     """Keep scraping for `samples` sampling intervals; returns the last body."""

@@ -48,6 +48,8 @@ SECRETS = {
 CMDLINE_SECRET = "--api-key=sk-PLANTED-CMDLINE-SECRET"
 PLANTED_USER = "planted-user-mallory"
 
+pytestmark = pytest.mark.slow  # real HTTP(S) against a running exporter
+
 
 # ---- certificates ------------------------------------------------------------------------------
 @dataclass(frozen=True)
