@@ -156,9 +156,11 @@ class FailingWhileArmed:
         self.real = real
         self.error = error
         self.armed = threading.Event()
+        self.failed = 0
 
     def __call__(self, *args):  # type: ignore[no-untyped-def]
         if self.armed.is_set():
+            self.failed += 1
             raise self.error
         return self.real(*args)
 
@@ -175,6 +177,11 @@ def _nvml_goes_away(live: LiveExporter, monkeypatch: pytest.MonkeyPatch) -> list
     init.armed.set()
     body = live.wait_value("gpulens_nvml_up", 0)
     assert series(body, "gpulens_nvml_error_info")
+    deadline = time.monotonic() + 10
+    while init.failed < 1 and time.monotonic() < deadline:  # the outage outlasts the first retry
+        live.scrape()
+        time.sleep(0.05)
+    assert init.failed >= 1
     hold(live, 2)
     count.armed.clear()
     init.armed.clear()
