@@ -85,6 +85,7 @@ def _source_args(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--ca-file", help="CA bundle to verify the API's TLS certificate")
     src.add_argument("--insecure-skip-verify", action="store_true", help="do not verify TLS certificates")
     src.add_argument("--chunk-size", type=int, default=200, help="jobs per PromQL query (default 200)")
+    src.add_argument("--concurrency", type=int, default=4, help="chunks of jobs queried at once (default 4)")
     src.add_argument("--retries", type=int, default=3, help="retries of a failed request (default 3)")
     src.add_argument(
         "--progress", action="store_true", help="print progress on stderr (default: if a terminal)"
@@ -121,12 +122,15 @@ def _prom_source(args: argparse.Namespace) -> Any:
     )
     if args.chunk_size < 1:
         raise AnalyzerError("--chunk-size must be at least 1")
+    if args.concurrency < 1:
+        raise AnalyzerError("--concurrency must be at least 1")
     return PromSource(
         client=PromClient(config),
         window_s=parse_duration(args.window, "--window"),
         end=parse_time(args.end),
         step_s=parse_duration(args.step, "--step"),
         chunk_size=args.chunk_size,
+        concurrency=args.concurrency,
         progress=sys.stderr if args.progress else default_progress(),
     )
 
@@ -155,7 +159,7 @@ def _analysis(args: argparse.Namespace, with_archetypes: bool = True) -> Any:
         return pipeline.analyze_profiles(profiles, th, args.prometheus, meta, with_archetypes)
     window = parse_duration(args.window, "--window") if args.window else None
     end = parse_time(args.end) if args.end else None
-    history = files.load(args.history, window, end)
+    history = files.load(args.history, window, end, sys.stderr if args.progress else None)
     return pipeline.analyze_history(history, th, model, with_archetypes)
 
 

@@ -21,10 +21,12 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from gpulens.analyzer.errors import AnalyzerError
 
@@ -97,6 +99,9 @@ class History:
     path: Path
     meta: dict[str, Any]
     samples: pd.DataFrame
+    # per-family frames with only the columns asked for (`read_history(families=...)`); the long
+    # table `samples` is then left empty, so 20 M samples need a fraction of the memory
+    families: dict[str, pd.DataFrame] | None = None
 
     @property
     def step_s(self) -> float:
@@ -273,9 +278,7 @@ def write_history(out_dir: str | Path, frame: pd.DataFrame, meta: Mapping[str, A
     return Path(out_dir)
 
 
-def read_history(path: str | Path, start: float | None = None, end: float | None = None) -> History:
-    """Load a history directory, optionally limited to samples with start < t <= end."""
-    root = Path(path)
+def read_meta(root: Path) -> dict[str, Any]:
     if not root.is_dir():
         raise AnalyzerError(f"{root}: history directory not found")
     meta_path = root / META_FILE
@@ -296,14 +299,17 @@ def read_history(path: str | Path, start: float | None = None, end: float | None
         raise AnalyzerError(f'{meta_path}: field "step_s" must be a number of seconds') from exc
     if not step > 0:
         raise AnalyzerError(f'{meta_path}: field "step_s" must be positive')
+    return meta
+
+
+def _read_samples(root: Path) -> tuple[Path, pd.DataFrame]:
     samples_path = root / SAMPLES_FILE
     if samples_path.exists():
         try:
             # dictionary-encoded -> categoricals: a third of the memory and CPU for joins and filters
             samples = pq.read_table(samples_path, read_dictionary=["metric", *LABELS]).to_pandas()
         except (OSError, pa.ArrowException) as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise AnalyzerError(f"{samples_path}: not a readable Parquet file: {reason}") from exc
+            raise AnalyzerError(f"{samples_path}: not a readable Parquet file: {_reason(exc)}") from exc
     elif (root / CSV_FILE).exists():
         samples_path = root / CSV_FILE
         try:
@@ -318,6 +324,14 @@ def read_history(path: str | Path, start: float | None = None, end: float | None
         samples = read_openmetrics(samples_path)
     else:
         raise AnalyzerError(f"{root}: no {SAMPLES_FILE}, {CSV_FILE} or {OPENMETRICS_FILE}")
+    return samples_path, samples
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _check_columns(samples_path: Path, samples: pd.DataFrame) -> pd.DataFrame:
     missing = [c for c in ("timestamp", "metric", "value") if c not in samples]
     if missing:
         raise AnalyzerError(f"{samples_path}: missing columns {missing}")
@@ -329,11 +343,111 @@ def read_history(path: str | Path, start: float | None = None, end: float | None
         samples["value"] = samples["value"].astype(float)
     except (TypeError, ValueError) as exc:
         raise AnalyzerError(f"{samples_path}: columns timestamp and value must be numbers") from exc
+    return samples
+
+
+def _stream_families(
+    samples_path: Path,
+    families: Mapping[str, Iterable[str]],
+    start: float | None,
+    end: float | None,
+    progress: TextIO | None,
+) -> dict[str, pd.DataFrame]:
+    """Per-family frames read one row group at a time, keeping only the wanted rows and columns.
+
+    Label columns stay dictionary-encoded (categoricals): peak memory is about the size of the
+    kept columns, not of the whole long table.
+    """
+    try:
+        parquet = pq.ParquetFile(samples_path)
+        present = set(parquet.schema_arrow.names)
+        missing = [c for c in ("timestamp", "metric", "value") if c not in present]
+        if missing:
+            raise AnalyzerError(f"{samples_path}: missing columns {missing}")
+        wanted = {family: ["timestamp", "value", *labels] for family, labels in families.items()}
+        columns = sorted({c for cols in wanted.values() for c in cols if c in present} | {"metric"})
+        dictionary = [c for c in columns if c in LABELS or c == "metric"]
+        parquet = pq.ParquetFile(samples_path, read_dictionary=dictionary)
+        parts: dict[str, list[pa.Table]] = {family: [] for family in families}
+        groups = parquet.num_row_groups
+        for i in range(groups):
+            table = parquet.read_row_group(i, columns=columns)
+            if start is not None or end is not None:
+                ts = pc.cast(table.column("timestamp"), pa.float64())
+                keep = pc.greater(ts, start if start is not None else -math.inf)
+                if end is not None:
+                    keep = pc.and_(keep, pc.less_equal(ts, end))
+                table = table.filter(keep)
+            metric = pc.cast(table.column("metric"), pa.string())
+            for family, cols in wanted.items():
+                rows = table.filter(pc.equal(metric, family))
+                if rows.num_rows:
+                    parts[family].append(rows.select([c for c in cols if c in present]))
+            if progress is not None and (i + 1) % max(1, groups // 10) == 0:
+                print(f"gpulens: reading {samples_path.name}: {i + 1}/{groups} row groups", file=progress)
+    except (OSError, pa.ArrowException) as exc:
+        raise AnalyzerError(f"{samples_path}: not a readable Parquet file: {_reason(exc)}") from exc
+    out: dict[str, pd.DataFrame] = {}
+    for family, cols in wanted.items():
+        if not parts[family]:
+            continue
+        table = (
+            pa.concat_tables(parts[family], promote_options="default").unify_dictionaries().combine_chunks()
+        )
+        parts[family] = []
+        frame = table.to_pandas()
+        del table
+        for column in cols:
+            if column not in frame:
+                frame[column] = pd.Categorical.from_codes(np.zeros(len(frame), dtype=np.int8), [""])
+        try:
+            frame["timestamp"] = frame["timestamp"].astype(float)
+            frame["value"] = frame["value"].astype(float)
+        except (TypeError, ValueError) as exc:
+            raise AnalyzerError(f"{samples_path}: columns timestamp and value must be numbers") from exc
+        out[family] = frame[cols]
+    return out
+
+
+def read_history(
+    path: str | Path,
+    start: float | None = None,
+    end: float | None = None,
+    families: Mapping[str, Iterable[str]] | None = None,
+    progress: TextIO | None = None,
+) -> History:
+    """Load a history directory, optionally limited to samples with start < t <= end.
+
+    With `families` (family -> label columns), a usage history comes back as `History.families`:
+    one frame per family with timestamp, value and those labels, streamed from Parquet row group
+    by row group (bounded memory); `samples` is then empty.
+    """
+    root = Path(path)
+    meta = read_meta(root)
+    kind = str(meta.get("kind", "usage"))
+    if families is not None and kind == "usage" and (root / SAMPLES_FILE).exists():
+        fams = _stream_families(root / SAMPLES_FILE, families, start, end, progress)
+        empty = pd.DataFrame(
+            {
+                name: pd.Series(dtype=float if name in ("timestamp", "value") else object)
+                for name in SCHEMA.names
+            }
+        )
+        return History(root, meta, empty, fams)
+    samples_path, samples = _read_samples(root)
+    samples = _check_columns(samples_path, samples)
     if start is not None:
         samples = samples[samples["timestamp"] > start]
     if end is not None:
         samples = samples[samples["timestamp"] <= end]
-    return History(root, meta, samples.reset_index(drop=True))
+    history = History(root, meta, samples.reset_index(drop=True))
+    if families is not None and kind == "usage":
+        history.families = {
+            str(name): frame[["timestamp", "value", *families[str(name)]]]
+            for name, frame in history.samples.groupby("metric", sort=False, observed=True)
+            if str(name) in families
+        }
+    return history
 
 
 def iter_family(samples: pd.DataFrame, families: Iterable[str]) -> pd.DataFrame:

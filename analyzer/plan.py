@@ -180,11 +180,15 @@ def _pack(items: list[Item], th: Thresholds) -> list[GpuBin]:
         return max(i.memory / model.memory_bytes if model else 0.0, i.sm, i.load)
 
     order = sorted(items, key=lambda i: (i.model, i.kind, -size(i), i.start, i.job_id))
+    # first fit among the bins an item can join at all (same mode and model), in creation order:
+    # the same choice as scanning every bin, without touching thousands that cannot match
+    compatible: dict[tuple[str, str], list[GpuBin]] = {}
     for item in order:
         model = model_for_nvml_name(item.model)
         needed = item.gpus
         chosen: list[GpuBin] = []
-        for gpu in bins:
+        candidates = compatible.setdefault((item.kind, item.model), [])
+        for gpu in candidates:
             if len(chosen) == needed:
                 break
             if _fits(gpu, item, model, th):
@@ -193,6 +197,7 @@ def _pack(items: list[Item], th: Thresholds) -> list[GpuBin]:
             counters[item.model] = counters.get(item.model, 0) + 1
             gpu = GpuBin(name=f"{item.model}#{counters[item.model]}", model=item.model, mode=item.kind)
             bins.append(gpu)
+            candidates.append(gpu)
             chosen.append(gpu)
         for gpu in chosen:
             gpu.items.append(item)

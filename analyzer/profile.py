@@ -125,7 +125,8 @@ def _identity_from_samples(fams: dict[str, pd.DataFrame], like: pd.DataFrame) ->
     cols = ["job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS]
     # plain strings from here on: categorical order is dictionary order, not the lexical order
     # the Prometheus path sorts by
-    series = info[cols].astype(str).drop_duplicates().reset_index(drop=True)
+    # dedupe on the categoricals first (millions of rows), then convert the few distinct rows
+    series = info[cols].drop_duplicates().astype(str).drop_duplicates().reset_index(drop=True)
     gpu_info = _family(fams, "gpu_info", like).sort_values("timestamp")
     gpus = gpu_info.drop_duplicates("uuid", keep="last")[["uuid", "model", "instance"]].astype(str)
     mig_info = _family(fams, "gpu_mig_instance_info", like).sort_values("timestamp")
@@ -187,12 +188,42 @@ def _chain_steps(
     return out
 
 
+def family_columns() -> dict[str, list[str]]:
+    """Family -> the label columns the file path reads from it (everything else is never loaded)."""
+    signal_labels = ["job_id", "uuid", "gpu_instance"]
+    out = {
+        "gpu_job_info": ["job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS],
+        "gpu_info": ["uuid", "model", "instance"],
+        "gpu_mig_instance_info": ["uuid", "gpu_instance", "mig_profile"],
+    }
+    for table in (signals.ACTIVITY, signals.MEMORY, signals.DRAM, signals.TENSOR):
+        for chain in table.values():
+            for signal in chain:
+                out.setdefault(signal.family, signal_labels)
+    return out
+
+
 def stats_from_samples(samples: pd.DataFrame, thresholds: Thresholds) -> tuple[Identity, dict[str, JobStats]]:
     """Reduce a history's samples to per-job aggregates (the file path)."""
     missing = [label for label in LABELS if label not in samples]
     if missing:
         samples = samples.assign(**dict.fromkeys(missing, ""))
-    fams = _by_family(samples)
+    return stats_from_families(_by_family(samples), thresholds, samples.iloc[0:0])
+
+
+def stats_from_families(
+    fams: dict[str, pd.DataFrame], thresholds: Thresholds, like: pd.DataFrame | None = None
+) -> tuple[Identity, dict[str, JobStats]]:
+    """The same reduction from per-family frames (`family_columns()` at least); `like` = empty frame."""
+    if like is None:
+        like = pd.DataFrame(
+            {
+                c: pd.Series(dtype=float if c in ("timestamp", "value") else object)
+                for c in ("timestamp", "metric", "value", *LABELS)
+            }
+        )
+    fams = dict(fams)
+    samples = like
     if "gpu_job_info" in fams:
         jobs = fams["gpu_job_info"]
         fams["gpu_job_info"] = jobs[jobs["job_source"] != signals.SYSTEM_SOURCE]
@@ -351,4 +382,12 @@ def profiles_from_samples(
 ) -> pd.DataFrame:
     """The file path end to end: samples -> profile table."""
     identity, stats = stats_from_samples(samples, thresholds)
+    return build_profiles(identity, stats, step_s, thresholds, gpu_model)
+
+
+def profiles_from_families(
+    fams: dict[str, pd.DataFrame], step_s: float, thresholds: Thresholds, gpu_model: GpuModel | None = None
+) -> pd.DataFrame:
+    """The file path from per-family frames (`read_history(families=family_columns())`)."""
+    identity, stats = stats_from_families(fams, thresholds)
     return build_profiles(identity, stats, step_s, thresholds, gpu_model)

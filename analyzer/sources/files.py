@@ -1,30 +1,40 @@
-"""Profiles from a history directory (the file path), optionally limited to a window."""
+"""Profiles from a history directory (the file path), optionally limited to a window.
+
+A usage history is read family by family with only the columns the profile needs, streamed
+from Parquet row group by row group, so tens of millions of samples fit in bounded memory.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TextIO
+
 import pandas as pd
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.analyzer.history import History, read_history
-from gpulens.analyzer.profile import profiles_from_samples
+from gpulens.analyzer.history import History, read_history, read_meta
+from gpulens.analyzer.profile import family_columns, profiles_from_families, profiles_from_samples
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.exporter.catalog import GpuModel
 
 
-def load(path: str, window_s: float | None = None, end: float | None = None) -> History:
+def load(
+    path: str, window_s: float | None = None, end: float | None = None, progress: TextIO | None = None
+) -> History:
     """Read a history; with a window, keep samples in (end - window, end] (end defaults to its end)."""
     if window_s is None:
-        return read_history(path)
-    history = read_history(path)
-    stop = float(history.meta.get("end", 0)) if end is None else end
-    keep = (history.samples["timestamp"] > stop - window_s) & (history.samples["timestamp"] <= stop)
-    history.samples = history.samples[keep].reset_index(drop=True)
-    return history
+        return read_history(path, families=family_columns(), progress=progress)
+    stop = float(read_meta(Path(path)).get("end", 0)) if end is None else end
+    return read_history(path, stop - window_s, stop, families=family_columns(), progress=progress)
 
 
 def profiles(history: History, thresholds: Thresholds, gpu_model: GpuModel | None = None) -> pd.DataFrame:
     """Profile table of a usage history."""
     if history.kind != "usage":
         raise AnalyzerError(f"{history.path}: a {history.kind!r} history has no usage to profile")
+    if history.families is not None:
+        if not any(len(frame) for frame in history.families.values()):
+            raise AnalyzerError(f"{history.path}: no samples in the window")
+        return profiles_from_families(history.families, history.step_s, thresholds, gpu_model)
     if history.samples.empty:
         raise AnalyzerError(f"{history.path}: no samples in the window")
     return profiles_from_samples(history.samples, history.step_s, thresholds, gpu_model)

@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -162,34 +163,54 @@ def _regex(jobs: list[str]) -> str:
     return "|".join(escaped).replace("\\", "\\\\").replace('"', '\\"')
 
 
-def chunk_jobs(jobs: list[str], size: int, max_regex_chars: int = MAX_REGEX_CHARS) -> list[list[str]]:
-    """Chunks of at most `size` jobs whose matcher stays short enough for every store's query limit."""
+def chunk_jobs(
+    jobs: list[str],
+    size: int,
+    max_regex_chars: int = MAX_REGEX_CHARS,
+    gpus_of: dict[str, list[str]] | None = None,
+) -> list[list[str]]:
+    """Chunks of at most `size` jobs whose matchers stay short enough for every store's query limit.
+
+    With `gpus_of` (job -> its GPU uuids) the uuid matcher a chunk needs counts against the same
+    length budget: device series are selected by uuid, so co-located jobs (in order) share it.
+    """
     chunks: list[list[str]] = []
     current: list[str] = []
+    seen: set[str] = set()
     length = 0
     for job in jobs:
-        cost = len(_regex([job])) + 1
+        new = [u for u in (gpus_of or {}).get(job, []) if u not in seen]
+        cost = len(_regex([job])) + 1 + sum(len(_regex([u])) + 1 for u in new)
         if current and (len(current) >= size or length + cost > max_regex_chars):
             chunks.append(current)
-            current, length = [], 0
+            current, length, seen = [], 0, set()
+            new = list((gpus_of or {}).get(job, []))
+            cost = len(_regex([job])) + 1 + sum(len(_regex([u])) + 1 for u in new)
         current.append(job)
+        seen.update(new)
         length += cost
     if current:
         chunks.append(current)
     return chunks
 
 
-def signal_expr(signal: signals.Signal, regex: str, how: str) -> str:
-    """Per-step, per-job aggregate of one signal (mirrors `profile._signal_steps`)."""
+def signal_expr(signal: signals.Signal, regex: str, how: str, uuid_regex: str | None = None) -> str:
+    """Per-step, per-job aggregate of one signal (mirrors `profile._signal_steps`).
+
+    `uuid_regex` (the chunk's GPUs) narrows the device side of the join to series that can match:
+    the same result, but the store no longer evaluates every GPU of the cluster at every step.
+    """
     sel = f'job_id=~"{regex}"'
+    dev = f'{{uuid=~"{uuid_regex}"}}' if uuid_regex is not None else ""
     if signal.scope == "job":
         return f"{how} by (job_id) ({signal.family}{{{sel}}} >= 0)"
     if signal.scope == "gpu_share":
-        jobs_on_gpu = f'count by (uuid) (gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"}})'
-        share = f"(({signal.family} >= 0) / on(uuid) group_left() {jobs_on_gpu})"
+        on_gpus = f',uuid=~"{uuid_regex}"' if uuid_regex is not None else ""
+        jobs_on_gpu = f'count by (uuid) (gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"{on_gpus}}})'
+        share = f"(({signal.family}{dev} >= 0) / on(uuid) group_left() {jobs_on_gpu})"
         return f"{how} by (job_id) (gpu_job_info{{{sel}}} * on(uuid) group_left() {share})"
     on = "uuid" if signal.scope == "gpu" else "uuid, gpu_instance"
-    return f"{how} by (job_id) (gpu_job_info{{{sel}}} * on({on}) group_left() ({signal.family} >= 0))"
+    return f"{how} by (job_id) (gpu_job_info{{{sel}}} * on({on}) group_left() ({signal.family}{dev} >= 0))"
 
 
 def _stats_query(reductions: dict[str, str], inner: str, window: str) -> str:
@@ -219,6 +240,7 @@ class PromSource:
     step_s: float
     chunk_size: int = 200
     progress: TextIO | None = None
+    concurrency: int = 4  # chunks queried at once
 
     @property
     def window(self) -> str:
@@ -255,13 +277,15 @@ class PromSource:
         jobs: list[str],
         how: str,
         reductions: dict[str, str],
+        gpus_of: dict[str, list[str]],
     ) -> dict[str, tuple[str, dict[str, float]]]:
         out: dict[str, tuple[str, dict[str, float]]] = {}
         pending = list(jobs)
         for signal in chain:
             if not pending:
                 break
-            inner = signal_expr(signal, _regex(pending), how)
+            uuids = sorted({u for job in pending for u in gpus_of.get(job, [])})
+            inner = signal_expr(signal, _regex(pending), how, _regex(uuids))
             for job, values in _by_job(
                 self.client.query(_stats_query(reductions, inner, self.window), self.end)
             ).items():
@@ -270,9 +294,10 @@ class PromSource:
             pending = [j for j in pending if j not in out]
         return out
 
-    def stats(self, identity: Identity, thresholds: Thresholds) -> dict[str, JobStats]:
-        kinds = job_kinds(identity.series)
-        idle = thresholds.get("activity", "idle_below")
+    def _chunk_stats(
+        self, kind: str, jobs: list[str], gpus_of: dict[str, list[str]], idle: float
+    ) -> dict[str, JobStats]:
+        """All aggregates of one chunk of jobs of one kind (five to a dozen queries)."""
         activity_red = {
             "mean": "avg_over_time({sub})",
             "p50": "quantile_over_time(0.5, {sub})",
@@ -294,42 +319,76 @@ class PromSource:
             "gpus": "max_over_time({sub})",
         }
         stats: dict[str, JobStats] = {}
+        regex = _regex(jobs)
+        presence = f'count by (job_id) (gpu_job_info{{job_id=~"{regex}"}})'
+        for job, values in _by_job(
+            self.client.query(_stats_query(presence_red, presence, self.window), self.end)
+        ).items():
+            if job in jobs and values.get("samples", 0) > 0:
+                stats[job] = JobStats(
+                    start=values["start"],
+                    end=values["end"],
+                    samples=int(values["samples"]),
+                    gpus=int(values["gpus"]),
+                )
+        present = [j for j in jobs if j in stats]
+        for job, (name, values) in self._chain(
+            signals.ACTIVITY[kind], present, "avg", activity_red, gpus_of
+        ).items():
+            stats[job].activity_signal = name
+            stats[job].activity = {k: values.get(k, math.nan) for k in STAT_KEYS}
+        for job, (name, values) in self._chain(
+            signals.MEMORY[kind], present, "max", memory_red, gpus_of
+        ).items():
+            stats[job].memory_signal = name
+            stats[job].memory_peak = values.get("max", math.nan)
+            stats[job].memory_p95 = values.get("p95", math.nan)
+        dram_red = {"p95": "quantile_over_time(0.95, {sub})", "count": "count_over_time({sub})"}
+        for job, (_, values) in self._chain(signals.DRAM[kind], present, "avg", dram_red, gpus_of).items():
+            stats[job].dram_p95 = values.get("p95", math.nan)
+        tensor_red = {"mean": "avg_over_time({sub})", "count": "count_over_time({sub})"}
+        for job, (_, values) in self._chain(
+            signals.TENSOR[kind], present, "avg", tensor_red, gpus_of
+        ).items():
+            stats[job].tensor_mean = values.get("mean", math.nan)
+        return stats
+
+    def stats(self, identity: Identity, thresholds: Thresholds) -> dict[str, JobStats]:
+        """Per-job aggregates, chunk by chunk, `concurrency` chunks in flight at a time.
+
+        Jobs are ordered by their first GPU before chunking, so a chunk's jobs share few GPUs and
+        the device side of each join (selected by uuid) stays small.
+        """
+        kinds = job_kinds(identity.series)
+        idle = thresholds.get("activity", "idle_below")
+        ordered = identity.series.sort_values(["uuid", "gpu_instance", "job_id"])
+        gpus_of: dict[str, list[str]] = {}
+        for job, uuid in ordered[["job_id", "uuid"]].itertuples(index=False):
+            if uuid not in gpus_of.setdefault(job, []):
+                gpus_of[job].append(uuid)
         chunks = [
             (kind, chunk)
             for kind in ("exclusive", "mig", "shared")
-            for chunk in chunk_jobs(sorted(j for j, k in kinds.items() if k == kind), self.chunk_size)
+            for chunk in chunk_jobs(
+                [j for j in gpus_of if kinds.get(j) == kind], self.chunk_size, gpus_of=gpus_of
+            )
         ]
-        for n, (kind, jobs) in enumerate(chunks, start=1):
-            self._say(f"prometheus: chunk {n}/{len(chunks)}: {len(jobs)} {kind} jobs")
-            regex = _regex(jobs)
-            presence = f'count by (job_id) (gpu_job_info{{job_id=~"{regex}"}})'
-            for job, values in _by_job(
-                self.client.query(_stats_query(presence_red, presence, self.window), self.end)
-            ).items():
-                if job in jobs and values.get("samples", 0) > 0:
-                    stats[job] = JobStats(
-                        start=values["start"],
-                        end=values["end"],
-                        samples=int(values["samples"]),
-                        gpus=int(values["gpus"]),
-                    )
-            present = [j for j in jobs if j in stats]
-            for job, (name, values) in self._chain(
-                signals.ACTIVITY[kind], present, "avg", activity_red
-            ).items():
-                stats[job].activity_signal = name
-                stats[job].activity = {k: values.get(k, math.nan) for k in STAT_KEYS}
-            for job, (name, values) in self._chain(signals.MEMORY[kind], present, "max", memory_red).items():
-                stats[job].memory_signal = name
-                stats[job].memory_peak = values.get("max", math.nan)
-                stats[job].memory_p95 = values.get("p95", math.nan)
-            dram_red = {"p95": "quantile_over_time(0.95, {sub})", "count": "count_over_time({sub})"}
-            for job, (_, values) in self._chain(signals.DRAM[kind], present, "avg", dram_red).items():
-                stats[job].dram_p95 = values.get("p95", math.nan)
-            tensor_red = {"mean": "avg_over_time({sub})", "count": "count_over_time({sub})"}
-            for job, (_, values) in self._chain(signals.TENSOR[kind], present, "avg", tensor_red).items():
-                stats[job].tensor_mean = values.get("mean", math.nan)
-        return stats
+        stats: dict[str, JobStats] = {}
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
+            futures = {
+                pool.submit(self._chunk_stats, kind, jobs, gpus_of, idle): (kind, len(jobs))
+                for kind, jobs in chunks
+            }
+            try:
+                for done, future in enumerate(as_completed(futures), start=1):
+                    stats.update(future.result())
+                    kind, size = futures[future]
+                    self._say(f"prometheus: chunk {done}/{len(chunks)} done: {size} {kind} jobs")
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        return dict(sorted(stats.items()))
 
     def profiles(self, thresholds: Thresholds, gpu_model: GpuModel | None = None) -> pd.DataFrame:
         identity = self.identity()
