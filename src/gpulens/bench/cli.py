@@ -1,4 +1,5 @@
-"""`gpulens bench`: measure gpulens-exporter and nvitop-exporter on the same simulated node.
+"""`gpulens bench`: measure gpulens-exporter and nvitop-exporter on the same simulated node,
+and the analyzer at DESIGN §8 scale (`analyzer_bench.py`: PromQL path and file path).
 
 Both run as separate processes on the same scenario (default `large`: 8 GPUs, 56 MIG instances,
 about 200 processes) through the same simulated NVML library, and are measured by the same code
@@ -20,8 +21,9 @@ from importlib import metadata
 from pathlib import Path
 
 from gpulens import __version__
+from gpulens.bench.analyzer_bench import run_analyzer_bench
 from gpulens.bench.measure import ExporterResult, measure_exporter
-from gpulens.bench.report import ratio_lines, render_markdown
+from gpulens.bench.report import analyzer_target_lines, ratio_lines, render_markdown
 
 
 def _free_port() -> int:
@@ -53,9 +55,35 @@ def _machine() -> dict[str, str]:
 
 
 def run_bench(args: argparse.Namespace) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="gpulens-bench-"))
+    results = run_exporters(args, workdir) if args.exporter else []
+    data: dict = {
+        "command": "make bench  (= gpulens bench " + " ".join(sys.argv[2:]) + ")",
+        "scenario": args.scenario,
+        "machine": _machine(),
+        "exporters": [dataclasses.asdict(r) for r in results],
+    }
+    if args.analyzer:
+        print(
+            f"measuring the analyzer: {args.analyzer_jobs} jobs x 7 days (PromQL), "
+            f"{args.analyzer_samples:,} samples (files) ...",
+            file=sys.stderr,
+        )
+        data["analyzer"] = run_analyzer_bench(
+            args.analyzer_jobs,
+            args.analyzer_samples,
+            args.analyzer_step,
+            workdir / "analyzer",
+            sys.stderr,
+            compaction=args.analyzer_compaction,
+        )
+    shutil.rmtree(workdir, ignore_errors=True)
+    return data
+
+
+def run_exporters(args: argparse.Namespace, workdir: Path) -> list[ExporterResult]:
     scrape_counts = {1: args.scrapes_single, 20: args.scrapes_concurrent}
     results: list[ExporterResult] = []
-    workdir = Path(tempfile.mkdtemp(prefix="gpulens-bench-"))
     port = _free_port()
     print(f"measuring gpulens-exporter on {args.scenario} ...", file=sys.stderr)
     results.append(
@@ -123,12 +151,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                 workdir / "nvitop.log",
             )
         )
-    return {
-        "command": "make bench  (= gpulens bench " + " ".join(sys.argv[2:]) + ")",
-        "scenario": args.scenario,
-        "machine": _machine(),
-        "exporters": [dataclasses.asdict(r) for r in results],
-    }
+    return results
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -138,12 +161,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(render_markdown(data))
         print(f"wrote {args.out}", file=sys.stderr)
-    print("\n".join(ratio_lines(data)))
+    if "analyzer" in data:
+        print("\n".join(analyzer_target_lines(data["analyzer"])))
+    if data["exporters"]:
+        print("\n".join(ratio_lines(data)))
     return 0
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmark the exporter against nvitop-exporter")
+    parser = subparsers.add_parser(
+        "bench", help="benchmark the exporter against nvitop-exporter, and the analyzer at scale"
+    )
     parser.add_argument("--scenario", default="large", help="simulated node (default: large)")
     parser.add_argument("--interval", type=float, default=2.0, help="sampling interval of both exporters")
     parser.add_argument("--idle-window", type=float, default=30.0, help="seconds of CPU measurement")
@@ -152,6 +190,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--wrk-seconds", type=float, default=10.0, help="duration of each wrk load")
     parser.add_argument("--soak", type=int, default=10000, help="total scrapes before the final RSS")
     parser.add_argument("--no-peer", action="store_true", help="measure gpulens-exporter only")
+    parser.add_argument(
+        "--exporter",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the exporters (default: on)",
+    )
+    parser.add_argument(
+        "--analyzer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the analyzer at scale: PromQL and file paths (default: on)",
+    )
+    parser.add_argument(
+        "--analyzer-jobs", type=_positive, default=10_000, help="jobs over 7 days (default 10000)"
+    )
+    parser.add_argument(
+        "--analyzer-samples",
+        type=_positive,
+        default=20_000_000,
+        help="raw samples for the file path (default 20000000)",
+    )
+    parser.add_argument(
+        "--analyzer-step",
+        type=_positive,
+        default=300,
+        help="seconds between samples of the backfilled TSDB (default 300)",
+    )
+    parser.add_argument(
+        "--analyzer-compaction",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="let Prometheus compact the backfilled blocks before measuring (default: on; ~1 min)",
+    )
     parser.add_argument("--out", default="docs/benchmarks.md", help="Markdown report ('' to skip)")
     parser.add_argument("--json", default="docs/benchmarks.json", help="JSON results ('' to skip)")
     parser.set_defaults(func=cmd_bench)

@@ -1,0 +1,146 @@
+"""The analyzer benchmark: synthetic cluster, both paths end to end, and how it is reported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from gpulens.analyzer.history import read_history
+
+from gpulens.bench.analyzer_bench import (
+    FAMILIES,
+    JOBS_PER_GPU,
+    file_step,
+    make_cluster,
+    write_history,
+    write_openmetrics_blocks,
+)
+from gpulens.bench.report import analyzer_target_lines, render_markdown
+
+
+def _path(name: str, wall_s: float, rss: int, jobs: int = 10_000, samples: int = 20_000_000) -> dict:
+    return {
+        "path": name,
+        "command": f"gpulens recommend --{name}",
+        "jobs": jobs,
+        "gpus": jobs // 8,
+        "steps": 2016,
+        "step_s": 300,
+        "samples": samples,
+        "series": 100,
+        "setup_s": {"generate_s": 1.0},
+        "wall_s": wall_s,
+        "max_rss_bytes": rss,
+        "jobs_profiled": jobs,
+        "returncode": 0,
+        "queries": 5 if name == "prometheus" else None,
+        "chunks": 1 if name == "prometheus" else None,
+        "error": "",
+        "extra": {},
+    }
+
+
+def _analyzer(prom_s: float, file_s: float, rss: int, jobs: int = 10_000) -> dict:
+    return {
+        "cluster": "c",
+        "families": list(FAMILIES),
+        "prometheus_compaction": True,
+        "paths": [_path("prometheus", prom_s, 2**28, jobs), _path("history", file_s, rss, jobs)],
+    }
+
+
+def test_every_job_runs_on_one_gpu_and_every_gpu_step_has_a_job():
+    cluster = make_cluster(50, 3600)
+    assert cluster.gpus == 7 and cluster.steps == 168
+    counts = np.bincount(cluster.job_of.ravel(), minlength=50)
+    assert (counts > 0).all()
+    for j in range(50):
+        rows = np.flatnonzero((cluster.job_of == j).any(axis=1))
+        assert len(rows) == 1  # single GPU, one contiguous stretch
+        steps = np.flatnonzero(cluster.job_of[rows[0]] == j)
+        assert (np.diff(steps) == 1).all()
+
+
+def test_the_file_step_gives_about_the_requested_samples():
+    step = file_step(10_000, 20_000_000)
+    cluster_samples = (10_000 // JOBS_PER_GPU) * len(FAMILIES) * (7 * 86400 // step)
+    assert abs(cluster_samples - 20_000_000) / 20_000_000 < 0.01
+
+
+def test_openmetrics_blocks_hold_every_sample_once(tmp_path):
+    cluster = make_cluster(9, 1800)
+    paths = write_openmetrics_blocks(cluster, tmp_path)
+    lines = [line for path in paths for line in path.read_text().splitlines() if not line.startswith("#")]
+    assert len(lines) == cluster.samples
+    assert all(path.read_text().endswith("# EOF\n") for path in paths)
+
+
+def test_the_parquet_history_reads_back_with_every_sample(tmp_path):
+    cluster = make_cluster(20, 3600)
+    rows = write_history(cluster, tmp_path / "h", gpus_per_group=2)
+    assert rows == cluster.samples == pq.ParquetFile(tmp_path / "h" / "samples.parquet").metadata.num_rows
+    history = read_history(tmp_path / "h")
+    assert set(history.samples["metric"].astype(str)) == set(FAMILIES)
+    jobs = history.samples[history.samples["metric"] == "gpu_job_info"]["job_id"].astype(str)
+    assert jobs.nunique() == 20
+
+
+def test_targets_are_judged_only_at_full_size():
+    lines = analyzer_target_lines(_analyzer(45.0, 25.0, 2 * 10**9))
+    assert lines[0].endswith(": met")
+    assert "NOT met (over by 5.0, 1.2x the target)" in lines[1]
+    assert lines[2].endswith(": met")
+    small = analyzer_target_lines(_analyzer(45.0, 25.0, 2 * 10**9, jobs=50))
+    assert all("not judged (scaled-down run)" in line for line in small[:1])
+
+
+def test_markdown_has_an_analyzer_section_without_exporters():
+    data = {
+        "command": "make bench",
+        "scenario": "large",
+        "machine": {"cpu": "x", "cores": "2", "python": "3.11", "kernel": "k", "date": "d"},
+        "exporters": [],
+        "analyzer": _analyzer(45.0, 15.0, 10**9),
+    }
+    text = render_markdown(data)
+    assert "## Analyzer" in text and "## Exporter" not in text
+    assert "`gpulens recommend --prometheus`" in text
+
+
+@pytest.mark.slow
+def test_tiny_analyzer_bench_runs_both_paths_end_to_end(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpulens.cli",
+            "bench",
+            "--no-exporter",
+            "--analyzer-jobs",
+            "50",
+            "--analyzer-samples",
+            "50000",
+            "--no-analyzer-compaction",
+            "--out",
+            str(tmp_path / "b.md"),
+            "--json",
+            str(tmp_path / "b.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / "b.json").read_text())
+    paths = {p["path"]: p for p in data["analyzer"]["paths"]}
+    assert paths["prometheus"]["returncode"] == 0 and paths["history"]["returncode"] == 0
+    assert paths["prometheus"]["jobs_profiled"] == 50 and paths["history"]["jobs_profiled"] == 50
+    assert paths["prometheus"]["queries"] >= 5 and paths["prometheus"]["chunks"] == 1
+    assert abs(paths["history"]["samples"] - 50_000) < 1_000
+    assert all(p["max_rss_bytes"] > 10 * 2**20 and p["wall_s"] > 0 for p in paths.values())
+    assert "## Analyzer" in (tmp_path / "b.md").read_text()
+    assert result.stdout.strip().splitlines()[-1].startswith("analyzer, file path: peak RSS")
