@@ -181,6 +181,7 @@ class Context:
         self._objects: dict[int, Any] = {}  # event sets and GPM samples by address
         self._object_memory: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self.strings: dict[str, bytes] = {}  # C strings handed out (error strings, GPM metric names)
+        self.addresses: dict[str, Any] = {}  # derived from `strings`, cached by the areas that use them
         self.gpm_streaming: set[int] = set()  # GPUs with GPM streaming switched on
 
     # handles

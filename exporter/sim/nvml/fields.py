@@ -205,18 +205,36 @@ def read_field(target: Target, field_id: int, scope: int) -> tuple[int, int, int
     return pynvml.NVML_SUCCESS, value_type, value
 
 
+class _FieldValue(ctypes.Structure):
+    """`c_nvmlFieldValue_t`'s layout as a plain ctypes struct (pynvml's `_PrintableStructure`
+    intercepts every attribute access; a 100-field request paid for it ~700 times)."""
+
+    _fields_ = [
+        ("fieldId", ctypes.c_uint32),
+        ("scopeId", ctypes.c_uint32),
+        ("timestamp", ctypes.c_int64),
+        ("latencyUsec", ctypes.c_int64),
+        ("valueType", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", pynvml.c_nvmlValue_t),  # a plain ctypes Union
+    ]
+
+
+assert ctypes.sizeof(_FieldValue) == ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
+assert _FieldValue.value.offset == pynvml.c_nvmlFieldValue_t.value.offset
+
+
 @TABLE.define("nvmlDeviceGetFieldValues", DEV, INT, PTR)
 def field_values(ctx: Context, handle: int, count: int, values_ptr: int) -> None:
     if count <= 0:
         raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     target = ctx.device(handle)
     stamp = int(ctx.now() * 1_000_000)
-    for entry in out_array(values_ptr, pynvml.c_nvmlFieldValue_t, count):
+    for entry in out_array(values_ptr, _FieldValue, count):
         code, value_type, value = read_field(target, entry.fieldId, entry.scopeId)
         entry.timestamp, entry.latencyUsec = stamp, 0
         entry.nvmlReturn, entry.valueType = code, value_type
-        ctypes.memset(ctypes.addressof(entry.value), 0, ctypes.sizeof(entry.value))
+        union = entry.value
+        union.ullVal = 0 if value_type == UINT_T else value & 0xFFFFFFFFFFFFFFFF  # zeroes the union
         if value_type == UINT_T:
-            entry.value.uiVal = value & 0xFFFFFFFF
-        else:
-            entry.value.ullVal = value & 0xFFFFFFFFFFFFFFFF
+            union.uiVal = value & 0xFFFFFFFF

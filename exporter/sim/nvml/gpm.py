@@ -101,6 +101,28 @@ for _name in dir(G):  # the media engines: NVDEC, NVJPG, NVOFA
         METRICS[getattr(G, _name)] = (_name[len("NVML_GPM_METRIC_") :].lower(), "%", _zero)
 
 
+class _MetricInfo(ctypes.Structure):
+    """`c_metricInfo_t` with the strings as raw addresses (the callee hands out its own copies)."""
+
+    _fields_ = [("shortName", ctypes.c_void_p), ("longName", ctypes.c_void_p), ("unit", ctypes.c_void_p)]
+
+
+class _Metric(ctypes.Structure):
+    """`c_nvmlGpmMetric_t`'s layout as a plain ctypes struct: pynvml's `_PrintableStructure`
+    intercepts every attribute access, which made filling the request the bulk of this call."""
+
+    _fields_ = [
+        ("metricId", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", ctypes.c_double),
+        ("metricInfo", _MetricInfo),
+    ]
+
+
+assert ctypes.sizeof(_Metric) == ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
+_METRICS_OFFSET = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+
+
 def gpm_supported(target: Target) -> bool:
     return target.identity.model.gpm_supported
 
@@ -185,8 +207,9 @@ def metrics_get(ctx: Context, request_ptr: int) -> None:
     target = ctx.device(ctx.gpu_handle(first.gpu_index))
     start, end = sorted((first.time, second.time))
     activity = ctx.node.activity_between(first.gpu_index, first.gpu_instance_id, start, end)
-    for i in range(request.numMetrics):
-        metric = request.metrics[i]
+    count = request.numMetrics
+    metrics = (_Metric * count).from_address(request_ptr + _METRICS_OFFSET)
+    for metric in metrics:
         known = METRICS.get(metric.metricId)
         if known is None:
             metric.nvmlReturn, metric.value = pynvml.NVML_ERROR_NOT_SUPPORTED, math.nan
@@ -198,10 +221,17 @@ def metrics_get(ctx: Context, request_ptr: int) -> None:
         except NvmlFail as fail:
             metric.nvmlReturn, metric.value = fail.code, math.nan
         info = metric.metricInfo
-        info_address = ctypes.addressof(info)
-        for offset, text in (
-            (type(info).shortName.offset, short),
-            (type(info).longName.offset, short.replace("_", " ")),
-            (type(info).unit.offset, unit),
-        ):
-            out_ptr(info_address + offset, ctx.c_string(f"gpm:{metric.metricId}:{offset}", text))
+        info.shortName, info.longName, info.unit = _info_strings(ctx, metric.metricId, short, unit)
+
+
+def _info_strings(ctx: Context, metric_id: int, short: str, unit: str) -> tuple[int, int, int]:
+    """Addresses of the metric's short name, long name and unit (made once per library)."""
+    key = f"gpm:{metric_id}:info"
+    cached = ctx.addresses.get(key)
+    if cached is None:
+        cached = ctx.addresses[key] = (
+            ctx.c_string(f"gpm:{metric_id}:short", short),
+            ctx.c_string(f"gpm:{metric_id}:long", short.replace("_", " ")),
+            ctx.c_string(f"gpm:{metric_id}:unit", unit),
+        )
+    return cached
