@@ -498,3 +498,41 @@ def test_a_real_prometheus_scrapes_over_mutual_tls_with_basic_auth_and_wrong_cre
             assert len(prom.wait_for('gpu_up{job="gpulens-tls"}', predicate=lambda r: len(r) == 8)) == 8
             assert prom.wait_for('up{job="gpulens-wrong"} == 0', timeout=30)
             assert prom.query('gpu_up{job="gpulens-wrong"}') == []
+
+
+def test_the_remediation_receiver_in_basic_auth_mode_refuses_wrong_credentials(bad_input) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from gpulens.remediate.auth import Authenticator
+    from gpulens.remediate.breaker import CircuitBreaker
+    from gpulens.remediate.server import RemediateServer
+    from gpulens.remediate.service import Remediator
+    from gpulens.remediate.slurm import SlurmIsolator
+
+    remediator = Remediator(
+        SlurmIsolator(scontrol="/nonexistent/scontrol"), CircuitBreaker(3, 3600), dry_run=True
+    )
+    server = RemediateServer(
+        ("127.0.0.1", 0), remediator, Authenticator(username="alertmanager", password="am-secret-pw")
+    )
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/alerts"
+        refused = {
+            "none": None,
+            "wrong password": basic("alertmanager", "guess"),
+            "wrong user": basic("admin", "am-secret-pw"),
+            "password as bearer": "Bearer am-secret-pw",
+            "empty": basic("", ""),
+            "not base64": "Basic %%%",
+        }
+        for what, authorization in refused.items():
+            bad_input("remediation caller")
+            assert post(url, webhook("basic-node"), authorization) == 401, what
+        assert remediator.state()["actions"] == []
+        assert post(url, webhook("basic-node"), basic("alertmanager", "am-secret-pw")) in (200, 202)
+        assert remediator.state()["actions"]  # recorded (dry-run: logged, not executed)
+    finally:
+        server.shutdown()
+        server.server_close()
