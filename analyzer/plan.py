@@ -65,9 +65,14 @@ class GpuBin:
     mig_layout: list[dict] = field(default_factory=list)
     original_uuid: str = ""
 
+    def _overlapping(self, item: Item) -> list[Item]:
+        """Placed items overlapping `item` (inlined `Item.overlaps`: the packer's innermost loop)."""
+        start, end = item.start, item.end
+        return [o for o in self.items if o.start <= end and start <= o.end]
+
     def peak(self, item: Item, attr: str) -> float:
         """Largest sum of `attr` over time among placed items overlapping `item`, plus the item."""
-        others = [o for o in self.items if o.overlaps(item)]
+        others = self._overlapping(item)
         points = [item.start] + [o.start for o in others if o.start > item.start]
         best = 0.0
         for t in points:
@@ -82,7 +87,7 @@ class GpuBin:
         )
 
     def concurrent(self, item: Item) -> int:
-        others = [o for o in self.items if o.overlaps(item)]
+        others = self._overlapping(item)
         points = [item.start] + [o.start for o in others if o.start > item.start]
         return max((sum(1 for o in others if o.start <= t <= o.end) for t in points), default=0) + 1
 
@@ -150,7 +155,7 @@ def _fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> bo
         return False
     memory_total = model.memory_bytes if model else math.inf
     if item.kind == "exclusive":
-        return not any(o.overlaps(item) for o in gpu.items)
+        return not gpu._overlapping(item)
     if item.kind == "mig":
         if model is None:
             return False

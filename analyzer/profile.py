@@ -100,10 +100,11 @@ def reduce_series(values: np.ndarray, idle_below: float) -> dict[str, float]:
     """The activity reductions, defined as PromQL defines them (linear quantiles, population stddev)."""
     if values.size == 0:
         return {}
+    p50, p95 = np.quantile(values, [0.5, 0.95])
     return {
         "mean": float(values.mean()),
-        "p50": float(np.quantile(values, 0.5)),
-        "p95": float(np.quantile(values, 0.95)),
+        "p50": float(p50),
+        "p95": float(p95),
         "max": float(values.max()),
         "count": float(values.size),
         "stddev": float(values.std()),
@@ -167,6 +168,22 @@ def _signal_steps(
     return rows.groupby(["job_id", "timestamp"], sort=True, observed=True)["value"].agg(how).reset_index()
 
 
+def _split_by_job(steps: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
+    """(job_id, values) per job of a frame sorted by job_id: slices, not a groupby per job."""
+    if steps.empty:
+        return []
+    keys = steps["job_id"]
+    codes = (
+        keys.cat.codes.to_numpy() if isinstance(keys.dtype, pd.CategoricalDtype) else pd.factorize(keys)[0]
+    )
+    values = steps["value"].to_numpy(dtype=float)
+    bounds = np.flatnonzero(codes[1:] != codes[:-1]) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [len(codes)]))
+    jobs = keys.to_numpy()
+    return [(str(jobs[a]), values[a:b]) for a, b in zip(starts, ends, strict=True)]
+
+
 def _chain_steps(
     samples: dict[str, pd.DataFrame],
     info: pd.DataFrame,
@@ -182,8 +199,8 @@ def _chain_steps(
             if not pending:
                 break
             steps = _signal_steps(samples, info, signal, pending, how)
-            for job, group in steps.groupby("job_id", sort=False, observed=True):
-                out[str(job)] = (signal.name, group["value"].to_numpy(dtype=float))
+            for job, values in _split_by_job(steps):
+                out[job] = (signal.name, values)
             pending = [job for job in pending if job not in out]
     return out
 
@@ -235,13 +252,11 @@ def stats_from_families(
     idle_below = thresholds.get("activity", "idle_below")
     stats: dict[str, JobStats] = {}
     per_step = info.groupby(["job_id", "timestamp"], observed=True).size().rename("n").reset_index()
-    for job, group in per_step.groupby("job_id", sort=False, observed=True):
-        stats[str(job)] = JobStats(
-            start=float(group["timestamp"].min()),
-            end=float(group["timestamp"].max()),
-            samples=len(group),
-            gpus=int(group["n"].max()),
-        )
+    per_job = per_step.groupby("job_id", sort=False, observed=True).agg(
+        start=("timestamp", "min"), end=("timestamp", "max"), samples=("timestamp", "size"), gpus=("n", "max")
+    )
+    for job, start, end, samples, gpus in per_job.itertuples():
+        stats[str(job)] = JobStats(start=float(start), end=float(end), samples=int(samples), gpus=int(gpus))
     for job, (name, values) in _chain_steps(fams, info, signals.ACTIVITY, kinds, "mean").items():
         stats[job].activity_signal = name
         stats[job].activity = reduce_series(values, idle_below)
