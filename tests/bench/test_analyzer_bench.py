@@ -19,7 +19,7 @@ from gpulens.bench.analyzer_bench import (
     write_history,
     write_openmetrics_blocks,
 )
-from gpulens.bench.report import analyzer_target_lines, render_markdown
+from gpulens.bench.report import analyzer_target_lines, analyzer_why, render_markdown
 
 
 def _path(name: str, wall_s: float, rss: int, jobs: int = 10_000, samples: int = 20_000_000) -> dict:
@@ -96,6 +96,13 @@ def test_targets_are_judged_only_at_full_size():
     assert lines[2].endswith(": met")
     small = analyzer_target_lines(_analyzer(45.0, 25.0, 2 * 10**9, jobs=50))
     assert all("not judged (scaled-down run)" in line for line in small[:1])
+
+
+def test_a_missed_target_says_where_the_time_went():
+    assert analyzer_why(_analyzer(45.0, 15.0, 10**9)) == []
+    why = analyzer_why(_analyzer(100.0, 25.0, 10**9))
+    assert why[0].startswith("- PromQL path, why: 100.0 s against 60 s")
+    assert any(line.startswith("- File path, why: 25.0 s against 20 s") for line in why)
 
 
 def test_markdown_has_an_analyzer_section_without_exporters():

@@ -412,6 +412,7 @@ class Run:
     returncode: int
     stderr: str
     jobs_out: int
+    cpu_s: float = 0.0  # user + system CPU of the analyzer process itself
 
 
 def run_analyzer(args: list[str], workdir: Path, name: str, progress: TextIO | None) -> Run:
@@ -431,7 +432,8 @@ def run_analyzer(args: list[str], workdir: Path, name: str, progress: TextIO | N
     jobs = 0
     if proc.returncode == 0:
         jobs = len(json.loads(out.read_text())["jobs"])
-    return Run(wall, int(usage.ru_maxrss) * 1024, proc.returncode, text[-2000:], jobs)
+    cpu = float(usage.ru_utime + usage.ru_stime)
+    return Run(wall, int(usage.ru_maxrss) * 1024, proc.returncode, text[-2000:], jobs, cpu)
 
 
 @dataclass
@@ -520,7 +522,11 @@ def bench_prometheus(
         queries=queries,
         chunks=int(chunks[-1]) if chunks else None,
         error=_error(run),
-        extra={"tsdb_blocks": float(blocks), "load_average_1m": round(load, 2)},
+        extra={
+            "tsdb_blocks": float(blocks),
+            "load_average_1m": round(load, 2),
+            "analyzer_cpu_s": round(run.cpu_s, 2),
+        },
     )
 
 
@@ -565,6 +571,7 @@ def bench_history(jobs: int, samples: int, workdir: Path, progress: TextIO | Non
         extra={
             "parquet_bytes": float((history / "samples.parquet").stat().st_size),
             "load_average_1m": round(load, 2),
+            "analyzer_cpu_s": round(run.cpu_s, 2),
         },
         error=_error(run),
     )

@@ -77,6 +77,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             sys.stderr,
             compaction=args.analyzer_compaction,
         )
+        data["analyzer"]["cores"] = data["machine"]["cores"]
     shutil.rmtree(workdir, ignore_errors=True)
     return data
 
