@@ -13,6 +13,7 @@ kept until the window is long enough.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import math
 import threading
@@ -45,6 +46,20 @@ GPM_RATES: tuple[tuple[str, int], ...] = (
 _RATE_KEYS = frozenset(key for key, _ in GPM_RATES)
 MIB = 1024 * 1024
 MIN_WINDOW_SECONDS = 0.1
+
+
+class _Metric(ctypes.Structure):
+    """`c_nvmlGpmMetric_t`'s layout as a plain ctypes struct (no `_PrintableStructure` hooks)."""
+
+    _fields_ = [
+        ("metricId", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", ctypes.c_double),
+        ("metricInfo", ctypes.c_void_p * 3),  # short name, long name, unit: not read
+    ]
+
+
+_METRICS_OFFSET = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
 
 
 class _Unsupported(Exception):
@@ -152,12 +167,13 @@ class GpmProfiler:
         request.numMetrics = len(wanted)
         request.sample1 = sample1
         request.sample2 = sample2
-        for i, (_, metric_id) in enumerate(wanted):
-            request.metrics[i].metricId = metric_id
+        # the metrics array read and written without pynvml's per-attribute hooks
+        metrics = (_Metric * len(wanted)).from_buffer(request, _METRICS_OFFSET)
+        for metric, (_, metric_id) in zip(metrics, wanted, strict=True):
+            metric.metricId = metric_id
         _gpm_call(pynvml.nvmlGpmMetricsGet, request)
         out: list[tuple[str, float]] = []
-        for i, (key, _) in enumerate(wanted):
-            metric = request.metrics[i]
+        for metric, (key, _) in zip(metrics, wanted, strict=True):
             if metric.nvmlReturn != pynvml.NVML_SUCCESS:
                 if metric.nvmlReturn in _LOST:
                     raise GpuLostError("GPM metric: GPU is lost")

@@ -15,6 +15,7 @@ must cost one series, not the sample. Every call goes through `_Call`, which map
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import math
 import time
@@ -719,6 +720,21 @@ def _memory_fields(total: int, free: int, reserved: int | None) -> dict[str, Any
     }
 
 
+class _FieldValue(ctypes.Structure):
+    """`c_nvmlFieldValue_t`'s layout without pynvml's `_PrintableStructure` hooks, which run on
+    every attribute read (five per field, a hundred fields per GPU per sample)."""
+
+    _fields_ = [
+        ("fieldId", ctypes.c_uint32),
+        ("scopeId", ctypes.c_uint32),
+        ("timestamp", ctypes.c_int64),
+        ("latencyUsec", ctypes.c_int64),
+        ("valueType", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", pynvml.c_nvmlValue_t),  # a plain ctypes Union
+    ]
+
+
 def _field_values(
     handle: Any, requests: Iterable[int | tuple[int, int]]
 ) -> dict[tuple[int, int], float | int]:
@@ -728,6 +744,8 @@ def _field_values(
     out: dict[tuple[int, int], float | int] = {}
     if values is None:
         return out
+    with contextlib.suppress(TypeError):  # a ctypes array (always, from pynvml): read it without hooks
+        values = (_FieldValue * len(values)).from_buffer(values)
     for v in values:
         if v.nvmlReturn != pynvml.NVML_SUCCESS:
             if v.nvmlReturn in _LOST:
@@ -739,19 +757,24 @@ def _field_values(
     return out
 
 
+# nvmlValueType_t -> the member of the value union holding it
+_INT_MEMBERS: dict[int, str] = {
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    getattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal",
+}
+
+
 def _field_value(v: Any) -> float | int | None:
     vt = v.valueType
     if vt == pynvml.NVML_VALUE_TYPE_DOUBLE:
         d = float(v.value.dVal)
         return None if math.isnan(d) else d
-    return {
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: lambda: int(v.value.uiVal),
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: lambda: int(v.value.ulVal),
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: lambda: int(v.value.ullVal),
-        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: lambda: int(v.value.sllVal),
-        pynvml.NVML_VALUE_TYPE_SIGNED_INT: lambda: int(v.value.siVal),
-        getattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): lambda: int(v.value.usVal),
-    }.get(vt, lambda: None)()
+    member = _INT_MEMBERS.get(vt)
+    return None if member is None else int(getattr(v.value, member))
 
 
 def _profile_from_name(name: str) -> str:

@@ -359,7 +359,7 @@ class ScenarioNode:
         whole = gpu_instance_id in (None, NO_INSTANCE)
         for r in times:
             if whole:
-                acc: _Acc | None = self._cached_snapshot(index, r).gpu
+                acc: _Acc | None = self._gpu_activity(index, r)
             else:
                 acc = self._instance_activity(index, gpu_instance_id, r)
             if acc is not None:
@@ -659,6 +659,37 @@ class ScenarioNode:
             if spec.start <= r < spec.end:
                 acc.add(proc.workload.sample(r - spec.start))
         return acc.finish(False)
+
+    def _gpu_activity(self, gpu: int, r: float) -> _Acc:
+        """The whole GPU's activity at r: `_snapshot(gpu, r).gpu` without building the per-process
+        records a state needs (the sums run in the same order, so they are bit-identical)."""
+        g = self._gpus[gpu]
+        with self._lock:
+            snap = self._snapshots.get((gpu, r))
+            procs = list(self._procs[gpu])
+        if snap is not None:
+            return snap.gpu
+        if g.mps is not None:  # the server and client (re)starts: the general path
+            return self._cached_snapshot(gpu, r).gpu
+        if g.mig is None:
+            acc = _Acc()
+            for proc in procs:
+                spec = proc.spec
+                if spec.start <= r < spec.end:
+                    acc.add(proc.workload.sample(r - spec.start))
+            return acc.finish(False)
+        layout = self._layout(gpu, r)
+        ids = {i.gpu_instance_id for i in layout}
+        containers: dict[int | None, _Acc] = {}
+        for proc in procs:
+            spec = proc.spec
+            if spec.start <= r < spec.end and spec.instance in ids:
+                containers.setdefault(spec.instance, _Acc()).add(proc.workload.sample(r - spec.start))
+        gpu_acc = _Acc()
+        for inst in layout:
+            inst_acc = containers.get(inst.gpu_instance_id, _Acc()).finish(False)
+            inst_acc.scaled_into(gpu_acc, inst.profile.sm_count / g.model.sm_count)
+        return gpu_acc
 
     def _snapshot(self, gpu: int, r: float, smooth: bool) -> _Snapshot:
         g = self._gpus[gpu]
