@@ -142,6 +142,8 @@ class _GpuState:
     last_util_timestamp_us: int = 0
     mig_handles: dict[int, Any] = field(default_factory=dict)  # GPU instance id -> MIG device handle
     mps_server_pids: dict[int, bool] = field(default_factory=dict)  # pid -> is the MPS server
+    # MIG device UUID -> (GPU instance, compute instance, profile, SMs): fixed for the device's life
+    mig_static: dict[str, tuple[int, int | None, str, int | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -541,17 +543,24 @@ class NvmlBackend:
         handles: dict[int, Any] = {}
         count = _call(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
         out: list[MigSample] = []
+        known, seen = state.mig_static, {}
         for slot in range(int(count)):
             mig = _call(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
             if mig is None:
                 continue  # empty slot: NOT_FOUND
-            gi = _call(pynvml.nvmlDeviceGetGpuInstanceId, mig)
-            ci = _call(pynvml.nvmlDeviceGetComputeInstanceId, mig)
-            if gi is None:
-                continue
+            # A MIG device's UUID names one GPU/compute instance for its lifetime, so what never
+            # changes for it is read once: a re-created instance has a new UUID and is read afresh.
             uuid = _call(pynvml.nvmlDeviceGetUUID, mig) or ""
-            name = _call(pynvml.nvmlDeviceGetName, mig) or ""
-            profile = _profile_from_name(str(name))
+            static = known.get(uuid) if uuid else None
+            if static is None:
+                static = self._mig_static(mig)
+                if static is None:
+                    continue
+                if uuid:
+                    seen[uuid] = static
+            else:
+                seen[uuid] = static
+            gi, ci, profile, sms = static
             mem = _call(pynvml.nvmlDeviceGetMemoryInfo, mig, pynvml.nvmlMemory_v2)
             total = used = reserved = None
             if mem is not None:
@@ -561,10 +570,6 @@ class NvmlBackend:
                     fields["memory_used_bytes"],
                     fields["memory_reserved_bytes"],
                 )
-            attrs = _call(pynvml.nvmlDeviceGetAttributes, mig)
-            sms = None if attrs is None else int(attrs.multiprocessorCount)
-            if not profile and attrs is not None:
-                profile = f"{attrs.gpuInstanceSliceCount}g.{round(attrs.memorySizeMB / 1024)}gb"
             out.append(
                 MigSample(
                     gpu_instance=int(gi),
@@ -579,7 +584,24 @@ class NvmlBackend:
             )
             handles[int(gi)] = mig
         state.mig_handles = handles
+        state.mig_static = seen  # destroyed instances are forgotten
         return tuple(out)
+
+    @staticmethod
+    def _mig_static(mig: Any) -> tuple[int, int | None, str, int | None] | None:
+        """(GPU instance id, compute instance id, profile, SM count) of a MIG device; None when
+        it has no GPU instance id (a slot being torn down)."""
+        gi = _call(pynvml.nvmlDeviceGetGpuInstanceId, mig)
+        ci = _call(pynvml.nvmlDeviceGetComputeInstanceId, mig)
+        if gi is None:
+            return None
+        name = _call(pynvml.nvmlDeviceGetName, mig) or ""
+        profile = _profile_from_name(str(name))
+        attrs = _call(pynvml.nvmlDeviceGetAttributes, mig)
+        sms = None if attrs is None else int(attrs.multiprocessorCount)
+        if not profile and attrs is not None:
+            profile = f"{attrs.gpuInstanceSliceCount}g.{round(attrs.memorySizeMB / 1024)}gb"
+        return int(gi), None if ci is None else int(ci), profile, sms
 
     def mig_handle(self, index: int, gpu_instance: int) -> Any:
         state = self._gpus.get(index)
