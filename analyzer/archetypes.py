@@ -12,9 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from gpulens.analyzer.thresholds import Thresholds
-from sklearn.cluster import KMeans
-from sklearn.metrics import silhouette_score
-from sklearn.preprocessing import StandardScaler
 
 FEATURES = (
     "sm_active_mean",
@@ -84,6 +81,11 @@ def _unique_names(bases: dict[int, str], centroids: dict[int, pd.Series]) -> dic
 
 def cluster(profiles: pd.DataFrame, th: Thresholds) -> Archetypes:
     """Cluster usable jobs; jobs without features get no archetype."""
+    # scikit-learn loads in about a second: only runs that cluster pay for it
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import silhouette_score
+    from sklearn.preprocessing import StandardScaler
+
     feats = features(profiles)
     min_jobs = int(th.get("archetypes", "min_jobs"))
     if len(feats) < min_jobs:

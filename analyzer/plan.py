@@ -79,6 +79,18 @@ class GpuBin:
             best = max(best, sum(getattr(o, attr) for o in others if o.start <= t <= o.end))
         return best + (getattr(item, attr) if attr != "count" else 1)
 
+    def peaks(self, item: Item, attrs: tuple[str, ...]) -> dict[str, float]:
+        """`peak` of several attributes (and "count", as `concurrent`) in one pass over the items."""
+        others = self._overlapping(item)
+        points = [item.start] + [o.start for o in others if o.start > item.start]
+        best = dict.fromkeys(attrs, 0.0)
+        for t in points:
+            active = [o for o in others if o.start <= t <= o.end]
+            for attr in attrs:
+                value = len(active) if attr == "count" else sum(getattr(o, attr) for o in active)
+                best[attr] = max(best[attr], value)
+        return {a: best[a] + (1 if a == "count" else getattr(item, a)) for a in attrs}
+
     def max_sum(self, attr: str) -> float:
         """Largest sum of `attr` over time among the placed items (committed memory, load)."""
         return max(
@@ -164,15 +176,17 @@ def _fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> bo
         except CatalogError:
             return False
         return True
-    if gpu.peak(item, "memory") > memory_total:
+    # one pass over the GPU's items for all three limits (the packer's hottest call)
+    peak = gpu.peaks(item, ("memory", "sm" if item.kind == "mps" else "load", "count"))
+    if peak["memory"] > memory_total:
         return False
     if item.kind == "mps":
         clients = th.get("mps", "max_clients") or (model.mps_max_clients if model else 48)
-        return gpu.peak(item, "sm") <= th.get("mps", "max_load") + 1e-9 and gpu.concurrent(item) <= clients
+        return peak["sm"] <= th.get("mps", "max_load") + 1e-9 and peak["count"] <= clients
     # time-slicing
     return (
-        gpu.concurrent(item) <= th.get("time_slicing", "max_replicas")
-        and gpu.peak(item, "load") <= th.get("plan", "max_gpu_load") + 1e-9
+        peak["count"] <= th.get("time_slicing", "max_replicas")
+        and peak["load"] <= th.get("plan", "max_gpu_load") + 1e-9
     )
 
 
