@@ -92,7 +92,7 @@ def test_the_parquet_history_reads_back_with_every_sample(tmp_path):
 def test_targets_are_judged_only_at_full_size():
     lines = analyzer_target_lines(_analyzer(45.0, 25.0, 2 * 10**9))
     assert lines[0].endswith(": met")
-    assert "NOT met (over by 5.0, 1.2x the target)" in lines[1]
+    assert "NOT met (over by 5.0, 1.25x the target)" in lines[1]
     assert lines[2].endswith(": met")
     small = analyzer_target_lines(_analyzer(45.0, 25.0, 2 * 10**9, jobs=50))
     assert all("not judged (scaled-down run)" in line for line in small[:1])

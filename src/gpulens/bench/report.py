@@ -187,7 +187,7 @@ def analyzer_target_lines(analyzer: dict[str, Any]) -> list[str]:
             return "not judged (scaled-down run)"
         if value <= target:
             return "met"
-        return f"NOT met (over by {value - target:.1f}, {value / target:.1f}x the target)"
+        return f"NOT met (over by {value - target:.1f}, {value / target:.2f}x the target)"
 
     prom = paths.get("prometheus")
     if prom:
