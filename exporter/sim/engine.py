@@ -350,9 +350,11 @@ class ScenarioNode:
         self, index: int, gpu_instance_id: int | None, start: float, end: float
     ) -> ActivityState:
         # Each reading is already a one-second average, so readings one second apart cover the
-        # interval; the instances of a GPU share them through the snapshot cache.
+        # interval. Lengths are taken to the state quantum: a sampler's 2 s window measures a few
+        # ms more in real time and would otherwise cost 3 readings instead of 2 (integer windows,
+        # as on a manual clock, are unchanged).
         t0 = self.start_time
-        n = max(1, min(ACTIVITY_READINGS, math.ceil(end - start)))
+        n = max(1, min(ACTIVITY_READINGS, math.ceil(end - start - QUANTUM)))
         step = (end - start) / n if end > start else 0.0
         times = [end - t0 - k * step for k in range(n)]
         total = _Acc()
