@@ -83,6 +83,7 @@ def _fast_render(families: list[Metric]) -> tuple[bytes, bytes] | None:
         om_doc = doc.replace('"', r"\"")
         om.append(f"# HELP {family.name} {om_doc}\n# TYPE {family.name} {family.type}\n")
         checked: frozenset[str] | None = None
+        order: list[str] = []
         for sample in family.samples:
             if (
                 sample.timestamp is not None
@@ -93,11 +94,12 @@ def _fast_render(families: list[Metric]) -> tuple[bytes, bytes] | None:
             labels = sample.labels
             if labels:
                 keys = frozenset(labels)
-                if keys != checked:
+                if keys != checked:  # label names checked and sorted once per distinct set
                     if not all(_LEGACY_NAME.match(k) for k in keys):
                         return None
                     checked = keys
-                label_text = "{" + ",".join([f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())]) + "}"
+                    order = sorted(keys)
+                label_text = "{" + ",".join([f'{k}="{_escape(labels[k])}"' for k in order]) + "}"
             else:
                 label_text = ""
             line = f"{sample.name}{label_text} {floatToGoString(sample.value)}\n"
