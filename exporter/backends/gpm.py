@@ -90,6 +90,7 @@ class GpmProfiler:
         self.log = logger or logging.getLogger("gpulens.exporter.gpm")
         self._supported: dict[int, bool] = {}
         self._previous: dict[tuple[int, int | None], tuple[Any, float]] = {}
+        self._spare: dict[tuple[int, int | None], Any] = {}  # a free sample buffer per device
         self._lock = threading.Lock()
 
     def supported(self, index: int, handle: Any) -> bool:
@@ -120,7 +121,11 @@ class GpmProfiler:
                 (index, gi), lambda s, gi=gi: pynvml.nvmlGpmMigSampleGet(handle, gi, s)
             )
         with self._lock:
-            stale = [k for k in self._previous if k[0] == index and k[1] is not None and k[1] not in present]
+            stale = [
+                k
+                for k in {*self._previous, *self._spare}
+                if k[0] == index and k[1] is not None and k[1] not in present
+            ]
         for key in stale:
             self._free(key)
         return self.source, gpu_values, mig_values
@@ -128,10 +133,13 @@ class GpmProfiler:
     def _window(
         self, key: tuple[int, int | None], take: Callable[[Any], Any]
     ) -> tuple[tuple[str, float], ...]:
-        try:
-            sample = _gpm_call(pynvml.nvmlGpmSampleAlloc)
-        except _Unsupported:
-            return ()
+        with self._lock:
+            sample = self._spare.pop(key, None)  # the buffer of the window before last
+        if sample is None:
+            try:
+                sample = _gpm_call(pynvml.nvmlGpmSampleAlloc)
+            except _Unsupported:
+                return ()
         try:
             _gpm_call(take, sample)
         except _Unsupported:
@@ -145,7 +153,8 @@ class GpmProfiler:
         with self._lock:
             previous = self._previous.get(key)
         if previous is not None and now - previous[1] < MIN_WINDOW_SECONDS:
-            pynvml.nvmlGpmSampleFree(sample)  # too short a window: keep the older sample
+            with self._lock:  # too short a window: keep the older sample
+                self._spare[key] = sample
             return ()
         values: tuple[tuple[str, float], ...] = ()
         if previous is not None:
@@ -153,9 +162,14 @@ class GpmProfiler:
                 values = self._metrics(previous[0], sample, rates=key[1] is None)
             except _Unsupported:
                 values = ()
-            finally:
+            except BaseException:
                 self._free(key)
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlGpmSampleFree(sample)
+                raise
         with self._lock:
+            if previous is not None:  # two buffers per device, reused in turn: no alloc/free per sample
+                self._spare[key] = previous[0]
             self._previous[key] = (sample, now)
         return values
 
@@ -194,21 +208,23 @@ class GpmProfiler:
     def _free(self, key: tuple[int, int | None]) -> None:
         with self._lock:
             entry = self._previous.pop(key, None)
-        if entry is not None:
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlGpmSampleFree(entry[0])
+            spare = self._spare.pop(key, None)
+        for buffer in (None if entry is None else entry[0], spare):
+            if buffer is not None:
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlGpmSampleFree(buffer)
 
     def forget(self, index: int) -> None:
         """Drop state of a GPU that was lost; support is probed again when it comes back."""
         self._supported.pop(index, None)
         with self._lock:
-            keys = [k for k in self._previous if k[0] == index]
+            keys = [k for k in {*self._previous, *self._spare} if k[0] == index]
         for key in keys:
             self._free(key)
 
     def close(self) -> None:
         with self._lock:
-            keys = list(self._previous)
+            keys = list({*self._previous, *self._spare})
         for key in keys:
             self._free(key)
         self._supported = {}

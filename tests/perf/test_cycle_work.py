@@ -131,3 +131,14 @@ def test_states_are_shared_within_a_quantum_and_fresh_after_it() -> None:
     assert node.gpu_state(3) is first
     clock.advance(engine.QUANTUM)
     assert node.gpu_state(3) is not first
+
+
+def test_gpm_sample_buffers_are_reused_between_samples(dgx, monkeypatch: pytest.MonkeyPatch) -> None:
+    exporter, _, clock = dgx
+    for _ in range(2):  # the first two samples allocate each device's two buffers
+        exporter.sample_once()
+        clock.advance(2)
+    calls = _counting(monkeypatch, ("nvmlGpmSampleAlloc", "nvmlGpmSampleFree"))
+    snapshot = exporter.sample_once()
+    assert dict(snapshot.gpus[3].profiling)["sm"] > 0  # windows still computed
+    assert calls == Counter()
