@@ -94,6 +94,8 @@ def test_targets_are_judged_only_at_full_size():
     assert lines[0].endswith(": met")
     assert "NOT met (over by 5.0, 1.25x the target)" in lines[1]
     assert lines[2].endswith(": met")
+    close = analyzer_target_lines(_analyzer(57.0, 15.0, 10**9))
+    assert close[0].endswith(": met, within 5 % of the target")
     small = analyzer_target_lines(_analyzer(45.0, 25.0, 2 * 10**9, jobs=50))
     assert all("not judged (scaled-down run)" in line for line in small[:1])
 
