@@ -156,7 +156,11 @@ def run_exporters(args: argparse.Namespace, workdir: Path) -> list[ExporterResul
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    data = run_bench(args)
+    try:
+        data = run_bench(args)
+    except RuntimeError as exc:  # a missing promtool/prometheus, a failed backfill: one line
+        print(f"gpulens: error: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
     if args.out:
