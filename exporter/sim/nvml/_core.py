@@ -183,6 +183,7 @@ class Context:
         self.strings: dict[str, bytes] = {}  # C strings handed out (error strings, GPM metric names)
         self.addresses: dict[str, Any] = {}  # derived from `strings`, cached by the areas that use them
         self.gpm_streaming: set[int] = set()  # GPUs with GPM streaming switched on
+        self._targets: dict[int, Target] = {}  # handle -> its Target for the state it was made from
 
     # handles
     def gpu_handle(self, index: int) -> int:
@@ -214,13 +215,21 @@ class Context:
     def device(self, handle: int | None) -> Target:
         index, slot = self.decode(handle)
         state = self.state(index)
+        # a Target is immutable and depends only on (handle, state): the many calls a reader makes
+        # on one device within one state quantum share it
+        cached = self._targets.get(handle)  # type: ignore[arg-type]
+        if cached is not None and cached.state is state:
+            return cached
         identity = self.node.identities[index]
         if slot is None:
-            return Target(index, identity, state)
-        mig = next((m for m in state.mig_instances if m.slot == slot), None)
-        if mig is None or state.mig_mode_current != 1:
-            raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a stale MIG handle
-        return Target(index, identity, state, mig)
+            target = Target(index, identity, state)
+        else:
+            mig = next((m for m in state.mig_instances if m.slot == slot), None)
+            if mig is None or state.mig_mode_current != 1:
+                raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # a stale MIG handle
+            target = Target(index, identity, state, mig)
+        self._targets[handle] = target  # type: ignore[index]
+        return target
 
     def now(self) -> float:
         return self.node.clock.now()
