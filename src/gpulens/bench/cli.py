@@ -111,6 +111,7 @@ def run_exporters(args: argparse.Namespace, workdir: Path) -> list[ExporterResul
             scrape_counts,
             args.soak,
             workdir / "gpulens.log",
+            wrk_seconds=args.wrk_seconds,
         )
     )
     peer = shutil.which("nvitop-exporter", path=str(Path(sys.executable).parent)) or shutil.which(
@@ -150,6 +151,7 @@ def run_exporters(args: argparse.Namespace, workdir: Path) -> list[ExporterResul
                 scrape_counts,
                 args.soak,
                 workdir / "nvitop.log",
+                wrk_seconds=args.wrk_seconds,
             )
         )
     return results
