@@ -63,6 +63,16 @@ def run_bench(args: argparse.Namespace) -> dict:
         "machine": _machine(),
         "exporters": [dataclasses.asdict(r) for r in results],
     }
+    if results:
+        from gpulens.bench.breakdown import measure_breakdown
+
+        print(f"splitting one gpulens sampling cycle on {args.scenario} by code ...", file=sys.stderr)
+        breakdown = measure_breakdown(args.scenario, interval=args.interval)
+        data["breakdown"] = {
+            **dataclasses.asdict(breakdown),
+            "gpulens_cycle_ms": breakdown.gpulens_cycle_ms,
+            "gpulens_cycle_ms_upper": breakdown.gpulens_cycle_ms_upper,
+        }
     if args.analyzer:
         print(
             f"measuring the analyzer: {args.analyzer_jobs} jobs x 7 days (PromQL), "
