@@ -106,6 +106,8 @@ def load_web_config(path: Path) -> WebConfig:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: expected UTF-8 text, found byte 0x{exc.object[exc.start]:02x}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     if raw is None:

@@ -416,15 +416,7 @@ def test_web_config_loads_or_fails_with_one_line_naming_the_file(
 @pytest.mark.parametrize(
     "content",
     [
-        pytest.param(
-            b"\xff\xfe\x00binary",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="bug: exporter/webconfig.py load_web_config lets UnicodeDecodeError escape for a "
-                "non-UTF-8 file, so gpulens-exporter prints a traceback instead of one line",
-            ),
-            id="binary",
-        ),
+        pytest.param(b"\xff\xfe\x00binary", id="binary"),
         pytest.param(b"tls_server_config: [", id="broken-yaml"),
         pytest.param(b"basic_auth_users:\n  bob: hunter2\n", id="plaintext-password"),
         pytest.param(b"tls_server_config: {cert_file: a.crt, key_file: a.key}\n", id="missing-cert"),
