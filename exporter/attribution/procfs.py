@@ -78,6 +78,13 @@ class ProcfsReader:
                 return handle.read(limit)
         except OSError as exc:
             if exc.errno in _VANISHED:
+                if not self._root.is_dir():  # not a vanished pid: the whole --procfs root is wrong
+                    self._log.warning(
+                        "procfs-root-missing",
+                        "attribution: procfs root %s is not a directory (check --procfs); processes are "
+                        "identified from other sources only",
+                        self._root,
+                    )
                 return None
             if exc.errno in (errno.EACCES, errno.EPERM):
                 self._log.warning(

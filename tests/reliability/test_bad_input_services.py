@@ -500,11 +500,6 @@ def test_corrupt_genai_traces_end_in_one_line(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: exporter/attribution/procfs.py treats a missing --procfs root like a vanished pid, so a "
-    "wrong --procfs silently turns every job into 'unknown' with no log line",
-)
 def test_a_procfs_root_that_does_not_exist_is_named_once(tmp_path: Path, bad_input: Count) -> None:
     bad_input("exporter flags (--procfs)")
     missing = tmp_path / "no-such-proc"
