@@ -245,8 +245,13 @@ class FakePrometheus:
                 self.end_headers()
                 self.wfile.write(answer.body)
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
+        class QuietServer(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that gave up (the timeout case) must not print into a later test's stderr
+
+        server = QuietServer(("127.0.0.1", 0), Handler)
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         thread.start()
         try:
