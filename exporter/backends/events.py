@@ -39,10 +39,16 @@ class XidWatcher:
     def __init__(self, clock: Callable[[], float], logger: logging.Logger | None = None) -> None:
         self.clock = clock
         self.log = logger or logging.getLogger("gpulens.exporter.xid")
-        self._set_lock = threading.Lock()  # guards the event set and registrations
+        # _set_lock guards the event set's life (create, wait, free); registrations take only
+        # _registry_lock, because NVML lets one thread register while another waits on the set,
+        # and a sample must never wait for the watcher's nvmlEventSetWait (up to its timeout)
+        self._set_lock = threading.Lock()
+        self._registry_lock = threading.Lock()
         self._count_lock = threading.Lock()
         self._event_set: Any = None
         self._registered: dict[int, tuple[int | None, str]] = {}  # handle key -> (gpu index, uuid)
+        # forgotten devices awaiting re-registration: an event from one is still counted
+        self._forgotten: dict[int, tuple[int | None, str]] = {}
         self._counters: dict[tuple[int, str, int | None, int], _Counter] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -54,14 +60,16 @@ class XidWatcher:
         """Register (index, uuid, handle) devices not yet registered on the current event set."""
         pending = [d for d in devices if ctypes.cast(d[2], ctypes.c_void_p).value not in self._registered]
         if not pending and self._event_set is not None:
-            return  # the common case: no lock, so a waiting poll() never delays a sample
-        with self._set_lock:
-            if self._event_set is None:
-                try:
-                    self._event_set = pynvml.nvmlEventSetCreate()
-                except pynvml.NVMLError as exc:
-                    self.log.warning("xid: cannot create an NVML event set: %s", error_text(exc))
-                    return
+            return  # the common case: nothing to register
+        if self._event_set is None:
+            with self._set_lock:  # no poll() is waiting: there is no set to wait on
+                if self._event_set is None:
+                    try:
+                        self._event_set = pynvml.nvmlEventSetCreate()
+                    except pynvml.NVMLError as exc:
+                        self.log.warning("xid: cannot create an NVML event set: %s", error_text(exc))
+                        return
+        with self._registry_lock:
             for index, uuid, handle in pending:
                 key = ctypes.cast(handle, ctypes.c_void_p).value
                 if key is None or key in self._registered:
@@ -72,17 +80,21 @@ class XidWatcher:
                     supported = XID_MASK
                 mask = XID_MASK & supported
                 if not mask:
-                    self._registered[key] = (index, uuid)
+                    self._mark_registered(key, index, uuid)
                     continue
                 try:
                     pynvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
                 except pynvml.NVMLError as exc:
                     if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
-                        self._registered[key] = (index, uuid)
+                        self._mark_registered(key, index, uuid)
                     else:
                         self.log.info("xid: GPU %d not registered yet: %s", index, error_text(exc))
                     continue
-                self._registered[key] = (index, uuid)
+                self._mark_registered(key, index, uuid)
+
+    def _mark_registered(self, key: int, index: int | None, uuid: str) -> None:
+        self._registered[key] = (index, uuid)
+        self._forgotten.pop(key, None)
 
     @property
     def active(self) -> bool:
@@ -91,18 +103,21 @@ class XidWatcher:
 
     def forget(self, handles: Sequence[Any]) -> None:
         """Forget devices so that `attach` re-registers them (after a GPU came back)."""
-        with self._set_lock:
+        with self._registry_lock:
             for handle in handles:
-                self._registered.pop(ctypes.cast(handle, ctypes.c_void_p).value, None)
+                key = ctypes.cast(handle, ctypes.c_void_p).value
+                if key in self._registered:
+                    self._forgotten[key] = self._registered.pop(key)
 
     def reset(self) -> None:
         """Free the event set (NVML is shutting down); counters are kept."""
-        with self._set_lock:
+        with self._set_lock, self._registry_lock:
             if self._event_set is not None:
                 with contextlib.suppress(pynvml.NVMLError):
                     pynvml.nvmlEventSetFree(self._event_set)
             self._event_set = None
             self._registered = {}
+            self._forgotten = {}
 
     # ---- waiting -----------------------------------------------------------------------------
     def poll(self, timeout_ms: int) -> int:
@@ -147,7 +162,7 @@ class XidWatcher:
         if not int(data.eventType) & XID_MASK:
             return
         key = ctypes.cast(data.device, ctypes.c_void_p).value
-        index, uuid = self._registered.get(key, (None, ""))
+        index, uuid = self._registered.get(key) or self._forgotten.get(key, (None, ""))
         if index is None:
             return
         xid = int(data.eventData)

@@ -482,11 +482,6 @@ class SlowEventWait:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: exporter/backends/events.py XidWatcher.forget/attach take the lock poll() holds during "
-    "nvmlEventSetWait, so the sample in which a GPU comes back waits for the event thread's wait",
-)
 def test_a_gpu_coming_back_does_not_make_the_sample_wait_for_the_event_thread(
     live: LiveExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
