@@ -119,6 +119,16 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _vanished(exc: AreaError) -> bool:
+    """Whether a MIG-handle read failed because its instance was destroyed mid-sample: NVML then
+    answers INVALID_ARGUMENT (or NOT_FOUND) for the stale handle."""
+    cause = exc.__cause__
+    return isinstance(cause, pynvml.NVMLError) and cause.value in (
+        pynvml.NVML_ERROR_INVALID_ARGUMENT,
+        pynvml.NVML_ERROR_NOT_FOUND,
+    )
+
+
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """Run one NVML call with the error mapping described in the module docstring."""
     try:
@@ -548,41 +558,46 @@ class NvmlBackend:
             mig = _call(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
             if mig is None:
                 continue  # empty slot: NOT_FOUND
-            # A MIG device's UUID names one GPU/compute instance for its lifetime, so what never
-            # changes for it is read once: a re-created instance has a new UUID and is read afresh.
-            uuid = _call(pynvml.nvmlDeviceGetUUID, mig) or ""
-            static = known.get(uuid) if uuid else None
-            if static is None:
-                static = self._mig_static(mig)
+            try:
+                # A MIG device's UUID names one GPU/compute instance for its lifetime, so what never
+                # changes for it is read once: a re-created instance has a new UUID and is read afresh.
+                uuid = _call(pynvml.nvmlDeviceGetUUID, mig) or ""
+                static = known.get(uuid) if uuid else None
                 if static is None:
-                    continue
-                if uuid:
+                    static = self._mig_static(mig)
+                    if static is None:
+                        continue
+                    if uuid:
+                        seen[uuid] = static
+                else:
                     seen[uuid] = static
-            else:
-                seen[uuid] = static
-            gi, ci, profile, sms = static
-            mem = _call(pynvml.nvmlDeviceGetMemoryInfo, mig, pynvml.nvmlMemory_v2)
-            total = used = reserved = None
-            if mem is not None:
-                fields = _memory_fields(mem.total, mem.free, mem.reserved)
-                total, used, reserved = (
-                    fields["memory_total_bytes"],
-                    fields["memory_used_bytes"],
-                    fields["memory_reserved_bytes"],
+                gi, ci, profile, sms = static
+                mem = _call(pynvml.nvmlDeviceGetMemoryInfo, mig, pynvml.nvmlMemory_v2)
+                total = used = reserved = None
+                if mem is not None:
+                    fields = _memory_fields(mem.total, mem.free, mem.reserved)
+                    total, used, reserved = (
+                        fields["memory_total_bytes"],
+                        fields["memory_used_bytes"],
+                        fields["memory_reserved_bytes"],
+                    )
+                out.append(
+                    MigSample(
+                        gpu_instance=int(gi),
+                        compute_instance=int(ci) if ci is not None else 0,
+                        profile=profile,
+                        uuid=str(uuid),
+                        memory_total_bytes=total,
+                        memory_used_bytes=used,
+                        memory_reserved_bytes=reserved,
+                        multiprocessors=sms,
+                    )
                 )
-            out.append(
-                MigSample(
-                    gpu_instance=int(gi),
-                    compute_instance=int(ci) if ci is not None else 0,
-                    profile=profile,
-                    uuid=str(uuid),
-                    memory_total_bytes=total,
-                    memory_used_bytes=used,
-                    memory_reserved_bytes=reserved,
-                    multiprocessors=sms,
-                )
-            )
-            handles[int(gi)] = mig
+                handles[int(gi)] = mig
+            except AreaError as exc:
+                if _vanished(exc):
+                    continue  # the instance was destroyed during this sample: it is simply gone
+                raise
         state.mig_handles = handles
         state.mig_static = seen  # destroyed instances are forgotten
         return tuple(out)
@@ -678,7 +693,12 @@ class NvmlBackend:
                 mig_procs: list[ProcessSample] = []
                 mig_clients: list[ProcessSample] = []
                 if mig_handle is not None:
-                    raw_procs, raw_clients = self._process_lists(mig_handle, known, seen)
+                    try:
+                        raw_procs, raw_clients = self._process_lists(mig_handle, known, seen)
+                    except AreaError as exc:
+                        if not _vanished(exc):
+                            raise
+                        continue  # destroyed since the instance was listed: gone, not an error
                     mig_procs = [_on_instance(p, mig) for p in raw_procs]
                     mig_clients = [_on_instance(p, mig) for p in raw_clients]
                 for p in mig_procs:

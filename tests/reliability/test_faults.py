@@ -525,11 +525,6 @@ class VanishingInstance:
         return self.real(handle)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: exporter/backends/nvml.py treats INVALID_ARGUMENT from a MIG handle whose instance was "
-    "destroyed during the sample as a read error: a warning line and a failed collector for that sample",
-)
 def test_a_mig_instance_destroyed_during_a_sample_is_just_gone(
     live: LiveExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
