@@ -113,6 +113,7 @@ class Sampler:
         self._next_init = 0.0
         self._last_error = ""
         self._last_gpu_errors: dict[int, str] = {}
+        self._outage_logged = False  # "NVML stopped answering" was logged for the current outage
 
     # ---- NVML lifecycle ------------------------------------------------------------------
     def _ensure_init(self) -> str:
@@ -126,7 +127,7 @@ class Sampler:
             self._system = self.backend.init()
         except BackendUnavailable as exc:
             message = str(exc)
-            if message != self._last_error:
+            if message != self._last_error and not self._outage_logged:
                 self.log.error("NVML unavailable, serving gpulens_nvml_up 0 and retrying: %s", message)
             else:
                 self.log.debug("NVML still unavailable: %s", message)
@@ -134,6 +135,7 @@ class Sampler:
             self._next_init = now + self._backoff
             self._backoff = min(self._backoff * 2, BACKOFF_MAX)
             return message
+        self._outage_logged = False
         if self._last_error:
             self.log.info("NVML initialised after failures (driver %s)", self._system.driver_version)
         else:
@@ -146,6 +148,8 @@ class Sampler:
     def _nvml_down(self, message: str) -> None:
         if message != self._last_error:
             self.log.error("NVML stopped answering, re-initialising: %s", message)
+        # one outage, one line: the failing re-initialisations that follow are logged at debug
+        self._outage_logged = True
         self._last_error = message
         if self.xid is not None:
             self.xid.reset()

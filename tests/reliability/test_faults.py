@@ -200,11 +200,6 @@ def test_nvml_that_stops_answering_mid_run_is_reinitialised(
     assert lines and all("DriverNotLoaded" in line for line in lines), lines
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: exporter/sampler.py logs NVML going away twice ('NVML stopped answering, re-initialising' "
-    "then 'NVML unavailable ... nvmlInit failed') because the two messages differ",
-)
 def test_nvml_that_stops_answering_mid_run_is_logged_once(
     live: LiveExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
