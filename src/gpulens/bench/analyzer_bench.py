@@ -36,7 +36,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +47,8 @@ from pathlib import Path
 from typing import TextIO
 
 import numpy as np
+
+from gpulens.ports import free_port
 
 WEEK_S = 7 * 86400
 BLOCK_S = 2 * 3600  # promtool's block range
@@ -240,12 +241,6 @@ def backfill(paths: list[Path], tsdb: Path, workers: int = 2) -> None:
         list(pool.map(one, paths))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def prometheus(
     tsdb: Path, lookback_s: int, log: Path, compaction: bool = True, timeout_s: float = 120.0
@@ -261,7 +256,7 @@ def prometheus(
         raise RuntimeError("prometheus not found on PATH (apt install prometheus)")
     config = tsdb.parent / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [
         binary,

@@ -24,14 +24,7 @@ from gpulens import __version__
 from gpulens.bench.analyzer_bench import run_analyzer_bench
 from gpulens.bench.measure import ExporterResult, measure_exporter
 from gpulens.bench.report import analyzer_target_lines, ratio_lines, render_markdown
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from gpulens.ports import free_port
 
 
 def _machine() -> dict[str, str]:
@@ -95,7 +88,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 def run_exporters(args: argparse.Namespace, workdir: Path) -> list[ExporterResult]:
     scrape_counts = {1: args.scrapes_single, 20: args.scrapes_concurrent}
     results: list[ExporterResult] = []
-    port = _free_port()
+    port = free_port()
     print(f"measuring gpulens-exporter on {args.scenario} ...", file=sys.stderr)
     results.append(
         measure_exporter(
@@ -132,7 +125,7 @@ def run_exporters(args: argparse.Namespace, workdir: Path) -> list[ExporterResul
     elif peer is None:
         print("nvitop-exporter not installed (pip install nvitop-exporter): peer skipped", file=sys.stderr)
     else:
-        port = _free_port()
+        port = free_port()
         print(f"measuring nvitop-exporter on {args.scenario} (gpulens sim run) ...", file=sys.stderr)
         results.append(
             measure_exporter(

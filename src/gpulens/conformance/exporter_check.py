@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+
+from gpulens.ports import free_port
 
 # families every GPU must have; (family, low, high) bounds are loose sanity checks
 REQUIRED: tuple[tuple[str, float, float], ...] = (
@@ -42,12 +43,6 @@ class ExporterReport:
     problems: list[str] = field(default_factory=list)
     families: list[str] = field(default_factory=list)
     promtool: str = "not run"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
@@ -85,7 +80,7 @@ def check_exposition(text: str, hopper: bool, mig: bool) -> list[str]:
 def run_exporter_check(extra_args: list[str], seconds: float, hopper: bool, mig: bool) -> ExporterReport:
     """Run the exporter for a few samples, scrape it, check families, lint with promtool."""
     report = ExporterReport()
-    port = _free_port()
+    port = free_port()
     # tools/gpu_conformance.py sets the command when gpulens runs from an uninstalled checkout
     base = os.environ.get("GPULENS_EXPORTER_COMMAND", f"{sys.executable} -m gpulens.exporter.cli").split()
     cmd = [*base, "--listen", f"127.0.0.1:{port}", "--interval", "1", *extra_args]

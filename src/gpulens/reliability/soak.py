@@ -29,7 +29,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpulens.bench.measure import cpu_seconds, rss_bytes, thread_count
+from gpulens.ports import free_port
 
 MIB = 1024 * 1024
 WARMUP_FRACTION = 0.1
@@ -87,12 +87,6 @@ class Verdict:
     scrape_p99_ms: float
     scrape_max_ms: float
     reasons: tuple[str, ...]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _fd_count(pid: int) -> int:
@@ -261,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     real_seconds = args.sim_hours * 3600 / args.sim_speed
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",
