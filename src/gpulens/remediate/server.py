@@ -13,6 +13,10 @@ from gpulens.remediate.payload import PayloadError, parse_webhook
 from gpulens.remediate.service import Remediator
 
 MAX_BODY = 1 << 20  # Alertmanager notifications are small; refuse anything larger
+# A refused body is still read (and dropped) up to this much, so a client that sends it anyway
+# gets to read the 413 instead of a broken pipe; beyond it the connection is just closed.
+DRAIN_LIMIT = 4 << 20
+DRAIN_SECONDS = 2.0
 log = logging.getLogger("gpulens.remediate")
 
 
@@ -44,6 +48,20 @@ class RemediateHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
         if self.path.split("?")[0] == "/alerts":
             self.server.remediator.metrics.requests.labels(code=str(status)).inc()
+
+    def _discard(self, length: int) -> None:
+        """Read and drop a refused body, bounded in size and time (see DRAIN_LIMIT)."""
+        if length > DRAIN_LIMIT:
+            return
+        self.connection.settimeout(DRAIN_SECONDS)
+        try:
+            while length > 0:
+                chunk = self.rfile.read(min(length, 64 << 10))
+                if not chunk:
+                    return
+                length -= len(chunk)
+        except OSError:
+            return
 
     def _text(self, status: int, line: str) -> None:
         self._send(status, (line + "\n").encode())
@@ -84,6 +102,8 @@ class RemediateHandler(BaseHTTPRequestHandler):
             self._text(411, "Content-Length required")
             return
         if int(length) > MAX_BODY:
+            self._discard(int(length))
+            self.close_connection = True
             self._text(413, f"body larger than {MAX_BODY} bytes")
             return
         try:
