@@ -125,11 +125,13 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                 name = url.path.rsplit("/", 1)[1]
                 if name in state.nodes:
                     node = state.nodes[name]
-                    self._reply(200, node)
+                    seen = json.loads(json.dumps(node))  # what this read returns
                     if state.conflicts:  # someone else writes the node right after our read
+                        # (before the reply goes out: the client could otherwise PATCH first)
                         state.conflicts -= 1
                         meta = node.setdefault("metadata", {})
                         meta["resourceVersion"] = str(int(meta.get("resourceVersion", "1")) + 1)
+                    self._reply(200, seen)
                 else:
                     self._reply(404, {"kind": "Status", "message": f'nodes "{name}" not found'})
             elif url.path == "/api/v1/pods":
