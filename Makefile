@@ -53,10 +53,10 @@ format: venv
 
 # DEMO_ARGS passes options through, e.g. make demo DEMO_ARGS="--history 1d --live-scenario dgx-h100"
 demo: venv system-deps
-	$(BIN)/python -m gpulens.demo $(DEMO_ARGS)
+	$(BIN)/python -m gpulens.devtools.demo $(DEMO_ARGS)
 
 demo-stop: venv
-	$(BIN)/python -m gpulens.demo --stop
+	$(BIN)/python -m gpulens.devtools.demo --stop
 
 # wrk (Debian) drives the scrape load from outside Python; nvitop-exporter is the peer
 bench: venv

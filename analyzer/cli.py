@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.exporter.catalog import CatalogError
+from gpulens.catalog import CatalogError
 
 PROFILE_TABLE = (
     "job_id",
@@ -259,8 +259,8 @@ def cmd_import_trace(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from gpulens.analyzer.simulate import simulate
     from gpulens.analyzer.timeparse import parse_duration, parse_time
+    from gpulens.sim.history import simulate
 
     meta = simulate(
         args.scenario,

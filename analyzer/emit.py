@@ -13,9 +13,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import yaml
+
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.plan import Plan
-from gpulens.exporter.catalog import MIB, CatalogError, get_model, place_mig_layout
+from gpulens.catalog import MIB, CatalogError, get_model, place_mig_layout
 
 
 @dataclass

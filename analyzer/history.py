@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
 from gpulens.analyzer.errors import AnalyzerError
 
 FORMAT = "gpulens-history"

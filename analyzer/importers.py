@@ -18,9 +18,10 @@ import tarfile
 from pathlib import Path
 
 import pandas as pd
+
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import write_history
-from gpulens.exporter.catalog import GpuModel
+from gpulens.catalog import GpuModel
 
 TRACES = ("alibaba-genai-2026", "alibaba-gpu-v2023")
 NA_VALUES = ["", "None", "NULL", "null", "NaN", "nan"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from gpulens.analyzer import requests as request_trace
 from gpulens.analyzer.archetypes import Archetypes, cluster
 from gpulens.analyzer.emit import Emitted, emit
@@ -19,7 +20,7 @@ from gpulens.analyzer.plan import Plan, build_plan
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.thresholds import Thresholds
-from gpulens.exporter.catalog import GpuModel
+from gpulens.catalog import GpuModel
 
 # the JSON `jobs` fields every consumer may rely on (docs/analyzer.md)
 JOB_FIELDS = (

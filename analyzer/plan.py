@@ -24,8 +24,9 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 import pandas as pd
+
 from gpulens.analyzer.thresholds import Thresholds
-from gpulens.exporter.catalog import MIB, CatalogError, GpuModel, model_for_nvml_name, place_mig_layout
+from gpulens.catalog import MIB, CatalogError, GpuModel, model_for_nvml_name, place_mig_layout
 
 SHARED_KINDS = ("mps", "time-slicing")
 

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from gpulens.analyzer import signals
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import LABELS
 from gpulens.analyzer.thresholds import Thresholds
-from gpulens.exporter.catalog import CatalogError, GpuModel, get_model, model_for_nvml_name
+from gpulens.catalog import CatalogError, GpuModel, get_model, model_for_nvml_name
 
 STAT_KEYS = ("mean", "p50", "p95", "max", "count", "stddev", "idle")
 

@@ -34,9 +34,10 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
+
 from gpulens.analyzer.signals import DUTY_CYCLE
 from gpulens.analyzer.thresholds import Thresholds
-from gpulens.exporter.catalog import GIB, MIB, GpuModel, MigProfile, model_for_nvml_name
+from gpulens.catalog import GIB, MIB, GpuModel, MigProfile, model_for_nvml_name
 
 RECOMMENDATIONS = (
     "exclusive",

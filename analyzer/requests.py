@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 import pandas as pd
+
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import History
 from gpulens.analyzer.plan import Plan

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from gpulens.analyzer.errors import AnalyzerError
 
 DEFAULTS_PATH = Path(__file__).with_name("thresholds.yaml")

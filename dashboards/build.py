@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulens.dashboards import exporter, fleet, jobs, node, sharing
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard
+
+from gpulens.dashboards import exporter, fleet, jobs, node, sharing
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_JSON_DIR = PACKAGE_DIR / "json"

@@ -8,6 +8,8 @@ serves the last sample).
 
 from __future__ import annotations
 
+from grafanalib.core import Dashboard
+
 from gpulens.dashboards.common import (
     COUNT,
     NODE,
@@ -31,7 +33,6 @@ from gpulens.dashboards.common import (
     timeseries,
 )
 from gpulens.dashboards.queries import sel
-from grafanalib.core import Dashboard
 
 EXPORTERS = sel("gpulens_build_info", base=NODE)
 # `up` and the scrape_* series of the targets that are gpulens exporters (whatever the job name)

@@ -7,6 +7,8 @@ Every node and job links to its detail dashboard.
 
 from __future__ import annotations
 
+from grafanalib.core import Dashboard
+
 from gpulens.dashboards import queries as q
 from gpulens.dashboards.common import (
     ANY_IS_BAD,
@@ -36,7 +38,6 @@ from gpulens.dashboards.common import (
     timeseries,
 )
 from gpulens.dashboards.queries import sel
-from grafanalib.core import Dashboard
 
 MIG_GPUS = sel("gpu_info", 'mig_mode="enabled"')
 IDLE_HOURS = steps("green", (1.0, "orange"), (8.0, "red"))

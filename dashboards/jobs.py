@@ -8,6 +8,8 @@ published `gpulens_recommendation_info{job_id, recommendation, mig_profile, ...}
 
 from __future__ import annotations
 
+from grafanalib.core import Dashboard
+
 from gpulens.dashboards.common import (
     BYTES,
     COUNT,
@@ -30,7 +32,6 @@ from gpulens.dashboards.common import (
     timeseries,
 )
 from gpulens.dashboards.queries import sel
-from grafanalib.core import Dashboard
 
 JOB = 'job_id="$job_id"'
 SLOT = "instance, gpu, gpu_instance"

@@ -8,6 +8,8 @@ parent GPU series only, so nothing is double counted on MIG GPUs. Jobs link to t
 
 from __future__ import annotations
 
+from grafanalib.core import Dashboard
+
 from gpulens.dashboards import queries as q
 from gpulens.dashboards.common import (
     ANY_IS_BAD,
@@ -42,7 +44,6 @@ from gpulens.dashboards.common import (
     timeseries,
 )
 from gpulens.dashboards.queries import sel
-from grafanalib.core import Dashboard
 
 LEGEND = "GPU {{gpu}}"
 BY_GPU = "sum by (instance, gpu)"

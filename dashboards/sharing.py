@@ -8,6 +8,8 @@ which the exporter aggregates from per-process data so they add up to the GPU.
 
 from __future__ import annotations
 
+from grafanalib.core import Dashboard
+
 from gpulens.dashboards.common import (
     BYTES,
     COUNT,
@@ -30,7 +32,6 @@ from gpulens.dashboards.common import (
     timeseries,
 )
 from gpulens.dashboards.queries import sel
-from grafanalib.core import Dashboard
 
 MIG_LEGEND = "GPU {{gpu}} GI {{gpu_instance}} {{mig_profile}}"
 JOB_LEGEND = "GPU {{gpu}} job {{job_id}}"

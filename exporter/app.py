@@ -6,41 +6,41 @@ OpenMetrics without starting a server):
     from gpulens.exporter.app import Exporter
     from gpulens.exporter.config import ExporterConfig
 
-    exporter = Exporter(ExporterConfig(simulate="dgx-h100"))   # or Exporter(config, node=node)
+    exporter = Exporter(config)             # real NVML; Exporter(config, node=node) for a simulated one
     snapshot = exporter.sample_once()       # one blocking sample at the (simulated) current time
     families = exporter.families(snapshot)  # list[prometheus_client Metric], meta metrics included
     rendered = exporter.render(snapshot)    # text / OpenMetrics bytes (plain and gzip)
     exporter.close()
 
 `sample_once` drains pending Xid events synchronously, so no background thread is needed; pass
-`node=` (an installed simulated node) to drive the clock yourself. `start()` runs the background
-sampling loop and the Xid watcher thread; `current` is the last published (snapshot, rendered).
+`node=` (a simulated node already installed by `gpulens.sim`) to drive the clock yourself. The
+exporter never builds a simulator: the CLI's `--simulate` branch does (`gpulens.sim.node`).
+`start()` runs the background sampling loop and the Xid watcher thread; `current` is the last
+published (snapshot, rendered).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.core import Metric
 
 from gpulens.exporter.backends.events import XidWatcher
 from gpulens.exporter.backends.nvml import NvmlBackend, error_text
 from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY, CollectorOptions, dcgm_compat
 from gpulens.exporter.collectors import exporter as meta
-from gpulens.exporter.config import ConfigError, ExporterConfig
+from gpulens.exporter.config import ExporterConfig
 from gpulens.exporter.render import Rendered, render
 from gpulens.exporter.sampler import Sampler, SamplerSettings
 from gpulens.exporter.snapshot import AreaTiming, NodeSnapshot
-from prometheus_client.core import Metric
 
-DEFAULT_POD_LOGS = ExporterConfig().pod_logs_dir
 SWITCH_INTERVAL = 0.0005  # seconds a thread may hold the GIL while others wait (CPython default 0.005)
 
 
@@ -54,53 +54,12 @@ class Published:
     ready: bool
 
 
-@dataclass(frozen=True)
-class SimulatedPaths:
-    """Where the simulated node writes its fake /proc, /var/log/pods and job-mapping files."""
-
-    root: Path
-    procfs: Path
-    pod_logs: Path
-    job_mapping: Path
-
-
-def build_simulated_node(config: ExporterConfig) -> tuple[Any, SimulatedPaths]:
-    """Build and install the simulated node for `--simulate` (built-in name or scenario file)."""
-    from gpulens.exporter.sim.clock import RealClock, ScaledClock
-    from gpulens.exporter.sim.engine import build_node
-    from gpulens.exporter.sim.install import install
-    from gpulens.exporter.sim.scenario import load_scenario
-
-    assert config.simulate is not None
-    root = Path(tempfile.mkdtemp(prefix="gpulens-sim-"))
-    paths = SimulatedPaths(
-        root=root, procfs=root / "proc", pod_logs=root / "pods", job_mapping=root / "job-mapping"
-    )
-    for path in (paths.procfs, paths.pod_logs, paths.job_mapping):
-        path.mkdir()
-    clock = RealClock() if config.sim_speed == 1.0 else ScaledClock(config.sim_speed)
-    try:
-        node = build_node(
-            load_scenario(config.simulate),
-            seed=config.sim_seed,
-            clock=clock,
-            procfs_root=paths.procfs,
-            pods_root=paths.pod_logs,
-            job_mapping_dir=paths.job_mapping,
-        )
-    except (OSError, ValueError) as exc:  # ScenarioError is a ValueError with a one-line message
-        shutil.rmtree(root, ignore_errors=True)
-        raise ConfigError(f"--simulate: {exc}") from exc
-    install(node)
-    return node, paths
-
-
 class Exporter:
     """Sampler, collectors and renderer for one node; see the module docstring for the entry points.
 
     `node` is an already installed simulated node (its clock drives sampling timestamps, GPM windows,
-    NVML retry backoff and Xid timestamps); with `config.simulate` the exporter builds and installs
-    one itself and removes it on `close()`. Without either it reads the real NVML library.
+    NVML retry backoff and Xid timestamps, and its fake procfs is read unless `config.procfs` is
+    set). Without it the exporter reads the real NVML library.
     """
 
     def __init__(
@@ -114,21 +73,8 @@ class Exporter:
         self.config = config
         self.log = logger or logging.getLogger("gpulens.exporter")
         self.node = node
-        self._sim_paths: SimulatedPaths | None = None
         procfs = config.procfs
-        if node is None and config.simulate:
-            self.node, sim_paths = build_simulated_node(config)
-            self._sim_paths = sim_paths
-            procfs = procfs or sim_paths.procfs
-            config = replace(
-                config,
-                pod_logs_dir=config.pod_logs_dir
-                if config.pod_logs_dir != DEFAULT_POD_LOGS
-                else sim_paths.pod_logs,
-                job_mapping_dir=config.job_mapping_dir or sim_paths.job_mapping,
-            )
-            self.config = config
-        elif node is not None and procfs is None and getattr(node, "procfs_root", None):
+        if node is not None and procfs is None and getattr(node, "procfs_root", None):
             procfs = Path(node.procfs_root)
         self.procfs = procfs or Path("/proc")
         if clock is None:
@@ -331,13 +277,3 @@ class Exporter:
         self.sampler.close()
         if self._attributor is not None:
             self._attributor.close()
-        if self._sim_paths is not None:  # we built and installed the simulated node: undo both
-            from gpulens.exporter.sim.dcgm import hostengine
-            from gpulens.exporter.sim.install import uninstall
-
-            uninstall()
-            engine = hostengine.current()
-            if engine is not None and engine.node is self.node:
-                hostengine.uninstall()
-            shutil.rmtree(self._sim_paths.root, ignore_errors=True)
-            self._sim_paths = None

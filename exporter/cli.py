@@ -15,9 +15,12 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gpulens import __version__
 from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY
 from gpulens.exporter.config import (
     COMPAT_MODES,
@@ -31,9 +34,8 @@ from gpulens.exporter.config import (
     validate,
 )
 
-from gpulens import __version__
-
 PROG = "gpulens-exporter"
+DEFAULT_POD_LOGS = ExporterConfig().pod_logs_dir
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
 
@@ -240,7 +242,36 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> E
 
 
 def run(config: ExporterConfig) -> int:
-    """Start sampling and serve until SIGTERM/SIGINT."""
+    """Start sampling and serve until SIGTERM/SIGINT; with `--simulate`, on a simulated node."""
+    if not config.simulate:
+        return serve(config)
+    # the only place the exporter reaches for the simulator (DESIGN section 2: exporter/ holds only
+    # what runs on a GPU node); the context manager removes the node and its files on every path
+    from gpulens.sim.node import simulated_node
+
+    use_dcgm = config.profiling in ("auto", "dcgm") and (
+        config.profiling == "dcgm" or config.dcgm_bindings is not None
+    )
+    with ExitStack() as stack:
+        try:
+            sim = stack.enter_context(
+                simulated_node(config.simulate, seed=config.sim_seed, speed=config.sim_speed, dcgm=use_dcgm)
+            )
+        except (OSError, ValueError) as exc:  # ScenarioError is a ValueError with a one-line message
+            raise ConfigError(f"--simulate: {exc}") from exc
+        paths = sim.paths
+        config = replace(
+            config,
+            procfs=config.procfs or paths.procfs,
+            pod_logs_dir=config.pod_logs_dir if config.pod_logs_dir != DEFAULT_POD_LOGS else paths.pod_logs,
+            job_mapping_dir=config.job_mapping_dir or paths.job_mapping,
+            dcgm_bindings=config.dcgm_bindings or sim.dcgm_bindings,
+        )
+        return serve(config, node=sim.node)
+
+
+def serve(config: ExporterConfig, node: Any = None) -> int:
+    """Sample `node` (simulated) or the real NVML library and serve until SIGTERM/SIGINT."""
     from gpulens.exporter.app import Exporter
     from gpulens.exporter.logging_setup import setup_logging
     from gpulens.exporter.server import HttpServer
@@ -249,7 +280,7 @@ def run(config: ExporterConfig) -> int:
     log = setup_logging(config.log_level, config.log_format)
     web = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
     host, port = parse_listen(config.listen)
-    exporter = Exporter(config, logger=log)
+    exporter = Exporter(config, node=node, logger=log)
     try:
         server = HttpServer(exporter, host, port, web)
     except OSError as exc:

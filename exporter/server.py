@@ -16,6 +16,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from gpulens import __version__
 from gpulens.exporter.render import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
@@ -23,8 +24,6 @@ from gpulens.exporter.render import (
     wants_openmetrics,
 )
 from gpulens.exporter.webconfig import WebConfig
-
-from gpulens import __version__
 
 
 class _Server(ThreadingHTTPServer):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from gpulens.exporter.config import ConfigError
 
 CLIENT_AUTH = {

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import TextIO
 
 import pandas as pd
+
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import History, read_history, read_meta
 from gpulens.analyzer.profile import family_columns, profiles_from_families, profiles_from_samples
 from gpulens.analyzer.thresholds import Thresholds
-from gpulens.exporter.catalog import GpuModel
+from gpulens.catalog import GpuModel
 
 
 def load(

@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import TextIO
 
 import pandas as pd
+
 from gpulens.analyzer import signals
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.profile import STAT_KEYS, Identity, JobStats, build_profiles, job_kinds
 from gpulens.analyzer.thresholds import Thresholds
-from gpulens.exporter.catalog import GpuModel
+from gpulens.catalog import GpuModel
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 # a stats query repeats the job matcher ~7 times; VictoriaMetrics rejects queries over 16 KiB by default

@@ -96,6 +96,7 @@ class PodResourcesClient:
             return False
         try:
             import grpc
+
             from gpulens.exporter.attribution.podresources_pb import METHOD_LIST, build_messages
         except ImportError as exc:
             self._unavailable = True

@@ -41,6 +41,7 @@ from types import ModuleType
 from typing import Any
 
 import pynvml
+
 from gpulens.exporter.snapshot import MigSample
 
 DCGM4_BINDINGS = Path("/usr/share/datacenter-gpu-manager-4/bindings/python3")

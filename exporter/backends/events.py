@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pynvml
+
 from gpulens.exporter.backends.nvml import NO_INSTANCE, error_text
 from gpulens.exporter.snapshot import XidCount
 

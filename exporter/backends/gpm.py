@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pynvml
+
 from gpulens.exporter.backends.nvml import _ABSENT, _LOST, AreaError, GpuLostError, error_text
 from gpulens.exporter.snapshot import MigSample
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pynvml
+
 from gpulens.exporter.snapshot import (
     GpuIdentity,
     GpuSample,

@@ -9,9 +9,9 @@
 `gpulens_profiling_source_info{source}` reports the outcome per GPU (`dcgm`, `gpm` or `nvml`).
 
 Under `--simulate`, a real DCGM could not see the simulated GPUs, so DCGM is only used there when
-asked for: `--profiling dcgm` (which uses the fake bindings in `gpulens.exporter.sim.dcgm`), or
-`--dcgm-bindings` pointing at them. The simulated host engine then serves the same node as the
-simulated NVML.
+asked for: `--profiling dcgm` or `--dcgm-bindings`. The CLI's `--simulate` branch then installs the
+simulated host engine for the node and points `dcgm_bindings` at its fake bindings; this module
+only sees a configuration.
 """
 
 from __future__ import annotations
@@ -55,12 +55,8 @@ def dcgm_settings(config: ExporterConfig, simulating: bool) -> DcgmSettings | No
     if config.profiling not in ("auto", "dcgm"):
         return None
     bindings = config.dcgm_bindings
-    if simulating and bindings is None:
-        if config.profiling != "dcgm":
-            return None
-        from gpulens.exporter.sim.dcgm import BINDINGS_DIR
-
-        bindings = BINDINGS_DIR
+    if simulating and bindings is None:  # the system's DCGM cannot see simulated GPUs
+        return None
     return DcgmSettings(bindings=bindings, address=config.dcgm_address)
 
 
@@ -72,18 +68,13 @@ def make_profiler_factory(
 ) -> Callable[[Any], Any] | None:
     """A factory for `NvmlBackend(profiler_factory=...)`; None for `--profiling off`.
 
-    With a simulated `node`, the simulated DCGM host engine is installed for it when DCGM is used.
+    With a simulated `node`, DCGM is used only through `config.dcgm_bindings` (the simulated host
+    engine is then installed by whoever built the node).
     """
     if config.profiling == "off":
         return None
     log = logger or logging.getLogger("gpulens.exporter")
     settings = dcgm_settings(config, simulating=node is not None)
-    if settings is not None and node is not None:
-        from gpulens.exporter.sim.dcgm import hostengine
-
-        engine = hostengine.current()
-        if engine is None or engine.node is not node:
-            hostengine.install(node)
     use_gpm = config.profiling in ("auto", "gpm")
 
     def factory(_backend: Any) -> Any:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from gpulens.exporter.snapshot import GpuSample, NodeSnapshot
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpulens.exporter.snapshot import GpuSample, NodeSnapshot
 
 GPU_LABELS = ["gpu", "uuid"]
 MIG_LABELS = ["gpu", "uuid", "gpu_instance", "mig_profile"]

@@ -26,9 +26,10 @@ import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from prometheus_client.core import Metric
+
 from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
 from gpulens.exporter.snapshot import GpuSample, MigSample, NodeSnapshot, XidCount
-from prometheus_client.core import Metric
 
 MIB = 1024 * 1024
 GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]

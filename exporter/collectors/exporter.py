@@ -9,11 +9,11 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator, Mapping
 
-from gpulens.exporter.collectors.base import gauge
-from gpulens.exporter.snapshot import AreaTiming, NodeSnapshot
 from prometheus_client.core import Metric
 
 from gpulens import __version__
+from gpulens.exporter.collectors.base import gauge
+from gpulens.exporter.snapshot import AreaTiming, NodeSnapshot
 
 
 def collect(snapshot: NodeSnapshot, statuses: Mapping[str, AreaTiming]) -> Iterator[Metric]:

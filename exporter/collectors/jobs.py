@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from prometheus_client.core import Metric
+
 from gpulens.exporter.collectors.base import GPU_LABELS, CollectorOptions, CollectorSpec, gauge, non_empty
 from gpulens.exporter.snapshot import NodeSnapshot
-from prometheus_client.core import Metric
 
 USAGE_LABELS = [*GPU_LABELS, "gpu_instance", "job_id"]
 

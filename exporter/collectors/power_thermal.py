@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from prometheus_client.core import Metric
+
 from gpulens.exporter.collectors.base import (
     GPU_LABELS,
     CollectorOptions,
@@ -16,7 +18,6 @@ from gpulens.exporter.collectors.base import (
     readable,
 )
 from gpulens.exporter.snapshot import NodeSnapshot
-from prometheus_client.core import Metric
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:

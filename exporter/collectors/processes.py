@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from prometheus_client.core import Metric
+
 from gpulens.exporter.collectors.base import (
     GPU_LABELS,
     CollectorOptions,
@@ -19,7 +21,6 @@ from gpulens.exporter.collectors.base import (
     readable,
 )
 from gpulens.exporter.snapshot import NodeSnapshot, ProcessSample
-from prometheus_client.core import Metric
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:

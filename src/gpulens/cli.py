@@ -17,7 +17,7 @@ from gpulens import __version__
 
 # subcommand name -> module that implements register(subparsers)
 COMMANDS: dict[str, str] = {
-    "sim": "gpulens.exporter.sim.launcher",
+    "sim": "gpulens.sim.launcher",
     "simulate": "gpulens.analyzer.cli",
     "profile": "gpulens.analyzer.cli",
     "recommend": "gpulens.analyzer.cli",
@@ -25,8 +25,8 @@ COMMANDS: dict[str, str] = {
     "import-trace": "gpulens.analyzer.cli",
     "remediate": "gpulens.remediate.cli",
     "dashboards": "gpulens.dashboards.cli",
-    "bench": "gpulens.bench.cli",
-    "conformance": "gpulens.conformance.cli",
+    "bench": "gpulens.devtools.bench.cli",
+    "conformance": "gpulens.devtools.conformance.cli",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpulens.analyzer.thresholds import Thresholds, load_thresholds
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from gpulens.analyzer.archetypes import cluster
 from gpulens.analyzer.profile import profiles_from_samples
-
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady
 

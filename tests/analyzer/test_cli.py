@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-from gpulens.analyzer.history import write_history
 
+from gpulens.analyzer.history import write_history
 from gpulens.cli import main
 from tests.analyzer import synth
 from tests.analyzer.fakeprom import fake_prometheus

@@ -8,9 +8,9 @@ import subprocess
 
 import pandas as pd
 import pytest
+
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import format_value, read_history, write_history
-
 from tests.analyzer import synth
 from tests.support.procs import find_binary
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.analyzer.timeparse import parse_duration, parse_time

@@ -6,13 +6,13 @@ import re
 
 import pytest
 import yaml
+
 from gpulens.analyzer.emit import emit
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.plan import build_plan
 from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.recommend import recommend
-from gpulens.exporter.catalog import get_model, place_mig_layout
-
+from gpulens.catalog import get_model, place_mig_layout
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady
 

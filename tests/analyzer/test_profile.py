@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.profile import profiles_from_samples
-
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat
 

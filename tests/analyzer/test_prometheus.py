@@ -10,6 +10,7 @@ import urllib.request
 import numpy as np
 import pandas as pd
 import pytest
+
 from gpulens.analyzer.history import write_history
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.signals import ACTIVITY
@@ -22,7 +23,6 @@ from gpulens.analyzer.sources.prometheus import (
     chunk_jobs,
     signal_expr,
 )
-
 from gpulens.cli import main
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady

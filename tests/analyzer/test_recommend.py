@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.recommend import memory_need, recommend
 from gpulens.analyzer.thresholds import load_thresholds
-from gpulens.exporter.catalog import MODELS, get_model
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
+from gpulens.catalog import MODELS, get_model
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady
 

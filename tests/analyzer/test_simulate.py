@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from gpulens.analyzer.history import read_history
 from gpulens.analyzer.pipeline import analyze_history
-from gpulens.analyzer.simulate import aligned_start, simulate
-from gpulens.exporter.catalog import get_model
-
+from gpulens.catalog import get_model
 from gpulens.cli import main
+from gpulens.sim.history import aligned_start, simulate
 
 
 @pytest.fixture(scope="module")

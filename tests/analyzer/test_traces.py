@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import read_history
 from gpulens.analyzer.importers import import_trace
@@ -16,7 +17,7 @@ from gpulens.analyzer.pipeline import analyze_history
 from gpulens.analyzer.recommend import memory_need
 from gpulens.analyzer.report import write_report
 from gpulens.analyzer.thresholds import load_thresholds
-from gpulens.exporter.catalog import get_model
+from gpulens.catalog import get_model
 
 
 def _traces_dir() -> Path:

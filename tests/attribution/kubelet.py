@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+
 from gpulens.exporter.attribution.podresources_pb import SERVICE, build_messages
 
 

@@ -1,10 +1,10 @@
 """Invariants of the per-job aggregation, whatever the processes and identities."""
 
-from gpulens.exporter.attribution import JobIdentity
-from gpulens.exporter.attribution.aggregate import aggregate
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpulens.exporter.attribution import JobIdentity
+from gpulens.exporter.attribution.aggregate import aggregate
 from tests.attribution.fakes import proc
 
 _identity = st.builds(

@@ -1,9 +1,9 @@
 """Parsing `/proc/<pid>/cgroup` into Slurm job / Kubernetes pod identity."""
 
-from gpulens.exporter.attribution.cgroup import CgroupIdentity, parse_cgroup
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpulens.exporter.attribution.cgroup import CgroupIdentity, parse_cgroup
 from tests.attribution.fakes import CID_A, POD_UID_A, kube_cgroupfs, kube_systemd, slurm_v1, slurm_v2
 
 

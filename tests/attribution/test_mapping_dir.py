@@ -3,6 +3,9 @@
 import logging
 import os
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gpulens.exporter.attribution.mapping_dir import (
     MappingEntry,
     MappingFormatError,
@@ -10,9 +13,6 @@ from gpulens.exporter.attribution.mapping_dir import (
     parse_mapping_content,
     parse_mapping_name,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
 from tests.attribution.fakes import GPU0, GPU1, MIG_A, by_job, proc
 
 

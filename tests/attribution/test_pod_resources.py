@@ -4,10 +4,10 @@ import logging
 import time
 
 import pytest
+
 from gpulens.exporter.attribution.logonce import LogOnce
 from gpulens.exporter.attribution.pod_resources import PodContainer, PodResourcesClient, device_key
 from gpulens.exporter.attribution.podresources_pb import build_messages
-
 from tests.attribution.fakes import CID_A, GPU0, GPU1, MIG_A, MIG_B, POD_UID_A, by_job, kube_systemd, proc
 from tests.attribution.kubelet import FakeKubelet, kubelet_server
 

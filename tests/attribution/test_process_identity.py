@@ -5,7 +5,6 @@ import os
 import shutil
 
 from gpulens.exporter.attribution import JobIdentity
-
 from tests.attribution.fakes import (
     CID_A,
     CID_B,

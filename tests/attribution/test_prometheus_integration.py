@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.procs import exporter, prometheus
 
-pytest.importorskip("gpulens.exporter.sim.engine")
+pytest.importorskip("gpulens.sim.engine")
 
 pytestmark = pytest.mark.slow
 

@@ -3,9 +3,9 @@
 import logging
 
 import pytest
+
 from gpulens.exporter.attribution import Attributor
 from gpulens.exporter.attribution.attributor import dedupe_processes
-
 from tests.attribution.fakes import (
     CID_A,
     CID_B,

@@ -1,4 +1,4 @@
-"""The attributor reads the files the simulated node writes (exporter/sim/procfs.py) as real ones.
+"""The attributor reads the files the simulated node writes (src/gpulens/sim/procfs.py) as real ones.
 
 This ties the two sides together: if the simulator's renderings of `/proc/<pid>/cgroup`, `environ`,
 `/var/log/pods` or the mapping directory drift from what the attributor understands, this fails.
@@ -9,13 +9,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from gpulens.exporter.attribution import AttributionConfig, Attributor
 
+from gpulens.exporter.attribution import AttributionConfig, Attributor
 from tests.attribution.fakes import GPU0, by_job, proc
 
-sim_procfs = pytest.importorskip("gpulens.exporter.sim.procfs")
-scenario = pytest.importorskip("gpulens.exporter.sim.scenario")
-patterns = pytest.importorskip("gpulens.exporter.sim.patterns")
+sim_procfs = pytest.importorskip("gpulens.sim.procfs")
+scenario = pytest.importorskip("gpulens.sim.scenario")
+patterns = pytest.importorskip("gpulens.sim.patterns")
 
 _pids = itertools.count(1000)
 

@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gpulens.exporter.attribution.mapping_dir import MappingEntry, MappingKey, parse_mapping_content
 
+from gpulens.exporter.attribution.mapping_dir import MappingEntry, MappingKey, parse_mapping_content
 from tests.attribution.fakes import GPU1, MIG_A, by_job, proc
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "deploy" / "slurm"

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from gpulens.analyzer.history import read_history
 
-from gpulens.bench.analyzer_bench import (
+from gpulens.analyzer.history import read_history
+from gpulens.devtools.bench.analyzer_bench import (
     FAMILIES,
     JOBS_PER_GPU,
     file_step,
@@ -19,7 +19,7 @@ from gpulens.bench.analyzer_bench import (
     write_history,
     write_openmetrics_blocks,
 )
-from gpulens.bench.report import analyzer_target_lines, analyzer_why, render_markdown
+from gpulens.devtools.bench.report import analyzer_target_lines, analyzer_why, render_markdown
 
 
 def _path(name: str, wall_s: float, rss: int, jobs: int = 10_000, samples: int = 20_000_000) -> dict:

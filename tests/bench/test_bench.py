@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gpulens.bench.report import ratio_lines, render_markdown, target_lines
+from gpulens.devtools.bench.report import ratio_lines, render_markdown, target_lines
 
 
 def _exporter(name: str, cycle_ms: float, median_ms: float) -> dict:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpulens.conformance.diff import compare_records, compare_values
-from gpulens.conformance.exporter_check import check_exposition, parse_exposition
-from gpulens.conformance.record import describe
+from gpulens.devtools.conformance.diff import compare_records, compare_values
+from gpulens.devtools.conformance.exporter_check import check_exposition, parse_exposition
+from gpulens.devtools.conformance.record import describe
 
 FACTS = Path(__file__).resolve().parents[1] / "data" / "nvml-reference-facts.json"
 
@@ -119,7 +119,7 @@ def test_exporter_check_flags_missing_and_implausible_families():
 
 @pytest.mark.slow
 def test_exporter_check_passes_on_the_simulated_h100_node(tmp_path):
-    from gpulens.conformance.exporter_check import run_exporter_check
+    from gpulens.devtools.conformance.exporter_check import run_exporter_check
 
     report = run_exporter_check(["--simulate", "dgx-h100"], seconds=3, hopper=True, mig=False)
     assert report.problems == [], report.problems

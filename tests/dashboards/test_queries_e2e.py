@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
 from gpulens.dashboards import queries
 from gpulens.dashboards.common import CRITICAL_XID_REGEX
-
 from tests.dashboards.model import REPO, PanelRef, dashboards, data_panels, metric_names
 from tests.support.procs import PromAPI, exporter, prometheus
 
@@ -41,7 +41,7 @@ INTERVAL = "2s"
 HEALTHY = "dgx-h100"  # 8x H100: MIG, MPS, exclusive and idle GPUs
 SCENARIOS = {
     HEALTHY: "every panel must show data here unless listed below",
-    "faults": "lost GPU, Xids, ECC, row remaps, throttling (exporter/sim/scenarios/faults.yaml)",
+    "faults": "lost GPU, Xids, ECC, row remaps, throttling (src/gpulens/sim/scenarios/faults.yaml)",
     "k8s-a100-mixed": "the built-in scenario with a time-sliced GPU",
 }
 # (dashboard uid, panel title) -> (scenario whose node must show it, why the healthy node cannot)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from gpulens.dashboards import build as dashboards_build
 from gpulens.dashboards.common import SLUGS, UID_FLEET, UID_JOBS, UID_NODE
-
 from tests.dashboards.model import (
     CONFIGMAP,
     JSON_DIR,

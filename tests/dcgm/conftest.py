@@ -14,15 +14,16 @@ from typing import Any
 
 import pynvml
 import pytest
+from prometheus_client.core import Metric
+
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.collectors import REGISTRY
 from gpulens.exporter.config import ExporterConfig
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.dcgm import hostengine
-from gpulens.exporter.sim.engine import ScenarioNode, build_node
-from gpulens.exporter.sim.install import install, uninstall
-from gpulens.exporter.sim.scenario import load_scenario
-from prometheus_client.core import Metric
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.dcgm import BINDINGS_DIR, hostengine
+from gpulens.sim.engine import ScenarioNode, build_node
+from gpulens.sim.install import install, uninstall
+from gpulens.sim.scenario import load_scenario
 
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 STEP = 5.0
@@ -51,6 +52,14 @@ class Sim:
             "pod_resources_socket": None,
         }
         settings.update(config)
+        profiling = settings.get("profiling", "auto")
+        if profiling == "dcgm" or (profiling == "auto" and settings.get("dcgm_bindings")):
+            # what the CLI's --simulate branch does: the simulated host engine serves this node
+            engine = hostengine.current()
+            if engine is None or engine.node is not self.node:
+                hostengine.install(self.node)
+            settings.setdefault("dcgm_bindings", BINDINGS_DIR)
+            settings["dcgm_bindings"] = settings["dcgm_bindings"] or BINDINGS_DIR
         return Exporter(ExporterConfig(**settings), node=self.node)
 
 

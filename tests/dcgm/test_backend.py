@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from gpulens.exporter.backends.dcgm import (
     FP64_BLANK,
     INT64_BLANK,
@@ -18,10 +19,9 @@ from gpulens.exporter.backends.dcgm import (
     _usable,
     parse_address,
 )
-from gpulens.exporter.sim.dcgm import BINDINGS_DIR, hostengine
-from gpulens.exporter.sim.dcgm.hostengine import EngineOptions
 from gpulens.exporter.snapshot import MigSample
-
+from gpulens.sim.dcgm import BINDINGS_DIR, hostengine
+from gpulens.sim.dcgm.hostengine import EngineOptions
 from tests.dcgm.conftest import STEP, Sim
 
 RATIOS = ("graphics", "sm", "sm_occupancy", "tensor", "dram", "fp64", "fp32", "fp16")

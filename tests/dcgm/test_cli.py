@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpulens.exporter.cli import parse_config
 from gpulens.exporter.config import ConfigError
-from gpulens.exporter.sim.dcgm import BINDINGS_DIR
+from gpulens.sim.dcgm import BINDINGS_DIR
 
 
 def test_defaults_use_no_compat_and_auto_profiling() -> None:

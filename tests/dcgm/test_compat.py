@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from gpulens.exporter.render import render
 from prometheus_client.core import Metric
 
+from gpulens.exporter.render import render
 from tests.dcgm.conftest import STEP, Sim, family, one, series, two_samples
 
 MIB = 1024 * 1024

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from gpulens.exporter.sim.dcgm import BINDINGS_DIR, hostengine
-from gpulens.exporter.sim.dcgm.hostengine import EngineOptions
 
+from gpulens.sim.dcgm import BINDINGS_DIR, hostengine
+from gpulens.sim.dcgm.hostengine import EngineOptions
 from tests.dcgm.conftest import STEP, Sim, one, series, two_samples
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.collectors import REGISTRY
 from gpulens.exporter.config import ExporterConfig
-from gpulens.exporter.sim.install import install, uninstall
-
+from gpulens.sim.install import install, uninstall
 from tests.sim.static_node import StaticNode, example_node
 
 ALL_COLLECTORS = frozenset(REGISTRY)

@@ -8,10 +8,10 @@ from pathlib import Path
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.collectors import REGISTRY
 from gpulens.exporter.config import ExporterConfig
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import build_node
-from gpulens.exporter.sim.install import install, uninstall
-from gpulens.exporter.sim.scenario import load_scenario
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import build_node
+from gpulens.sim.install import install, uninstall
+from gpulens.sim.scenario import load_scenario
 
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 STEP = 5.0

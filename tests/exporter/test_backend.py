@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pynvml
 import pytest
+
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.backends.nvml import AreaError, GpuLostError, _call, _memory_fields
-
 from tests.exporter.expo import value
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpulens.exporter.cli import parse_config
 from gpulens.exporter.collectors import DEFAULT_ENABLED
 from gpulens.exporter.config import DEFAULT_LISTEN, ConfigError, parse_listen
@@ -129,16 +130,47 @@ def test_unknown_scenario_prints_one_line_and_exits_2() -> None:
     assert "--simulate" in result.stderr and "no-such-scenario" in result.stderr
 
 
-def test_a_simulating_exporter_cleans_up_its_node_and_files() -> None:
+def test_the_simulated_node_is_removed_with_its_files_on_exit() -> None:
     import pynvml
+
     from gpulens.exporter.app import Exporter
     from gpulens.exporter.config import ExporterConfig
+    from gpulens.sim.node import simulated_node
 
-    exporter = Exporter(ExporterConfig(simulate="seed-case", pod_resources_socket=None))
-    try:
-        assert exporter.sample_once().gpu_count > 0
-        assert exporter.procfs.is_dir()
-    finally:
-        exporter.close()
-    assert not exporter.procfs.exists()
+    with simulated_node("seed-case") as sim:
+        exporter = Exporter(ExporterConfig(simulate="seed-case", pod_resources_socket=None), node=sim.node)
+        try:
+            assert exporter.sample_once().gpu_count > 0
+            assert exporter.procfs == sim.paths.procfs and exporter.procfs.is_dir()
+        finally:
+            exporter.close()
+    assert not sim.paths.root.exists()
     assert pynvml.nvmlLib is None
+
+
+def test_the_simulated_node_is_removed_when_its_user_fails() -> None:
+    import pynvml
+
+    from gpulens.sim.node import simulated_node
+
+    with pytest.raises(RuntimeError), simulated_node("seed-case", dcgm=True) as sim:
+        raise RuntimeError("the exporter failed")
+    assert not sim.paths.root.exists()
+    assert pynvml.nvmlLib is None
+
+
+def test_the_exporter_package_never_imports_the_simulator() -> None:
+    """exporter/ holds only what runs on a node: the simulator is reached from the CLI alone."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "exporter"
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(root)}: {n}" for n in names if n.startswith("gpulens.sim")]
+    assert offenders == ["cli.py: gpulens.sim.node"]

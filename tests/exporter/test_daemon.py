@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from gpulens.exporter.sim.scenario import BUILTIN_DIR
 
+from gpulens.sim.scenario import BUILTIN_DIR
 from tests.exporter.expo import samples, value
 from tests.support.procs import exporter, prometheus
 

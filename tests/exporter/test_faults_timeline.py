@@ -6,14 +6,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.collectors import REGISTRY
 from gpulens.exporter.config import ExporterConfig
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import build_node
-from gpulens.exporter.sim.install import install, uninstall
-from gpulens.exporter.sim.scenario import load_scenario
-
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import build_node
+from gpulens.sim.install import install, uninstall
+from gpulens.sim.scenario import load_scenario
 from tests.exporter.expo import value
 from tests.exporter.scenario_run import START
 

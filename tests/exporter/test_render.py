@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gzip
 
-from gpulens.exporter.render import accepts_gzip, render, wants_openmetrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from gpulens.exporter.render import accepts_gzip, render, wants_openmetrics
 
 
 def test_prometheus_default_accept_header_selects_openmetrics() -> None:
@@ -49,17 +50,17 @@ def test_rendered_variants_carry_the_same_samples() -> None:
 
 
 def _library_render(families: list) -> tuple[bytes, bytes]:
-    from gpulens.exporter.render import registry_for
     from prometheus_client.exposition import generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+    from gpulens.exporter.render import registry_for
 
     registry = registry_for(families)
     return generate_latest(registry), generate_openmetrics(registry)
 
 
 def test_fast_writer_is_byte_identical_to_prometheus_client_on_a_whole_node(tmp_path) -> None:
-    from gpulens.exporter.sim.install import simulated
-
+    from gpulens.sim.install import simulated
     from tests.exporter.conftest import make_exporter
     from tests.sim.static_node import example_node
 

@@ -7,9 +7,9 @@ import time
 
 import pynvml
 import pytest
+
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.collectors import DEFAULT_ENABLED
-
 from tests.exporter.conftest import make_exporter
 from tests.exporter.expo import samples, value
 from tests.sim.static_node import StaticNode
@@ -257,9 +257,8 @@ def test_profiling_family_names_follow_the_contract(exporter: Exporter, node: St
 
 
 def test_gpm_unsupported_for_instances_leaves_the_rest_of_profiling_working() -> None:
-    from gpulens.exporter.sim.install import uninstall
-    from gpulens.exporter.sim.nvml import SimLib
-
+    from gpulens.sim.install import uninstall
+    from gpulens.sim.nvml import SimLib
     from tests.sim.static_node import example_node
 
     node = example_node()

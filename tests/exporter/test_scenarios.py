@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gpulens.exporter.sim.scenario import list_builtin
 
+from gpulens.sim.scenario import list_builtin
 from tests.exporter.expo import samples
 from tests.exporter.scenario_run import normalise, scenario_exposition
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+from prometheus_client.core import GaugeMetricFamily
+
 from gpulens.exporter.app import Published
 from gpulens.exporter.config import ConfigError, ExporterConfig
 from gpulens.exporter.render import render
 from gpulens.exporter.server import HttpServer
 from gpulens.exporter.snapshot import NodeSnapshot
 from gpulens.exporter.webconfig import WebConfig, load_web_config
-from prometheus_client.core import GaugeMetricFamily
-
 from tests.exporter.tls_material import TlsFiles, make_tls_files
 
 

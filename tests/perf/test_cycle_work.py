@@ -14,13 +14,14 @@ from typing import Any
 
 import pynvml
 import pytest
+
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.config import ExporterConfig
-from gpulens.exporter.sim import engine
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import ScenarioNode, build_node
-from gpulens.exporter.sim.install import install, uninstall
-from gpulens.exporter.sim.scenario import load_scenario
+from gpulens.sim import engine
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import ScenarioNode, build_node
+from gpulens.sim.install import install, uninstall
+from gpulens.sim.scenario import load_scenario
 
 T0 = 1_750_000_000.0
 SCENARIOS = ("large", "dgx-h100", "k8s-a100-mixed", "faults", "seed-case")

@@ -22,11 +22,10 @@ from typing import Any
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.config import ExporterConfig
 from gpulens.exporter.server import HttpServer
-from gpulens.exporter.sim.clock import RealClock
-from gpulens.exporter.sim.engine import ScenarioNode, build_node
-from gpulens.exporter.sim.install import install, uninstall
-from gpulens.exporter.sim.scenario import BUILTIN_DIR, Scenario, load_scenario
-
+from gpulens.sim.clock import RealClock
+from gpulens.sim.engine import ScenarioNode, build_node
+from gpulens.sim.install import install, uninstall
+from gpulens.sim.scenario import BUILTIN_DIR, Scenario, load_scenario
 from tests.reliability.expo import value
 
 SCRAPE_TIMEOUT_S = 5.0

@@ -18,6 +18,10 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpulens.cli import main as gpulens_main
 from gpulens.exporter.attribution.logonce import LogOnce
 from gpulens.exporter.attribution.mapping_dir import (
     DEFAULT_MAX_BYTES,
@@ -27,12 +31,8 @@ from gpulens.exporter.attribution.mapping_dir import (
 )
 from gpulens.exporter.cli import parse_config
 from gpulens.exporter.config import ConfigError
-from gpulens.exporter.sim.scenario import BUILTIN_DIR, Scenario, ScenarioError, parse_scenario
 from gpulens.exporter.webconfig import load_web_config
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from gpulens.cli import main as gpulens_main
+from gpulens.sim.scenario import BUILTIN_DIR, Scenario, ScenarioError, parse_scenario
 
 Count = Callable[..., None]
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -19,8 +19,8 @@ from typing import Any
 
 import pynvml
 import pytest
-from gpulens.exporter.sim.scenario import load_scenario
 
+from gpulens.sim.scenario import load_scenario
 from tests.reliability.expo import series, value
 from tests.reliability.harness import LiveExporter, live_exporter, scenario_file
 
@@ -403,7 +403,7 @@ DCGM_ADDRESS = "127.0.0.1:5555"
 @contextlib.contextmanager
 def live_with_dcgm(tmp_path: Path) -> Iterator[tuple[LiveExporter, Any]]:
     """The exporter with `--profiling dcgm` against a simulated standalone nv-hostengine."""
-    from gpulens.exporter.sim.dcgm import BINDINGS_DIR, hostengine
+    from gpulens.sim.dcgm import BINDINGS_DIR, hostengine
 
     def standalone_engine(node) -> None:  # type: ignore[no-untyped-def]
         hostengine.install(node, hostengine.EngineOptions(listen=DCGM_ADDRESS, embedded=False))

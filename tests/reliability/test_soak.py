@@ -1,4 +1,4 @@
-"""`python -m gpulens.reliability.soak`: the verdict logic, and a short real run end to end."""
+"""`python -m gpulens.devtools.reliability.soak`: the verdict logic, and a short real run end to end."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulens.reliability.soak import Measurement, ScrapeStats, judge, log_summary
+from gpulens.devtools.reliability.soak import Measurement, ScrapeStats, judge, log_summary
 
 
 def run_of(rss: list[float], threads: list[int]) -> list[Measurement]:
@@ -60,7 +60,7 @@ def test_a_short_soak_writes_a_report(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "gpulens.reliability.soak",
+            "gpulens.devtools.reliability.soak",
             "--sim-hours",
             "0.25",
             "--sim-speed",
@@ -102,7 +102,7 @@ def test_log_summary_groups_messages_by_shape(tmp_path: Path) -> None:
 
 def test_bad_arguments_exit_2_with_one_line() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gpulens.reliability.soak", "--sim-hours", "-1"],
+        [sys.executable, "-m", "gpulens.devtools.reliability.soak", "--sim-hours", "-1"],
         capture_output=True,
         text=True,
         timeout=60,

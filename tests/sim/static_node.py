@@ -13,11 +13,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pynvml
-from gpulens.exporter.catalog import GIB, get_model, place_mig_layout
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.install import simulated
-from gpulens.exporter.sim.nvml import SimLib
-from gpulens.exporter.sim.state import (
+
+from gpulens.catalog import GIB, get_model, place_mig_layout
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.install import simulated
+from gpulens.sim.nvml import SimLib
+from gpulens.sim.state import (
     ActivityState,
     DriverInfo,
     GpuIdentity,

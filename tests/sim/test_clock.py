@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from gpulens.exporter.sim.clock import ManualClock, RealClock, ScaledClock
+
+from gpulens.sim.clock import ManualClock, RealClock, ScaledClock
 
 
 def test_real_clock_is_wall_time() -> None:

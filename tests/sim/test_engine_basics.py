@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import build_node
-from gpulens.exporter.sim.scenario import load_scenario, parse_scenario
-from gpulens.exporter.sim.state import NO_INSTANCE
+
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import build_node
+from gpulens.sim.scenario import load_scenario, parse_scenario
+from gpulens.sim.state import NO_INSTANCE
 
 T0 = 1_750_000_000.0
 
@@ -73,9 +74,9 @@ def test_exclusive_gpu_memory_is_processes_plus_reserved(dgx):
 
 def test_states_do_not_depend_on_python_hash_randomization() -> None:
     script = (
-        "from gpulens.exporter.sim.clock import ManualClock\n"
-        "from gpulens.exporter.sim.engine import build_node\n"
-        "from gpulens.exporter.sim.scenario import load_scenario\n"
+        "from gpulens.sim.clock import ManualClock\n"
+        "from gpulens.sim.engine import build_node\n"
+        "from gpulens.sim.scenario import load_scenario\n"
         "import hashlib\n"
         f"clock = ManualClock({T0})\n"
         "node = build_node(load_scenario('faults'), seed=3, clock=clock)\n"

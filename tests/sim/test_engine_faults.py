@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import ScenarioNode, build_node
-from gpulens.exporter.sim.scenario import parse_scenario
-from gpulens.exporter.sim.state import NO_INSTANCE
+
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import ScenarioNode, build_node
+from gpulens.sim.scenario import parse_scenario
+from gpulens.sim.state import NO_INSTANCE
 
 T0 = 1_750_000_000.0
 XID, DBE, SBE, STORM, MIG_CHANGE, REMAP, REMAP_FAIL = 0x8, 0x2, 0x1, 0x200, 0x100, 0x400, 0x800

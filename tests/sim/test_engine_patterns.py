@@ -5,9 +5,10 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from gpulens.exporter.sim.patterns import Workload, WorkloadSpec, square_fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from gpulens.sim.patterns import Workload, WorkloadSpec, square_fraction
 
 GIB = 1024**3
 

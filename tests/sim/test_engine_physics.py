@@ -6,9 +6,10 @@ import itertools
 import statistics
 
 import pytest
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import build_node
-from gpulens.exporter.sim.scenario import load_scenario, parse_scenario
+
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import build_node
+from gpulens.sim.scenario import load_scenario, parse_scenario
 
 T0 = 1_750_000_000.0
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpulens.exporter.sim.launcher import ENV_PROCFS, ENV_SCENARIO, child_environment
+
+from gpulens.sim.launcher import ENV_PROCFS, ENV_SCENARIO, child_environment
 
 COUNT = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
 
@@ -98,7 +99,7 @@ def test_list_names_the_built_in_scenarios() -> None:
 
 
 def test_validate_accepts_a_good_file(tmp_path: Path) -> None:
-    from gpulens.exporter.sim.scenario import BUILTIN_DIR
+    from gpulens.sim.scenario import BUILTIN_DIR
 
     result = gpulens("sim", "validate", str(BUILTIN_DIR / "dgx-h100.yaml"))
     assert result.returncode == 0 and ": ok (8 GPUs" in result.stdout
@@ -135,7 +136,7 @@ def test_a_child_that_cannot_build_the_node_stops_with_one_line(tmp_path: Path) 
     bad = tmp_path / "broken.yaml"
     bad.write_text("gpus: 3\n")
     env = dict(os.environ, GPULENS_SIM_SCENARIO=str(bad))
-    code = "from gpulens.exporter.sim.launcher import activate_from_environment as a; a(); print('ran')"
+    code = "from gpulens.sim.launcher import activate_from_environment as a; a(); print('ran')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "broken.yaml" in result.stderr

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from gpulens.exporter.sim._site.procview import ProcView, simulated_processes
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import ScenarioNode, build_node
-from gpulens.exporter.sim.scenario import load_scenario
 
+from gpulens.sim._site.procview import ProcView, simulated_processes
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import ScenarioNode, build_node
+from gpulens.sim.scenario import load_scenario
 from tests.sim.test_launcher import gpulens
 
 

@@ -6,10 +6,11 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import ScenarioNode, build_node
-from gpulens.exporter.sim.install import simulated
-from gpulens.exporter.sim.scenario import load_scenario
+
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import ScenarioNode, build_node
+from gpulens.sim.install import simulated
+from gpulens.sim.scenario import load_scenario
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 

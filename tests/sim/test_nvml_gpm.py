@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from gpulens.exporter.sim.nvml import SimLib
-from gpulens.exporter.sim.state import ActivityState
 
+from gpulens.sim.nvml import SimLib
+from gpulens.sim.state import ActivityState
 from tests.sim.static_node import StaticNode, example_node, installed
 
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from gpulens.exporter.sim.nvml import SimLib
 
+from gpulens.sim.nvml import SimLib
 from tests.sim.static_node import StaticNode, example_node, installed
 
 

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from gpulens.exporter.sim.install import install, simulated, uninstall
-from gpulens.exporter.sim.nvml import SimLib
 
+from gpulens.sim.install import install, simulated, uninstall
+from gpulens.sim.nvml import SimLib
 from tests.sim.static_node import StaticNode, example_node, installed
 
 

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from gpulens.exporter.catalog import GIB
-from gpulens.exporter.sim.nvml import SimLib
 
+from gpulens.catalog import GIB
+from gpulens.sim.nvml import SimLib
 from tests.sim.static_node import StaticNode, example_node, installed
 
 

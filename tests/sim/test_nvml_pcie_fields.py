@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from gpulens.exporter.sim.nvml import SimLib
-from gpulens.exporter.sim.state import NvLinkState
 
+from gpulens.sim.nvml import SimLib
+from gpulens.sim.state import NvLinkState
 from tests.sim.static_node import START, StaticNode, example_node, installed
 
 

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from gpulens.exporter.catalog import GIB
-from gpulens.exporter.sim.nvml import SimLib
-from gpulens.exporter.sim.state import NO_INSTANCE, ProcessState
 
+from gpulens.catalog import GIB
+from gpulens.sim.nvml import SimLib
+from gpulens.sim.state import NO_INSTANCE, ProcessState
 from tests.sim.static_node import START, StaticNode, example_node, installed
 
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from gpulens.exporter.sim.nvml import SimLib
 
+from gpulens.sim.nvml import SimLib
 from tests.sim.static_node import StaticNode, example_node, installed
 
 
@@ -110,8 +110,8 @@ def test_a_bug_in_the_simulator_becomes_unknown_not_a_crash(sim) -> None:
 
 
 def test_a_hang_lasts_simulated_seconds_on_a_sped_up_clock() -> None:
-    from gpulens.exporter.sim.clock import ScaledClock
-    from gpulens.exporter.sim.install import simulated
+    from gpulens.sim.clock import ScaledClock
+    from gpulens.sim.install import simulated
 
     node = example_node(clock=ScaledClock(speed=10))
     with simulated(node):

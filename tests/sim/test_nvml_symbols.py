@@ -13,7 +13,8 @@ import inspect
 
 import pynvml
 import pytest
-from gpulens.exporter.sim.nvml import all_symbols
+
+from gpulens.sim.nvml import all_symbols
 
 COVERED_WRAPPERS = [
     "nvmlInit",
@@ -199,8 +200,7 @@ def test_the_library_exports_exactly_its_declared_symbols(sim_lib) -> None:
 
 @pytest.fixture
 def sim_lib():
-    from gpulens.exporter.sim.nvml import SimLib
-
+    from gpulens.sim.nvml import SimLib
     from tests.sim.static_node import example_node
 
     return SimLib(example_node())

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from gpulens.exporter.sim import procfs
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import build_node
-from gpulens.exporter.sim.patterns import WorkloadSpec
-from gpulens.exporter.sim.scenario import (
+
+from gpulens.sim import procfs
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import build_node
+from gpulens.sim.patterns import WorkloadSpec
+from gpulens.sim.scenario import (
     FOREVER,
     KubernetesJob,
     MappingJob,

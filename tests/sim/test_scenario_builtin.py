@@ -5,9 +5,10 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import build_node
-from gpulens.exporter.sim.scenario import KubernetesJob, SlurmJob, list_builtin, load_scenario
+
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import build_node
+from gpulens.sim.scenario import KubernetesJob, SlurmJob, list_builtin, load_scenario
 
 T0 = 1_750_000_000.0
 GIB = 1024**3

@@ -7,11 +7,12 @@ import copy
 from typing import Any
 
 import pytest
-from gpulens.exporter.sim.clock import ManualClock
-from gpulens.exporter.sim.engine import build_node
-from gpulens.exporter.sim.scenario import ScenarioError, parse_scenario
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import build_node
+from gpulens.sim.scenario import ScenarioError, parse_scenario
 
 # a small scenario that uses every section and fault kind
 BASE: dict[str, Any] = {

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from gpulens.exporter.sim.scenario import ScenarioError, load_scenario, parse_scenario
+
+from gpulens.sim.scenario import ScenarioError, load_scenario, parse_scenario
 
 
 def one_gpu(**extra: Any) -> dict[str, Any]:

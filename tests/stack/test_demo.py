@@ -1,4 +1,4 @@
-"""`python -m gpulens.demo` end to end, as `make demo` runs it, with one day of history.
+"""`python -m gpulens.devtools.demo` end to end, as `make demo` runs it, with one day of history.
 
 One demo run (module fixture) in a tmp state directory; the tests then look at what a user would:
 the report files, the backfilled history and the live scrapes in the Prometheus it started, the
@@ -27,7 +27,7 @@ STEP = "4m"  # 360 simulated steps: the whole demo runs in well under a minute
 
 
 def demo_cmd(state_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "gpulens.demo", "--dir", str(state_dir), *args]
+    return [sys.executable, "-m", "gpulens.devtools.demo", "--dir", str(state_dir), *args]
 
 
 def alive(pid: int) -> bool:
@@ -88,7 +88,7 @@ def test_prometheus_has_the_backfilled_history(demo_run):
 def test_prometheus_scrapes_the_live_exporter(demo_run):
     _state_dir, state, _stdout = demo_run
     api = PromAPI(state["urls"]["prometheus"])
-    from gpulens.exporter.sim.scenario import load_scenario
+    from gpulens.sim.scenario import load_scenario
 
     node = state["live_instance"]
     assert node == load_scenario("faults").hostname  # named like a node, not 127.0.0.1:port

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulens import demo
+from gpulens.devtools import demo
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDES = [

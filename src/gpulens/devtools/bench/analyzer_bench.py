@@ -1,0 +1,599 @@
+"""Analyzer scale benchmark: a synthetic cluster week through the PromQL path and the file path.
+
+DESIGN §8 asks for 10,000 jobs x 7 days through PromQL aggregation in <= 60 s, and 20 M raw
+samples through the file path in <= 20 s and <= 4 GB. Both are measured here on one synthetic
+cluster, generated with numpy from a seed so every run sees the same data:
+
+- GPUs = ceil(jobs / 8); each GPU runs about 8 single-GPU, exclusive jobs back to back over the
+  week (segments of random length), on nodes of 8 H100s. A job has an activity level (idle, low,
+  medium, high: the mix a rightsizing report sees) with per-step noise and a memory footprint.
+- Per GPU and step the exporter would publish six samples: `gpu_info`, `gpu_sm_active_ratio`,
+  `gpu_memory_used_bytes`, `gpu_job_info`, `gpu_job_sm_utilization_ratio`,
+  `gpu_job_memory_used_bytes` (labels as in docs/metrics.md).
+
+PromQL path: the samples are written as OpenMetrics, one file per 2 h block (promtool 2.42 has no
+`--max-block-duration` and re-reads its whole input once per 2 h block, so one file per block keeps
+the backfill linear), backfilled with `promtool tsdb create-blocks-from openmetrics`, and served by
+a real Prometheus on 127.0.0.1 with `--query.lookback-delta` below the step (backfilled blocks have
+no staleness markers; docs/analyzer.md). Prometheus first compacts the 2 h blocks into the larger
+ones a week of scraping leaves behind, and the benchmark waits for that to settle so nothing
+competes with the measured queries. Then
+`gpulens recommend --prometheus URL --window 7d --end T --step STEP` runs as a subprocess;
+its wall time and peak RSS (`wait4`) are measured, and the queries it sent are read from
+Prometheus' own `prometheus_http_requests_total`.
+
+File path: the same cluster at the step that gives the requested number of raw samples, written
+as `samples.parquet` (the history format) a few GPUs at a time with pyarrow, then
+`gpulens recommend --history DIR` as a subprocess, measured the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from gpulens.devtools.ports import free_port
+
+WEEK_S = 7 * 86400
+BLOCK_S = 2 * 3600  # promtool's block range
+END = 1_767_830_400.0  # 2026-01-08T00:00:00Z: a multiple of every step and of 2 h
+JOBS_PER_GPU = 8
+MODEL = "NVIDIA H100 80GB HBM3"
+MIB = 1024**2
+GIB = 1024**3
+# activity levels (idle, low, medium, high, busy) and their share of jobs
+LEVELS = np.array([0.01, 0.1, 0.3, 0.6, 0.9])
+LEVEL_P = np.array([0.15, 0.3, 0.25, 0.15, 0.15])
+MEMORY_GIB = np.array([2, 6, 12, 24, 40, 70])
+MEMORY_P = np.array([0.15, 0.25, 0.25, 0.15, 0.12, 0.08])
+FAMILIES = (
+    "gpu_info",
+    "gpu_sm_active_ratio",
+    "gpu_memory_used_bytes",
+    "gpu_job_info",
+    "gpu_job_sm_utilization_ratio",
+    "gpu_job_memory_used_bytes",
+)
+SAMPLES_PER_GPU_STEP = len(FAMILIES)
+
+
+@dataclass
+class Cluster:
+    """The synthetic cluster: per (GPU, step) which job runs and what it does."""
+
+    jobs: int
+    gpus: int
+    steps: int
+    step_s: int
+    end: float
+    job_of: np.ndarray  # [gpus, steps] int32: index of the job running there
+    activity: np.ndarray  # [gpus, steps] uint16: device SM activity in thousandths
+    job_util: np.ndarray  # [gpus, steps] uint16: the job's SM utilization in thousandths
+    memory_mib: np.ndarray  # [gpus, steps] int32: the job's memory in MiB
+
+    @property
+    def start(self) -> float:
+        return self.end - (self.steps - 1) * self.step_s
+
+    @property
+    def samples(self) -> int:
+        return self.gpus * self.steps * SAMPLES_PER_GPU_STEP
+
+    def timestamps(self) -> np.ndarray:
+        return self.start + self.step_s * np.arange(self.steps, dtype=np.float64)
+
+
+def make_cluster(jobs: int, step_s: int, seed: int = 0, end: float = END) -> Cluster:
+    """Jobs round-robin onto ceil(jobs/8) GPUs, each GPU's week cut into its jobs' segments."""
+    if jobs < 1:
+        raise ValueError("jobs must be at least 1")
+    steps = WEEK_S // step_s
+    gpus = math.ceil(jobs / JOBS_PER_GPU)
+    if steps < JOBS_PER_GPU:
+        raise ValueError(f"step {step_s} s leaves {steps} steps in a week: need at least {JOBS_PER_GPU}")
+    rng = np.random.default_rng(seed)
+    level = rng.choice(LEVELS, size=jobs, p=LEVEL_P)
+    memory = rng.choice(MEMORY_GIB, size=jobs, p=MEMORY_P) * 1024
+    job_of = np.empty((gpus, steps), dtype=np.int32)
+    for g in range(gpus):
+        mine = np.arange(g, jobs, gpus, dtype=np.int32)
+        cuts = np.sort(rng.choice(np.arange(1, steps), size=len(mine) - 1, replace=False))
+        lengths = np.diff(np.concatenate(([0], cuts, [steps])))
+        job_of[g] = np.repeat(mine, lengths)
+    noise = rng.normal(0.0, 0.05, size=(gpus, steps))
+    activity = np.clip(level[job_of] + noise, 0.0, 1.0)
+    job_util = np.clip(activity * 1.15, 0.0, 1.0)
+    wobble = rng.uniform(0.9, 1.0, size=(gpus, steps))
+    memory_mib = (memory[job_of] * wobble).astype(np.int32)
+    return Cluster(
+        jobs=jobs,
+        gpus=gpus,
+        steps=steps,
+        step_s=step_s,
+        end=end,
+        job_of=job_of,
+        activity=np.rint(activity * 1000).astype(np.uint16),
+        job_util=np.rint(job_util * 1000).astype(np.uint16),
+        memory_mib=memory_mib,
+    )
+
+
+def job_id(j: int) -> str:
+    return f"job-{j:06d}"
+
+
+def _gpu_labels(g: int) -> dict[str, str]:
+    return {"gpu": str(g % 8), "instance": f"node-{g // 8:04d}:9400", "uuid": f"GPU-{g:08x}-bench"}
+
+
+def _job_labels(j: int) -> dict[str, str]:
+    return {
+        "job_id": job_id(j),
+        "job_source": "slurm",
+        "job_user": f"user-{j % 97:02d}",
+        "job_namespace": f"team-{j % 13:02d}",
+        "sharing": "exclusive",
+    }
+
+
+# ---------------------------------------------------------------- OpenMetrics + Prometheus path
+
+
+def _series(family: str, labels: dict[str, str]) -> str:
+    return family + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if v) + "} "
+
+
+def write_openmetrics_blocks(cluster: Cluster, out_dir: Path) -> list[Path]:
+    """One OpenMetrics file per 2 h block; within a file, series are contiguous and in time order."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    times = cluster.timestamps()
+    ts_text = [f" {int(t)}\n" for t in times]
+    ratio = [f"{i / 1000:g}" for i in range(1001)]
+    gpu_of_job = np.empty(cluster.jobs, dtype=np.int32)
+    gpu_of_job[cluster.job_of.ravel()] = np.repeat(np.arange(cluster.gpus), cluster.steps)
+    gpu_prefix = {
+        fam: [
+            _series(fam, {**_gpu_labels(g), **({"model": MODEL} if fam == "gpu_info" else {})})
+            for g in range(cluster.gpus)
+        ]
+        for fam in FAMILIES[:3]
+    }
+    job_prefix = {
+        fam: [
+            _series(
+                fam,
+                {
+                    **_gpu_labels(int(gpu_of_job[j])),
+                    **(_job_labels(j) if fam == "gpu_job_info" else {"job_id": job_id(j)}),
+                },
+            )
+            for j in range(cluster.jobs)
+        ]
+        for fam in FAMILIES[3:]
+    }
+    block = (times // BLOCK_S).astype(np.int64)
+    paths = []
+    for b in np.unique(block):
+        k = np.flatnonzero(block == b)
+        k0, k1 = int(k[0]), int(k[-1]) + 1
+        n = k1 - k0
+        ts = ts_text[k0:k1] * cluster.gpus
+        jobs = cluster.job_of[:, k0:k1].ravel().tolist()
+        path = out_dir / f"block-{int(b)}.om"
+        with path.open("w") as out:
+            for fam in FAMILIES:
+                out.write(f"# TYPE {fam} gauge\n")
+                if fam in gpu_prefix:
+                    prefixes = [p for p in gpu_prefix[fam] for _ in range(n)]
+                else:
+                    table = job_prefix[fam]
+                    prefixes = [table[j] for j in jobs]
+                if fam in ("gpu_info", "gpu_job_info"):
+                    values = ["1"] * len(prefixes)
+                elif fam == "gpu_sm_active_ratio":
+                    values = [ratio[v] for v in cluster.activity[:, k0:k1].ravel().tolist()]
+                elif fam == "gpu_job_sm_utilization_ratio":
+                    values = [ratio[v] for v in cluster.job_util[:, k0:k1].ravel().tolist()]
+                elif fam == "gpu_memory_used_bytes":
+                    values = [str(v * MIB) for v in (cluster.memory_mib[:, k0:k1].ravel() + 300).tolist()]
+                else:
+                    values = [str(v * MIB) for v in cluster.memory_mib[:, k0:k1].ravel().tolist()]
+                out.write("".join([p + v + t for p, v, t in zip(prefixes, values, ts, strict=True)]))
+            out.write("# EOF\n")
+        paths.append(path)
+    return paths
+
+
+def backfill(paths: list[Path], tsdb: Path, workers: int = 2) -> None:
+    """`promtool tsdb create-blocks-from openmetrics` per file, `workers` at a time; files removed."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        raise RuntimeError("promtool not found on PATH (apt install prometheus)")
+    tsdb.mkdir(parents=True, exist_ok=True)
+
+    def one(path: Path) -> None:
+        done = subprocess.run(
+            [promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(path), str(tsdb)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"promtool failed on {path.name}: {done.stderr.strip()[-500:]}")
+        path.unlink()
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, paths))
+
+
+@contextlib.contextmanager
+def prometheus(
+    tsdb: Path, lookback_s: int, log: Path, compaction: bool = True, timeout_s: float = 120.0
+) -> Iterator[str]:
+    """A real Prometheus on 127.0.0.1 serving `tsdb` (no scrape targets); yields its base URL.
+
+    With `compaction`, Prometheus compacts the 2 h backfilled blocks as it would after a week of
+    scraping (it starts about a minute after start-up) and the caller waits for it to settle;
+    without, compaction is off (min = max block duration) and queries read 2 h blocks.
+    """
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise RuntimeError("prometheus not found on PATH (apt install prometheus)")
+    config = tsdb.parent / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tsdb}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=3650d",
+        # backfilled blocks carry no staleness markers: look back less than one step
+        f"--query.lookback-delta={lookback_s}s",
+    ]
+    if not compaction:
+        cmd += ["--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h"]
+    with log.open("w") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"prometheus exited with {proc.returncode}; see {log}")
+                try:
+                    with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"prometheus not ready after {timeout_s:.0f} s; see {log}")
+                time.sleep(0.2)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _self_metrics(base: str) -> str:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+def query_requests(base: str) -> int:
+    """Instant queries Prometheus has served (its own `prometheus_http_requests_total`)."""
+    pattern = re.compile(r'^prometheus_http_requests_total\{[^}]*handler="/api/v1/query"[^}]*\} (\S+)$', re.M)
+    return int(sum(float(m) for m in pattern.findall(_self_metrics(base))))
+
+
+def _gauge(text: str, name: str) -> float:
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else math.nan
+
+
+def wait_for_compaction(base: str, timeout_s: float = 300.0, settle_s: float = 10.0) -> int:
+    """Wait until Prometheus has compacted the backfilled blocks and the block count is stable."""
+    deadline = time.monotonic() + timeout_s
+    last, since = -1.0, time.monotonic()
+    while time.monotonic() < deadline:
+        text = _self_metrics(base)
+        blocks = _gauge(text, "prometheus_tsdb_blocks_loaded")
+        compactions = _gauge(text, "prometheus_tsdb_compactions_total")
+        if blocks != last:
+            last, since = blocks, time.monotonic()
+        elif compactions > 0 and time.monotonic() - since >= settle_s:
+            return int(blocks)
+        time.sleep(1.0)
+    raise RuntimeError(f"prometheus did not finish compacting within {timeout_s:.0f} s")
+
+
+# ---------------------------------------------------------------- Parquet history (file path)
+
+
+def write_history(cluster: Cluster, out_dir: Path, gpus_per_group: int = 64) -> int:
+    """`samples.parquet` + `meta.json` in the history format, a few GPUs per row group (bounded)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpulens.analyzer.history import FORMAT, LABELS, META_FILE, SAMPLES_FILE, SCHEMA, VERSION
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    times = cluster.timestamps()
+    rows = 0
+    with pq.ParquetWriter(out_dir / SAMPLES_FILE, SCHEMA, compression="zstd") as writer:
+        for g0 in range(0, cluster.gpus, gpus_per_group):
+            g1 = min(cluster.gpus, g0 + gpus_per_group)
+            gpus = np.repeat(np.arange(g0, g1), cluster.steps)
+            jobs = cluster.job_of[g0:g1].ravel()
+            n = len(gpus)
+            gpu_labels = [_gpu_labels(g) for g in range(g0, g1)]
+            uniq_jobs, job_idx = np.unique(jobs, return_inverse=True)
+            job_labels = [_job_labels(int(j)) for j in uniq_jobs]
+            values = {
+                "gpu_info": np.ones(n),
+                "gpu_sm_active_ratio": cluster.activity[g0:g1].ravel() / 1000.0,
+                "gpu_memory_used_bytes": (cluster.memory_mib[g0:g1].ravel() + 300.0) * MIB,
+                "gpu_job_info": np.ones(n),
+                "gpu_job_sm_utilization_ratio": cluster.job_util[g0:g1].ravel() / 1000.0,
+                "gpu_job_memory_used_bytes": cluster.memory_mib[g0:g1].ravel() * float(MIB),
+            }
+            for fam in FAMILIES:
+                columns: dict[str, pa.Array] = {
+                    "timestamp": pa.array(np.tile(times, g1 - g0)),
+                    "metric": pa.array([fam]).take(pa.array(np.zeros(n, dtype=np.int32))),
+                    "value": pa.array(values[fam]),
+                }
+                per_job = fam.startswith("gpu_job_")
+                for label in LABELS:
+                    if label in ("gpu", "instance", "uuid"):
+                        dictionary = [labels[label] for labels in gpu_labels]
+                        index = gpus - g0
+                    elif label == "model" and fam == "gpu_info":
+                        dictionary, index = [MODEL], np.zeros(n, dtype=np.int64)
+                    elif per_job and (
+                        label == "job_id" or (fam == "gpu_job_info" and label in job_labels[0])
+                    ):
+                        dictionary = [labels[label] for labels in job_labels]
+                        index = job_idx
+                    else:
+                        dictionary, index = [""], np.zeros(n, dtype=np.int64)
+                    columns[label] = pa.array(dictionary, pa.string()).take(pa.array(index))
+                writer.write_table(pa.table(columns, schema=SCHEMA))
+                rows += n
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "kind": "usage",
+        "source": "gpulens bench (synthetic cluster)",
+        "step_s": float(cluster.step_s),
+        "start": float(times[0]),
+        "end": float(times[-1]),
+        "samples": rows,
+        "families": sorted(FAMILIES),
+    }
+    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return rows
+
+
+# ---------------------------------------------------------------- measuring the analyzer
+
+
+@dataclass
+class Run:
+    """One analyzer subprocess: how long, how much memory, what it said."""
+
+    wall_s: float
+    max_rss_bytes: int
+    returncode: int
+    stderr: str
+    jobs_out: int
+    cpu_s: float = 0.0  # user + system CPU of the analyzer process itself
+
+
+def run_analyzer(args: list[str], workdir: Path, name: str, progress: TextIO | None) -> Run:
+    """`gpulens <args> --format json` as a child; wall time and its own peak RSS from wait4."""
+    out = workdir / f"{name}.json"
+    err = workdir / f"{name}.stderr"
+    cmd = [sys.executable, "-m", "gpulens.cli", *args, "--format", "json", "--progress"]
+    with out.open("w") as stdout, err.open("w") as stderr:
+        began = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - began
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    text = err.read_text()
+    if progress is not None and text:
+        progress.write("".join(f"  | {line}\n" for line in text.splitlines()[-5:]))
+    jobs = 0
+    if proc.returncode == 0:
+        jobs = len(json.loads(out.read_text())["jobs"])
+    cpu = float(usage.ru_utime + usage.ru_stime)
+    return Run(wall, int(usage.ru_maxrss) * 1024, proc.returncode, text[-2000:], jobs, cpu)
+
+
+@dataclass
+class PathResult:
+    """What one path measured, with the setup it ran on."""
+
+    path: str  # prometheus | history
+    command: str
+    jobs: int
+    gpus: int
+    steps: int
+    step_s: int
+    samples: int
+    series: int
+    setup_s: dict[str, float]
+    wall_s: float
+    max_rss_bytes: int
+    jobs_profiled: int
+    returncode: int
+    queries: int | None = None
+    chunks: int | None = None
+    error: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def _say(progress: TextIO | None, message: str) -> None:
+    if progress is not None:
+        print(f"analyzer bench: {message}", file=progress, flush=True)
+
+
+def bench_prometheus(
+    jobs: int, step_s: int, workdir: Path, progress: TextIO | None, compaction: bool = True
+) -> PathResult:
+    """Backfill a week for `jobs` jobs and time `gpulens recommend --prometheus`."""
+    setup: dict[str, float] = {}
+    began = time.monotonic()
+    cluster = make_cluster(jobs, step_s)
+    files = write_openmetrics_blocks(cluster, workdir / "om")
+    setup["generate_openmetrics_s"] = time.monotonic() - began
+    _say(progress, f"prometheus path: {cluster.samples:,} samples in {len(files)} block files, backfilling")
+    began = time.monotonic()
+    tsdb = workdir / "tsdb"
+    backfill(files, tsdb)
+    setup["backfill_s"] = time.monotonic() - began
+    series = cluster.gpus * 3 + cluster.jobs * 3
+    args = [
+        "recommend",
+        "--prometheus",
+        "URL",
+        "--window",
+        "7d",
+        "--end",
+        str(int(cluster.end)),
+        "--step",
+        f"{step_s}s",
+    ]
+    blocks = len(list(tsdb.glob("01*")))
+    with prometheus(tsdb, max(1, step_s // 2), workdir / "prometheus.log", compaction) as base:
+        args[2] = base
+        if compaction:
+            began = time.monotonic()
+            _say(progress, f"prometheus path: waiting for Prometheus to compact {blocks} blocks")
+            blocks = wait_for_compaction(base)
+            setup["compaction_s"] = time.monotonic() - began
+        before = query_requests(base)
+        load = os.getloadavg()[0]
+        _say(progress, f"prometheus path: gpulens {' '.join(args)}")
+        run = run_analyzer(args, workdir, "recommend-prometheus", progress)
+        queries = query_requests(base) - before
+    chunks = re.findall(r"chunk \d+/(\d+)", run.stderr)
+    args[2] = "URL"
+    return PathResult(
+        path="prometheus",
+        command="gpulens " + " ".join(args),
+        jobs=cluster.jobs,
+        gpus=cluster.gpus,
+        steps=cluster.steps,
+        step_s=step_s,
+        samples=cluster.samples,
+        series=series,
+        setup_s={k: round(v, 2) for k, v in setup.items()},
+        wall_s=round(run.wall_s, 2),
+        max_rss_bytes=run.max_rss_bytes,
+        jobs_profiled=run.jobs_out,
+        returncode=run.returncode,
+        queries=queries,
+        chunks=int(chunks[-1]) if chunks else None,
+        error=_error(run),
+        extra={
+            "tsdb_blocks": float(blocks),
+            "load_average_1m": round(load, 2),
+            "analyzer_cpu_s": round(run.cpu_s, 2),
+        },
+    )
+
+
+def _error(run: Run) -> str:
+    lines = run.stderr.strip().splitlines()
+    return "" if run.returncode == 0 else (lines[-1] if lines else f"exit status {run.returncode}")
+
+
+def file_step(jobs: int, samples: int) -> int:
+    """The step (whole seconds) that gives about `samples` raw samples for `jobs` jobs over a week."""
+    gpus = math.ceil(jobs / JOBS_PER_GPU)
+    steps = max(JOBS_PER_GPU, round(samples / (gpus * SAMPLES_PER_GPU_STEP)))
+    return max(1, round(WEEK_S / steps))
+
+
+def bench_history(jobs: int, samples: int, workdir: Path, progress: TextIO | None) -> PathResult:
+    """Write about `samples` raw samples as a history and time `gpulens recommend --history`."""
+    step_s = file_step(jobs, samples)
+    began = time.monotonic()
+    cluster = make_cluster(jobs, step_s, seed=1)
+    history = workdir / "history"
+    rows = write_history(cluster, history)
+    setup = {"generate_parquet_s": round(time.monotonic() - began, 2)}
+    args = ["recommend", "--history", "DIR"]
+    _say(progress, f"file path: {rows:,} samples (step {step_s} s), gpulens recommend --history")
+    load = os.getloadavg()[0]
+    run = run_analyzer(["recommend", "--history", str(history)], workdir, "recommend-history", progress)
+    return PathResult(
+        path="history",
+        command="gpulens " + " ".join(args),
+        jobs=cluster.jobs,
+        gpus=cluster.gpus,
+        steps=cluster.steps,
+        step_s=step_s,
+        samples=rows,
+        series=cluster.gpus * 3 + cluster.jobs * 3,
+        setup_s=setup,
+        wall_s=round(run.wall_s, 2),
+        max_rss_bytes=run.max_rss_bytes,
+        jobs_profiled=run.jobs_out,
+        returncode=run.returncode,
+        extra={
+            "parquet_bytes": float((history / "samples.parquet").stat().st_size),
+            "load_average_1m": round(load, 2),
+            "analyzer_cpu_s": round(run.cpu_s, 2),
+        },
+        error=_error(run),
+    )
+
+
+def run_analyzer_bench(
+    jobs: int,
+    samples: int,
+    prom_step_s: int,
+    workdir: Path,
+    progress: TextIO | None = sys.stderr,
+    compaction: bool = True,
+) -> dict:
+    """Both paths; returns the JSON-ready `analyzer` section of the benchmark results."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    prom = bench_prometheus(jobs, prom_step_s, workdir / "prometheus", progress, compaction)
+    _say(progress, f"prometheus path: {prom.wall_s:.1f} s, {prom.max_rss_bytes / MIB:.0f} MiB")
+    shutil.rmtree(workdir / "prometheus" / "tsdb", ignore_errors=True)
+    hist = bench_history(jobs, samples, workdir / "file", progress)
+    _say(progress, f"file path: {hist.wall_s:.1f} s, {hist.max_rss_bytes / MIB:.0f} MiB")
+    shutil.rmtree(workdir / "file" / "history", ignore_errors=True)
+    return {
+        "cluster": (
+            f"ceil(jobs/{JOBS_PER_GPU}) H100 GPUs on nodes of 8, about {JOBS_PER_GPU} exclusive single-GPU "
+            "jobs per GPU back to back over 7 days, activity levels idle/low/medium/high/busy"
+        ),
+        "families": list(FAMILIES),
+        "prometheus_compaction": compaction,
+        "paths": [dataclasses.asdict(prom), dataclasses.asdict(hist)],
+    }

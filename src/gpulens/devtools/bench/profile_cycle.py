@@ -1,0 +1,131 @@
+"""Profile one exporter sampling cycle in-process: `python -m gpulens.devtools.bench.profile_cycle`.
+
+Why in-process: `gpulens bench` measures the whole exporter from /proc, which says *how much* a cycle
+costs but not *where*. This runs the same `Exporter` on the same simulated node (default `large`),
+times full cycles (sample + render) by process CPU time, which counts the per-GPU worker threads
+too, and, with `--profile`, runs the per-GPU reads synchronously on this thread under cProfile so
+the simulated driver's callbacks (which run on the worker threads in the daemon) show up.
+
+By default the simulated node runs on the real clock, so time passes between the NVML calls of a
+cycle as it does in the daemon (per-instant caches in the simulator must cope with that); with
+`--clock manual` it is advanced by `--interval` per cycle and every call of a cycle sees one instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gpulens.exporter.app import Exporter
+from gpulens.exporter.config import ExporterConfig
+from gpulens.sim.clock import ManualClock, RealClock
+from gpulens.sim.engine import build_node
+from gpulens.sim.install import install, uninstall
+from gpulens.sim.scenario import load_scenario
+
+
+def _exporter(
+    scenario: str, interval: float, collectors: frozenset[str] | None, clock_kind: str
+) -> tuple[Exporter, Any]:
+    root = Path(tempfile.mkdtemp(prefix="gpulens-profile-"))
+    for sub in ("proc", "pods", "job-mapping"):
+        (root / sub).mkdir()
+    clock: Any = ManualClock(start=1_750_000_000.0) if clock_kind == "manual" else RealClock()
+    node = build_node(
+        load_scenario(scenario),
+        clock=clock,
+        procfs_root=root / "proc",
+        pods_root=root / "pods",
+        job_mapping_dir=root / "job-mapping",
+    )
+    install(node)
+    config = ExporterConfig(
+        interval=interval,
+        pod_logs_dir=root / "pods",
+        job_mapping_dir=root / "job-mapping",
+        pod_resources_socket=None,
+        collectors=collectors,
+    )
+    return Exporter(config, node=node), clock
+
+
+def _advance(clock: Any, seconds: float) -> None:
+    """Move a manual clock on; on a real clock wait, so GPM windows and caches age as in the daemon."""
+    if isinstance(clock, ManualClock):
+        clock.advance(seconds)
+    else:
+        time.sleep(seconds)
+
+
+def _sync_cycle(exporter: Exporter) -> None:
+    """One cycle with every GPU read on this thread (so cProfile sees the driver's work)."""
+    sampler = exporter.sampler
+    backend = sampler.backend
+    sampler._ensure_init()
+    for index in range(backend.device_count()):
+        backend.read_gpu(index, sampler.settings.areas, sampler.settings.interval)
+    exporter.refresh()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", default="large")
+    parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--cycles", type=int, default=8)
+    parser.add_argument("--profile", action="store_true", help="cProfile synchronous cycles")
+    parser.add_argument("--sort", default="tottime")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--clock",
+        choices=("real", "manual"),
+        default="real",
+        help="real: time passes during a cycle, as in the daemon; manual: every call sees one instant",
+    )
+    parser.add_argument("--no-collector", action="append", default=[], help="disable a collector")
+    args = parser.parse_args(argv)
+
+    from gpulens.exporter.collectors import DEFAULT_ENABLED
+
+    collectors = frozenset(DEFAULT_ENABLED) - set(args.no_collector) if args.no_collector else None
+    exporter, clock = _exporter(args.scenario, args.interval, collectors, args.clock)
+    try:
+        for _ in range(3):  # warm-up: GPM needs a previous sample, caches fill
+            exporter.refresh()
+            _advance(clock, args.interval)
+        cpu: list[float] = []
+        for _ in range(args.cycles):
+            started = time.process_time()
+            exporter.refresh()
+            cpu.append(time.process_time() - started)
+            _advance(clock, args.interval)
+        cpu.sort()
+        print(
+            f"{args.scenario}: cpu per cycle (sample + render, all threads) over {args.cycles} cycles: "
+            f"median {cpu[len(cpu) // 2] * 1e3:.1f} ms, min {cpu[0] * 1e3:.1f} ms, max {cpu[-1] * 1e3:.1f} ms"
+        )
+        if args.profile:
+            profiler = cProfile.Profile()
+            for _ in range(args.cycles):
+                profiler.enable()
+                _sync_cycle(exporter)
+                profiler.disable()
+                _advance(clock, args.interval)
+            out = io.StringIO()
+            stats = pstats.Stats(profiler, stream=out)
+            stats.sort_stats(args.sort).print_stats(args.top)
+            print(out.getvalue())
+    finally:
+        exporter.close()
+        uninstall()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Reliability tooling: the soak run (`python -m gpulens.devtools.reliability.soak`)."""

@@ -1,1 +1,0 @@
-"""Reliability tooling: the soak run (`python -m gpulens.reliability.soak`)."""

@@ -1,0 +1,79 @@
+"""Framebuffer and BAR1 memory, and the utilization counters (which MIG makes unavailable)."""
+
+from __future__ import annotations
+
+import pynvml
+
+from gpulens.sim.nvml._core import (
+    DEV,
+    PTR,
+    Context,
+    NvmlFail,
+    SymbolTable,
+    Target,
+    in_struct,
+    out_struct,
+    out_uint,
+)
+
+TABLE = SymbolTable()
+
+
+def _memory(target: Target) -> tuple[int, int, int]:
+    """(total, reserved, used) in bytes; a MIG device reports its own instance's memory."""
+    if target.mig:
+        m = target.mig
+        return m.memory_total_bytes, m.memory_reserved_bytes, m.memory_used_bytes
+    s = target.state
+    return s.memory_total_bytes, s.memory_reserved_bytes, s.memory_used_bytes
+
+
+@TABLE.define("nvmlDeviceGetMemoryInfo", DEV, PTR)
+def memory_info(ctx: Context, handle: int, out: int) -> None:
+    total, _reserved, used = _memory(ctx.device(handle))
+    info = out_struct(out, pynvml.c_nvmlMemory_t)
+    info.total, info.used, info.free = total, used, max(0, total - used)
+
+
+@TABLE.define("nvmlDeviceGetMemoryInfo_v2", DEV, PTR)
+def memory_info_v2(ctx: Context, handle: int, out: int) -> None:
+    if in_struct(out, pynvml.c_nvmlMemory_v2_t).version != pynvml.nvmlMemory_v2:
+        raise NvmlFail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    total, reserved, used = _memory(ctx.device(handle))
+    info = out_struct(out, pynvml.c_nvmlMemory_v2_t)
+    info.total, info.reserved, info.used = total, reserved, used
+    info.free = max(0, total - used)
+
+
+@TABLE.define("nvmlDeviceGetBAR1MemoryInfo", DEV, PTR)
+def bar1_memory_info(ctx: Context, handle: int, out: int) -> None:
+    state = ctx.device(handle).state
+    info = out_struct(out, pynvml.c_nvmlBAR1Memory_t)
+    info.bar1Total, info.bar1Used = state.bar1_total_bytes, state.bar1_used_bytes
+    info.bar1Free = max(0, state.bar1_total_bytes - state.bar1_used_bytes)
+
+
+def require_utilization(target: Target) -> None:
+    """Utilization counters do not exist on MIG devices, nor on a GPU with MIG mode on."""
+    if target.is_mig or target.mig_enabled:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+@TABLE.define("nvmlDeviceGetUtilizationRates", DEV, PTR)
+def utilization_rates(ctx: Context, handle: int, out: int) -> None:
+    target = ctx.device(handle)
+    require_utilization(target)
+    util = out_struct(out, pynvml.c_nvmlUtilization_t)
+    util.gpu = target.state.utilization_gpu_percent
+    util.memory = target.state.utilization_memory_percent
+
+
+def _codec(ctx: Context, handle: int, util_out: int, period_out: int) -> None:
+    """Encoder/decoder engines: idle on the simulated node (datacenter training and inference)."""
+    require_utilization(ctx.device(handle))
+    out_uint(util_out, 0)
+    out_uint(period_out, 167_000)
+
+
+TABLE.define("nvmlDeviceGetEncoderUtilization", DEV, PTR, PTR)(_codec)
+TABLE.define("nvmlDeviceGetDecoderUtilization", DEV, PTR, PTR)(_codec)

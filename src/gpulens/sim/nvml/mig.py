@@ -1,0 +1,173 @@
+"""MIG: mode, MIG device handles and their ids, attributes, GPU-instance profiles."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pynvml
+
+from gpulens.catalog import MigProfile
+from gpulens.sim.nvml._core import (
+    DEV,
+    MIB,
+    PTR,
+    UINT,
+    Context,
+    NvmlFail,
+    SymbolTable,
+    Target,
+    in_struct,
+    out_ptr,
+    out_struct,
+    out_uint,
+)
+
+TABLE = SymbolTable()
+
+
+@TABLE.define("nvmlDeviceGetMigMode", DEV, PTR, PTR)
+def mig_mode(ctx: Context, handle: int, current: int, pending: int) -> None:
+    target = ctx.device(handle)
+    state = target.state
+    if target.is_mig or state.mig_mode_current is None:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    out_uint(current, state.mig_mode_current)
+    out_uint(pending, state.mig_mode_current if state.mig_mode_pending is None else state.mig_mode_pending)
+
+
+def max_mig_devices(target: Target) -> int:
+    """0 when MIG is unsupported or off (the real call does not fail then)."""
+    if target.is_mig or not target.mig_enabled:
+        return 0
+    return target.identity.model.compute_slices
+
+
+@TABLE.define("nvmlDeviceGetMaxMigDeviceCount", DEV, PTR)
+def max_mig_device_count(ctx: Context, handle: int, out: int) -> None:
+    out_uint(out, max_mig_devices(ctx.device(handle)))
+
+
+@TABLE.define("nvmlDeviceGetMigDeviceHandleByIndex", DEV, UINT, PTR)
+def mig_device_handle_by_index(ctx: Context, handle: int, slot: int, out: int) -> None:
+    """NOT_FOUND for an empty slot: callers iterate 0..max-1 and skip the holes."""
+    target = ctx.device(handle)
+    if target.is_mig:
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if not target.mig_enabled:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    if slot >= max_mig_devices(target):
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if not any(m.slot == slot for m in target.state.mig_instances):
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND)
+    out_ptr(out, ctx.mig_handle(target.index, slot))
+
+
+@TABLE.define("nvmlDeviceIsMigDeviceHandle", DEV, PTR)
+def is_mig_device_handle(ctx: Context, handle: int, out: int) -> None:
+    out_uint(out, int(ctx.device(handle).is_mig))
+
+
+def mig_only(ctx: Context, handle: int) -> Target:
+    target = ctx.device(handle)
+    if target.mig is None:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return target
+
+
+@TABLE.define("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", DEV, PTR)
+def parent_handle(ctx: Context, handle: int, out: int) -> None:
+    out_ptr(out, ctx.gpu_handle(mig_only(ctx, handle).index))
+
+
+@TABLE.define("nvmlDeviceGetGpuInstanceId", DEV, PTR)
+def gpu_instance_id(ctx: Context, handle: int, out: int) -> None:
+    mig = mig_only(ctx, handle).mig
+    assert mig is not None
+    out_uint(out, mig.gpu_instance_id)
+
+
+@TABLE.define("nvmlDeviceGetComputeInstanceId", DEV, PTR)
+def compute_instance_id(ctx: Context, handle: int, out: int) -> None:
+    mig = mig_only(ctx, handle).mig
+    assert mig is not None
+    out_uint(out, mig.compute_instance_id)
+
+
+def engine_counts(profile: MigProfile, model_slices: int) -> dict[str, int]:
+    """Copy/decoder/encoder/JPEG/OFA engines of a profile (A100/H100 MIG user guide tables)."""
+    full = profile.compute_slices == model_slices
+    decoders = {1: 0, 2: 1, 3: 2, 4: 2}.get(profile.compute_slices, 5 if full else 4)
+    if profile.media_extensions:
+        decoders = 1
+    media = 1 if full or profile.media_extensions else 0
+    return {
+        "copy": profile.copy_engines,
+        "decoder": decoders if model_slices != 4 else profile.compute_slices,
+        "encoder": 0,
+        "jpeg": media,
+        "ofa": media,
+    }
+
+
+@TABLE.define("nvmlDeviceGetAttributes_v2", DEV, PTR)
+def attributes(ctx: Context, handle: int, out: int) -> None:
+    target = mig_only(ctx, handle)
+    mig = target.mig
+    assert mig is not None
+    engines = engine_counts(mig.profile, target.identity.model.compute_slices)
+    attrs = out_struct(out, pynvml.c_nvmlDeviceAttributes)
+    attrs.multiprocessorCount = mig.profile.sm_count
+    attrs.sharedCopyEngineCount = engines["copy"]
+    attrs.sharedDecoderCount = engines["decoder"]
+    attrs.sharedEncoderCount = engines["encoder"]
+    attrs.sharedJpegCount = engines["jpeg"]
+    attrs.sharedOfaCount = engines["ofa"]
+    attrs.gpuInstanceSliceCount = mig.profile.compute_slices
+    attrs.computeInstanceSliceCount = mig.profile.compute_slices
+    attrs.memorySizeMB = mig.memory_total_bytes // MIB
+
+
+def _profile(ctx: Context, handle: int, profile_id: int) -> tuple[Target, MigProfile]:
+    target = ctx.device(handle)
+    if target.is_mig or not target.mig_enabled:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    if profile_id >= pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    profile = target.identity.model.mig_profile_by_nvml_id(profile_id)
+    if profile is None:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return target, profile
+
+
+def _fill_profile(info: ctypes.Structure, target: Target, profile: MigProfile) -> None:
+    engines = engine_counts(profile, target.identity.model.compute_slices)
+    info.id = profile.nvml_profile
+    info.isP2pSupported = 0
+    info.sliceCount = profile.compute_slices
+    info.instanceCount = profile.max_instances
+    info.multiprocessorCount = profile.sm_count
+    info.copyEngineCount = engines["copy"]
+    info.decoderCount = engines["decoder"]
+    info.encoderCount = engines["encoder"]
+    info.jpegCount = engines["jpeg"]
+    info.ofaCount = engines["ofa"]
+    info.memorySizeMB = profile.memory_bytes // MIB
+
+
+@TABLE.define("nvmlDeviceGetGpuInstanceProfileInfo", DEV, UINT, PTR)
+def gpu_instance_profile_info(ctx: Context, handle: int, profile_id: int, out: int) -> None:
+    target, profile = _profile(ctx, handle, profile_id)
+    _fill_profile(out_struct(out, pynvml.c_nvmlGpuInstanceProfileInfo_t), target, profile)
+
+
+@TABLE.define("nvmlDeviceGetGpuInstanceProfileInfoV", DEV, UINT, PTR)
+def gpu_instance_profile_info_v(ctx: Context, handle: int, profile_id: int, out: int) -> None:
+    if (
+        in_struct(out, pynvml.c_nvmlGpuInstanceProfileInfo_v2_t).version
+        != pynvml.nvmlGpuInstanceProfileInfo_v2
+    ):
+        raise NvmlFail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    target, profile = _profile(ctx, handle, profile_id)
+    info = out_struct(out, pynvml.c_nvmlGpuInstanceProfileInfo_v2_t)
+    _fill_profile(info, target, profile)
+    info.name = f"MIG {profile.name}".encode()

@@ -1,0 +1,1252 @@
+"""Scenario files: what a simulated node contains and what happens to it.
+
+A scenario is YAML (documented key by key in `docs/simulator.md`). Loading is strict: unknown keys,
+wrong types, unknown models or profiles, impossible MIG layouts, duplicate pids and dangling
+references are all errors, reported as ONE line
+
+    <file>: <dotted.path[index].field>: expected <what>, found <what>
+
+so a typo never silently changes a simulation. The result is a tree of frozen records that the
+engine (`engine.py`) turns into driver state; nothing here depends on time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from gpulens.catalog import CatalogError, GpuModel, MigProfile, get_model, place_mig_layout
+from gpulens.sim.patterns import (
+    COMMON_KEYS,
+    DEFAULT_SM,
+    PATTERN_KEYS,
+    PATTERNS,
+    WorkloadSpec,
+    hash_unit,
+    splitmix64,
+)
+from gpulens.sim.state import DriverInfo
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "scenarios"
+FOREVER = float("inf")
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be simulated; the message is one line naming file, path and problem."""
+
+
+# ---------------------------------------------------------------------------------------------
+# records
+
+
+@dataclass(frozen=True)
+class MigInstanceSpec:
+    """A GPU instance (with its full-size compute instance) in a layout."""
+
+    profile: MigProfile
+    start: int  # first memory slice
+    gpu_instance_id: int
+    slot: int  # nvmlDeviceGetMigDeviceHandleByIndex index
+
+
+@dataclass(frozen=True)
+class MpsSpec:
+    """An MPS control daemon's server on one GPU."""
+
+    server_pid: int
+    restart_pid: int  # the server's pid after an odd number of restarts
+    user: str
+    uid: int
+    memory_bytes: int
+    start: float
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    index: int
+    model: GpuModel
+    mig: tuple[MigInstanceSpec, ...] | None  # None: MIG disabled
+    mps: MpsSpec | None
+    power_limit_watts: int
+    ecc: bool
+    persistence_mode: int
+    compute_mode: int
+    serial: str | None
+    uuid: str
+    pci_bus_id: str
+    accounting: bool
+    ecc_aggregate: tuple[int, int]  # (corrected, uncorrected) before the simulation started
+    remapped_rows: tuple[int, int]  # (correctable, uncorrectable) rows before the simulation
+    ambient_c: float
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    user: str
+    account: str
+    step: str
+    task: int
+    cgroup: Literal["v1", "v2"]
+
+
+@dataclass(frozen=True)
+class KubernetesJob:
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+    container_id: str
+    qos: Literal["guaranteed", "burstable", "besteffort"]
+    driver: Literal["systemd", "cgroupfs"]
+    runtime: Literal["containerd", "cri-o"]
+    cgroup: Literal["v1", "v2"]
+
+
+@dataclass(frozen=True)
+class MappingJob:
+    """A job known only through the job-mapping directory (LSF, PBS, a custom scheduler)."""
+
+    job_id: str
+
+
+Job = SlurmJob | KubernetesJob | MappingJob
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    pid: int
+    gpu: int
+    instance: int | None  # GPU instance id on a MIG GPU
+    kind: Literal["compute", "graphics", "mps_client", "mps_server"]
+    name: str
+    cmdline: tuple[str, ...]
+    user: str
+    uid: int
+    job: Job | None
+    start: float  # seconds relative to the node's start (negative: already running)
+    end: float  # FOREVER when it never ends
+    workload: WorkloadSpec
+    environ: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One entry of the fault timeline; which fields matter depends on `kind`."""
+
+    at: float
+    kind: str
+    gpu: int | None = None
+    instance: int | None = None
+    duration: float = 0.0  # lost / hang / throttle / ecc_storm / init_error / mps_restart
+    code: int = 0  # xid number, init error code
+    corrected: int = 0
+    uncorrected: int = 0
+    location: int = 2  # NVML_MEMORY_LOCATION_DRAM
+    reasons: int = 0  # throttle bitmask
+    remap: str = ""  # "pending" | "failed"
+    rows: int = 1
+    link: int = 0
+    counter: int = 0
+    count: int = 0
+    mig: MigInstanceSpec | None = None  # mig_create (resolved placement) / mig_destroy (id only)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    source: str
+    description: str
+    seed: int
+    hostname: str
+    driver: DriverInfo
+    gpus: tuple[GpuSpec, ...]
+    processes: tuple[ProcessSpec, ...]
+    faults: tuple[FaultSpec, ...]
+    repeat: float | None  # the fault timeline repeats with this period
+    users: tuple[tuple[str, int], ...]
+    kubernetes_defaults: tuple[tuple[str, str], ...] = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# constants the file format names
+
+THROTTLE_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clock": 0x100,
+}
+INIT_ERRORS = {
+    "no_permission": 4,
+    "driver_not_loaded": 9,
+    "library_not_found": 12,
+    "lib_rm_version_mismatch": 18,
+    "unknown": 999,
+}
+MEMORY_LOCATIONS = {
+    "l1": 0,
+    "l2": 1,
+    "dram": 2,
+    "register_file": 3,
+    "texture": 4,
+    "texture_shm": 5,
+    "cbu": 6,
+    "sram": 7,
+}
+NVLINK_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3, "ecc_data": 4}
+COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
+FAULT_KINDS = (
+    "xid",
+    "ecc",
+    "ecc_storm",
+    "row_remap",
+    "lost",
+    "throttle",
+    "hang",
+    "init_error",
+    "mig_create",
+    "mig_destroy",
+    "mps_restart",
+    "pcie_replay",
+    "nvlink_error",
+)
+# PCI bus numbers of the eight GPUs of a DGX H100 / A100 (nvidia-smi on those systems)
+_DGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
+_DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_MAX_DURATION = 10 * 365 * 86400.0
+_SIZES = {
+    "B": 1,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "TiB": 1024**4,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# deterministic identifiers
+
+
+def _hex(*keys: int | str, digits: int) -> str:
+    out = ""
+    counter = 0
+    base = [k if isinstance(k, int) else zlib.crc32(k.encode()) for k in keys]
+    while len(out) < digits:
+        h = 0x9E3779B9
+        for k in (*base, counter):
+            h = splitmix64(h ^ k)
+        out += f"{h:016x}"
+        counter += 1
+    return out[:digits]
+
+
+def make_uuid(*keys: int | str) -> str:
+    """A stable UUID-shaped string from keys (hostname, index, ...)."""
+    h = _hex(*keys, digits=32)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def gpu_reserved_bytes(model: GpuModel) -> int:
+    """Memory the driver keeps for itself on a whole GPU (NVML v2 `reserved`)."""
+    return int(model.memory_bytes * 0.0065) // (1024**2) * 1024**2
+
+
+def instance_reserved_bytes(profile: MigProfile) -> int:
+    """Memory an empty MIG instance already shows as used."""
+    return (11 + 2 * profile.placement_size) * 1024**2
+
+
+def default_uid(user: str) -> int:
+    """A stable uid for a user name the scenario did not map (root is 0)."""
+    if user == "root":
+        return 0
+    return 2000 + zlib.crc32(user.encode()) % 60000
+
+
+def default_gpu_instance_id(model: GpuModel, profile: MigProfile, start: int) -> int:
+    """The GPU instance id the driver gives an instance at this placement.
+
+    Follows `nvidia-smi mig -lgi` on 7-slice GPUs: 7g is 0, 3g/4g at start 0 are 1, 3g at 4 is 2,
+    2-slice instances at 0/2/4/6 are 3/4/5/6 and 1-slice instances at s are 7+s. A30: 4g is 0, 2g at
+    0/2 are 1/2, 1g at s is 3+s.
+    """
+    size = profile.placement_size
+    if model.memory_slices == 4:
+        return {4: 0, 2: 1 + start // 2, 1: 3 + start}[size]
+    if size == 8:
+        return 0
+    if size == 4:
+        return 1 + start // 4
+    if size == 2:
+        return 3 + start // 2
+    return 7 + start
+
+
+# ---------------------------------------------------------------------------------------------
+# primitive validators
+
+
+def _found(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+class _Check:
+    """Raises one-line ScenarioErrors for one file."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, path: str, message: str) -> ScenarioError:
+        return ScenarioError(f"{self.file}: {path or '(top level)'}: {message}")
+
+    def expected(self, path: str, what: str, value: Any) -> ScenarioError:
+        return self.fail(path, f"expected {what}, found {_found(value)}")
+
+    def mapping(
+        self, path: str, value: Any, required: tuple[str, ...], optional: tuple[str, ...]
+    ) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.expected(path, "a mapping", value)
+        allowed = (*required, *optional)
+        for key in value:
+            if key not in allowed:
+                raise self.fail(
+                    _join(path, str(key)), f"expected one of the keys {', '.join(allowed)}, found {key!r}"
+                )
+        for key in required:
+            if key not in value:
+                raise self.fail(_join(path, key), "expected this required key, found nothing")
+        return value
+
+    def any_mapping(self, path: str, value: Any) -> dict[str, Any]:
+        """A mapping with free-form keys (user names, environment variables)."""
+        if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+            raise self.expected(path, "a mapping of names", value)
+        return value
+
+    def integer(self, path: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.expected(path, _range("an integer", lo, hi), value)
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise self.expected(path, _range("an integer", lo, hi), value)
+        return value
+
+    def number(self, path: str, value: Any, lo: float | None = None, hi: float | None = None) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.expected(path, _range("a number", lo, hi), value)
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise self.expected(path, _range("a number", lo, hi), value)
+        return float(value)
+
+    def fraction(self, path: str, value: Any) -> float:
+        if isinstance(value, str) and value.endswith("%"):
+            try:
+                value = float(value[:-1]) / 100
+            except ValueError:
+                raise self.expected(path, "a fraction 0..1 or a percentage like '25%'", value) from None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise self.expected(path, "a fraction 0..1 or a percentage like '25%'", value)
+        return float(value)
+
+    def string(self, path: str, value: Any, pattern: str | None = None, what: str = "a string") -> str:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str) or not value:
+            raise self.expected(path, what, value)
+        if pattern is not None and not re.fullmatch(pattern, value):
+            raise self.expected(path, what, value)
+        return value
+
+    def boolean(self, path: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.expected(path, "true or false", value)
+        return value
+
+    def choice(self, path: str, value: Any, choices: tuple[str, ...] | list[str]) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise self.expected(path, "one of " + ", ".join(choices), value)
+        return value
+
+    def duration(self, path: str, value: Any, *, negative: bool = False, forever: bool = False) -> float:
+        what = "a duration like 30s, 5m, 2h, 1d (or seconds)"
+        if forever:
+            what += " or 'forever'"
+        if forever and value == "forever":
+            return FOREVER
+        seconds: float | None = None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = float(value)
+        elif isinstance(value, str):
+            match = _DURATION.match(value.strip())
+            if match:
+                seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        if seconds is not None and not (math.isfinite(seconds) and abs(seconds) <= _MAX_DURATION):
+            what = "a duration of at most 10 years" + (" or 'forever'" if forever else "")
+            raise self.expected(path, what, value)
+        if seconds is None or (seconds < 0 and not negative):
+            if seconds is not None:
+                what = "a duration that is not negative"
+            raise self.expected(path, what, value)
+        return seconds
+
+    def size(self, path: str, value: Any) -> int:
+        what = "a size like 512MiB, 10GiB or a number of bytes"
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        if isinstance(value, str):
+            match = _SIZE.match(value.strip())
+            if match:
+                return int(float(match.group(1)) * _SIZES[match.group(2)])
+        raise self.expected(path, what, value)
+
+    def list_(self, path: str, value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.expected(path, "a list", value)
+        return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _range(what: str, lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f"{what} from {lo} to {hi}"
+    if lo is not None:
+        return f"{what} >= {lo}"
+    if hi is not None:
+        return f"{what} <= {hi}"
+    return what
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
+
+
+def _parse_driver(c: _Check, raw: dict[str, Any]) -> tuple[str, DriverInfo]:
+    node = c.mapping(
+        "node", raw, (), ("hostname", "driver_version", "nvml_version", "cuda_driver_version", "kubernetes")
+    )
+    hostname = c.string("node.hostname", node.get("hostname", "gpu-node-01"))
+    default = DriverInfo()
+    driver_version = c.string("node.driver_version", node.get("driver_version", default.driver_version))
+    nvml_version = node.get("nvml_version")
+    nvml_version = (
+        c.string("node.nvml_version", nvml_version)
+        if nvml_version is not None
+        else (default.nvml_version if "driver_version" not in node else f"12.{driver_version}")
+    )
+    cuda = c.integer(
+        "node.cuda_driver_version", node.get("cuda_driver_version", default.cuda_driver_version), 1000
+    )
+    return hostname, DriverInfo(
+        driver_version=driver_version, nvml_version=nvml_version, cuda_driver_version=cuda
+    )
+
+
+def _mps_memory(c: _Check, path: str, raw: Any) -> int:
+    size = c.size(path, raw)
+    if size > 4 * 1024**3:
+        raise c.expected(path, "at most 4GiB (the server's own context)", raw)
+    return size
+
+
+def _parse_mig(c: _Check, path: str, model: GpuModel, raw: Any) -> tuple[MigInstanceSpec, ...]:
+    entries = c.list_(path, raw)
+    requests: list[tuple[str, int | None]] = []
+    ids: list[int | None] = []
+    for i, entry in enumerate(entries):
+        p = f"{path}[{i}]"
+        if isinstance(entry, str):
+            entry = {"profile": entry}
+        m = c.mapping(p, entry, ("profile",), ("start", "id"))
+        name = c.string(f"{p}.profile", m["profile"])
+        try:
+            model.mig_profile(name)
+        except CatalogError:
+            valid = ", ".join(pr.name for pr in model.mig_profiles)
+            raise c.expected(f"{p}.profile", f"a MIG profile of {model.key} ({valid})", name) from None
+        start = c.integer(f"{p}.start", m["start"], 0, model.memory_slices - 1) if "start" in m else None
+        requests.append((name, start))
+        ids.append(c.integer(f"{p}.id", m["id"], 0, 14) if "id" in m else None)
+    try:
+        placed = place_mig_layout(model, requests)
+    except CatalogError as e:
+        raise c.fail(path, f"expected a MIG layout that fits, found: {e}") from None
+    out: list[MigInstanceSpec] = []
+    seen: dict[int, int] = {}
+    for i, (placement, gi) in enumerate(zip(placed, ids, strict=True)):
+        gid = gi if gi is not None else default_gpu_instance_id(model, placement.profile, placement.start)
+        if gid in seen:
+            raise c.expected(f"{path}[{i}].id", f"a GPU instance id not used by {path}[{seen[gid]}]", gid)
+        seen[gid] = i
+        out.append(MigInstanceSpec(placement.profile, placement.start, gid, i))
+    return tuple(out)
+
+
+def _parse_gpus(c: _Check, raw: Any, hostname: str, users: dict[str, int]) -> tuple[GpuSpec, ...]:
+    entries = c.list_("gpus", raw)
+    if not entries:
+        raise c.expected("gpus", "at least one GPU", raw)
+    gpus: list[GpuSpec] = []
+    for i, entry in enumerate(entries):
+        p = f"gpus[{i}]"
+        m = c.mapping(p, entry, ("model",), ("count", "mig", "mps", "overrides"))
+        try:
+            model = get_model(c.string(f"{p}.model", m["model"]))
+        except CatalogError as e:
+            raise c.fail(f"{p}.model", f"expected a catalog model, found {m['model']!r} ({e})") from None
+        count = c.integer(f"{p}.count", m.get("count", 1), 1, 64)
+        mig = None
+        if "mig" in m:
+            if not model.mig_capable:
+                raise c.expected(f"{p}.mig", f"no MIG layout ({model.key} has no MIG)", m["mig"])
+            mig = _parse_mig(c, f"{p}.mig", model, m["mig"])
+        mps = None
+        if m.get("mps") is not None:
+            if mig is not None:
+                raise c.expected(f"{p}.mps", "no MPS server on a GPU in MIG mode", m["mps"])
+            if count != 1:
+                raise c.expected(f"{p}.count", "1 on an entry with an MPS server (pids are per GPU)", count)
+            mm = c.mapping(f"{p}.mps", m["mps"], ("server_pid",), ("restart_pid", "user", "memory", "start"))
+            server_pid = c.integer(f"{p}.mps.server_pid", mm["server_pid"], 2, 4194304)
+            restart_pid = c.integer(f"{p}.mps.restart_pid", mm.get("restart_pid", server_pid + 1), 2, 4194304)
+            if restart_pid == server_pid:
+                raise c.expected(f"{p}.mps.restart_pid", "a pid other than server_pid", restart_pid)
+            user = c.string(f"{p}.mps.user", mm.get("user", "root"))
+            mps = MpsSpec(
+                server_pid,
+                restart_pid,
+                user,
+                users.get(user, default_uid(user)),
+                _mps_memory(c, f"{p}.mps.memory", mm.get("memory", "32MiB")),
+                c.duration(f"{p}.mps.start", mm.get("start", "-1h"), negative=True),
+            )
+        ov = c.mapping(
+            f"{p}.overrides",
+            m.get("overrides", {}),
+            (),
+            (
+                "power_limit_watts",
+                "ecc",
+                "persistence_mode",
+                "compute_mode",
+                "serial",
+                "uuid",
+                "pci_bus_id",
+                "accounting",
+                "ecc_aggregate",
+                "remapped_rows",
+                "ambient_c",
+            ),
+        )
+        for key in ("uuid", "pci_bus_id", "serial"):
+            if key in ov and ov[key] is not None and count != 1:
+                raise c.expected(f"{p}.count", f"1 on an entry that overrides {key}", count)
+        power = c.integer(
+            f"{p}.overrides.power_limit_watts",
+            ov.get("power_limit_watts", model.power_limit_watts),
+            model.idle_power_watts + 1,
+            model.power_limit_watts,
+        )
+        mode_name = ov.get("compute_mode", "exclusive_process" if mps else "default")
+        compute_mode = COMPUTE_MODES[c.choice(f"{p}.overrides.compute_mode", mode_name, list(COMPUTE_MODES))]
+        if mps is not None and compute_mode != 3:
+            raise c.expected(f"{p}.overrides.compute_mode", "exclusive_process on an MPS GPU", mode_name)
+        agg = c.mapping(
+            f"{p}.overrides.ecc_aggregate", ov.get("ecc_aggregate", {}), (), ("corrected", "uncorrected")
+        )
+        rows = c.mapping(
+            f"{p}.overrides.remapped_rows", ov.get("remapped_rows", {}), (), ("correctable", "uncorrectable")
+        )
+        if len(gpus) + count > 64:
+            raise c.expected(f"{p}.count", "at most 64 GPUs on the node", count)
+        for _ in range(count):
+            index = len(gpus)
+            bus = _DGX_BUSES[index] if index < len(_DGX_BUSES) else 0x100 - len(gpus) * 4
+            serial: str | None = str(
+                1650000000000 + int(hash_unit(zlib.crc32(hostname.encode()), index) * 1e9)
+            )
+            if "serial" in ov:
+                serial = None if ov["serial"] is None else c.string(f"{p}.overrides.serial", ov["serial"])
+            uuid = "GPU-" + make_uuid(hostname, index)
+            if ov.get("uuid") is not None:
+                uuid = c.string(
+                    f"{p}.overrides.uuid",
+                    ov["uuid"],
+                    r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+                    "a UUID like GPU-0fd3b7c2-1b7e-4a84-9f1e-2c1a5d6e7f80",
+                )
+            bus_id = f"00000000:{bus:02X}:00.0"
+            if ov.get("pci_bus_id") is not None:
+                bus_id = c.string(
+                    f"{p}.overrides.pci_bus_id",
+                    ov["pci_bus_id"],
+                    r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]",
+                    "a bus id like 00000000:18:00.0",
+                )
+            gpus.append(
+                GpuSpec(
+                    index=index,
+                    model=model,
+                    mig=mig,
+                    mps=mps,
+                    power_limit_watts=power,
+                    ecc=c.boolean(f"{p}.overrides.ecc", ov.get("ecc", model.ecc_default)),
+                    persistence_mode=c.integer(
+                        f"{p}.overrides.persistence_mode", ov.get("persistence_mode", 1), 0, 1
+                    ),
+                    compute_mode=compute_mode,
+                    serial=serial,
+                    uuid=uuid,
+                    pci_bus_id=bus_id,
+                    accounting=c.boolean(f"{p}.overrides.accounting", ov.get("accounting", False)),
+                    ecc_aggregate=(
+                        c.integer(f"{p}.overrides.ecc_aggregate.corrected", agg.get("corrected", 0), 0),
+                        c.integer(f"{p}.overrides.ecc_aggregate.uncorrected", agg.get("uncorrected", 0), 0),
+                    ),
+                    remapped_rows=(
+                        c.integer(f"{p}.overrides.remapped_rows.correctable", rows.get("correctable", 0), 0),
+                        c.integer(
+                            f"{p}.overrides.remapped_rows.uncorrectable", rows.get("uncorrectable", 0), 0
+                        ),
+                    ),
+                    ambient_c=c.number(f"{p}.overrides.ambient_c", ov.get("ambient_c", 28), 0, 60),
+                )
+            )
+    return tuple(gpus)
+
+
+def _parse_job(c: _Check, path: str, raw: Any, k8s_defaults: dict[str, str]) -> Job:
+    m = c.mapping(path, raw, (), ("slurm", "kubernetes", "mapping"))
+    if len(m) != 1:
+        found = " and ".join(m) or "none"
+        raise c.fail(path, f"expected exactly one of slurm, kubernetes, mapping, found {found}")
+    if "slurm" in m:
+        p = f"{path}.slurm"
+        s = c.mapping(p, m["slurm"], ("id",), ("user", "account", "step", "task", "cgroup"))
+        return SlurmJob(
+            job_id=c.string(f"{p}.id", s["id"], r"\d+(_\d+)?", "a Slurm job id like 4711 or 4711_3"),
+            user=c.string(f"{p}.user", s.get("user", "root")),
+            account=c.string(f"{p}.account", s.get("account", "default")),
+            step=c.string(f"{p}.step", s.get("step", 0), r"\d+|batch|extern|interactive", "a step id"),
+            task=c.integer(f"{p}.task", s.get("task", 0), 0),
+            cgroup=c.choice(f"{p}.cgroup", s.get("cgroup", "v2"), ("v1", "v2")),  # type: ignore[arg-type]
+        )
+    if "kubernetes" in m:
+        p = f"{path}.kubernetes"
+        k = c.mapping(
+            p,
+            m["kubernetes"],
+            ("namespace", "pod"),
+            ("uid", "container", "container_id", "qos", "driver", "runtime", "cgroup"),
+        )
+        ns = c.string(f"{p}.namespace", k["namespace"], r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", "a namespace name")
+        pod = c.string(f"{p}.pod", k["pod"], r"[a-z0-9]([-.a-z0-9]*[a-z0-9])?", "a pod name")
+        container = c.string(f"{p}.container", k.get("container", "main"))
+        pod_uid = c.string(
+            f"{p}.uid",
+            k.get("uid", make_uuid("pod", ns, pod)),
+            r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+            "a pod UID like 3f1c2a9e-5b7d-4e21-9a0c-1d2e3f405162",
+        )
+        cid = c.string(
+            f"{p}.container_id",
+            k.get("container_id", _hex("ctr", ns, pod, container, digits=64)),
+            r"[0-9a-f]{64}",
+            "a 64-hex-digit container id",
+        )
+        return KubernetesJob(
+            namespace=ns,
+            pod=pod,
+            pod_uid=pod_uid,
+            container=container,
+            container_id=cid,
+            qos=c.choice(f"{p}.qos", k.get("qos", "burstable"), ("guaranteed", "burstable", "besteffort")),  # type: ignore[arg-type]
+            driver=c.choice(
+                f"{p}.driver", k.get("driver", k8s_defaults.get("driver", "systemd")), ("systemd", "cgroupfs")
+            ),  # type: ignore[arg-type]
+            runtime=c.choice(
+                f"{p}.runtime",
+                k.get("runtime", k8s_defaults.get("runtime", "containerd")),
+                ("containerd", "cri-o"),
+            ),  # type: ignore[arg-type]
+            cgroup=c.choice(f"{p}.cgroup", k.get("cgroup", k8s_defaults.get("cgroup", "v2")), ("v1", "v2")),  # type: ignore[arg-type]
+        )
+    p = f"{path}.mapping"
+    mm = c.mapping(p, m["mapping"], ("id",), ())
+    return MappingJob(job_id=c.string(f"{p}.id", mm["id"], r"[A-Za-z0-9_.\-]+", "a job id"))
+
+
+def parse_workload(c: _Check, path: str, raw: Any, limit_bytes: int, limit_what: str) -> WorkloadSpec:
+    if not isinstance(raw, dict):
+        raise c.expected(path, "a mapping", raw)
+    pattern = c.choice(f"{path}.pattern", raw.get("pattern"), PATTERNS)
+    m = c.mapping(
+        path,
+        raw,
+        ("pattern", "memory"),
+        tuple(k for k in (*COMMON_KEYS, *PATTERN_KEYS[pattern]) if k not in ("pattern", "memory")),
+    )
+    memory = c.size(f"{path}.memory", m["memory"])
+    if memory > limit_bytes:
+        raise c.expected(f"{path}.memory", f"at most {_gib(limit_bytes)} ({limit_what})", m["memory"])
+    sm = c.fraction(f"{path}.sm", m.get("sm", DEFAULT_SM[pattern]))
+    kwargs: dict[str, Any] = {"pattern": pattern, "memory_bytes": memory, "sm": sm}
+    for key in ("tensor", "occupancy"):
+        if key in m:
+            value = c.fraction(f"{path}.{key}", m[key])
+            if value > sm:
+                raise c.expected(f"{path}.{key}", f"at most sm ({sm})", m[key])
+            kwargs[key] = value
+    if "dram" in m:
+        kwargs["dram"] = c.fraction(f"{path}.dram", m["dram"])
+    if "pcie_gbps" in m:
+        kwargs["pcie_gbps"] = c.number(f"{path}.pcie_gbps", m["pcie_gbps"], 0, 128)
+    if "nvlink_gbps" in m:
+        kwargs["nvlink_gbps"] = c.number(f"{path}.nvlink_gbps", m["nvlink_gbps"], 0, 1800)
+    if "busy" in m:
+        busy = c.fraction(f"{path}.busy", m["busy"])
+        if busy < sm:
+            raise c.expected(
+                f"{path}.busy", f"at least sm ({sm}): a kernel runs whenever SMs are active", m["busy"]
+            )
+        kwargs["busy"] = busy
+    if "duty" in m:
+        duty = c.fraction(f"{path}.duty", m["duty"])
+        if duty < sm or duty == 0:
+            raise c.expected(f"{path}.duty", f"at least sm ({sm}) and above 0", m["duty"])
+        kwargs["duty"] = duty
+    for key, field in (
+        ("step", "step_seconds"),
+        ("period", "period_seconds"),
+        ("slot", "slot_seconds"),
+        ("over", "over_seconds"),
+    ):
+        if key in m:
+            value = c.duration(f"{path}.{key}", m[key])
+            if value <= 0:
+                raise c.expected(f"{path}.{key}", "a duration above 0", m[key])
+            kwargs[field] = value
+    if "warmup" in m:
+        kwargs["warmup_seconds"] = c.duration(f"{path}.warmup", m["warmup"])
+    if "rate" in m:
+        kwargs["rate"] = c.fraction(f"{path}.rate", m["rate"])
+    if "active" in m:
+        kwargs["active"] = c.fraction(f"{path}.active", m["active"])
+    if "memory_start" in m:
+        start = c.size(f"{path}.memory_start", m["memory_start"])
+        if start > memory:
+            raise c.expected(f"{path}.memory_start", "at most memory", m["memory_start"])
+        kwargs["memory_start_bytes"] = start
+    if "repeat" in m:
+        kwargs["repeat"] = c.boolean(f"{path}.repeat", m["repeat"])
+    return WorkloadSpec(**kwargs)
+
+
+def instance_profiles(gpu: GpuSpec, faults: tuple[FaultSpec, ...] | list[FaultSpec]) -> dict[int, MigProfile]:
+    """GPU instance id -> profile for every instance that ever exists on `gpu` (its layout and the
+    timeline's mig_create entries); when an id is created with several profiles, the smallest."""
+    out = {inst.gpu_instance_id: inst.profile for inst in gpu.mig or ()}
+    for fault in faults:
+        if fault.kind == "mig_create" and fault.gpu == gpu.index and fault.mig is not None:
+            gid, profile = fault.mig.gpu_instance_id, fault.mig.profile
+            if gid not in out or profile.memory_bytes < out[gid].memory_bytes:
+                out[gid] = profile
+    return out
+
+
+def parse_process(
+    c: _Check,
+    path: str,
+    raw: Any,
+    gpus: tuple[GpuSpec, ...],
+    users: dict[str, int],
+    k8s_defaults: dict[str, str],
+    instances: dict[int, dict[int, MigProfile]],
+) -> ProcessSpec:
+    m = c.mapping(
+        path,
+        raw,
+        ("pid", "gpu", "workload"),
+        ("instance", "kind", "name", "cmdline", "user", "uid", "job", "start", "end", "environ"),
+    )
+    pid = c.integer(f"{path}.pid", m["pid"], 2, 4194304)
+    gpu_index = c.integer(f"{path}.gpu", m["gpu"])
+    if not 0 <= gpu_index < len(gpus):
+        raise c.expected(f"{path}.gpu", f"a GPU index from 0 to {len(gpus) - 1}", gpu_index)
+    gpu = gpus[gpu_index]
+    instance: int | None = None
+    limit, limit_what = gpu.model.memory_bytes, f"memory of {gpu.model.key}"
+    if gpu.mig is not None:
+        ids = sorted(instances[gpu_index])
+        if "instance" not in m:
+            raise c.fail(
+                f"{path}.instance",
+                f"expected a GPU instance id (GPU {gpu_index} is in MIG mode: "
+                f"{', '.join(map(str, ids)) or 'none'}), found nothing",
+            )
+        instance = c.integer(f"{path}.instance", m["instance"])
+        if instance not in ids:
+            raise c.expected(
+                f"{path}.instance",
+                f"a GPU instance id of GPU {gpu_index} ({', '.join(map(str, ids)) or 'none'})",
+                instance,
+            )
+        profile = instances[gpu_index][instance]
+        limit, limit_what = profile.memory_bytes, f"memory of MIG {profile.name}"
+    elif "instance" in m:
+        raise c.expected(
+            f"{path}.instance", f"no instance (GPU {gpu_index} is not in MIG mode)", m["instance"]
+        )
+    kind = c.choice(f"{path}.kind", m.get("kind", "compute"), ("compute", "graphics", "mps_client"))
+    if kind == "mps_client" and gpu.mps is None:
+        raise c.expected(f"{path}.kind", f"compute or graphics (GPU {gpu_index} runs no MPS server)", kind)
+    if kind != "mps_client" and gpu.mps is not None:
+        raise c.expected(
+            f"{path}.kind", f"mps_client (GPU {gpu_index} runs MPS in exclusive-process mode)", kind
+        )
+    job = _parse_job(c, f"{path}.job", m["job"], k8s_defaults) if m.get("job") is not None else None
+    default_user = job.user if isinstance(job, SlurmJob) else "root"
+    user = c.string(f"{path}.user", m.get("user", default_user))
+    uid = c.integer(f"{path}.uid", m["uid"], 0) if "uid" in m else users.get(user, default_uid(user))
+    name = c.string(f"{path}.name", m.get("name", "python"))
+    cmdline_raw = m.get("cmdline", [name])
+    if isinstance(cmdline_raw, str):
+        cmdline = tuple(cmdline_raw.split())
+    else:
+        cmdline = tuple(
+            c.string(f"{path}.cmdline[{i}]", a) for i, a in enumerate(c.list_(f"{path}.cmdline", cmdline_raw))
+        )
+    if not cmdline:
+        raise c.expected(f"{path}.cmdline", "at least one word", cmdline_raw)
+    start = c.duration(f"{path}.start", m.get("start", 0), negative=True)
+    end = c.duration(f"{path}.end", m["end"], negative=True, forever=True) if "end" in m else FOREVER
+    if end <= start:
+        raise c.expected(f"{path}.end", f"a time after start ({start:g}s)", m.get("end"))
+    env = c.any_mapping(f"{path}.environ", m.get("environ", {}))
+    environ = tuple((str(k), c.string(f"{path}.environ.{k}", v)) for k, v in env.items())
+    workload = parse_workload(c, f"{path}.workload", m["workload"], limit, limit_what)
+    return ProcessSpec(
+        pid=pid,
+        gpu=gpu_index,
+        instance=instance,
+        kind=kind,  # type: ignore[arg-type]
+        name=name,
+        cmdline=cmdline,
+        user=user,
+        uid=uid,
+        job=job,
+        start=start,
+        end=end,
+        workload=workload,
+        environ=environ,
+    )
+
+
+def _parse_fault(c: _Check, path: str, raw: Any, gpus: tuple[GpuSpec, ...]) -> FaultSpec:
+    if not isinstance(raw, dict):
+        raise c.expected(path, "a mapping", raw)
+    kinds = [k for k in raw if k in FAULT_KINDS]
+    if len(kinds) != 1:
+        found = " and ".join(kinds) or "none"
+        raise c.fail(path, f"expected exactly one fault kind ({', '.join(FAULT_KINDS)}), found {found}")
+    kind = kinds[0]
+    optional: tuple[str, ...] = ("gpu",)
+    if kind == "xid":
+        optional = ("gpu", "instance")
+    if kind in ("throttle", "init_error"):
+        optional = (*optional, "for")
+    if kind == "init_error":
+        optional = ("for",)
+    required: tuple[str, ...] = ("at", kind, "for") if kind == "ecc_storm" else ("at", kind)
+    m = c.mapping(path, raw, required, optional)
+    at = c.duration(f"{path}.at", m["at"])
+    value = m[kind]
+    vpath = f"{path}.{kind}"
+    gpu: GpuSpec | None = None
+    if kind != "init_error":
+        if "gpu" not in m:
+            raise c.fail(f"{path}.gpu", "expected a GPU index for this fault, found nothing")
+        index = c.integer(f"{path}.gpu", m["gpu"])
+        if not 0 <= index < len(gpus):
+            raise c.expected(f"{path}.gpu", f"a GPU index from 0 to {len(gpus) - 1}", index)
+        gpu = gpus[index]
+    fault = FaultSpec(at=at, kind=kind, gpu=gpu.index if gpu else None)
+    duration = c.duration(f"{path}.for", m["for"], forever=True) if "for" in m else FOREVER
+    if kind == "xid":
+        fault = replace(fault, code=c.integer(vpath, value, 1, 999))
+        if "instance" in m:
+            assert gpu is not None
+            if gpu.mig is None:
+                raise c.expected(
+                    f"{path}.instance", f"no instance (GPU {gpu.index} is not in MIG mode)", m["instance"]
+                )
+            fault = replace(fault, instance=c.integer(f"{path}.instance", m["instance"], 0, 14))
+    elif kind in ("ecc", "ecc_storm"):
+        keys = ("corrected", "uncorrected", "location") if kind == "ecc" else ("corrected", "location")
+        e = c.mapping(vpath, value, (), keys)
+        corrected = c.integer(f"{vpath}.corrected", e.get("corrected", 0), 0)
+        uncorrected = c.integer(f"{vpath}.uncorrected", e.get("uncorrected", 0), 0)
+        if corrected + uncorrected == 0:
+            raise c.expected(vpath, "a corrected or uncorrected count above 0", value)
+        location = MEMORY_LOCATIONS[
+            c.choice(f"{vpath}.location", e.get("location", "dram"), list(MEMORY_LOCATIONS))
+        ]
+        assert gpu is not None
+        if not gpu.ecc:
+            raise c.expected(path, f"a GPU with ECC enabled (GPU {gpu.index} has ECC off)", value)
+        if kind == "ecc_storm" and (duration <= 0 or duration == FOREVER):
+            raise c.expected(f"{path}.for", "a finite duration above 0", m["for"])
+        fault = replace(
+            fault, corrected=corrected, uncorrected=uncorrected, location=location, duration=duration
+        )
+    elif kind == "row_remap":
+        if isinstance(value, str):
+            value = {"state": value}
+        r = c.mapping(vpath, value, ("state",), ("rows",))
+        assert gpu is not None
+        if not gpu.model.row_remapping:
+            raise c.expected(path, f"a GPU with row remapping ({gpu.model.key} has none)", value)
+        fault = replace(
+            fault,
+            remap=c.choice(f"{vpath}.state", r["state"], ("pending", "failed")),
+            rows=c.integer(f"{vpath}.rows", r.get("rows", 1), 1),
+        )
+    elif kind in ("lost", "hang", "mps_restart"):
+        d = c.duration(vpath, value, forever=kind == "lost")
+        if kind == "hang" and d <= 0:
+            raise c.expected(vpath, "a duration above 0", value)
+        if kind == "mps_restart":
+            assert gpu is not None
+            if gpu.mps is None:
+                raise c.expected(f"{path}.gpu", "a GPU that runs an MPS server", gpu.index)
+        fault = replace(fault, duration=d)
+    elif kind == "throttle":
+        names = [value] if isinstance(value, str) else c.list_(vpath, value)
+        bits = 0
+        for i, name in enumerate(names):
+            bits |= THROTTLE_BITS[c.choice(f"{vpath}[{i}]", name, list(THROTTLE_BITS))]
+        if not bits:
+            raise c.expected(vpath, "at least one throttle reason", value)
+        if bits & THROTTLE_BITS["hw_power_brake"]:
+            bits |= THROTTLE_BITS["hw_slowdown"]  # power brake is a kind of HW slowdown
+        fault = replace(fault, reasons=bits, duration=duration)
+    elif kind == "init_error":
+        if isinstance(value, int) and not isinstance(value, bool):
+            code = c.integer(vpath, value, 1, 999)
+        else:
+            code = INIT_ERRORS[c.choice(vpath, value, list(INIT_ERRORS))]
+        fault = replace(fault, code=code, duration=duration)
+    elif kind == "mig_create":
+        assert gpu is not None
+        if gpu.mig is None:
+            raise c.expected(f"{path}.gpu", "a GPU in MIG mode", gpu.index)
+        mc = c.mapping(vpath, value, ("profile",), ("start", "id"))
+        try:
+            profile = gpu.model.mig_profile(c.string(f"{vpath}.profile", mc["profile"]))
+        except CatalogError:
+            valid = ", ".join(pr.name for pr in gpu.model.mig_profiles)
+            raise c.expected(
+                f"{vpath}.profile", f"a MIG profile of {gpu.model.key} ({valid})", mc["profile"]
+            ) from None
+        start = -1
+        if "start" in mc:
+            start = c.integer(f"{vpath}.start", mc["start"], 0, gpu.model.memory_slices - 1)
+            if start not in profile.placement_starts:
+                raise c.expected(
+                    f"{vpath}.start", f"a start of {profile.name} ({list(profile.placement_starts)})", start
+                )
+        gid = c.integer(f"{vpath}.id", mc["id"], 0, 14) if "id" in mc else -1
+        fault = replace(fault, mig=MigInstanceSpec(profile, start, gid, -1))
+    elif kind == "mig_destroy":
+        assert gpu is not None
+        if gpu.mig is None:
+            raise c.expected(f"{path}.gpu", "a GPU in MIG mode", gpu.index)
+        fault = replace(fault, instance=c.integer(vpath, value, 0, 14))
+    elif kind == "pcie_replay":
+        fault = replace(fault, count=c.integer(vpath, value, 1))
+    elif kind == "nvlink_error":
+        assert gpu is not None
+        n = c.mapping(vpath, value, ("link",), ("counter", "count"))
+        if gpu.model.nvlink_links == 0:
+            raise c.expected(f"{path}.gpu", "a GPU with NVLink", gpu.index)
+        fault = replace(
+            fault,
+            link=c.integer(f"{vpath}.link", n["link"], 0, gpu.model.nvlink_links - 1),
+            counter=NVLINK_COUNTERS[
+                c.choice(f"{vpath}.counter", n.get("counter", "crc_flit"), list(NVLINK_COUNTERS))
+            ],
+            count=c.integer(f"{vpath}.count", n.get("count", 1), 1),
+        )
+    return fault
+
+
+def _resolve_mig_timeline(
+    c: _Check, faults: list[FaultSpec], gpus: tuple[GpuSpec, ...], repeat: float | None
+) -> list[FaultSpec]:
+    """Play mig_create / mig_destroy in time order (two cycles when repeating), placing created
+    instances and checking every step is possible; returns the faults with placements filled in."""
+    resolved = list(faults)
+    order = sorted(
+        (i for i, f in enumerate(faults) if f.kind in ("mig_create", "mig_destroy")),
+        key=lambda i: (faults[i].at, i),
+    )
+    if not order:
+        return resolved
+    alive: dict[int, dict[int, MigInstanceSpec]] = {
+        g.index: {inst.gpu_instance_id: inst for inst in g.mig} for g in gpus if g.mig is not None
+    }
+    for _cycle in range(2 if repeat else 1):
+        for i in order:
+            f = resolved[i]
+            path = f"faults.timeline[{i}]"
+            assert f.gpu is not None
+            gpu = gpus[f.gpu]
+            instances = alive[f.gpu]
+            if f.kind == "mig_destroy":
+                if f.instance not in instances:
+                    raise c.expected(
+                        f"{path}.mig_destroy",
+                        f"an instance that exists on GPU {f.gpu} at {f.at:g}s "
+                        f"({', '.join(map(str, sorted(instances))) or 'none'})",
+                        f.instance,
+                    )
+                del instances[f.instance]  # type: ignore[arg-type]
+                continue
+            assert f.mig is not None
+            requests: list[tuple[str, int | None]] = [
+                (inst.profile.name, inst.start) for inst in instances.values()
+            ]
+            requests.append((f.mig.profile.name, f.mig.start if f.mig.start >= 0 else None))
+            try:
+                placed = place_mig_layout(gpu.model, requests)[-1]
+            except CatalogError as e:
+                raise c.fail(
+                    f"{path}.mig_create", f"expected an instance that fits at {f.at:g}s, found: {e}"
+                ) from None
+            gid = (
+                f.mig.gpu_instance_id
+                if f.mig.gpu_instance_id >= 0
+                else default_gpu_instance_id(gpu.model, placed.profile, placed.start)
+            )
+            if gid in instances:
+                raise c.expected(
+                    f"{path}.mig_create.id", f"an id not in use on GPU {f.gpu} at {f.at:g}s", gid
+                )
+            used = {inst.slot for inst in instances.values()}
+            slot = next(s for s in range(gpu.model.compute_slices) if s not in used)
+            spec = MigInstanceSpec(placed.profile, placed.start, gid, slot)
+            if f.mig.slot >= 0 and (f.mig.start, f.mig.gpu_instance_id, f.mig.slot) != (
+                spec.start,
+                gid,
+                slot,
+            ):
+                raise c.fail(
+                    f"{path}.mig_create",
+                    "expected the same placement in every cycle of the repeated timeline; give start and id",
+                )
+            resolved[i] = replace(f, mig=spec)
+            instances[gid] = spec
+    return resolved
+
+
+def _parse_faults(
+    c: _Check, raw: Any, gpus: tuple[GpuSpec, ...]
+) -> tuple[tuple[FaultSpec, ...], float | None]:
+    if raw is None:
+        return (), None
+    m = c.mapping("faults", raw, ("timeline",), ("repeat",))
+    repeat = c.duration("faults.repeat", m["repeat"]) if m.get("repeat") is not None else None
+    if repeat is not None and repeat <= 0:
+        raise c.expected("faults.repeat", "a duration above 0", m["repeat"])
+    faults: list[FaultSpec] = []
+    for i, entry in enumerate(c.list_("faults.timeline", m["timeline"])):
+        fault = _parse_fault(c, f"faults.timeline[{i}]", entry, gpus)
+        if repeat is not None:
+            if fault.at >= repeat:
+                raise c.expected(
+                    f"faults.timeline[{i}].at", f"a time before the repeat period ({repeat:g}s)", entry["at"]
+                )
+            if fault.duration != FOREVER and fault.duration > repeat:
+                raise c.expected(
+                    f"faults.timeline[{i}]",
+                    f"a duration within the repeat period ({repeat:g}s)",
+                    fault.duration,
+                )
+        faults.append(fault)
+    faults = _resolve_mig_timeline(c, faults, gpus, repeat)
+    for i, f in enumerate(faults):
+        if f.kind == "xid" and f.instance is not None:
+            assert f.gpu is not None
+            ids = sorted(instance_profiles(gpus[f.gpu], faults))
+            if f.instance not in ids:
+                raise c.expected(
+                    f"faults.timeline[{i}].instance",
+                    f"a GPU instance id of GPU {f.gpu} ({', '.join(map(str, ids))})",
+                    f.instance,
+                )
+    return tuple(faults), repeat
+
+
+def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
+    """Validate parsed YAML (`data`) read from `source` (used in error messages)."""
+    c = _Check(source)
+    top = c.mapping(
+        "", data, ("gpus",), ("name", "description", "seed", "node", "users", "processes", "faults")
+    )
+    scenario_name = c.string("name", top.get("name", name or Path(source).stem))
+    description = c.string("description", top["description"]) if "description" in top else ""
+    seed = c.integer("seed", top.get("seed", 0), 0)
+    hostname, driver = _parse_driver(c, top.get("node", {}))
+    node = top.get("node", {})
+    k8s_defaults = c.mapping(
+        "node.kubernetes", node.get("kubernetes", {}), (), ("driver", "runtime", "cgroup")
+    )
+    users_raw = c.any_mapping("users", top.get("users", {}))
+    users = {str(u): c.integer(f"users.{u}", uid, 0) for u, uid in users_raw.items()}
+    gpus = _parse_gpus(c, top["gpus"], hostname, users)
+    faults, repeat = _parse_faults(c, top.get("faults"), gpus)
+    instances = {g.index: instance_profiles(g, faults) for g in gpus}
+    processes: list[ProcessSpec] = []
+    owners: dict[int, str] = {}
+    for g in gpus:
+        if g.mps is not None:
+            owners[g.mps.server_pid] = f"gpus[{g.index}].mps.server_pid"
+            owners[g.mps.restart_pid] = f"gpus[{g.index}].mps.restart_pid"
+    for i, entry in enumerate(c.list_("processes", top.get("processes", []) or [])):
+        path = f"processes[{i}]"
+        proc = parse_process(
+            c, path, entry, gpus, users, {str(k): str(v) for k, v in k8s_defaults.items()}, instances
+        )
+        if proc.pid in owners:
+            raise c.expected(
+                f"{path}.pid", f"a pid not used elsewhere (already {owners[proc.pid]})", proc.pid
+            )
+        owners[proc.pid] = f"{path}.pid"
+        processes.append(proc)
+    _check_memory_fits(c, gpus, processes, instances)
+    return Scenario(
+        name=scenario_name,
+        source=source,
+        description=description,
+        seed=seed,
+        hostname=hostname,
+        driver=driver,
+        gpus=gpus,
+        processes=tuple(processes),
+        faults=faults,
+        repeat=repeat,
+        users=tuple(sorted(users.items())),
+        kubernetes_defaults=tuple(sorted((str(k), str(v)) for k, v in k8s_defaults.items())),
+    )
+
+
+def _check_memory_fits(
+    c: _Check,
+    gpus: tuple[GpuSpec, ...],
+    processes: list[ProcessSpec],
+    instances: dict[int, dict[int, MigProfile]],
+) -> None:
+    """Processes that run at the same time in one container must fit its memory together (at their
+    peak), as the driver would refuse the allocation that does not."""
+    by_container: dict[tuple[int, int | None], list[int]] = {}
+    for i, proc in enumerate(processes):
+        by_container.setdefault((proc.gpu, proc.instance), []).append(i)
+    for (gpu_index, instance), members in by_container.items():
+        gpu = gpus[gpu_index]
+        if instance is None:
+            capacity = gpu.model.memory_bytes - gpu_reserved_bytes(gpu.model)
+            capacity -= gpu.mps.memory_bytes if gpu.mps is not None else 0
+            what = f"GPU {gpu_index}"
+        else:
+            profile = instances[gpu_index][instance]
+            capacity = profile.memory_bytes - instance_reserved_bytes(profile)
+            what = f"GPU {gpu_index} instance {instance} ({profile.name})"
+        # sweep start/end times; ends sort before starts at the same time
+        events = sorted(
+            [(processes[i].start, 1, i) for i in members] + [(processes[i].end, 0, i) for i in members]
+        )
+        running: dict[int, int] = {}
+        for when, starting, i in events:
+            if not starting:
+                running.pop(i, None)
+                continue
+            running[i] = processes[i].workload.memory_bytes
+            total = sum(running.values())
+            if total > capacity:
+                pids = ", ".join(str(processes[j].pid) for j in running)
+                raise c.fail(
+                    f"processes[{i}].workload.memory",
+                    f"expected processes running together on {what} to fit its {_gib(capacity)},"
+                    f" found {_gib(total)} (pids {pids} at {when:g}s)",
+                )
+
+
+def list_builtin() -> list[str]:
+    """Names of the scenarios shipped with gpulens."""
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """Load a built-in scenario by name, or a scenario file by path."""
+    text_name = str(name_or_path)
+    builtin = BUILTIN_DIR / f"{text_name}.yaml"
+    if "/" not in text_name and not text_name.endswith((".yaml", ".yml")) and builtin.is_file():
+        path, shown = builtin, builtin.name
+    else:
+        path, shown = Path(text_name), text_name
+        if not path.is_file():
+            known = ", ".join(list_builtin())
+            raise ScenarioError(
+                f"{shown}: expected a built-in scenario name ({known}) or a YAML file, found neither"
+            )
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "file"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ScenarioError(
+            f"{shown}: {where}: expected valid YAML, found a syntax error ({problem})"
+        ) from None
+    except OSError as e:
+        raise ScenarioError(f"{shown}: expected a readable file, found {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(
+            f"{shown}: expected UTF-8 text, found byte {e.object[e.start]:#04x} at {e.start}"
+        ) from None
+    return parse_scenario(data, shown, name=path.stem)

@@ -1,0 +1,216 @@
+"""What the simulated driver reports at one instant.
+
+This is the contract between the scenario engine (`engine.py`, which turns a scenario, a seed and
+a clock into these records) and the simulated NVML library (`nvml/`, which serves them through the
+NVML C API underneath the real nvidia-ml-py). Both sides only exchange these frozen records, so
+either can be tested alone: the library with hand-built states, the engine without ctypes.
+
+Units are NVML's native ones (bytes, mW, mJ, MHz, percent, KB/s) so the library writes them
+through unchanged; `None` means "this board does not have it" and becomes NVML_ERROR_NOT_SUPPORTED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from gpulens.catalog import GpuModel, MigProfile
+
+NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId when MIG is off or not attributable
+
+ProcessKind = Literal["compute", "graphics", "mps_server", "mps_client"]
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """One process with a context on a GPU (or on a MIG instance)."""
+
+    pid: int
+    kind: ProcessKind
+    used_memory_bytes: int | None  # None -> NVML_VALUE_NOT_AVAILABLE
+    sm_util_percent: int = 0  # for process-utilization samples; 0 and 0 -> no sample
+    mem_util_percent: int = 0
+    gpu_instance_id: int = NO_INSTANCE
+    compute_instance_id: int = NO_INSTANCE
+    start_time: float = 0.0  # seconds since epoch (simulated clock)
+    name: str = "python"
+
+
+@dataclass(frozen=True)
+class ActivityState:
+    """Profiling-level activity (what GPM / DCGM PROF fields report), fractions 0..1.
+
+    Rates are bytes per second. The NVML library turns two GPM samples into the average of
+    `SimNode.activity_between` over the samples' interval.
+    """
+
+    graphics: float = 0.0
+    sm: float = 0.0
+    sm_occupancy: float = 0.0
+    tensor: float = 0.0
+    dram: float = 0.0
+    fp64: float = 0.0
+    fp32: float = 0.0
+    fp16: float = 0.0
+    integer: float = 0.0
+    pcie_tx_bytes_per_second: float = 0.0
+    pcie_rx_bytes_per_second: float = 0.0
+    nvlink_tx_bytes_per_second: float = 0.0
+    nvlink_rx_bytes_per_second: float = 0.0
+
+
+@dataclass(frozen=True)
+class NvLinkState:
+    link: int
+    active: bool
+    tx_kib_total: int  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX (KiB, cumulative)
+    rx_kib_total: int
+    # NVML_NVLINK_ERROR_DL_{REPLAY=0, RECOVERY=1, CRC_FLIT=2, CRC_DATA=3, ECC_DATA=4} -> count
+    errors: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MigInstanceState:
+    """One MIG device (a GPU instance with its full-size compute instance)."""
+
+    slot: int  # index for nvmlDeviceGetMigDeviceHandleByIndex
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: MigProfile
+    placement_start: int
+    uuid: str  # "MIG-..."
+    memory_total_bytes: int
+    memory_used_bytes: int
+    memory_reserved_bytes: int
+    activity: ActivityState
+    processes: tuple[ProcessState, ...] = ()
+    mps_clients: tuple[ProcessState, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What does not change while the node runs."""
+
+    index: int
+    model: GpuModel
+    uuid: str  # "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+    serial: str | None  # None -> NOT_SUPPORTED
+    pci_bus_id: str  # "00000000:18:00.0"
+    minor_number: int
+    board_part_number: str = ""
+    vbios_version: str = ""
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """Everything NVML can report about one physical GPU at one instant."""
+
+    index: int
+    lost: bool = False  # every call on this GPU returns NVML_ERROR_GPU_IS_LOST
+    hang_seconds: float = 0.0  # a call on this GPU right now blocks this long before answering
+    utilization_gpu_percent: int = 0
+    utilization_memory_percent: int = 0
+    memory_total_bytes: int = 0
+    memory_reserved_bytes: int = 0
+    memory_used_bytes: int = 0  # v2 semantics: includes reserved
+    bar1_total_bytes: int = 256 * 1024**2
+    bar1_used_bytes: int = 0
+    temperature_c: int = 30
+    memory_temperature_c: int | None = 35
+    power_mw: int = 0
+    power_limit_mw: int = 0
+    default_power_limit_mw: int = 0
+    energy_mj: int = 0  # cumulative since "driver load"
+    graphics_clock_mhz: int = 0
+    sm_clock_mhz: int = 0
+    memory_clock_mhz: int = 0
+    video_clock_mhz: int = 0
+    clock_event_reasons: int = 0  # bitmask of nvmlClocksEventReason*
+    supported_clock_event_reasons: int = 0x1FF
+    # nvmlClocksEventReason* bit -> cumulative ns spent with that reason active (the
+    # NVML_FI_DEV_CLOCKS_EVENT_REASON_* field values); missing bits read as 0
+    clock_event_reason_ns: dict[int, int] = field(default_factory=dict)
+    fan_percent: int | None = None
+    performance_state: int = 0
+    compute_mode: int = 0  # NVML_COMPUTEMODE_*
+    persistence_mode: int = 1
+    pcie_tx_kbps: int = 0
+    pcie_rx_kbps: int = 0
+    pcie_tx_bytes_total: int = 0
+    pcie_rx_bytes_total: int = 0
+    pcie_replay_count: int = 0
+    pcie_link_generation: int = 4
+    pcie_link_width: int = 16
+    nvlinks: tuple[NvLinkState, ...] = ()
+    ecc_enabled: bool | None = True  # None -> ECC not supported
+    # (NVML_MEMORY_ERROR_TYPE_*, NVML_*_ECC counter type) -> total
+    ecc_totals: dict[tuple[int, int], int] = field(default_factory=dict)
+    # (error type, counter type, NVML_MEMORY_LOCATION_*) -> count
+    memory_error_counters: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    # (correctable rows, uncorrectable rows, pending, failure occurred); None -> NOT_SUPPORTED
+    remapped_rows: tuple[int, int, bool, bool] | None = (0, 0, False, False)
+    # NVML_PAGE_RETIREMENT_CAUSE_* -> [(address, timestamp_us)]; None -> NOT_SUPPORTED (Ampere+)
+    retired_pages: dict[int, tuple[tuple[int, int], ...]] | None = None
+    retired_pages_pending: bool | None = None
+    mig_mode_current: int | None = None  # None -> MIG not supported
+    mig_mode_pending: int | None = None
+    mig_instances: tuple[MigInstanceState, ...] = ()
+    processes: tuple[ProcessState, ...] = ()  # compute + graphics (the MPS server is a compute one)
+    mps_clients: tuple[ProcessState, ...] = ()
+    activity: ActivityState = field(default_factory=ActivityState)
+    accounting_enabled: bool = False
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """A driver event (Xid and friends) that an NVML event set would deliver."""
+
+    time: float  # simulated seconds since epoch
+    gpu_index: int
+    event_type: int  # nvmlEventType* bit
+    data: int = 0  # Xid number for XidCriticalError
+    gpu_instance_id: int = NO_INSTANCE
+    compute_instance_id: int = NO_INSTANCE
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    driver_version: str = "550.54.15"
+    nvml_version: str = "12.550.54.15"
+    cuda_driver_version: int = 12040
+
+
+class SimClock(Protocol):
+    """Simulated wall clock (seconds since epoch) with a speed factor and explicit advance."""
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None:
+        """Block for `seconds` of simulated time (less real time when sped up)."""
+        ...
+
+
+class SimNode(Protocol):
+    """The node the simulated library serves; implemented by `engine.ScenarioNode`."""
+
+    driver: DriverInfo
+    identities: tuple[GpuIdentity, ...]
+    clock: SimClock
+
+    def init_error(self) -> int | None:
+        """An NVML_ERROR_* code nvmlInit must fail with right now (fault timeline), or None."""
+        ...
+
+    def gpu_state(self, index: int) -> GpuState:
+        """State of GPU `index` at `clock.now()` (cached per instant; cheap to call often)."""
+        ...
+
+    def events_between(self, start: float, end: float) -> list[SimEvent]:
+        """Events with start < time <= end, in time order."""
+        ...
+
+    def activity_between(
+        self, index: int, gpu_instance_id: int | None, start: float, end: float
+    ) -> ActivityState:
+        """Average activity of a GPU (or one of its GPU instances) over [start, end]."""
+        ...
