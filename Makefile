@@ -6,12 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv system-deps test test-fast lint format demo demo-stop bench dashboards clean
+.PHONY: help venv system-deps test test-fast lint typecheck format demo demo-stop bench dashboards clean
 
 help:
 	@echo "make demo       run the demo on the simulated node (no GPU needed)"
 	@echo "make test       install what the tests need and run the whole suite"
-	@echo "make lint       ruff check + format check"
+	@echo "make lint       ruff check + format check + mypy"
 	@echo "make bench      benchmarks (writes docs/benchmarks.md)"
 
 $(BIN)/.installed: pyproject.toml setup.py
@@ -43,9 +43,17 @@ test: venv system-deps
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"
 
-lint: venv
+lint: venv typecheck
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# mypy over the installed package names: a tree of links maps exporter/ -> gpulens/exporter etc.
+TYPECHECK_TREE := build/typecheck/gpulens
+typecheck: venv
+	@rm -rf $(dir $(TYPECHECK_TREE)) && mkdir -p $(TYPECHECK_TREE)
+	@for p in src/gpulens/*; do ln -s "$(CURDIR)/$$p" $(TYPECHECK_TREE)/; done
+	@for p in exporter analyzer dashboards; do ln -s "$(CURDIR)/$$p" $(TYPECHECK_TREE)/$$p; done
+	cd $(dir $(TYPECHECK_TREE)) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml gpulens
 
 format: venv
 	$(BIN)/ruff format .

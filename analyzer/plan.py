@@ -21,7 +21,9 @@ every job on it (moving its neighbours would not free it). GPUs are grouped into
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import pandas as pd
 
@@ -125,11 +127,16 @@ class Plan:
         return asdict(self)
 
 
+def _first_fit(profiles: Iterable[str | None]) -> list[tuple[str, int | None]]:
+    """MIG placement requests, each at its first free start; a missing profile ("") cannot be placed."""
+    return [(profile or "", None) for profile in profiles]
+
+
 def _int_or_none(value: object) -> int | None:
     """Integer settings from a DataFrame column that may hold NaN/None."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
-    return int(value)  # type: ignore[arg-type]
+    return int(value)  # type: ignore[call-overload]
 
 
 def _items(recs: pd.DataFrame) -> list[Item]:
@@ -173,7 +180,7 @@ def _fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> bo
         if model is None:
             return False
         try:
-            place_mig_layout(model, [(o.mig_profile, None) for o in gpu.items] + [(item.mig_profile, None)])
+            place_mig_layout(model, _first_fit([*(o.mig_profile for o in gpu.items), item.mig_profile]))
         except CatalogError:
             return False
         return True
@@ -245,12 +252,12 @@ def _absorb_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBi
             if other is gpu or id(other) in removed or other.model != gpu.model:
                 continue
             if other.mode == "mig" and item.kind == "mps" and item.mig_alternative:
-                wanted = [(o.mig_profile, None) for o in other.items] + [(item.mig_alternative, None)]
+                wanted = _first_fit([*(o.mig_profile for o in other.items), item.mig_alternative])
                 try:
                     place_mig_layout(model, wanted)
                 except CatalogError:
                     continue
-                change = {"recommendation": "mig", "mig_profile": item.mig_alternative}
+                change: dict[str, Any] = {"recommendation": "mig", "mig_profile": item.mig_alternative}
             elif other.mode in SHARED_KINDS and other.mode != item.kind and len(other.items) > 1:
                 candidate = replace(item, kind=other.mode)
                 if other.mode == "mps":
@@ -293,7 +300,7 @@ def _mig_layouts(bins: list[GpuBin]) -> None:
             continue
         model = model_for_nvml_name(gpu.model)
         assert model is not None
-        placements = place_mig_layout(model, [(i.mig_profile, None) for i in gpu.items])
+        placements = place_mig_layout(model, _first_fit(i.mig_profile for i in gpu.items))
         gpu.mig_layout = [
             {"profile": p.profile.name, "start": p.start, "job_id": i.job_id}
             for p, i in zip(placements, gpu.items, strict=True)

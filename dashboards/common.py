@@ -436,7 +436,8 @@ class HeatmapPanel(Panel):
 
 
 def heatmap(title: str, expr: str, unit: str, description: str = "", scheme: str = "Oranges") -> HeatmapPanel:
-    return HeatmapPanel(
+    # mypy's attrs plugin sees only this subclass's own fields (grafanalib is untyped)
+    return HeatmapPanel(  # type: ignore[call-arg]
         title=title,
         description=description,
         dataSource=DATASOURCE,

@@ -29,7 +29,7 @@ from gpulens.exporter.backends.nvml import (
     SystemInfo,
     error_text,
 )
-from gpulens.exporter.snapshot import AreaTiming, GpuIdentity, GpuSample, NodeSnapshot
+from gpulens.exporter.snapshot import AreaTiming, GpuIdentity, GpuSample, NodeSnapshot, XidCount
 
 BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0
@@ -171,7 +171,7 @@ class Sampler:
 
         gpus, timings = self._read_gpus(count)
         self._watch_events(gpus)
-        xids = ()
+        xids: tuple[XidCount, ...] = ()
         if self.xid is not None:
             if self.poll_events_inline:
                 self.xid.poll(0)

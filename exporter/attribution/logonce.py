@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 
 class LogOnce:
@@ -26,5 +26,5 @@ class LogOnce:
     def forget(self, key: Hashable) -> None:
         self._seen.discard(key)
 
-    def forget_where(self, predicate) -> None:  # type: ignore[no-untyped-def]
+    def forget_where(self, predicate: Callable[[Hashable], bool]) -> None:
         self._seen = {key for key in self._seen if not predicate(key)}

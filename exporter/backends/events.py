@@ -163,6 +163,8 @@ class XidWatcher:
         if not int(data.eventType) & XID_MASK:
             return
         key = ctypes.cast(data.device, ctypes.c_void_p).value
+        if key is None:
+            return
         index, uuid = self._registered.get(key) or self._forgotten.get(key, (None, ""))
         if index is None:
             return

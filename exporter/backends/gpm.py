@@ -18,6 +18,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import pynvml
@@ -118,9 +119,7 @@ class GpmProfiler:
         mig_values: dict[int, tuple[tuple[str, float], ...]] = {}
         present = {m.gpu_instance for m in mig_instances}
         for gi in sorted(present):
-            mig_values[gi] = self._window(
-                (index, gi), lambda s, gi=gi: pynvml.nvmlGpmMigSampleGet(handle, gi, s)
-            )
+            mig_values[gi] = self._window((index, gi), partial(pynvml.nvmlGpmMigSampleGet, handle, gi))
         with self._lock:
             stale = [
                 k

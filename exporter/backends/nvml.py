@@ -682,7 +682,8 @@ class NvmlBackend:
         interval: float,
     ) -> dict[str, Any]:
         handle = state.handle
-        known, seen = state.mps_server_pids, {}
+        known = state.mps_server_pids
+        seen: dict[int, Any] = {}
         parent_procs, parent_clients = self._process_lists(handle, known, seen)
         procs: dict[int, ProcessSample] = {p.pid: p for p in parent_procs}
         clients: dict[int, ProcessSample] = {p.pid: p for p in parent_clients}

@@ -64,7 +64,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         if info_labels not in seen_info:
             seen_info.add(info_labels)
             info.add_metric(list(info_labels), 1.0)
-        key = (str(job.gpu), job.uuid, gi, ident.job_id)
+        key: tuple[str, ...] = (str(job.gpu), job.uuid, gi, ident.job_id)
         row = usage.setdefault(key, [0.0, None, 0.0])
         row[0] = float(row[0] or 0) + job.memory_used_bytes
         if job.sm_utilization_ratio is not None:

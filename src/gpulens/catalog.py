@@ -13,6 +13,7 @@ to at most 7. A30 has 4 compute and 4 memory slices.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIB = 1024**2
@@ -482,7 +483,7 @@ class Placement:
         return range(self.start, self.start + self.profile.placement_size)
 
 
-def place_mig_layout(model: GpuModel, requests: list[tuple[str, int | None]]) -> list[Placement]:
+def place_mig_layout(model: GpuModel, requests: Sequence[tuple[str, int | None]]) -> list[Placement]:
     """Place MIG instances; `requests` are (profile name, start slice or None for first fit).
 
     Raises CatalogError naming the first instance that cannot be placed. Explicit starts are

@@ -48,7 +48,7 @@ def plan(alert: Alert) -> IsolationRequest | None:
     if kind not in ISOLATION_KINDS:
         raise PlanError(f"remediate={kind!r}: expected one of {', '.join(ISOLATION_KINDS)}")
     return IsolationRequest(
-        kind=kind,  # type: ignore[arg-type]
+        kind=kind,
         node=node_name(alert.labels),
         alertname=alert.name,
         fingerprint=alert.fingerprint,

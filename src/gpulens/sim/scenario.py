@@ -1045,7 +1045,7 @@ def _resolve_mig_timeline(
                         f"({', '.join(map(str, sorted(instances))) or 'none'})",
                         f.instance,
                     )
-                del instances[f.instance]  # type: ignore[arg-type]
+                del instances[f.instance]
                 continue
             assert f.mig is not None
             requests: list[tuple[str, int | None]] = [

@@ -85,7 +85,8 @@ def measure_breakdown(scenario: str, interval: float = 2.0, cycles: int = 5) -> 
         exporter.close()
         uninstall()
     totals = {"sim": 0.0, "nvml": 0.0, "gpulens": 0.0, "other": 0.0}
-    for (filename, _line, name), (_cc, _nc, tottime, _ct, _callers) in pstats.Stats(profiler).stats.items():
+    raw_stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # undocumented, stable since 2.x
+    for (filename, _line, name), (_cc, _nc, tottime, _ct, _callers) in raw_stats.items():
         category = _category(filename, name)
         if category is not None:
             totals[category] += tottime

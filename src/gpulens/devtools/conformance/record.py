@@ -105,7 +105,7 @@ def record_node(nv: Any, label: str) -> dict[str, Any]:
         record["system"] = {p.name: run_probe(nv, p, None) for p in SYSTEM_PROBES}
         for index in range(nv.nvmlDeviceGetCount()):
             handle = nv.nvmlDeviceGetHandleByIndex(index)
-            gpu = {
+            gpu: dict[str, Any] = {
                 "index": index,
                 "probes": {p.name: run_probe(nv, p, handle) for p in GPU_PROBES},
                 "mig": [],

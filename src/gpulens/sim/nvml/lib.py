@@ -40,7 +40,7 @@ def all_symbols() -> list[Symbol]:
 def _padding(prototype: Any, arity: int) -> Any:
     """A prototype whose Python-side calls fill missing trailing arguments with NULL."""
 
-    class Padded(prototype):  # type: ignore[misc, valid-type]
+    class Padded(prototype):
         _flags_ = prototype._flags_
         _argtypes_ = prototype._argtypes_
         _restype_ = prototype._restype_
