@@ -8,7 +8,9 @@ pandas (`signals.py` is shared), so both paths give the same profile for the sam
 
 Works with Prometheus, Thanos, Mimir and VictoriaMetrics (plain `/api/v1/query`, POST form).
 Transient failures (connection errors, 429, 5xx) are retried with backoff; anything else is one
-clear `AnalyzerError` line.
+clear `AnalyzerError` line. Requests go through `gpulens.httpclient`: each attempt has a total
+deadline (`timeout_s`, not a per-read timeout), answers are bounded (`max_response_bytes`), and a
+redirect to another origin is refused, so the bearer token or basic auth never leaves for it.
 """
 
 from __future__ import annotations
@@ -19,9 +21,7 @@ import math
 import ssl
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ from typing import TextIO
 
 import pandas as pd
 
+from gpulens import httpclient
 from gpulens.analyzer import signals
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.profile import STAT_KEYS, Identity, JobStats, build_profiles, job_kinds
@@ -50,9 +51,10 @@ class PromConfig:
     basic_auth: tuple[str, str] | None = None
     ca_file: str | None = None
     insecure_skip_verify: bool = False
-    timeout_s: float = 60.0
+    timeout_s: float = 120.0  # per attempt, in total; Prometheus' own --query.timeout is 2m
     retries: int = 3
     backoff_s: float = 0.5
+    max_response_bytes: int = 256 << 20
 
 
 class PromClient:
@@ -92,32 +94,36 @@ class PromClient:
     def _post(self, path: str, params: dict[str, str]) -> bytes:
         data = urllib.parse.urlencode(params).encode()
         url = f"{self.base}{path}"
+        headers = {**self.headers, "Content-Type": "application/x-www-form-urlencoded"}
         last = ""
         for attempt in range(self.config.retries + 1):
             if attempt:
                 time.sleep(self.config.backoff_s * 2 ** (attempt - 1))
-            request = urllib.request.Request(url, data=data, headers=self.headers, method="POST")
             try:
-                with urllib.request.urlopen(
-                    request, timeout=self.config.timeout_s, context=self.context
-                ) as resp:
-                    return resp.read()
-            except urllib.error.HTTPError as exc:
-                body = exc.read()
-                if exc.code in RETRY_STATUS:
-                    last = f"HTTP {exc.code}"
-                    continue
-                if exc.code in (400, 422):
-                    return body  # PromQL errors come back as JSON with status "error"
-                if exc.code in (401, 403):
-                    raise AnalyzerError(
-                        f"{url}: HTTP {exc.code}: check the bearer token / basic auth"
-                    ) from exc
-                raise AnalyzerError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                last = str(reason)
+                answer = httpclient.request(
+                    "POST",
+                    url,
+                    deadline=self.config.timeout_s,
+                    headers=headers,
+                    body=data,
+                    max_bytes=self.config.max_response_bytes,
+                    context=self.context,
+                )
+            except (httpclient.TooLarge, httpclient.RedirectRefused) as exc:
+                raise AnalyzerError(str(exc)) from None  # retrying cannot help
+            except httpclient.HttpError as exc:
+                last = str(exc).removeprefix(f"POST {url}: ")
                 continue
+            if 200 <= answer.status < 300:
+                return answer.body
+            if answer.status in RETRY_STATUS:
+                last = f"HTTP {answer.status}"
+                continue
+            if answer.status in (400, 422):
+                return answer.body  # PromQL errors come back as JSON with status "error"
+            if answer.status in (401, 403):
+                raise AnalyzerError(f"{url}: HTTP {answer.status}: check the bearer token / basic auth")
+            raise AnalyzerError(f"{url}: HTTP {answer.status}")
         raise AnalyzerError(
             f"{url}: cannot reach Prometheus after {self.config.retries + 1} attempts: {last}"
         )
