@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import threading
 import urllib.error
@@ -25,35 +26,38 @@ from gpulens.remediate.service import Remediator
 TOKEN = "s3cret-token"
 
 
-def write_fake_scontrol(
-    tmp_path: Path, exit_code: int = 0, state: str = "MIXED", reason: str = ""
-) -> tuple[Path, Path]:
-    """A `scontrol` in a fresh bin dir that appends its argv (JSON) to a record file.
+FAKE_SCONTROL = Path(__file__).with_name("fake_scontrol.py")
 
-    `show node` prints a one-line node record in `state` (with `reason`); `update` exits with
-    `exit_code` and Slurm's message when it is not 0.
+
+def write_fake_scontrol(
+    tmp_path: Path,
+    exit_code: int = 0,
+    state: str = "MIXED",
+    reason: str = "",
+    **options: object,
+) -> tuple[Path, Path]:
+    """A `scontrol` (tests/alerts/fake_scontrol.py) in a fresh bin dir; returns (bin dir, record file).
+
+    Any node name exists in `state` (with `reason`) unless `any_node=False` and `nodes={...}`;
+    `update` exits with `exit_code`. More `options` go to the state file (`sets`, `delay_s`,
+    `stateful`, `reboot`): see fake_scontrol.py. The state file is `tmp_path/scontrol-state.json`.
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     record = tmp_path / "scontrol-calls.jsonl"
-    shown = f"NodeName={{node}} Arch=x86_64 CPUTot=128 State={state} Gres=gpu:h100:8 Partitions=gpu"
-    if reason:
-        shown += f" Reason={reason} [root@2026-11-29T20:00:00]"
+    default = {"State": state, **({"Reason": reason} if reason else {})}
+    config = {"record": str(record), "update_exit": exit_code, "default": default, **options}
+    state_file = tmp_path / "scontrol-state.json"
+    state_file.write_text(json.dumps(config))
     script = bin_dir / "scontrol"
-    script.write_text(
-        f"#!{sys.executable}\n"
-        "import json, sys\n"
-        f"with open({str(record)!r}, 'a') as f:\n"
-        "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
-        "if sys.argv[1:3] == ['show', 'node']:\n"
-        f"    print({shown!r}.format(node=sys.argv[3]))\n"
-        "    sys.exit(0)\n"
-        f"if {exit_code}:\n"
-        "    print('slurm_update error: Invalid node name specified', file=sys.stderr)\n"
-        f"sys.exit({exit_code})\n"
-    )
+    command = shlex.join([sys.executable, str(FAKE_SCONTROL), str(state_file)])
+    script.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
     script.chmod(0o755)
     return bin_dir, record
+
+
+def scontrol_state(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "scontrol-state.json").read_text())
 
 
 def scontrol_updates(record: Path) -> list[list[str]]:
@@ -78,17 +82,43 @@ class KubeRequest:
 
 @dataclass
 class KubeStandIn:
-    """Serves nodes and pods like the API server does, and records every request."""
+    """Serves nodes, pods, ConfigMaps and Jobs like the API server does, and records every request.
+
+    `hold` makes reads of a node wait until its event is set (a slow API for that node only);
+    `held` is set when such a read arrived. `redirect` answers every request with a 302 to that
+    URL. A created Job completes at once (`job_outcome`: "succeeded" or "failed") the way the
+    node's kubelet would report it, and a reboot Job (label gpulens.io/action=reboot_node) gives
+    its node a new `status.nodeInfo.bootID`, as a real reboot does.
+    """
 
     nodes: dict[str, dict] = field(default_factory=dict)
     pods: list[dict] = field(default_factory=list)
     pdb_blocked: set[str] = field(default_factory=set)  # pod names whose eviction answers 429
     conflicts: int = 0  # how many times another writer changes a node between GET and PATCH
+    configmaps: dict[str, dict] = field(default_factory=dict)  # "namespace/name" -> object
+    jobs: dict[str, dict] = field(default_factory=dict)  # "namespace/name" -> object
+    job_outcome: str = "succeeded"
+    hold: dict[str, threading.Event] = field(default_factory=dict)
+    held: threading.Event = field(default_factory=threading.Event)
+    redirect: str = ""
     requests: list[KubeRequest] = field(default_factory=list)
     url: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def of(self, method: str) -> list[KubeRequest]:
         return [r for r in self.requests if r.method == method]
+
+
+def _merge(target: dict, patch: dict) -> dict:
+    """JSON merge patch (RFC 7386)."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = json.loads(json.dumps(value))
+    return target
 
 
 def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
@@ -118,12 +148,30 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             )
             return body
 
+        def _redirected(self) -> bool:
+            if not state.redirect:
+                return False
+            self.send_response(302)
+            self.send_header("Location", state.redirect + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
+
         def do_GET(self) -> None:
             self._record()
+            if self._redirected():
+                return
             url = urllib.parse.urlparse(self.path)
+            parts = url.path.strip("/").split("/")
             if url.path.startswith("/api/v1/nodes/"):
                 name = url.path.rsplit("/", 1)[1]
-                if name in state.nodes:
+                if name in state.hold:
+                    state.held.set()
+                    state.hold[name].wait(30)
+                with state.lock:
+                    if name not in state.nodes:
+                        self._reply(404, {"kind": "Status", "message": f'nodes "{name}" not found'})
+                        return
                     node = state.nodes[name]
                     seen = json.loads(json.dumps(node))  # what this read returns
                     if state.conflicts:  # someone else writes the node right after our read
@@ -131,40 +179,87 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                         state.conflicts -= 1
                         meta = node.setdefault("metadata", {})
                         meta["resourceVersion"] = str(int(meta.get("resourceVersion", "1")) + 1)
-                    self._reply(200, seen)
-                else:
-                    self._reply(404, {"kind": "Status", "message": f'nodes "{name}" not found'})
+                self._reply(200, seen)
             elif url.path == "/api/v1/pods":
                 selector = urllib.parse.parse_qs(url.query).get("fieldSelector", [""])[0]
                 node = selector.removeprefix("spec.nodeName=")
                 items = [p for p in state.pods if p["spec"]["nodeName"] == node]
                 self._reply(200, {"kind": "PodList", "items": items})
+            elif len(parts) == 6 and parts[4] in ("configmaps", "jobs"):
+                store = state.configmaps if parts[4] == "configmaps" else state.jobs
+                obj = store.get(f"{parts[3]}/{parts[5]}")
+                if obj is None:
+                    self._reply(404, {"kind": "Status", "message": f'{parts[4]} "{parts[5]}" not found'})
+                else:
+                    self._reply(200, obj)
             else:
                 self._reply(404, {"message": "not found"})
 
         def do_PATCH(self) -> None:
             body = self._record()
-            name = self.path.rsplit("/", 1)[1]
-            node = state.nodes.get(name)
-            if node is None:
-                self._reply(404, {"message": "not found"})
+            if self._redirected():
                 return
-            meta = node.setdefault("metadata", {})
-            wanted = body.get("metadata", {}).get("resourceVersion")
-            if wanted and wanted != meta.get("resourceVersion", "1"):
-                self._reply(409, {"kind": "Status", "message": "the object has been modified"})
+            parts = urllib.parse.urlparse(self.path).path.strip("/").split("/")
+            if len(parts) == 6 and parts[4] == "configmaps":
+                obj = state.configmaps.get(f"{parts[3]}/{parts[5]}")
+                if obj is None:
+                    self._reply(404, {"kind": "Status", "message": f'configmaps "{parts[5]}" not found'})
+                else:
+                    self._reply(200, _merge(obj, body))
                 return
-            meta["resourceVersion"] = str(int(meta.get("resourceVersion", "1")) + 1)
-            # JSON merge patch (RFC 7386) of metadata.annotations and spec
-            annotations = meta.setdefault("annotations", {})
-            annotations.update(body.get("metadata", {}).get("annotations", {}))
-            node.setdefault("spec", {}).update(body.get("spec", {}))
-            self._reply(200, node)
+            name = parts[-1]
+            with state.lock:
+                node = state.nodes.get(name)
+                if node is None:
+                    self._reply(404, {"message": "not found"})
+                    return
+                meta = node.setdefault("metadata", {})
+                wanted = body.get("metadata", {}).get("resourceVersion")
+                if wanted and wanted != meta.get("resourceVersion", "1"):
+                    self._reply(409, {"kind": "Status", "message": "the object has been modified"})
+                    return
+                patch = json.loads(json.dumps(body))
+                patch.get("metadata", {}).pop("resourceVersion", None)
+                _merge(node, patch)
+                meta["resourceVersion"] = str(int(meta.get("resourceVersion", "1")) + 1)
+                answer = json.loads(json.dumps(node))
+            self._reply(200, answer)
 
         def do_POST(self) -> None:
-            self._record()
-            name = self.path.split("/")[-2]
+            body = self._record()
+            if self._redirected():
+                return
+            parts = urllib.parse.urlparse(self.path).path.strip("/").split("/")
+            if parts[-1] in ("configmaps", "jobs") and isinstance(body, dict):
+                namespace = parts[-2]
+                name = body.get("metadata", {}).get("name") or f"job-{len(state.jobs)}"
+                store = state.configmaps if parts[-1] == "configmaps" else state.jobs
+                if f"{namespace}/{name}" in store:
+                    self._reply(409, {"kind": "Status", "message": f'"{name}" already exists'})
+                    return
+                obj = json.loads(json.dumps(body))
+                obj.setdefault("metadata", {}).update({"name": name, "namespace": namespace})
+                if parts[-1] == "jobs":
+                    self._run_job(obj)
+                store[f"{namespace}/{name}"] = obj
+                self._reply(201, obj)
+                return
+            name = parts[-2]
             self._reply(429 if name in state.pdb_blocked else 201, {"kind": "Status"})
+
+        def _run_job(self, job: dict) -> None:
+            """What the kubelet of the pinned node reports once the Job's pod ran."""
+            succeeded = state.job_outcome == "succeeded"
+            job["status"] = {"succeeded": 1} if succeeded else {"failed": 1}
+            condition = "Complete" if succeeded else "Failed"
+            job["status"]["conditions"] = [{"type": condition, "status": "True"}]
+            labels = job.get("metadata", {}).get("labels", {})
+            pod_spec = job.get("spec", {}).get("template", {}).get("spec", {})
+            node = state.nodes.get(pod_spec.get("nodeName", ""))
+            if succeeded and node is not None and labels.get("gpulens.io/action") == "reboot_node":
+                with state.lock:
+                    info = node.setdefault("status", {}).setdefault("nodeInfo", {})
+                    info["bootID"] = f"boot-{len(state.jobs) + 2}"
 
     return Handler
 
@@ -189,9 +284,16 @@ def receiver(
     max_nodes: int = 3,
     window_s: float = 3600,
     auth: Authenticator | None = None,
+    breaker: CircuitBreaker | None = None,
+    action_timeout_s: float = 30.0,
 ) -> Iterator[tuple[str, Remediator]]:
     """The receiver in a thread on a free port; yields its base URL and the Remediator."""
-    remediator = Remediator(isolator, CircuitBreaker(max_nodes, window_s), dry_run=dry_run)
+    remediator = Remediator(
+        isolator,
+        breaker or CircuitBreaker(max_nodes, window_s),
+        dry_run=dry_run,
+        action_timeout_s=action_timeout_s,
+    )
     server = RemediateServer(("127.0.0.1", 0), remediator, auth or Authenticator(token=TOKEN))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

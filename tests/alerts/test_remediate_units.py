@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpulens.remediate.auth import AuthConfigError, Authenticator
-from gpulens.remediate.breaker import CircuitBreaker
+from gpulens.remediate.breaker import Admission, CircuitBreaker
 from gpulens.remediate.model import Alert
 from gpulens.remediate.payload import PayloadError, parse_webhook
 from gpulens.remediate.plan import PlanError, node_name, plan
@@ -100,38 +100,49 @@ class Clock:
         return self.now
 
 
+def _act(breaker: CircuitBreaker, node: str, succeeded: bool = True) -> Admission:
+    """One action on `node` through the breaker, succeeding or failing."""
+    ticket = breaker.reserve(node)
+    if succeeded:
+        breaker.commit(ticket)
+    else:
+        breaker.release(ticket)
+    return ticket.admission
+
+
 def test_breaker_admits_up_to_max_nodes_then_opens():
     breaker = CircuitBreaker(max_nodes=2, window_s=600, clock=Clock())
-    assert breaker.admit("n1") and breaker.admit("n2")
-    assert not breaker.admit("n3")
+    assert _act(breaker, "n1") is _act(breaker, "n2") is Admission.ADMITTED
+    assert _act(breaker, "n3") is Admission.OPEN
     state = breaker.state()
     assert state.open and state.refused_node == "n3"
 
 
 def test_breaker_counts_a_node_once():
     breaker = CircuitBreaker(max_nodes=1, window_s=600, clock=Clock())
-    assert breaker.admit("n1") and breaker.admit("n1")
+    assert _act(breaker, "n1") is Admission.ADMITTED
+    assert _act(breaker, "n1") is Admission.COUNTED
     assert not breaker.state().open
 
 
 def test_breaker_window_slides_while_closed():
     clock = Clock()
     breaker = CircuitBreaker(max_nodes=1, window_s=600, clock=clock)
-    assert breaker.admit("n1")
+    _act(breaker, "n1")
     clock.now += 601
-    assert breaker.admit("n2")
+    assert _act(breaker, "n2") is Admission.ADMITTED
     assert breaker.state().nodes_in_window == ("n2",)
 
 
 def test_open_breaker_stays_open_until_reset():
     clock = Clock()
     breaker = CircuitBreaker(max_nodes=1, window_s=600, clock=clock)
-    breaker.admit("n1")
-    assert not breaker.admit("n2")
+    _act(breaker, "n1")
+    assert _act(breaker, "n2") is Admission.OPEN
     clock.now += 10_000
-    assert not breaker.admit("n3"), "latched: the window passing does not close it"
+    assert _act(breaker, "n3") is Admission.OPEN, "latched: the window passing does not close it"
     breaker.reset()
-    assert breaker.admit("n3")
+    assert _act(breaker, "n3") is Admission.ADMITTED
 
 
 def test_authenticator_accepts_only_its_credentials():

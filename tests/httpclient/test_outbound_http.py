@@ -1,5 +1,5 @@
 """Outbound HTTP cannot be hijacked (issue 17, item 5): the shared client (gpulens.httpclient) and
-the analyzer's Prometheus client,
+its two users, the remediation receiver's Kubernetes client and the analyzer's Prometheus client,
 against real HTTP servers on 127.0.0.1: one that redirects to another port, one that drip-feeds
 its answer, one that answers too much."""
 
@@ -18,8 +18,11 @@ import pytest
 from gpulens import httpclient
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.sources.prometheus import PromClient, PromConfig
+from gpulens.remediate.kubernetes import KubernetesClient, KubernetesError, KubernetesIsolator
+from gpulens.remediate.model import IsolationRequest
 
 VECTOR = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
+NODE = json.dumps({"kind": "Node", "metadata": {"name": "gpu-1"}, "spec": {"unschedulable": True}}).encode()
 
 
 @dataclass
@@ -171,6 +174,39 @@ def test_a_truncated_answer_is_an_error():
 
     with serve(answer) as cut, pytest.raises(httpclient.HttpError, match="cut short"):
         httpclient.request("GET", f"{cut.url}/x", deadline=5)
+
+
+# ---- the Kubernetes client of the remediation receiver -------------------------------------------
+
+
+def _request() -> IsolationRequest:
+    return IsolationRequest("isolate_gpu", "gpu-1", "GPULost", "fp", "fp@t", gpu="0", uuid="GPU-0")
+
+
+def test_kubernetes_token_is_never_sent_to_a_redirect_target(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("sa-token")
+    with serve(reply(200, NODE)) as elsewhere, serve(lambda h: None) as api:
+        api.answer = redirect_to(elsewhere)
+        isolator = KubernetesIsolator(KubernetesClient(api.url, token_file=token))
+        outcome = isolator.isolate(_request(), 0, httpclient.Deadline(5))
+    assert elsewhere.seen == []
+    assert outcome.result == "failed"
+    assert "redirected (HTTP 302) to another origin" in outcome.detail
+
+
+def test_kubernetes_drip_feed_is_cut_off_by_the_deadline():
+    with serve(drip(NODE)) as api:
+        client = KubernetesClient(api.url, timeout_s=0.5)
+        with pytest.raises(KubernetesError, match="total deadline"):
+            client.request("GET", "/api/v1/nodes/gpu-1")
+
+
+def test_kubernetes_answers_are_bounded_in_size():
+    with serve(reply(200, b'{"kind": "Node", "pad": "' + b"x" * 10_000 + b'"}')) as api:
+        client = KubernetesClient(api.url, max_bytes=4096)
+        with pytest.raises(KubernetesError, match="over the 4096-byte limit"):
+            client.request("GET", "/api/v1/nodes/gpu-1")
 
 
 # ---- the Prometheus client of the analyzer -------------------------------------------------------

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 from gpulens.remediate.auth import AuthConfigError, Authenticator, read_secret
-from gpulens.remediate.breaker import CircuitBreaker
+from gpulens.remediate.breaker import BreakerStore, BreakerStoreError, CircuitBreaker, FileStore, MemoryStore
 from gpulens.remediate.isolator import Isolator
 from gpulens.remediate.kubernetes import KubernetesClient, KubernetesIsolator
+from gpulens.remediate.kubestate import ConfigMapStore
 from gpulens.remediate.server import RemediateServer
 from gpulens.remediate.service import Remediator
 from gpulens.remediate.slurm import SlurmIsolator
@@ -84,6 +85,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DURATION",
         help="window of the breaker (default 1h)",
     )
+    breaker.add_argument(
+        "--breaker-state-configmap",
+        metavar="NAMESPACE/NAME",
+        help="kubernetes backend: keep the breaker's state in this ConfigMap (instead of --state-dir)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="directory for the receiver's durable state (breaker.json); without it (and without "
+        "--breaker-state-configmap) a restart resets the breaker",
+    )
+    parser.add_argument(
+        "--action-timeout",
+        type=parse_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="total deadline of one action on one node, every backend call included (default 60s)",
+    )
     kube = parser.add_argument_group("kubernetes backend")
     default_api = ""
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -133,6 +153,27 @@ def build_isolator(args: argparse.Namespace) -> Isolator:
     return KubernetesIsolator(KubernetesClient(args.kube_api_url, token, ca), drain=args.drain)
 
 
+def build_store(args: argparse.Namespace, isolator: Isolator) -> BreakerStore:
+    """Where the breaker's state lives. A dry run keeps its own, so switching to --apply starts clean."""
+    name = "breaker.json" if args.apply else "breaker-dry-run.json"
+    if args.breaker_state_configmap:
+        if not isinstance(isolator, KubernetesIsolator):
+            raise UsageError("--breaker-state-configmap needs --backend kubernetes")
+        namespace, sep, configmap = args.breaker_state_configmap.partition("/")
+        if not sep or not namespace or not configmap:
+            raise UsageError(
+                f"--breaker-state-configmap {args.breaker_state_configmap!r}: expected NAMESPACE/NAME"
+            )
+        if not args.apply:
+            configmap += "-dry-run"
+        return ConfigMapStore(isolator.client, namespace, configmap)
+    if args.state_dir:
+        if not args.state_dir.is_dir():
+            raise UsageError(f"--state-dir {args.state_dir}: not a directory")
+        return FileStore(args.state_dir / name)
+    return MemoryStore()
+
+
 def build_authenticator(args: argparse.Namespace) -> Authenticator:
     token = read_secret(args.token_file, "--token-file") if args.token_file else None
     password = None
@@ -156,13 +197,25 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.breaker_max_nodes < 1:
             raise UsageError("--breaker-max-nodes: expected at least 1")
+        if args.action_timeout <= 0:
+            raise UsageError("--action-timeout: expected a positive duration")
         auth = build_authenticator(args)
         isolator = build_isolator(args)
-    except (UsageError, AuthConfigError) as exc:
+        store = build_store(args, isolator)
+        breaker = CircuitBreaker(args.breaker_max_nodes, args.breaker_window, store=store)
+    except (UsageError, AuthConfigError, BreakerStoreError) as exc:
         return _fail(str(exc))
-    remediator = Remediator(
-        isolator, CircuitBreaker(args.breaker_max_nodes, args.breaker_window), dry_run=not args.apply
-    )
+    if isinstance(store, MemoryStore) and args.apply:
+        log.warning(
+            "the circuit breaker's state is kept in memory only: a restart resets it (pass --state-dir)"
+        )
+    remediator = Remediator(isolator, breaker, dry_run=not args.apply, action_timeout_s=args.action_timeout)
+
+    def save_failed(exc: BreakerStoreError) -> None:
+        remediator.metrics.breaker_save_errors.inc()
+        log.error("%s", exc)
+
+    breaker.on_save_error = save_failed
     try:
         server = RemediateServer(args.listen, remediator, auth)
     except OSError as exc:

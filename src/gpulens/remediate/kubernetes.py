@@ -14,15 +14,17 @@ Kubernetes client library is needed. RBAC: nodes get/patch, pods list, pods/evic
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpulens import httpclient
+from gpulens.httpclient import Deadline
+from gpulens.remediate.escape import printable
 from gpulens.remediate.model import IsolationRequest, Outcome
 
 TAINT_KEY = "gpulens.io/gpu-fault"
@@ -30,6 +32,9 @@ ANNOTATION_AT = "gpulens.io/isolated-at"
 ANNOTATION_REASON = "gpulens.io/isolation-reason"
 ANNOTATION_FINGERPRINT = "gpulens.io/alert-fingerprint"
 CONFLICT_RETRIES = 3
+MAX_ANSWER = 16 << 20  # a node object is tens of kilobytes; a pod list of a full node a few MiB
+# RFC 1123 DNS subdomain: what the API accepts as a node name (lower case, no underscores)
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class KubernetesError(Exception):
@@ -38,10 +43,15 @@ class KubernetesError(Exception):
 
 @dataclass
 class KubernetesClient:
+    """Bearer-token JSON client of the API server, through gpulens.httpclient: one total deadline
+    per call, answers bounded in size, and no redirect to another origin (the token is only ever
+    sent to `api_url`, and no answer from elsewhere is acted on)."""
+
     api_url: str
     token_file: Path | None = None
     ca_file: Path | None = None
     timeout_s: float = 10.0
+    max_bytes: int = MAX_ANSWER
 
     def _context(self) -> ssl.SSLContext | None:
         if not self.api_url.startswith("https"):
@@ -51,8 +61,14 @@ class KubernetesClient:
         return ssl.create_default_context()
 
     def request(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        deadline: Deadline | None = None,
     ) -> tuple[int, Any]:
+        """(status, decoded JSON answer); for errors the answer is {"message": ...}."""
         headers = {"Accept": "application/json"}
         if self.token_file:
             # Read on every call: projected service-account tokens are rotated on disk.
@@ -64,29 +80,57 @@ class KubernetesClient:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        request = urllib.request.Request(
-            self.api_url.rstrip("/") + path, data=data, method=method, headers=headers
-        )
+        call = Deadline(self.timeout_s)
+        if deadline is not None and deadline.remaining() < call.remaining():
+            call = deadline
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._context()) as response:
-                raw = response.read()
-                return response.status, json.loads(raw) if raw else None
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
+            answer = httpclient.request(
+                method,
+                self.api_url.rstrip("/") + path,
+                deadline=call,
+                headers=headers,
+                body=data,
+                max_bytes=self.max_bytes,
+                context=self._context(),
+            )
+        except (httpclient.HttpError, ssl.SSLError, OSError) as exc:
+            raise KubernetesError(_without_base(str(exc), self.api_url, method, path)) from None
+        if 200 <= answer.status < 300:
             try:
-                message = json.loads(raw).get("message", "")
-            except (ValueError, AttributeError):
-                message = raw.decode(errors="replace")[:200]
-            return exc.code, {"message": message}
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise KubernetesError(f"{method} {path}: {reason}") from None
+                doc = json.loads(answer.body) if answer.body else {}
+            except (ValueError, RecursionError):
+                raise KubernetesError(f"{method} {path}: HTTP {answer.status} answer is not JSON") from None
+            if not isinstance(doc, dict):
+                raise KubernetesError(f"{method} {path}: HTTP {answer.status} answer is not a JSON object")
+            return answer.status, doc
+        try:
+            message = json.loads(answer.body).get("message", "")
+        except (ValueError, AttributeError, RecursionError):
+            message = answer.body.decode(errors="replace")[:200]
+        return answer.status, {"message": printable(str(message), 200)}
+
+
+def _without_base(message: str, base: str, method: str, path: str) -> str:
+    """httpclient names the full URL; keep the messages short and stable: `GET /api/v1/...: reason`."""
+    return message.replace(f"{method} {base.rstrip('/')}{path}", f"{method} {path}", 1)
+
+
+def taint_value(alertname: str) -> str:
+    """A valid taint value for the alert name: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends."""
+    value = re.sub(r"[^A-Za-z0-9._-]", "_", alertname)[:63].strip("._-")
+    return value or "unknown"
 
 
 def _taint(request: IsolationRequest) -> dict[str, str]:
-    # Taint values are at most 63 characters of [A-Za-z0-9._-]: alert names fit. The time goes in
-    # an annotation, since the API keeps `timeAdded` for NoExecute taints only.
-    return {"key": TAINT_KEY, "value": request.alertname[:63] or "unknown", "effect": "NoSchedule"}
+    # The time goes in an annotation, since the API keeps `timeAdded` for NoExecute taints only.
+    return {"key": TAINT_KEY, "value": taint_value(request.alertname), "effect": "NoSchedule"}
+
+
+def check_node_name(node: str) -> str | None:
+    """Why the API could not name this node (None when it can): node names are DNS subdomains."""
+    if len(node) > 253 or not _DNS_SUBDOMAIN.fullmatch(node):
+        return f"node name {node!r} is not a Kubernetes node name (a lower-case DNS subdomain)"
+    return None
 
 
 @dataclass
@@ -108,6 +152,9 @@ class KubernetesIsolator:
             "spec": {"unschedulable": True, "taints": taints},
         }
 
+    def check_node(self, node: str) -> str | None:
+        return check_node_name(node)
+
     def _drains(self, request: IsolationRequest) -> bool:
         return self.drain and request.kind == "isolate_node"
 
@@ -121,10 +168,10 @@ class KubernetesIsolator:
             text += f"; then evict every non-DaemonSet pod on {request.node} via the Eviction API"
         return text
 
-    def isolate(self, request: IsolationRequest, now: float) -> Outcome:
+    def isolate(self, request: IsolationRequest, now: float, deadline: Deadline) -> Outcome:
         try:
             for _ in range(CONFLICT_RETRIES):
-                outcome = self._cordon_and_taint(request, now)
+                outcome = self._cordon_and_taint(request, now, deadline)
                 if outcome is not None:
                     return outcome
             return Outcome(
@@ -133,10 +180,10 @@ class KubernetesIsolator:
         except KubernetesError as exc:
             return Outcome("failed", str(exc))
 
-    def _cordon_and_taint(self, request: IsolationRequest, now: float) -> Outcome | None:
+    def _cordon_and_taint(self, request: IsolationRequest, now: float, deadline: Deadline) -> Outcome | None:
         """One read-modify-write of the node; None when another writer changed it in between."""
         path = f"/api/v1/nodes/{urllib.parse.quote(request.node)}"
-        status, node = self.client.request("GET", path)
+        status, node = self.client.request("GET", path, deadline=deadline)
         if status != 200:
             return Outcome("failed", f"GET node {request.node}: HTTP {status} {node.get('message', '')}")
         spec = node.get("spec", {})
@@ -144,7 +191,7 @@ class KubernetesIsolator:
         ours = any(t.get("key") == TAINT_KEY for t in taints)
         if ours and spec.get("unschedulable"):
             detail = f"node {request.node} already cordoned and tainted {TAINT_KEY}"
-            return Outcome("already", detail + self._drain(request))
+            return Outcome("already", detail + self._drain(request, deadline))
         if not ours:
             taints.append(_taint(request))
         # A merge patch replaces the taints list as a whole, hence the list read above; the
@@ -154,20 +201,23 @@ class KubernetesIsolator:
         if version:
             patch["metadata"]["resourceVersion"] = version
         status, answer = self.client.request(
-            "PATCH", path, patch, content_type="application/merge-patch+json"
+            "PATCH", path, patch, content_type="application/merge-patch+json", deadline=deadline
         )
         if status == 409:
             return None
         if status != 200:
             return Outcome("failed", f"PATCH node {request.node}: HTTP {status} {answer.get('message', '')}")
-        detail = f"cordoned node {request.node} and tainted {TAINT_KEY}={request.alertname}:NoSchedule"
-        return Outcome("applied", detail + self._drain(request))
+        detail = f"cordoned node {request.node} and tainted {TAINT_KEY}={_taint(request)['value']}:NoSchedule"
+        return Outcome("applied", detail + self._drain(request, deadline))
 
-    def _drain(self, request: IsolationRequest) -> str:
+    def _drain(self, request: IsolationRequest, deadline: Deadline) -> str:
         if not self._drains(request):
             return ""
         selector = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={request.node}"})
-        status, pods = self.client.request("GET", f"/api/v1/pods?{selector}")
+        try:
+            status, pods = self.client.request("GET", f"/api/v1/pods?{selector}", deadline=deadline)
+        except KubernetesError as exc:
+            return f"; drain failed: {exc}"
         if status != 200:
             return f"; drain failed: list pods HTTP {status}"
         evicted, blocked, failed = 0, 0, 0
@@ -184,7 +234,11 @@ class KubernetesIsolator:
             path = (
                 f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/pods/{urllib.parse.quote(name)}/eviction"
             )
-            code, _ = self.client.request("POST", path, body)
+            try:
+                code, _ = self.client.request("POST", path, body, deadline=deadline)
+            except KubernetesError:
+                failed += 1
+                continue
             if code in (200, 201):
                 evicted += 1
             elif code == 429:  # a PodDisruptionBudget does not allow it now

@@ -42,6 +42,11 @@ class RemediateMetrics:
             registry=self.registry,
         )
         limit.set(breaker_state().max_nodes)
+        self.breaker_save_errors = Counter(
+            "gpulens_remediate_breaker_save_errors",
+            "Times the circuit breaker's state could not be written to its store.",
+            registry=self.registry,
+        )
         mode = Gauge("gpulens_remediate_dry_run", "1 when actions are only logged.", registry=self.registry)
         mode.set(1 if dry_run else 0)
 

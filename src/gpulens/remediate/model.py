@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gpulens.remediate.escape import printable
+
 IsolationKind = Literal["isolate_gpu", "isolate_node"]
 ISOLATION_KINDS: tuple[IsolationKind, ...] = ("isolate_gpu", "isolate_node")
 
@@ -15,8 +17,9 @@ Result = Literal[
     "already",  # the node was already isolated (by us or by a person)
     "duplicate",  # this alert episode was handled before (Alertmanager repeat)
     "breaker_open",  # refused: too many nodes isolated in the window
+    "deferred",  # not attempted now (the breaker's window is full of actions in flight); retried later
     "resolved_ignored",  # resolved notifications never un-isolate
-    "rejected",  # the alert cannot be acted on (no usable node name)
+    "rejected",  # the alert cannot be acted on (no usable node name, a node set, ...)
     "failed",  # the backend refused or was unreachable
 ]
 
@@ -50,10 +53,13 @@ class IsolationRequest:
 
     @property
     def reason(self) -> str:
-        """Short human reason, as written into the Slurm reason / Kubernetes annotation."""
-        where = f" gpu {self.gpu}" if self.gpu else ""
-        uuid = f" {self.uuid}" if self.uuid else ""
-        return f"gpulens: {self.alertname}{where}{uuid}"
+        """Short human reason, as written into the Slurm reason / Kubernetes annotation.
+
+        Label values come from the caller: control characters are escaped and each part bounded,
+        so the reason is one line of at most a few hundred characters."""
+        where = f" gpu {printable(self.gpu, 16)}" if self.gpu else ""
+        uuid = f" {printable(self.uuid, 64)}" if self.uuid else ""
+        return f"gpulens: {printable(self.alertname, 128)}{where}{uuid}"
 
 
 @dataclass(frozen=True)

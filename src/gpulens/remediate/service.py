@@ -7,19 +7,29 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
-from gpulens.remediate.breaker import CircuitBreaker
+from gpulens.httpclient import Deadline
+from gpulens.remediate.breaker import Admission, CircuitBreaker
+from gpulens.remediate.escape import printable
 from gpulens.remediate.isolator import Isolator
+from gpulens.remediate.locks import NodeLocks
 from gpulens.remediate.metrics import RemediateMetrics
-from gpulens.remediate.model import ActionRecord, Alert, Outcome
+from gpulens.remediate.model import ISOLATION_KINDS, ActionRecord, Alert, IsolationRequest, Outcome
 from gpulens.remediate.plan import PlanError, plan
 
 log = logging.getLogger("gpulens.remediate")
 
-# Episodes remembered for idempotency; old ones are forgotten first.
+# Episodes remembered for idempotency; old ones are forgotten first. Every key is bounded
+# (payload.MAX_FINGERPRINT + MAX_STARTS_AT), so this bounds the memory too.
 MAX_EPISODES = 10_000
 MAX_HISTORY = 200
+MAX_DETAIL = 1000
+# Nodes of one notification handled at once (Alertmanager sends one node per notification to
+# this receiver; a caller that sends many gets them in parallel, this many at a time).
+PARALLEL_NODES = 8
+DEFAULT_ACTION_TIMEOUT_S = 60.0
 
 
 class Remediator:
@@ -29,6 +39,9 @@ class Remediator:
     the same firing episode are answered `duplicate`, while the same alert firing again after it
     resolved (a new episode, for example after a person returned the node to service and the
     fault came back) is acted on again. Failed attempts are not remembered, so a repeat retries.
+
+    Actions are serialised per node, never globally: a node whose backend call is slow holds up
+    only later actions on that same node, and every action has a total deadline.
     """
 
     def __init__(
@@ -37,71 +50,135 @@ class Remediator:
         breaker: CircuitBreaker,
         dry_run: bool = True,
         clock: Callable[[], float] = time.time,
+        action_timeout_s: float = DEFAULT_ACTION_TIMEOUT_S,
     ) -> None:
         self.isolator = isolator
         self.breaker = breaker
         self.dry_run = dry_run
         self.clock = clock
+        self.action_timeout_s = action_timeout_s
         self.metrics = RemediateMetrics(breaker.state, dry_run)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the episode table and the history only
+        self.locks = NodeLocks()
         self._episodes: OrderedDict[str, ActionRecord] = OrderedDict()
         self._history: deque[ActionRecord] = deque(maxlen=MAX_HISTORY)
 
     def handle(self, alerts: Iterable[Alert]) -> list[ActionRecord]:
-        with self._lock:  # one notification at a time: the breaker and dedupe see a consistent order
-            return [record for alert in alerts if (record := self._handle_one(alert)) is not None]
+        """Act on a notification's alerts; alerts of different nodes run in parallel."""
+        planned: list[tuple[Alert, IsolationRequest | None, ActionRecord | None]] = []
+        for alert in alerts:
+            try:
+                request = plan(alert)
+                refusal = self.isolator.check_node(request.node) if request is not None else None
+                if refusal:
+                    raise PlanError(refusal)
+            except PlanError as exc:
+                kind = _kind_label(alert.labels.get("remediate", ""))
+                planned.append(
+                    (alert, None, self._record(self.clock(), alert, kind, "", Outcome("rejected", str(exc))))
+                )
+                continue
+            planned.append((alert, request, None))
+        by_node: dict[str, list[int]] = {}
+        for index, (_alert, request, _done) in enumerate(planned):
+            if request is not None:
+                by_node.setdefault(request.node, []).append(index)
+        results: dict[int, ActionRecord | None] = {}
 
-    def _handle_one(self, alert: Alert) -> ActionRecord | None:
+        def run(indexes: list[int]) -> None:
+            for index in indexes:
+                alert, request, _ = planned[index]
+                assert request is not None
+                results[index] = self._handle_one(alert, request)
+
+        groups = list(by_node.values())
+        if len(groups) <= 1:
+            for group in groups:
+                run(group)
+        else:
+            with ThreadPoolExecutor(max_workers=min(PARALLEL_NODES, len(groups))) as pool:
+                list(pool.map(run, groups))
+        records = []
+        for index, (_alert, request, done) in enumerate(planned):
+            record = done if request is None else results.get(index)
+            if record is not None:
+                records.append(record)
+        return records
+
+    def _handle_one(self, alert: Alert, request: IsolationRequest) -> ActionRecord:
         now = self.clock()
-        kind = alert.labels.get("remediate", "")
-        try:
-            request = plan(alert)
-        except PlanError as exc:
-            return self._record(now, alert, kind, "", Outcome("rejected", str(exc)))
-        if request is None:
-            return None  # not labelled for remediation: nothing to do, nothing to count
+        kind = request.kind
         if alert.status == "resolved":
             outcome = Outcome("resolved_ignored", "resolved notifications never return a node to service")
             return self._record(now, alert, kind, request.node, outcome)
-        previous = self._episodes.get(request.episode)
-        if previous is not None:
-            outcome = Outcome("duplicate", f"handled at {previous.at:.0f} with result {previous.result}")
-            return self._record(now, alert, kind, request.node, outcome)
-        if not self.breaker.admit(request.node):
-            state = self.breaker.state()
-            outcome = Outcome(
-                "breaker_open",
-                f"circuit breaker open: more than {state.max_nodes} nodes "
-                f"in {state.window_s:g}s; reset it at /-/breaker/reset",
-            )
-            return self._record(now, alert, kind, request.node, outcome)
+        deadline = Deadline(self.action_timeout_s)
+        with self.locks.hold(request.node, deadline.remaining()) as held:
+            if not held:
+                outcome = Outcome(
+                    "deferred",
+                    f"an earlier action on node {request.node} did not finish within "
+                    f"{self.action_timeout_s:g}s; retried on the next notification",
+                )
+                return self._record(now, alert, kind, request.node, outcome)
+            with self._lock:
+                previous = self._episodes.get(request.episode)
+            if previous is not None:
+                outcome = Outcome("duplicate", f"handled at {previous.at:.0f} with result {previous.result}")
+                return self._record(now, alert, kind, request.node, outcome)
+            ticket = self.breaker.reserve(request.node, wait_s=deadline.remaining())
+            if not ticket.allowed:
+                refused = (
+                    Outcome("breaker_open", ticket.detail)
+                    if ticket.admission is Admission.OPEN
+                    else Outcome("deferred", ticket.detail)
+                )
+                return self._record(now, alert, kind, request.node, refused)
+            outcome = self._act(request, now, deadline)
+            if outcome.result in ("applied", "dry_run"):
+                self.breaker.commit(ticket)
+            else:
+                self.breaker.release(ticket)
+            record = self._record(now, alert, kind, request.node, outcome)
+            if outcome.result != "failed":
+                with self._lock:
+                    self._episodes[request.episode] = record
+                    while len(self._episodes) > MAX_EPISODES:
+                        self._episodes.popitem(last=False)
+            return record
+
+    def _act(self, request: IsolationRequest, now: float, deadline: Deadline) -> Outcome:
         if self.dry_run:
-            outcome = Outcome(
+            return Outcome(
                 "dry_run", f"DRY-RUN {self.isolator.backend}: {self.isolator.describe(request, now)}"
             )
-        else:
-            outcome = self.isolator.isolate(request, now)
-        record = self._record(now, alert, kind, request.node, outcome)
-        if outcome.result != "failed":
-            self._episodes[request.episode] = record
-            while len(self._episodes) > MAX_EPISODES:
-                self._episodes.popitem(last=False)
-        return record
+        try:
+            outcome = self.isolator.isolate(request, now, deadline)
+        except Exception as exc:  # a backend bug must fail this alert, not the notification
+            log.exception("isolating node %s failed", request.node)
+            return Outcome("failed", f"{type(exc).__name__}: {exc}")
+        if outcome.result != "failed" and deadline.expired:
+            log.warning("isolating node %s took longer than its %gs deadline", request.node, deadline.seconds)
+        return outcome
 
     def _record(self, now: float, alert: Alert, kind: str, node: str, outcome: Outcome) -> ActionRecord:
         record = ActionRecord(
             at=now,
-            alertname=alert.name,
+            alertname=printable(alert.name, 128),
             fingerprint=alert.fingerprint,
-            kind=kind or "none",
+            kind=kind,
             node=node,
-            gpu=alert.labels.get("gpu", ""),
+            gpu=printable(alert.labels.get("gpu", ""), 16),
             result=outcome.result,
-            detail=outcome.detail,
+            detail=printable(outcome.detail, MAX_DETAIL),
         )
-        self._history.append(record)
+        with self._lock:
+            self._history.append(record)
         self.metrics.actions.labels(kind=record.kind, result=record.result).inc()
-        level = logging.WARNING if outcome.result in ("failed", "breaker_open", "rejected") else logging.INFO
+        level = (
+            logging.WARNING
+            if outcome.result in ("failed", "breaker_open", "rejected", "deferred")
+            else logging.INFO
+        )
         log.log(
             level,
             "%s %s node=%s gpu=%s fingerprint=%s: %s",
@@ -109,18 +186,27 @@ class Remediator:
             record.alertname,
             node or "-",
             record.gpu or "-",
-            record.fingerprint,
-            outcome.detail,
+            printable(record.fingerprint, 64),
+            record.detail,
         )
         return record
 
     def state(self) -> dict:
         """What /-/state shows: mode, backend, breaker and the recent actions (newest last)."""
+        breaker = self.breaker.state()
         with self._lock:
-            breaker = self.breaker.state()
-            return {
-                "dry_run": self.dry_run,
-                "backend": self.isolator.backend,
-                "breaker": asdict(breaker) | {"nodes_in_window": list(breaker.nodes_in_window)},
-                "actions": [asdict(r) for r in self._history],
-            }
+            actions = [asdict(r) for r in self._history]
+        return {
+            "dry_run": self.dry_run,
+            "backend": self.isolator.backend,
+            "breaker": asdict(breaker)
+            | {"nodes_in_window": list(breaker.nodes_in_window), "in_flight": list(breaker.in_flight)},
+            "actions": actions,
+        }
+
+
+def _kind_label(kind: str) -> str:
+    """The `kind` metric label: an isolation kind, else `invalid` (never the caller's text)."""
+    if not kind:
+        return "none"
+    return kind if kind in ISOLATION_KINDS else "invalid"

@@ -4,6 +4,11 @@ DRAIN lets running jobs finish and starts no new ones. Slurm has no per-GPU drai
 drain the node; the reason names the GPU. The `gpulens:` prefix marks drains gpulens made (the
 LBNL NHC convention). A node that is already draining or drained is left as it is, so a person's
 own drain reason is never overwritten and repeated faults do not rewrite ours.
+
+scontrol takes more than node names where a node name goes: `ALL`, host lists (`gpu[01-04]`,
+`a,b`) and node-set names. The first two are refused by name; every action first reads the node
+(`scontrol show node NAME --oneliner`) and goes ahead only when that names exactly one node called
+NAME, so a node set (or a name Slurm does not know) is never acted on.
 """
 
 from __future__ import annotations
@@ -13,7 +18,13 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 
+from gpulens.httpclient import Deadline
+from gpulens.remediate.escape import printable
 from gpulens.remediate.model import IsolationRequest, Outcome
+
+# A Slurm node name: a host name, no host-list syntax (brackets, commas) and no wildcards
+_NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
+_RECORD_NAME = re.compile(r"^NodeName=(\S+)")
 
 _STATE = re.compile(r"\bState=(\S+)")
 _REASON = re.compile(r"\bReason=(.*?)(?:\s+\[[^\]]*\])?\s*$", re.M)
@@ -41,24 +52,43 @@ class SlurmIsolator:
     def describe(self, request: IsolationRequest, now: float) -> str:
         return shlex.join(self.command(request))
 
-    def _run(self, command: list[str]) -> str:
+    def check_node(self, node: str) -> str | None:
+        if node.upper() == "ALL":
+            return f"node name {node!r} means every node to scontrol"
+        if not _NODE_NAME.fullmatch(node):
+            return f"node name {node!r} is not a single Slurm node name (no host lists or node sets)"
+        return None
+
+    def _run(self, command: list[str], deadline: Deadline) -> str:
+        timeout = min(self.timeout_s, deadline.remaining())
+        if timeout <= 0:
+            raise ScontrolError(f"{shlex.join(command)}: not started, the action's deadline has passed")
         try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=self.timeout_s, check=False
-            )
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
         except FileNotFoundError:
             raise ScontrolError(f"{self.scontrol}: not found") from None
         except subprocess.TimeoutExpired:
-            raise ScontrolError(f"{shlex.join(command)}: no answer in {self.timeout_s:g}s") from None
+            raise ScontrolError(f"{shlex.join(command)}: no answer in {timeout:g}s") from None
         if done.returncode != 0:
             message = (done.stderr or done.stdout).strip().splitlines()
             first = message[0] if message else f"exit status {done.returncode}"
-            raise ScontrolError(f"{shlex.join(command)}: {first}")
+            raise ScontrolError(f"{shlex.join(command)}: {printable(first, 300)}")
         return done.stdout
 
-    def isolate(self, request: IsolationRequest, now: float) -> Outcome:
+    def show(self, node: str, deadline: Deadline) -> str:
+        """The node's one-line record; ScontrolError unless it names exactly this one node."""
+        shown = self._run([self.scontrol, "show", "node", node, "--oneliner"], deadline)
+        names = [m.group(1) for line in shown.splitlines() if (m := _RECORD_NAME.match(line.strip()))]
+        if names != [node]:
+            raise ScontrolError(
+                f"scontrol show node {node}: names {len(names)} nodes, not exactly node {node} "
+                "(a node set or host list?): refused"
+            )
+        return shown
+
+    def isolate(self, request: IsolationRequest, now: float, deadline: Deadline) -> Outcome:
         try:
-            shown = self._run([self.scontrol, "show", "node", request.node, "--oneliner"])
+            shown = self.show(request.node, deadline)
             state = _STATE.search(shown)
             flags = set(re.split(r"[+*]", state.group(1).upper())) if state else set()
             if flags & {"DRAIN", "DRAINING", "DRAINED"}:
@@ -67,7 +97,7 @@ class SlurmIsolator:
                 owner = "by gpulens" if text.startswith("gpulens:") else "by someone else"
                 return Outcome("already", f"node {request.node} already drained {owner} (Reason={text})")
             command = self.command(request)
-            self._run(command)
+            self._run(command, deadline)
             return Outcome("applied", shlex.join(command))
         except ScontrolError as exc:
             return Outcome("failed", str(exc))
