@@ -108,10 +108,6 @@ class GpuModel:
     def mig_capable(self) -> bool:
         return bool(self.mig_profiles)
 
-    @property
-    def memory_gib(self) -> float:
-        return self.memory_bytes / GIB
-
     def mig_profile(self, name: str) -> MigProfile:
         for profile in self.mig_profiles:
             if profile.name == name:

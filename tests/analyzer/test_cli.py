@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gpulens.analyzer.history import write_history
+from gpulens.analyzer.pipeline import JOB_FIELDS
 from gpulens.cli import main
 from tests.analyzer import synth
 from tests.analyzer.fakeprom import fake_prometheus
@@ -43,22 +44,8 @@ def test_recommend_json_has_the_documented_fields(capsys, seed_history):
     assert code == 0
     payload = json.loads(out)
     job = payload["jobs"][0]
-    for field in (
-        "job_id",
-        "gpu_model",
-        "gpus",
-        "duration_s",
-        "samples",
-        "sm_active_p95",
-        "memory_peak_bytes",
-        "recommendation",
-        "mig_profile",
-        "mps_active_thread_percentage",
-        "mps_pinned_memory_limit_bytes",
-        "reason",
-        "confidence",
-    ):
-        assert field in job
+    for field in JOB_FIELDS:
+        assert field in job, field
     assert 0 <= job["sm_active_p95"] <= 1
     plan = payload["plan"]
     assert (plan["gpus_before"], plan["gpus_after"], plan["gpus_freed"]) == (4, 2, 2)

@@ -21,7 +21,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import TextIO
 
 import yaml
+
+from gpulens.devtools.ports import pick_port
 
 DURATION_RE = re.compile(r"^(\d+)([smhdw])$")
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -275,29 +276,6 @@ def require_binary(*names: str) -> str:
         f"{names[0]} is not installed: `make demo` installs it from Debian "
         f"(apt-get install prometheus prometheus-alertmanager)"
     )
-
-
-def port_free(port: int) -> bool:
-    """Whether a server could listen on 127.0.0.1:port now (servers set SO_REUSEADDR, so do we:
-    a port in TIME_WAIT after the previous demo is free for them)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_port(preferred: int, taken: set[int]) -> int:
-    if preferred not in taken and port_free(preferred):
-        return preferred
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in taken:
-            return port
 
 
 def http_get(url: str, timeout: float = 5.0) -> bytes:

@@ -50,14 +50,6 @@ class _Entry:
 
 
 @dataclass
-class RemapState:
-    correctable: int
-    uncorrectable: int
-    pending: bool
-    failed: bool
-
-
-@dataclass
 class GpuFaults:
     """What the timeline says about one GPU at one instant."""
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -382,13 +380,3 @@ def uninstall() -> None:
 def current() -> SimHostEngine | None:
     with _INSTALLED.lock:
         return _INSTALLED.engine
-
-
-@contextmanager
-def simulated_dcgm(node: SimNode, options: EngineOptions | None = None) -> Iterator[SimHostEngine]:
-    """`with simulated_dcgm(node) as engine:` — install for the duration of the block."""
-    engine = install(node, options)
-    try:
-        yield engine
-    finally:
-        uninstall()
