@@ -6,11 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv system-deps test test-fast lint typecheck format demo demo-stop bench dashboards clean
+.PHONY: help venv system-deps tools test test-fast lint typecheck format demo demo-stop bench dashboards clean
 
 help:
 	@echo "make demo       run the demo on the simulated node (no GPU needed)"
 	@echo "make test       install what the tests need and run the whole suite"
+	@echo "make tools      build helm (for the chart tests) into $(TOOLS_BIN)"
 	@echo "make lint       ruff check + format check + mypy"
 	@echo "make bench      benchmarks (writes docs/benchmarks.md)"
 
@@ -37,8 +38,27 @@ system-deps:
 	if [ -n "$$missing" ]; then echo "installing from Debian:$$missing"; $(APT_INSTALL) $$missing; fi; \
 	if [ -n "$$optional" ]; then $(APT_INSTALL) $$optional || echo "$$optional not installable: its test skips"; fi
 
-test: venv system-deps
-	$(BIN)/python -m pytest -q
+# Real helm for the chart tests (tests/stack/test_helm.py), built from its Go module (the machine has
+# Go and the module proxy, no release downloads) into a cache outside the tree, once: `make tools`
+# skips the build when that version is already there. The -X flags are the ones helm's own release
+# build sets: its version, and the Kubernetes version it assumes without a cluster (that of the
+# client-go it is built with, v0.37 for helm v3.22.0), without which `helm template` would assume
+# Kubernetes 1.20.
+HELM_VERSION := v3.22.0
+HELM_K8S_MINOR := 37
+TOOLS_BIN ?= $(HOME)/.cache/gpulens-tools/bin
+HELM := $(TOOLS_BIN)/helm
+HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+  -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_K8S_MINOR) \
+  -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_K8S_MINOR)
+tools:
+	@if [ "$$($(HELM) version --template '{{.Version}}' 2>/dev/null)" = "$(HELM_VERSION)" ]; then exit 0; fi; \
+	command -v go >/dev/null || { echo "make tools: go is needed to build helm $(HELM_VERSION)" >&2; exit 1; }; \
+	echo "building helm $(HELM_VERSION) from its Go module into $(TOOLS_BIN) (a few minutes, once)"; \
+	mkdir -p $(TOOLS_BIN) && GOBIN=$(TOOLS_BIN) nice -n 10 go install -ldflags "$(HELM_LDFLAGS)" helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+test: venv system-deps tools
+	GPULENS_HELM=$(HELM) $(BIN)/python -m pytest -q
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"
