@@ -93,6 +93,7 @@ bench: venv
 
 dashboards: venv
 	$(BIN)/gpulens dashboards build
+	$(BIN)/python deploy/helm/generate.py
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .ruff_cache

@@ -3,8 +3,9 @@
 
 The alert and recording rules are written and unit-tested (promtool) once, in `alerts/`; the
 Prometheus Operator wants them wrapped in a `PrometheusRule` object. Generating the wrapper keeps one
-source of truth: `python deploy/kubernetes/generate.py` rewrites it, `--check` fails (exit 1) when
-the committed file is stale, which the tests and CI use.
+source of truth: `python deploy/kubernetes/generate.py` rewrites it (and the Helm chart's copy of
+the rules, through deploy/helm/generate.py), `--check` fails (exit 1) when the committed file is
+stale, which the tests and CI use.
 
 Rule files are every `alerts/*.yml` whose top level has a `groups` list (so `alertmanager.yml` and
 the promtool test files are skipped). Each rule file becomes one PrometheusRule object
@@ -14,6 +15,7 @@ the promtool test files are skipped). Each rule file becomes one PrometheusRule 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -148,7 +150,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.output.write_text(text)
     print(f"wrote {args.output}")
+    if args.alerts == REPO / "alerts" and args.output == OUTPUT:
+        return regenerate_helm_chart_files()
     return 0
+
+
+def regenerate_helm_chart_files() -> int:
+    """The Helm chart embeds the same rules (deploy/helm/generate.py): refresh them in the same run."""
+    path = REPO / "deploy" / "helm" / "generate.py"
+    spec = importlib.util.spec_from_file_location("gpulens_helm_generate", path)
+    if spec is None or spec.loader is None:
+        print(f"generate: error: cannot load {path}", file=sys.stderr)
+        return 2
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return int(module.main([]))
 
 
 if __name__ == "__main__":
