@@ -39,7 +39,7 @@ from gpulens.exporter.collectors import exporter as meta
 from gpulens.exporter.config import ExporterConfig
 from gpulens.exporter.render import Rendered, render
 from gpulens.exporter.sampler import Sampler, SamplerSettings
-from gpulens.exporter.snapshot import AreaTiming, NodeSnapshot
+from gpulens.exporter.snapshot import Area, AreaTiming, NodeSnapshot
 
 SWITCH_INTERVAL = 0.0005  # seconds a thread may hold the GIL while others wait (CPython default 0.005)
 
@@ -87,11 +87,11 @@ class Exporter:
         wanted = DEFAULT_ENABLED if config.collectors is None else config.collectors
         self.enabled = tuple(name for name in REGISTRY if name in wanted)
         self.options = CollectorOptions(processes_max=config.processes_max)
-        areas = frozenset(n for n in self.enabled if REGISTRY[n].reads_nvml)
+        areas = frozenset(Area(n) for n in self.enabled if REGISTRY[n].reads_nvml)
         if config.profiling == "off":
-            areas -= {"profiling"}
+            areas -= {Area.PROFILING}
         profiler_factory = None
-        if "profiling" in areas:  # DCGM / GPM / NVML-only per --profiling (backends/profiling_source.py)
+        if Area.PROFILING in areas:  # DCGM / GPM / NVML-only per --profiling (backends/profiling_source.py)
             from gpulens.exporter.backends.profiling_source import make_profiler_factory
 
             profiler_factory = make_profiler_factory(config, self.clock, self.log, node=self.node)
@@ -100,10 +100,10 @@ class Exporter:
         self.backend = NvmlBackend(
             clock=self.clock, procfs_root=self.procfs, profiler_factory=profiler_factory
         )
-        self.xid = XidWatcher(self.clock, self.log) if "xid" in areas else None
+        self.xid = XidWatcher(self.clock, self.log) if Area.XID in areas else None
         self._attributor: Any = None
         self._attribution_error = ""
-        if "jobs" in self.enabled:
+        if Area.JOBS in self.enabled:
             self._init_attribution()
         self.sampler = Sampler(
             self.backend,
@@ -111,7 +111,7 @@ class Exporter:
                 areas=areas,
                 interval=config.interval,
                 deadline=config.read_deadline(),
-                jobs_enabled="jobs" in self.enabled,
+                jobs_enabled=Area.JOBS in self.enabled,
             ),
             clock=self.clock,
             xid=self.xid,

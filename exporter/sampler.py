@@ -29,7 +29,7 @@ from gpulens.exporter.backends.nvml import (
     SystemInfo,
     error_text,
 )
-from gpulens.exporter.snapshot import AreaTiming, GpuIdentity, GpuSample, NodeSnapshot, XidCount
+from gpulens.exporter.snapshot import Area, AreaTiming, GpuIdentity, GpuSample, NodeSnapshot, XidCount
 
 BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0
@@ -78,7 +78,7 @@ class Worker:
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    areas: frozenset[str]  # enabled collectors that need NVML reads
+    areas: frozenset[Area]  # enabled collectors that need NVML reads
     interval: float
     deadline: float  # seconds a GPU's (and attribution's) work may take per sample
     jobs_enabled: bool
@@ -189,9 +189,9 @@ class Sampler:
         jobs, jobs_error, jobs_seconds = self._attribute(snapshot)
         areas = self._area_status(gpus, timings)
         if self.settings.jobs_enabled:
-            areas["jobs"] = AreaTiming(seconds=jobs_seconds, success=not jobs_error)
-        if self.xid is not None and "xid" in self.settings.areas:
-            areas["xid"] = AreaTiming(seconds=0.0, success=self.xid.active)
+            areas[Area.JOBS] = AreaTiming(seconds=jobs_seconds, success=not jobs_error)
+        if self.xid is not None and Area.XID in self.settings.areas:
+            areas[Area.XID] = AreaTiming(seconds=0.0, success=self.xid.active)
         return NodeSnapshot(
             timestamp=self.clock(),
             duration_seconds=time.perf_counter() - started,
@@ -206,7 +206,7 @@ class Sampler:
             areas=areas,
         )
 
-    def _read_gpus(self, count: int) -> tuple[list[GpuSample], dict[str, float]]:
+    def _read_gpus(self, count: int) -> tuple[list[GpuSample], dict[Area, float]]:
         settings = self.settings
         futures: dict[int, Future[Any]] = {}
         results: dict[int, GpuSample] = {}
@@ -219,7 +219,7 @@ class Sampler:
                 continue
             futures[index] = worker.submit(self.backend.read_gpu, index, settings.areas, settings.interval)
         deadline = time.monotonic() + settings.deadline
-        timings: dict[str, float] = {}
+        timings: dict[Area, float] = {}
         for index, future in futures.items():
             try:
                 sample, gpu_timings = future.result(timeout=max(0.0, deadline - time.monotonic()))
@@ -268,7 +268,7 @@ class Sampler:
         return GpuSample(identity=identity, up=False, error=error, failed_areas=self.settings.areas)
 
     def _watch_events(self, gpus: list[GpuSample]) -> None:
-        if self.xid is None or "xid" not in self.settings.areas:
+        if self.xid is None or Area.XID not in self.settings.areas:
             return
         handles = dict(self.backend.handles())
         came_back = [
@@ -309,7 +309,7 @@ class Sampler:
             return [], error_text(exc), time.perf_counter() - started
         return list(jobs), error, time.perf_counter() - started
 
-    def _area_status(self, gpus: list[GpuSample], timings: Mapping[str, float]) -> dict[str, AreaTiming]:
+    def _area_status(self, gpus: list[GpuSample], timings: Mapping[Area, float]) -> dict[str, AreaTiming]:
         out: dict[str, AreaTiming] = {}
         for area in self.settings.areas:
             ok = all(g.up and area not in g.failed_areas for g in gpus)
@@ -317,9 +317,9 @@ class Sampler:
         return out
 
     def _down_snapshot(self, error: str, started: float) -> NodeSnapshot:
-        areas = {a: AreaTiming(0.0, False) for a in self.settings.areas}
+        areas: dict[str, AreaTiming] = {a: AreaTiming(0.0, False) for a in self.settings.areas}
         if self.settings.jobs_enabled:
-            areas["jobs"] = AreaTiming(0.0, False)
+            areas[Area.JOBS] = AreaTiming(0.0, False)
         xids = self.xid.counts() if self.xid is not None else ()
         return NodeSnapshot(
             timestamp=self.clock(),

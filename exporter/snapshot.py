@@ -12,10 +12,34 @@ inventing a zero.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gpulens.exporter.attribution.model import JobUsage
+
+
+class Area(StrEnum):
+    """What the sampler reads (or derives) per GPU, named after the collector that renders it.
+
+    One vocabulary for the backend (which reads fail), the sampler (per-area timing and success)
+    and the collectors (`readable(snapshot, Area.MEMORY)`). Values are the collector names, so
+    `gpulens_collector_success{collector}` and `--collector.<name>` read the same word.
+    """
+
+    DEVICE = "device"
+    MEMORY = "memory"
+    POWER_THERMAL = "power_thermal"
+    CLOCKS = "clocks"
+    PCIE_NVLINK = "pcie_nvlink"
+    HEALTH = "health"
+    MIG = "mig"
+    MPS = "mps"
+    PROCESSES = "processes"
+    PROFILING = "profiling"
+    XID = "xid"
+    JOBS = "jobs"
+
 
 # Profiling metric keys, shared by the GPM backend and the profiling collector.
 PROFILING_KEYS: tuple[str, ...] = (
@@ -90,7 +114,7 @@ class GpuSample:
     identity: GpuIdentity
     up: bool
     error: str = ""
-    failed_areas: frozenset[str] = frozenset()
+    failed_areas: frozenset[Area] = frozenset()
     mig_mode: str | None = None  # "enabled" | "disabled" | None (not MIG-capable)
     # device
     utilization_ratio: float | None = None
@@ -190,7 +214,7 @@ class NodeSnapshot:
     xids: tuple[XidCount, ...] = ()
     jobs: tuple[JobUsage, ...] = ()
     jobs_error: str = ""
-    areas: dict[str, AreaTiming] = field(default_factory=dict)
+    areas: dict[str, AreaTiming] = field(default_factory=dict)  # collector name (an Area or not)
 
     @property
     def gpu_count(self) -> int:

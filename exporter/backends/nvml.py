@@ -27,6 +27,7 @@ from typing import Any
 import pynvml
 
 from gpulens.exporter.snapshot import (
+    Area,
     GpuIdentity,
     GpuSample,
     MigSample,
@@ -98,7 +99,7 @@ NVLINK_ERROR_FIELDS: dict[tuple[str, int], int] = {
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
 # Areas whose reads need the process lists.
-PROCESS_AREAS = frozenset({"device", "mig", "mps", "jobs", "processes"})
+PROCESS_AREAS = frozenset({Area.DEVICE, Area.MIG, Area.MPS, Area.JOBS, Area.PROCESSES})
 
 
 class BackendUnavailable(Exception):
@@ -263,8 +264,8 @@ class NvmlBackend:
 
     # ---- one GPU ---------------------------------------------------------------------------
     def read_gpu(
-        self, index: int, areas: frozenset[str], interval: float
-    ) -> tuple[GpuSample, dict[str, float]]:
+        self, index: int, areas: frozenset[Area], interval: float
+    ) -> tuple[GpuSample, dict[Area, float]]:
         """Read the enabled `areas` of GPU `index`. Returns the sample and seconds spent per area.
 
         Raises GpuLostError when the GPU is lost; the sampler turns that into `gpu_up 0`.
@@ -273,8 +274,8 @@ class NvmlBackend:
         handle = state.handle
         if state.identity is None:
             state.identity = self._read_identity(index, handle)
-        timings: dict[str, float] = {}
-        failed: set[str] = set()
+        timings: dict[Area, float] = {}
+        failed: set[Area] = set()
         errors: list[str] = []
         fields: dict[str, Any] = {}
 
@@ -282,12 +283,12 @@ class NvmlBackend:
             mig_current = _call(pynvml.nvmlDeviceGetMigMode, handle)
         except AreaError as exc:
             mig_current = None
-            failed.add("mig")
+            failed.add(Area.MIG)
             errors.append(f"mig: {exc}")
         mig_enabled = bool(mig_current and mig_current[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
         fields["mig_mode"] = None if mig_current is None else ("enabled" if mig_enabled else "disabled")
 
-        def run(area: str, reader: Callable[[], dict[str, Any]]) -> None:
+        def run(area: Area, reader: Callable[[], dict[str, Any]]) -> None:
             start = time.perf_counter()
             try:
                 fields.update(reader())
@@ -297,30 +298,30 @@ class NvmlBackend:
             finally:
                 timings[area] = timings.get(area, 0.0) + time.perf_counter() - start
 
-        readers: dict[str, Callable[[], dict[str, Any]]] = {
-            "device": lambda: self._read_device(handle),
-            "memory": lambda: self._read_memory(handle),
-            "power_thermal": lambda: self._read_power_thermal(handle),
-            "clocks": lambda: self._read_clocks(handle),
-            "pcie_nvlink": lambda: self._read_pcie_nvlink(handle),
-            "health": lambda: self._read_health(handle),
+        readers: dict[Area, Callable[[], dict[str, Any]]] = {
+            Area.DEVICE: lambda: self._read_device(handle),
+            Area.MEMORY: lambda: self._read_memory(handle),
+            Area.POWER_THERMAL: lambda: self._read_power_thermal(handle),
+            Area.CLOCKS: lambda: self._read_clocks(handle),
+            Area.PCIE_NVLINK: lambda: self._read_pcie_nvlink(handle),
+            Area.HEALTH: lambda: self._read_health(handle),
         }
         for area, reader in readers.items():
             if area in areas:
                 run(area, reader)
 
-        want_mig = mig_enabled and bool(areas & (PROCESS_AREAS | {"profiling"}))
+        want_mig = mig_enabled and bool(areas & (PROCESS_AREAS | {Area.PROFILING}))
         if want_mig:
-            run("mig", lambda: {"mig_instances": self._read_mig(state)})
+            run(Area.MIG, lambda: {"mig_instances": self._read_mig(state)})
         if areas & PROCESS_AREAS:
-            area = "processes" if "processes" in areas else "device"
+            area = Area.PROCESSES if Area.PROCESSES in areas else Area.DEVICE
             run(
                 area,
                 lambda: self._read_processes(
                     state, fields.get("mig_instances", ()), mig_enabled, areas, interval
                 ),
             )
-        if "profiling" in areas and self.profiler is not None:
+        if Area.PROFILING in areas and self.profiler is not None:
             start = time.perf_counter()
             try:
                 source, gpu_values, mig_values = self.profiler.read(
@@ -334,10 +335,10 @@ class NvmlBackend:
                         for m in fields.get("mig_instances", ())
                     )
             except AreaError as exc:
-                failed.add("profiling")
+                failed.add(Area.PROFILING)
                 errors.append(f"profiling: {exc}")
-            timings["profiling"] = time.perf_counter() - start
-        elif "profiling" in areas:
+            timings[Area.PROFILING] = time.perf_counter() - start
+        elif Area.PROFILING in areas:
             fields["profiling_source"] = "nvml"
 
         sample = GpuSample(
@@ -678,7 +679,7 @@ class NvmlBackend:
         state: _GpuState,
         mig_instances: tuple[MigSample, ...],
         mig_enabled: bool,
-        areas: frozenset[str],
+        areas: frozenset[Area],
         interval: float,
     ) -> dict[str, Any]:
         handle = state.handle
@@ -710,7 +711,7 @@ class NvmlBackend:
                 new_migs.append(_with_processes(mig, tuple(mig_procs), tuple(mig_clients)))
         state.mps_server_pids = seen  # pids that left are forgotten (pid reuse stays correct)
         out: dict[str, Any] = {}
-        if not mig_enabled and areas & {"jobs", "processes"}:
+        if not mig_enabled and areas & {Area.JOBS, Area.PROCESSES}:
             utils = self._process_utilization(state, interval)
             if utils is not None:
                 procs = {pid: _with_util(p, utils.get(pid, 0.0)) for pid, p in procs.items()}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpulens.exporter.snapshot import GpuSample, NodeSnapshot
+from gpulens.exporter.snapshot import Area, GpuSample, NodeSnapshot
 
 GPU_LABELS = ["gpu", "uuid"]
 MIG_LABELS = ["gpu", "uuid", "gpu_instance", "mig_profile"]
@@ -33,14 +33,14 @@ class CollectorSpec:
     default_enabled: bool
     help: str
     collect: CollectFn
-    reads_nvml: bool = True  # whether the sampler reads an NVML area of this name
+    reads_nvml: bool = True  # whether the sampler reads an NVML area of this name (an `Area` value)
 
 
 def gpu_labels(gpu: GpuSample) -> list[str]:
     return [str(gpu.identity.index), gpu.identity.uuid]
 
 
-def readable(snapshot: NodeSnapshot, area: str) -> Iterator[GpuSample]:
+def readable(snapshot: NodeSnapshot, area: Area) -> Iterator[GpuSample]:
     """GPUs that are up and whose `area` reads succeeded this sample."""
     for gpu in snapshot.gpus:
         if gpu.up and area not in gpu.failed_areas:

@@ -17,7 +17,7 @@ from gpulens.exporter.collectors.base import (
     non_empty,
     readable,
 )
-from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
@@ -40,7 +40,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         " ns / 1e9); rate() is the fraction of time throttled, including events between samples.",
         [*GPU_LABELS, "reason"],
     )
-    for gpu in readable(snapshot, "clocks"):
+    for gpu in readable(snapshot, Area.CLOCKS):
         labels = gpu_labels(gpu)
         add_optional(sm, labels, gpu.sm_clock_hertz)
         add_optional(mem, labels, gpu.memory_clock_hertz)
@@ -52,4 +52,4 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     yield from non_empty(sm, mem, sm_max, events, seconds)
 
 
-SPEC = CollectorSpec("clocks", True, "SM/memory clocks and clock event (throttle) reasons", collect)
+SPEC = CollectorSpec(Area.CLOCKS, True, "SM/memory clocks and clock event (throttle) reasons", collect)

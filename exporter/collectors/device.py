@@ -20,7 +20,7 @@ from gpulens.exporter.collectors.base import (
     non_empty,
     readable,
 )
-from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
@@ -92,7 +92,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
             1.0,
         )
         up.add_metric(labels, 1.0 if gpu.up else 0.0)
-    for gpu in readable(snapshot, "device"):
+    for gpu in readable(snapshot, Area.DEVICE):
         labels = gpu_labels(gpu)
         add_optional(util, labels, gpu.utilization_ratio)
         add_optional(mem_util, labels, gpu.memory_utilization_ratio)
@@ -109,5 +109,5 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
 
 
 SPEC = CollectorSpec(
-    "device", True, "identity, gpu_up, utilization, P-state, compute mode, fan, process count", collect
+    Area.DEVICE, True, "identity, gpu_up, utilization, P-state, compute mode, fan, process count", collect
 )

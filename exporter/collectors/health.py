@@ -17,7 +17,7 @@ from gpulens.exporter.collectors.base import (
     non_empty,
     readable,
 )
-from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot
 
 
 def _flag(value: bool | None) -> float | None:
@@ -50,7 +50,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     retired_pending = gauge(
         "gpu_retired_pages_pending", "1 if pages are pending retirement (NVML; pre-Ampere).", GPU_LABELS
     )
-    for gpu in readable(snapshot, "health"):
+    for gpu in readable(snapshot, Area.HEALTH):
         labels = gpu_labels(gpu)
         add_optional(ecc_on, labels, _flag(gpu.ecc_enabled))
         for error, scope, count in gpu.ecc_errors:
@@ -65,4 +65,4 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     yield from non_empty(ecc_on, ecc, remapped, pending, failed, retired, retired_pending)
 
 
-SPEC = CollectorSpec("health", True, "ECC, remapped rows and retired pages", collect)
+SPEC = CollectorSpec(Area.HEALTH, True, "ECC, remapped rows and retired pages", collect)

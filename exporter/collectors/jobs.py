@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from gpulens.exporter.collectors.base import GPU_LABELS, CollectorOptions, CollectorSpec, gauge, non_empty
-from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot
 
 USAGE_LABELS = [*GPU_LABELS, "gpu_instance", "job_id"]
 
@@ -79,4 +79,4 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     yield from non_empty(info, mem, sm, procs)
 
 
-SPEC = CollectorSpec("jobs", True, "per-job identity, memory, SM utilization and process count", collect)
+SPEC = CollectorSpec(Area.JOBS, True, "per-job identity, memory, SM utilization and process count", collect)

@@ -19,7 +19,7 @@ from gpulens.exporter.collectors.base import (
     non_empty,
     readable,
 )
-from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
@@ -44,7 +44,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     bar1_used = gauge(
         "gpu_bar1_memory_used_bytes", "BAR1 aperture in use (NVML BAR1 memory info).", GPU_LABELS
     )
-    for gpu in readable(snapshot, "memory"):
+    for gpu in readable(snapshot, Area.MEMORY):
         labels = gpu_labels(gpu)
         add_optional(total, labels, gpu.memory_total_bytes)
         add_optional(used, labels, gpu.memory_used_bytes)
@@ -55,4 +55,4 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     yield from non_empty(total, used, free, reserved, bar1_total, bar1_used)
 
 
-SPEC = CollectorSpec("memory", True, "framebuffer total/used/free/reserved and BAR1 memory", collect)
+SPEC = CollectorSpec(Area.MEMORY, True, "framebuffer total/used/free/reserved and BAR1 memory", collect)

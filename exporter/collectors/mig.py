@@ -23,7 +23,7 @@ from gpulens.exporter.collectors.base import (
     non_empty,
     readable,
 )
-from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
@@ -58,7 +58,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         "Compute and graphics processes on the MIG instance (NVML process lists).",
         MIG_LABELS,
     )
-    for gpu in readable(snapshot, "mig"):
+    for gpu in readable(snapshot, Area.MIG):
         base = gpu_labels(gpu)
         for m in gpu.mig_instances:
             info.add_metric([*base, str(m.gpu_instance), str(m.compute_instance), m.profile, m.uuid], 1.0)
@@ -71,4 +71,4 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     yield from non_empty(info, total, used, reserved, sms, procs)
 
 
-SPEC = CollectorSpec("mig", True, "MIG instance identity, memory, SMs and process counts", collect)
+SPEC = CollectorSpec(Area.MIG, True, "MIG instance identity, memory, SMs and process counts", collect)

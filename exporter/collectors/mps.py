@@ -19,7 +19,7 @@ from gpulens.exporter.collectors.base import (
     non_empty,
     readable,
 )
-from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
@@ -39,7 +39,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         GPU_LABELS,
     )
     mig_clients = gauge("gpu_mig_mps_clients", "MPS client processes on the MIG instance.", MIG_LABELS)
-    for gpu in readable(snapshot, "mps"):
+    for gpu in readable(snapshot, Area.MPS):
         labels = gpu_labels(gpu)
         active.add_metric(labels, 1.0 if gpu.mps_server_active else 0.0)
         clients.add_metric(labels, float(len(gpu.mps_clients)))
@@ -52,4 +52,4 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     yield from non_empty(active, clients, client_mem, mig_clients)
 
 
-SPEC = CollectorSpec("mps", True, "MPS server state and client counts", collect)
+SPEC = CollectorSpec(Area.MPS, True, "MPS server state and client counts", collect)

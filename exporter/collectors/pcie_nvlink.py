@@ -17,7 +17,7 @@ from gpulens.exporter.collectors.base import (
     non_empty,
     readable,
 )
-from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
@@ -49,7 +49,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         "NVLink data-link errors by kind (NVML NVLink error counters).",
         [*link_labels, "kind"],
     )
-    for gpu in readable(snapshot, "pcie_nvlink"):
+    for gpu in readable(snapshot, Area.PCIE_NVLINK):
         labels = gpu_labels(gpu)
         add_optional(tx, labels, gpu.pcie_tx_bytes)
         add_optional(rx, labels, gpu.pcie_rx_bytes)
@@ -67,5 +67,5 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
 
 
 SPEC = CollectorSpec(
-    "pcie_nvlink", True, "PCIe/NVLink byte counters, replays, link state and NVLink errors", collect
+    Area.PCIE_NVLINK, True, "PCIe/NVLink byte counters, replays, link state and NVLink errors", collect
 )

@@ -17,7 +17,7 @@ from gpulens.exporter.collectors.base import (
     non_empty,
     readable,
 )
-from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
@@ -41,7 +41,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         "Temperature at which the GPU slows down or shuts down (NVML temperature threshold).",
         [*GPU_LABELS, "threshold"],
     )
-    for gpu in readable(snapshot, "power_thermal"):
+    for gpu in readable(snapshot, Area.POWER_THERMAL):
         labels = gpu_labels(gpu)
         add_optional(power, labels, gpu.power_watts)
         add_optional(limit, labels, gpu.power_limit_watts)
@@ -54,5 +54,5 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
 
 
 SPEC = CollectorSpec(
-    "power_thermal", True, "power, power limit, energy counter, GPU and memory temperature", collect
+    Area.POWER_THERMAL, True, "power, power limit, energy counter, GPU and memory temperature", collect
 )

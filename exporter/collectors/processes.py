@@ -20,7 +20,7 @@ from gpulens.exporter.collectors.base import (
     non_empty,
     readable,
 )
-from gpulens.exporter.snapshot import NodeSnapshot, ProcessSample
+from gpulens.exporter.snapshot import Area, NodeSnapshot, ProcessSample
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
@@ -39,7 +39,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         "gpulens_processes_dropped", "Processes left out of the per-process series by the limit.", []
     )
     rows: list[tuple[list[str], ProcessSample]] = []
-    for gpu in readable(snapshot, "processes"):
+    for gpu in readable(snapshot, Area.PROCESSES):
         base = gpu_labels(gpu)
         for p in (*gpu.processes, *gpu.mps_clients):
             gi = "" if p.gpu_instance is None else str(p.gpu_instance)
@@ -54,5 +54,5 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
 
 
 SPEC = CollectorSpec(
-    "processes", False, "per-process memory and SM utilization (pid label; bounded)", collect
+    Area.PROCESSES, False, "per-process memory and SM utilization (pid label; bounded)", collect
 )

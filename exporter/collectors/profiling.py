@@ -22,7 +22,7 @@ from gpulens.exporter.collectors.base import (
     non_empty,
     readable,
 )
-from gpulens.exporter.snapshot import PROFILING_KEYS, NodeSnapshot
+from gpulens.exporter.snapshot import PROFILING_KEYS, Area, NodeSnapshot
 
 
 def family_name(key: str, mig: bool = False) -> str:
@@ -65,7 +65,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         )
         for key in PROFILING_KEYS
     }
-    for gpu in readable(snapshot, "profiling"):
+    for gpu in readable(snapshot, Area.PROFILING):
         labels = gpu_labels(gpu)
         if gpu.profiling_source:
             source.add_metric([*labels, gpu.profiling_source], 1.0)
@@ -79,4 +79,6 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     yield from non_empty(source, *gpu_families.values(), *mig_families.values())
 
 
-SPEC = CollectorSpec("profiling", True, "SM/tensor/DRAM/FP activity ratios from NVML GPM (Hopper+)", collect)
+SPEC = CollectorSpec(
+    Area.PROFILING, True, "SM/tensor/DRAM/FP activity ratios from NVML GPM (Hopper+)", collect
+)

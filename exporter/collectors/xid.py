@@ -19,7 +19,7 @@ from gpulens.exporter.collectors.base import (
     gauge,
     non_empty,
 )
-from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
@@ -50,4 +50,4 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     yield from non_empty(total, last, mig_total)
 
 
-SPEC = CollectorSpec("xid", True, "Xid error counters from the NVML event set", collect)
+SPEC = CollectorSpec(Area.XID, True, "Xid error counters from the NVML event set", collect)
