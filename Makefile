@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv system-deps tools test test-fast lint typecheck format demo demo-stop bench dashboards clean
+.PHONY: help venv system-deps tools native test test-fast lint typecheck format demo demo-stop bench dashboards clean
 
 help:
 	@echo "make demo       run the demo on the simulated node (no GPU needed)"
@@ -14,6 +14,7 @@ help:
 	@echo "make tools      build helm (for the chart tests) into $(TOOLS_BIN)"
 	@echo "make lint       ruff check + format check + mypy"
 	@echo "make bench      benchmarks (writes docs/benchmarks.md)"
+	@echo "make native     build the native simulated NVML library (libnvidia-ml.so.1) with the system cc"
 
 $(BIN)/.installed: pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpulens needs Python >= 3.11"'
@@ -57,10 +58,16 @@ tools:
 	echo "building helm $(HELM_VERSION) from its Go module into $(TOOLS_BIN) (a few minutes, once)"; \
 	mkdir -p $(TOOLS_BIN) && GOBIN=$(TOOLS_BIN) nice -n 10 go install -ldflags "$(HELM_LDFLAGS)" helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
-test: venv system-deps tools
+# The simulated libnvidia-ml.so.1 (gpulens/sim/native/simnvml.c), built with the system C compiler
+# into the cache directory it prints; the package also builds it on first use.
+native: venv
+	@command -v $${CC:-cc} >/dev/null || command -v gcc >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq gcc libc6-dev; }
+	$(BIN)/python -m gpulens.sim.native.build
+
+test: venv system-deps tools native
 	GPULENS_HELM=$(HELM) $(BIN)/python -m pytest -q
 
-test-fast: venv
+test-fast: venv native
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: venv typecheck
@@ -87,7 +94,7 @@ demo-stop: venv
 	$(BIN)/python -m gpulens.devtools.demo --stop
 
 # wrk (Debian) drives the scrape load from outside Python; nvitop-exporter is the peer
-bench: venv
+bench: venv native
 	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
 	$(BIN)/gpulens bench
 

@@ -12,11 +12,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import pynvml
-
 from gpulens.catalog import GIB, get_model, place_mig_layout
 from gpulens.sim.clock import ManualClock
-from gpulens.sim.install import simulated
 from gpulens.sim.nvml import SimLib
 from gpulens.sim.state import (
     ActivityState,
@@ -241,13 +238,10 @@ def example_node(clock: Any | None = None) -> StaticNode:
     return StaticNode(gpus, clock=clock)
 
 
-def installed(node: StaticNode) -> Iterator[tuple[StaticNode, SimLib]]:
-    """`node` installed under pynvml and initialised; shut down and removed afterwards.
-
-    Test modules wrap it in a fixture: `yield from installed(example_node())`.
+def installed(node: StaticNode, driver: str = "python") -> Iterator[tuple[StaticNode, SimLib]]:
+    """`node` served by `driver` ("python" or "native") and initialised; shut down and removed
+    afterwards. Test modules wrap it in a fixture: `yield from installed(example_node(), driver)`.
     """
-    with simulated(node) as lib:
-        pynvml.nvmlInit()
-        yield node, lib
-        while lib.initialized:
-            pynvml.nvmlShutdown()
+    from tests.sim.drivers import installed as driver_installed
+
+    yield from driver_installed(node, driver)

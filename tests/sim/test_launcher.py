@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulens.sim.launcher import ENV_PROCFS, ENV_SCENARIO, child_environment
+from gpulens.sim.launcher import ENV_PROCFS, ENV_SCENARIO, ENV_SHM, child_environment, native_environment
+from tests.sim.test_native_driver import C_PROGRAM
 
 COUNT = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
 
@@ -29,6 +30,12 @@ def gpulens(
 def test_run_serves_the_scenario_to_pynvml_in_the_child() -> None:
     result = gpulens("sim", "run", "dgx-h100", "--", sys.executable, "-c", COUNT)
     assert (result.returncode, result.stdout, result.stderr) == (0, "8\n", "")
+
+
+def test_pynvml_in_the_child_loads_the_native_library_by_its_usual_name() -> None:
+    code = COUNT + "; print(pynvml.nvmlLib._name)"
+    result = gpulens("sim", "run", "dgx-h100", "--", sys.executable, "-c", code)
+    assert result.stdout == "8\nlibnvidia-ml.so.1\n", result.stderr
 
 
 def test_run_finds_python_on_the_path_of_gpulens_environment() -> None:
@@ -82,6 +89,59 @@ def test_procfs_dir_gets_the_simulated_processes(tmp_path: Path) -> None:
     pid = result.stdout.split()[1]
     assert (tmp_path / pid / "cgroup").is_file()
     assert b"SLURM_JOB_ID=" in (tmp_path / pid / "environ").read_bytes()
+
+
+def test_native_environment_puts_the_library_first_and_names_the_published_node() -> None:
+    published = {"LD_LIBRARY_PATH": "/cache/native:/usr/lib", ENV_SHM: "/dev/shm/node.shm"}
+    env = native_environment({"PYTHONPATH": "/already", ENV_SCENARIO: "old"}, "/site", published, None)
+    assert env["LD_LIBRARY_PATH"] == "/cache/native:/usr/lib"
+    assert env[ENV_SHM] == "/dev/shm/node.shm"
+    assert env["PYTHONPATH"] == os.pathsep.join(["/site", "/already"])
+    assert ENV_SCENARIO not in env  # no Python process builds a node of its own
+
+
+def test_a_compiled_program_linked_with_libnvidia_ml_runs_on_the_node(tmp_path: Path) -> None:
+    from gpulens.sim.native import build
+
+    source = tmp_path / "probe.c"
+    source.write_text(C_PROGRAM)
+    binary = tmp_path / "probe"
+    subprocess.run(
+        [build.compiler(), str(source), "-o", str(binary), f"-L{build.library_dir()}", "-lnvidia-ml"],
+        check=True,
+    )
+    result = gpulens("sim", "run", "dgx-h100", "--", str(binary))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 8 and all(" NVIDIA H100 80GB HBM3 81559" in line for line in lines)
+
+
+def test_simulated_time_runs_at_the_speed_asked_for() -> None:
+    code = (
+        "import time, pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+        "stamp = lambda: pynvml.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_ENERGY])[0].timestamp\n"
+        "first = stamp(); time.sleep(0.5); print(int((stamp() - first) / 1e6 >= 1800))"
+    )
+    result = gpulens("sim", "run", "dgx-h100", "--speed", "3600", "--", sys.executable, "-c", code)
+    assert result.stdout == "1\n", result.stderr  # half a real second is at least half an hour
+
+
+def test_report_missing_names_the_symbols_pynvml_did_not_find() -> None:
+    code = (
+        "import pynvml; pynvml.nvmlInit()\n"
+        "try:\n    pynvml.nvmlDeviceGetVgpuSchedulerLog(pynvml.nvmlDeviceGetHandleByIndex(0))\n"
+        "except pynvml.NVMLError_FunctionNotFound:\n    pass"
+    )
+    env = dict(os.environ, GPULENS_SIM_REPORT_MISSING="1")
+    result = gpulens("sim", "run", "dgx-h100", "--", sys.executable, "-c", code, env=env)
+    assert result.returncode == 0
+    assert result.stderr == "gpulens sim: absent NVML symbols requested: nvmlDeviceGetVgpuSchedulerLog\n"
+
+
+def test_the_python_driver_still_serves_python_programs() -> None:
+    code = COUNT + "; print(type(pynvml.nvmlLib).__name__)"
+    result = gpulens("sim", "run", "dgx-h100", "--driver", "python", "--", sys.executable, "-c", code)
+    assert result.stdout == "8\nSimLib\n", result.stderr
 
 
 def test_child_environment_puts_the_site_dir_first_and_names_the_scenario() -> None:
@@ -142,9 +202,21 @@ def test_a_child_that_cannot_build_the_node_stops_with_one_line(tmp_path: Path) 
     assert result.stderr.count("\n") == 1 and "broken.yaml" in result.stderr
 
 
-def test_seed_and_speed_reach_the_child_node() -> None:
+def test_seed_and_speed_reach_the_child_node_of_the_python_driver() -> None:
     code = "import pynvml; n = pynvml.nvmlLib.node; print(n.seed, type(n.clock).__name__, n.clock.speed)"
     result = gpulens(
-        "sim", "run", "dgx-h100", "--seed", "42", "--speed", "60", "--", sys.executable, "-c", code
+        "sim",
+        "run",
+        "dgx-h100",
+        "--seed",
+        "42",
+        "--speed",
+        "60",
+        "--driver",
+        "python",
+        "--",
+        sys.executable,
+        "-c",
+        code,
     )
     assert result.stdout == "42 ScaledClock 60.0\n", result.stderr

@@ -9,19 +9,17 @@ import pytest
 
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import ScenarioNode, build_node
-from gpulens.sim.install import simulated
 from gpulens.sim.scenario import load_scenario
+from tests.sim.drivers import installed
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 
 
 @pytest.fixture(name="node")
-def _node() -> Iterator[ScenarioNode]:
+def _node(nvml_driver: str) -> Iterator[ScenarioNode]:
     node = build_node(load_scenario("dgx-h100"), seed=1, clock=ManualClock(1_750_000_000.0))
-    with simulated(node):
-        pynvml.nvmlInit()
-        yield node
-        pynvml.nvmlShutdown()
+    for served, _lib in installed(node, nvml_driver):
+        yield served
 
 
 def test_dgx_h100_has_eight_gpus_two_in_mig(node) -> None:

@@ -17,8 +17,8 @@ XID = pynvml.nvmlEventTypeXidCriticalError
 
 
 @pytest.fixture(name="sim")
-def _sim() -> Iterator[tuple[StaticNode, SimLib]]:
-    yield from installed(example_node())
+def _sim(nvml_driver: str) -> Iterator[tuple[StaticNode, SimLib]]:
+    yield from installed(example_node(), nvml_driver)
 
 
 def handle(i: int):

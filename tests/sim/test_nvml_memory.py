@@ -14,8 +14,8 @@ from tests.sim.static_node import StaticNode, example_node, installed
 
 
 @pytest.fixture(name="sim")
-def _sim() -> Iterator[tuple[StaticNode, SimLib]]:
-    yield from installed(example_node())
+def _sim(nvml_driver: str) -> Iterator[tuple[StaticNode, SimLib]]:
+    yield from installed(example_node(), nvml_driver)
 
 
 def test_memory_info_v1_reports_total_used_and_free(sim) -> None:

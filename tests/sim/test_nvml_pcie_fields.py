@@ -13,8 +13,8 @@ from tests.sim.static_node import START, StaticNode, example_node, installed
 
 
 @pytest.fixture(name="sim")
-def _sim() -> Iterator[tuple[StaticNode, SimLib]]:
-    yield from installed(example_node())
+def _sim(nvml_driver: str) -> Iterator[tuple[StaticNode, SimLib]]:
+    yield from installed(example_node(), nvml_driver)
 
 
 def handle(i: int):

@@ -118,6 +118,8 @@ class ProcView:
 
     def _mirror_entry(self, name: str) -> None:
         link = self.root / name
+        if link.is_symlink() and os.readlink(link) == str(self.real_proc / name):
+            return  # made by the process itself at its start (see `show_self`)
         self._remove(link)
         with contextlib.suppress(FileExistsError):  # another process of the program made it
             link.symlink_to(self.real_proc / name)
@@ -159,6 +161,14 @@ class ProcView:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def show_self(root: Path, real_proc: Path = Path("/proc")) -> None:
+    """Put this process into the view now: the refresher (another process) adds it only on its
+    next pass, and a program such as nvitop looks itself up at once."""
+    pid = str(os.getpid())
+    with contextlib.suppress(OSError):  # already there, or the view is gone
+        (root / pid).symlink_to(real_proc / pid)
 
 
 def redirect_psutil(root: Path) -> bool:

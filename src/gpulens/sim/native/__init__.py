@@ -1,0 +1,1 @@
+"""The native simulated NVML library (C) and the publisher that feeds it."""
