@@ -95,7 +95,9 @@ class Exporter:
             from gpulens.exporter.backends.profiling_source import make_profiler_factory
 
             profiler_factory = make_profiler_factory(config, self.clock, self.log, node=self.node)
-        self.compat = config.compat == "dcgm"  # dcgm-exporter names from the same snapshot
+        self.compat_spec = config.compat_spec()  # other exporters' names from the same snapshot
+        self.compat = self.compat_spec.dcgm is not None
+        self._hint_logged = False
 
         self.backend = NvmlBackend(
             clock=self.clock, procfs_root=self.procfs, profiler_factory=profiler_factory
@@ -203,7 +205,9 @@ class Exporter:
             ok = True
             try:
                 node_name = getattr(getattr(self.node, "scenario", None), "hostname", None)
-                families.extend(dcgm_compat.collect(snapshot, self.options, node_name=node_name))
+                families.extend(
+                    dcgm_compat.collect(snapshot, self.options, node_name=node_name, spec=self.compat_spec)
+                )
             except Exception as exc:
                 ok = False
                 self.log.error("collector dcgm_compat failed: %s", error_text(exc))
@@ -227,11 +231,26 @@ class Exporter:
         snapshot = self.sample_once()
         published = self._publish(snapshot, ready=True)
         self._published = published
+        hint = self.hint
+        if hint and not self._hint_logged:
+            self.log.warning("%s", hint)
+        self._hint_logged = bool(hint)
         return published
 
     @property
     def current(self) -> Published:
         return self._published
+
+    @property
+    def hint(self) -> str:
+        """What to do when no GPU can be read on a real node (empty otherwise): for the log and the
+        landing page, since "NVML unavailable" alone does not mention --simulate."""
+        snap = self._published.snapshot
+        if self.node is not None or not snap.timestamp or (snap.nvml_up and snap.gpu_count):
+            return ""
+        from gpulens.exporter.hints import no_gpu_hint
+
+        return no_gpu_hint(snap.nvml_error if not snap.nvml_up else "NVML sees no GPU")
 
     # ---- background loop -----------------------------------------------------------------
     def start(self) -> None:

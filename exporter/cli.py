@@ -1,10 +1,16 @@
 """`gpulens-exporter`: parse flags (with `GPULENS_*` environment fallbacks) and run the daemon.
 
+The web and log flags are exporter-toolkit's (`--web.listen-address`, `--web.config.file`,
+`--web.telemetry-path`, `--web.max-requests`, `--log.level`, `--log.format logfmt|json`), as every
+Prometheus exporter has them; the names gpulens used before (`--listen`, `--web.config-file`,
+`--log-level`, `--log-format text`) stay as aliases (ALIASES below, docs/exporter.md).
+
 Every flag that takes a value falls back to the environment variable named after it: upper case,
-`GPULENS_` prefix, dots and dashes as underscores (`--web.config-file` -> `GPULENS_WEB_CONFIG_FILE`).
-Switches take `1/true/yes` or `0/false/no` there (`GPULENS_NO_ATTRIBUTION_PROCFS=1`). Collectors use
-node_exporter's `--collector.<name>` / `--no-collector.<name>`. A bad flag, variable or file prints
-one line naming it and exits with status 2.
+`GPULENS_` prefix, dots and dashes as underscores (`--web.listen-address` ->
+`GPULENS_WEB_LISTEN_ADDRESS`); an alias's variable (`GPULENS_LISTEN`) is read when the main one is
+unset. Switches take `1/true/yes` or `0/false/no` there (`GPULENS_NO_ATTRIBUTION_PROCFS=1`).
+Collectors use node_exporter's `--collector.<name>` / `--no-collector.<name>`. A bad flag, variable
+or file prints one line naming it and exits with status 2.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from typing import Any, NoReturn
 from gpulens import __version__
 from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY
 from gpulens.exporter.config import (
-    COMPAT_MODES,
     DEFAULT_LISTEN,
+    DEFAULT_MAX_REQUESTS,
+    DEFAULT_TELEMETRY_PATH,
+    LOG_FORMAT_ALIASES,
     LOG_FORMATS,
     LOG_LEVELS,
     PROFILING_MODES,
@@ -53,11 +61,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=PROG,
         description="Prometheus exporter for NVIDIA GPUs: MIG, MPS, health, Xid and per-job usage.",
-        epilog="Every value flag falls back to GPULENS_<FLAG> (e.g. GPULENS_LISTEN, GPULENS_INTERVAL). "
-        "--no-collector.<name> disables a collector that is on by default.",
+        epilog="Every value flag falls back to GPULENS_<FLAG> (e.g. GPULENS_WEB_LISTEN_ADDRESS, "
+        "GPULENS_INTERVAL). --no-collector.<name> disables a collector that is on by default. "
+        "Aliases kept from earlier releases: " + ", ".join(f"{old} = {new}" for old, new in ALIASES.items()),
     )
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    p.add_argument("--listen", metavar="[HOST]:PORT", help=f"address to listen on (default {DEFAULT_LISTEN})")
+    p.add_argument(
+        "--web.listen-address",
+        "--listen",
+        dest="listen",
+        metavar="[HOST]:PORT",
+        help=f"address to listen on (default {DEFAULT_LISTEN})",
+    )
+    p.add_argument(
+        "--web.telemetry-path",
+        dest="telemetry_path",
+        metavar="PATH",
+        help=f"path under which metrics are served (default {DEFAULT_TELEMETRY_PATH})",
+    )
+    p.add_argument(
+        "--web.max-requests",
+        dest="max_requests",
+        type=int,
+        metavar="N",
+        help=f"most scrapes served at once, more get 503 (default {DEFAULT_MAX_REQUESTS}, 0: no limit)",
+    )
     p.add_argument("--interval", type=float, metavar="SECONDS", help="sampling interval (default 5)")
     p.add_argument(
         "--nvml.timeout",
@@ -111,9 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help=f"disable {help_text}",
         )
-    p.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS, help="default info")
-    p.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS, help="default text")
+    p.add_argument("--log.level", "--log-level", dest="log_level", choices=LOG_LEVELS, help="default info")
     p.add_argument(
+        "--log.format",
+        "--log-format",
+        dest="log_format",
+        choices=(*LOG_FORMATS, *LOG_FORMAT_ALIASES),
+        help="logfmt (default) or json; text is an alias of logfmt",
+    )
+    p.add_argument(
+        "--web.config.file",
         "--web.config-file",
         dest="web_config_file",
         type=Path,
@@ -140,8 +175,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--compat",
-        choices=COMPAT_MODES,
-        help="also emit another exporter's names, units and labels (dcgm: dcgm-exporter 4.8)",
+        metavar="MODE[,MODE]",
+        help="also emit another exporter's names, units and labels: dcgm (dcgm-exporter 4.8.2), "
+        "dcgm=<version> (e.g. dcgm=4.8.3: the hostname label), jobstats (Princeton jobstats)",
+    )
+    p.add_argument(
+        "--collector.pcie_nvlink.per-link",
+        dest="nvlink_per_link",
+        action="store_true",
+        default=None,
+        help="NVLink byte and error counters per link (default: summed per GPU; link state stays per link)",
+    )
+    p.add_argument(
+        "--metrics.allow",
+        dest="metrics_allow",
+        metavar="GLOB[,GLOB]",
+        help="serve only these metric families (e.g. 'gpu_memory_*,gpu_power_watts'); gpulens_* always",
+    )
+    p.add_argument(
+        "--metrics.deny",
+        dest="metrics_deny",
+        metavar="GLOB[,GLOB]",
+        help="never serve these metric families (e.g. 'gpu_clock_event_*')",
     )
     p.add_argument(
         "--collector.processes.max",
@@ -189,9 +244,15 @@ def _bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
+def _globs(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
 VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
-    # (flag, dest, converter)
-    ("--listen", "listen", str),
+    # (flag, dest, converter); an alias's environment variable is read after the flag's own
+    ("--web.listen-address", "listen", str),
+    ("--web.telemetry-path", "telemetry_path", str),
+    ("--web.max-requests", "max_requests", int),
     ("--interval", "interval", float),
     ("--nvml.timeout", "nvml_timeout", float),
     ("--simulate", "simulate", str),
@@ -201,15 +262,26 @@ VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("--job-mapping-dir", "job_mapping_dir", Path),
     ("--pod-resources-socket", "pod_resources_socket", Path),
     ("--pod-logs-dir", "pod_logs_dir", Path),
-    ("--log-level", "log_level", str),
-    ("--log-format", "log_format", str),
-    ("--web.config-file", "web_config_file", Path),
+    ("--log.level", "log_level", str),
+    ("--log.format", "log_format", str),
+    ("--web.config.file", "web_config_file", Path),
     ("--profiling", "profiling", str),
     ("--dcgm-bindings", "dcgm_bindings", Path),
     ("--dcgm-address", "dcgm_address", str),
     ("--compat", "compat", str),
     ("--collector.processes.max", "processes_max", int),
+    ("--metrics.allow", "metrics_allow", _globs),
+    ("--metrics.deny", "metrics_deny", _globs),
 )
+
+# earlier flag names -> exporter-toolkit's (both work; docs/exporter.md lists them)
+ALIASES: dict[str, str] = {
+    "--listen": "--web.listen-address",
+    "--web.config-file": "--web.config.file",
+    "--log-level": "--log.level",
+    "--log-format": "--log.format",
+}
+_ALIASES_OF = {new: old for old, new in ALIASES.items()}
 
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ExporterConfig:
@@ -219,10 +291,19 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> E
     values: dict[str, Any] = {}
     for flag, dest, convert in VALUE_FLAGS:
         value = getattr(args, dest)
-        if value is None:
-            value = _from_env(_env_name(flag), env, convert)
+        if isinstance(value, str) and convert is _globs:
+            value = _globs(value)
+        for name in (flag, _ALIASES_OF.get(flag)):
+            if value is None and name is not None:
+                value = _from_env(_env_name(name), env, convert)
         if value is not None:
             values[dest] = value
+    if "log_format" in values:
+        values["log_format"] = LOG_FORMAT_ALIASES.get(values["log_format"], values["log_format"])
+    per_link = args.nvlink_per_link
+    if per_link is None:
+        per_link = _from_env(_env_name("--collector.pcie_nvlink.per-link"), env, _bool)
+    values["nvlink_per_link"] = bool(per_link)
     for source in ("procfs", "mapping", "kubernetes"):
         disabled = getattr(args, f"no_attribution_{source}")
         if disabled is None:
@@ -285,7 +366,9 @@ def serve(config: ExporterConfig, node: Any = None) -> int:
         server = HttpServer(exporter, host, port, web)
     except OSError as exc:
         exporter.close()
-        raise ConfigError(f"--listen {config.listen}: cannot listen: {exc.strerror or exc}") from exc
+        raise ConfigError(
+            f"--web.listen-address {config.listen}: cannot listen: {exc.strerror or exc}"
+        ) from exc
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -6,15 +6,21 @@ user error (`ConfigError`, one line naming the flag or file and what was expecte
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulens.exporter.compat import CompatError, CompatSpec, parse_compat
+
 DEFAULT_PORT = 9842
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
-LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("text", "json")
+DEFAULT_TELEMETRY_PATH = "/metrics"
+DEFAULT_MAX_REQUESTS = 40  # exporter-toolkit's default; 0 means no limit
+RESERVED_PATHS = ("/", "/-/healthy", "/-/ready")
+LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
+LOG_FORMATS = ("logfmt", "json")
+LOG_FORMAT_ALIASES = {"text": "logfmt"}  # the name before logfmt, still accepted
 PROFILING_MODES = ("auto", "dcgm", "gpm", "off")
-COMPAT_MODES = ("dcgm",)
 
 
 class ConfigError(ValueError):
@@ -37,14 +43,34 @@ class ExporterConfig:
     attribution_mapping: bool = True
     attribution_kubernetes: bool = True
     log_level: str = "info"
-    log_format: str = "text"
+    log_format: str = "logfmt"
     web_config_file: Path | None = None
+    telemetry_path: str = DEFAULT_TELEMETRY_PATH
+    max_requests: int = DEFAULT_MAX_REQUESTS  # concurrent scrapes served; more get 503 (0: no limit)
     collectors: frozenset[str] | None = None  # None: the defaults; empty: only the exporter's own metrics
     processes_max: int = 100
     profiling: str = "auto"
     dcgm_bindings: Path | None = None  # directory with DCGM's pydcgm.py (None: the standard paths)
     dcgm_address: str | None = None  # nv-hostengine "host[:port]" or "unix:///path"; None: embedded
-    compat: str = ""  # "dcgm": also emit dcgm-exporter's names, units and labels
+    compat: str = ""  # "dcgm[=<version>]" and/or "jobstats", comma-separated (see compat.py)
+    nvlink_per_link: bool = False  # per-link NVLink counters instead of per-GPU sums
+    metrics_allow: tuple[str, ...] = ()  # family name globs to serve (empty: all)
+    metrics_deny: tuple[str, ...] = ()  # family name globs never served
+
+    def compat_spec(self) -> CompatSpec:
+        """The parsed `compat` value (validate() has checked that it parses)."""
+        return parse_compat(self.compat)
+
+    def serves_family(self, name: str, exposed: str) -> bool:
+        """Whether the allow/deny lists let a family through; `exposed` is its name on the wire
+        (`<name>_total` for a counter). The exporter's own `gpulens_*` families ignore the allow
+        list (they say whether the exporter works) but obey the deny list."""
+        names = (name, exposed)
+        if any(fnmatch.fnmatchcase(n, p) for p in self.metrics_deny for n in names):
+            return False
+        if not self.metrics_allow or name.startswith("gpulens_"):
+            return True
+        return any(fnmatch.fnmatchcase(n, p) for p in self.metrics_allow for n in names)
 
     def read_deadline(self) -> float:
         """Seconds one GPU's reads may take before the GPU is reported hung."""
@@ -55,14 +81,14 @@ def parse_listen(value: str) -> tuple[str, int]:
     """':9842' -> ('', 9842); '127.0.0.1:1' -> ('127.0.0.1', 1); '[::1]:9842' -> ('::1', 9842)."""
     host, sep, port_text = value.rpartition(":")
     if not sep:
-        raise ConfigError(f"--listen: expected [HOST]:PORT, got {value!r}")
+        raise ConfigError(f"--web.listen-address: expected [HOST]:PORT, got {value!r}")
     host = host.strip("[]")
     try:
         port = int(port_text)
     except ValueError:
-        raise ConfigError(f"--listen: port must be a number, got {port_text!r}") from None
+        raise ConfigError(f"--web.listen-address: port must be a number, got {port_text!r}") from None
     if not 0 <= port <= 65535:
-        raise ConfigError(f"--listen: port must be 0..65535, got {port}")
+        raise ConfigError(f"--web.listen-address: port must be 0..65535, got {port}")
     return host, port
 
 
@@ -78,15 +104,27 @@ def validate(config: ExporterConfig) -> ExporterConfig:
     if not config.sim_speed > 0:
         raise ConfigError(f"--sim-speed: must be > 0, got {config.sim_speed}")
     if config.log_level not in LOG_LEVELS:
-        raise ConfigError(f"--log-level: expected one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
+        raise ConfigError(f"--log.level: expected one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
     if config.log_format not in LOG_FORMATS:
-        raise ConfigError(f"--log-format: expected text or json, got {config.log_format!r}")
+        raise ConfigError(f"--log.format: expected logfmt or json, got {config.log_format!r}")
+    _check_telemetry_path(config.telemetry_path)
+    if config.max_requests < 0:
+        raise ConfigError(f"--web.max-requests: must be >= 0 (0: no limit), got {config.max_requests}")
+    for flag, patterns in (
+        ("--metrics.allow", config.metrics_allow),
+        ("--metrics.deny", config.metrics_deny),
+    ):
+        for pattern in patterns:
+            if not pattern or not all(c.isalnum() or c in "_:*?[]!" for c in pattern):
+                raise ConfigError(f"{flag}: expected metric family names or globs (gpu_*), got {pattern!r}")
     if config.profiling not in PROFILING_MODES:
         raise ConfigError(
             f"--profiling: expected one of {', '.join(PROFILING_MODES)}, got {config.profiling!r}"
         )
-    if config.compat and config.compat not in COMPAT_MODES:
-        raise ConfigError(f"--compat: expected one of {', '.join(COMPAT_MODES)}, got {config.compat!r}")
+    try:
+        parse_compat(config.compat)
+    except CompatError as exc:
+        raise ConfigError(str(exc)) from None
     if config.dcgm_bindings is not None and not config.dcgm_bindings.is_dir():
         raise ConfigError(f"--dcgm-bindings: {config.dcgm_bindings} is not a directory")
     if config.dcgm_address is not None:
@@ -102,8 +140,16 @@ def validate(config: ExporterConfig) -> ExporterConfig:
     ):
         raise ConfigError(f"--job-mapping-dir: {config.job_mapping_dir} is not a directory")
     if config.web_config_file is not None and not config.web_config_file.is_file():
-        raise ConfigError(f"--web.config-file: {config.web_config_file} does not exist")
+        raise ConfigError(f"--web.config.file: {config.web_config_file} does not exist")
     return config
+
+
+def _check_telemetry_path(path: str) -> None:
+    """An absolute URL path of printable characters that no other endpoint uses."""
+    if not path.startswith("/") or not path.isprintable() or any(c in path for c in " ?#"):
+        raise ConfigError(f"--web.telemetry-path: expected an absolute URL path like /metrics, got {path!r}")
+    if path in RESERVED_PATHS:
+        raise ConfigError(f"--web.telemetry-path: {path} is already served (landing page or health)")
 
 
 def _check_dcgm_address(address: str) -> None:

@@ -105,7 +105,7 @@ def make_handler(exporter: Any, web: WebConfig) -> type[BaseHTTPRequestHandler]:
                 return
             path = self.path.split("?", 1)[0]
             route: Callable[[], None] | None = {
-                "/metrics": self._metrics,
+                exporter.config.telemetry_path: self._metrics,
                 "/": self._landing,
                 "/-/healthy": self._healthy,
                 "/-/ready": self._ready,
@@ -161,12 +161,15 @@ def landing_page(exporter: Any) -> str:
         for name, status in sorted(published.statuses.items())
     )
     nvml = "up" if snap.nvml_up else f"DOWN ({esc(snap.nvml_error)})"
+    hint = getattr(exporter, "hint", "")
+    hint_html = f'<p class="hint"><strong>{esc(hint)}</strong></p>\n' if hint else ""
+    metrics_path = esc(exporter.config.telemetry_path, quote=True)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>gpulens exporter</title></head>
 <body>
 <h1>gpulens exporter {esc(__version__)}</h1>
-<p><a href="/metrics">Metrics</a> · <a href="/-/healthy">healthy</a> · <a href="/-/ready">ready</a></p>
-<p>Backend: {esc(exporter.backend_name)} · NVML: {nvml} · driver {esc(snap.driver_version or "-")}
+<p><a href="{metrics_path}">Metrics</a> · <a href="/-/healthy">healthy</a> · <a href="/-/ready">ready</a></p>
+{hint_html}<p>Backend: {esc(exporter.backend_name)} · NVML: {nvml} · driver {esc(snap.driver_version or "-")}
 · sampling every {exporter.config.interval:g} s · GPUs seen: {snap.gpu_count}</p>
 <h2>GPUs</h2>
 <table border="1"><tr><th>gpu</th><th>model</th><th>uuid</th><th>state</th><th>error</th></tr>

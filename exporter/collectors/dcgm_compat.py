@@ -15,7 +15,8 @@ dcgm-exporter and here alike; the native `gpu_power_watts` does not.) A MIG-enab
 instance keeps GPU-level series.
 
 `Hostname` is `$NODE_NAME` if set, else the host name, as dcgm-exporter does (a simulated node's
-scenario host name under `--simulate`). Only values gpulens
+scenario host name under `--simulate`); `--compat dcgm=4.8.3` and later spell it `hostname`, as
+dcgm-exporter does since 4.8.3 (#655). Only values gpulens
 has are emitted; docs/metrics.md maps every field to its native family.
 """
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 
 from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
+from gpulens.exporter.compat import CompatSpec
 from gpulens.exporter.snapshot import Area, GpuSample, MigSample, NodeSnapshot, XidCount
 
 MIB = 1024 * 1024
@@ -301,9 +303,13 @@ def _last_xids(snapshot: NodeSnapshot) -> dict[int, XidCount]:
 
 
 def collect(
-    snapshot: NodeSnapshot, options: CollectorOptions, node_name: str | None = None
+    snapshot: NodeSnapshot,
+    options: CollectorOptions,
+    node_name: str | None = None,
+    spec: CompatSpec | None = None,
 ) -> Iterator[Metric]:
     host = hostname(node_name)
+    host_label = (spec or CompatSpec()).dcgm_hostname_label
     driver = snapshot.driver_version
     families = {f.name: Metric(f.name, f.help, f.type) for f in FIELDS}
     xid = Metric(XID_FIELD.name, XID_FIELD.help, XID_FIELD.type)
@@ -319,7 +325,7 @@ def collect(
             "device": f"nvidia{ident.index}",
             "modelName": ident.model,
         }
-        tail = {"Hostname": host, "DCGM_FI_DRIVER_VERSION": driver}
+        tail = {host_label: host, "DCGM_FI_DRIVER_VERSION": driver}
         mig = gpu.mig_mode == "enabled" and bool(gpu.mig_instances)
         entities: list[tuple[dict[str, str], MigSample | None]]
         if mig:

@@ -38,6 +38,74 @@ def test_environment_variables_are_fallbacks_for_flags() -> None:
     assert (config.listen, config.interval, config.log_format) == ("127.0.0.1:9999", 2.5, "json")
 
 
+def test_exporter_toolkit_flags_set_address_config_path_limit_and_logging(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("{}\n")
+    config = parse_config(
+        [
+            "--web.listen-address=127.0.0.1:9100",
+            f"--web.config.file={web}",
+            "--web.telemetry-path=/gpu/metrics",
+            "--web.max-requests=5",
+            "--log.level=warn",
+            "--log.format=json",
+        ],
+        env={},
+    )
+    assert (config.listen, config.web_config_file, config.telemetry_path) == (
+        "127.0.0.1:9100",
+        web,
+        "/gpu/metrics",
+    )
+    assert (config.max_requests, config.log_level, config.log_format) == (5, "warn", "json")
+
+
+def test_logs_default_to_logfmt_and_metrics_to_slash_metrics_with_40_concurrent_scrapes() -> None:
+    config = parse_config([], env={})
+    assert (config.log_format, config.telemetry_path, config.max_requests) == ("logfmt", "/metrics", 40)
+
+
+def test_earlier_flag_names_are_aliases(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("{}\n")
+    config = parse_config(
+        ["--listen", ":9100", "--web.config-file", str(web), "--log-level", "debug", "--log-format", "text"],
+        env={},
+    )
+    assert (config.listen, config.web_config_file, config.log_level) == (":9100", web, "debug")
+    assert config.log_format == "logfmt"  # `text` was the default's earlier name
+
+
+def test_new_environment_names_win_over_the_aliases_names() -> None:
+    env = {"GPULENS_WEB_LISTEN_ADDRESS": ":1", "GPULENS_LISTEN": ":2", "GPULENS_WEB_MAX_REQUESTS": "0"}
+    config = parse_config([], env=env)
+    assert (config.listen, config.max_requests) == (":1", 0)
+
+
+def test_compat_takes_modes_and_a_dcgm_exporter_version() -> None:
+    from gpulens.exporter.compat import CompatSpec
+
+    assert parse_config(["--compat", "dcgm"], env={}).compat_spec() == CompatSpec(dcgm=(4, 8, 2))
+    spec = parse_config(["--compat", "dcgm=4.8.3,jobstats"], env={}).compat_spec()
+    assert spec == CompatSpec(dcgm=(4, 8, 3), jobstats=True)
+    assert spec.dcgm_hostname_label == "hostname"
+    assert (
+        parse_config(["--compat", "dcgm=4.5.3-4.8.2"], env={}).compat_spec().dcgm_hostname_label == "Hostname"
+    )
+    assert parse_config(["--compat", "jobstats"], env={}).compat_spec() == CompatSpec(jobstats=True)
+
+
+def test_metrics_allow_and_deny_take_comma_separated_globs() -> None:
+    config = parse_config(
+        ["--metrics.allow", "gpu_memory_*, gpu_up", "--metrics.deny", "gpu_memory_free_bytes"], env={}
+    )
+    assert config.metrics_allow == ("gpu_memory_*", "gpu_up")
+    assert config.serves_family("gpu_memory_used_bytes", "gpu_memory_used_bytes")
+    assert not config.serves_family("gpu_memory_free_bytes", "gpu_memory_free_bytes")
+    assert not config.serves_family("gpu_power_watts", "gpu_power_watts")
+    assert config.serves_family("gpulens_nvml_up", "gpulens_nvml_up")  # the exporter's own, unless denied
+
+
 def test_flags_win_over_environment() -> None:
     config = parse_config(["--interval", "1"], env={"GPULENS_INTERVAL": "7"})
     assert config.interval == 1.0
@@ -56,12 +124,23 @@ def test_environment_switches_for_attribution_and_collectors() -> None:
     [
         (["--interval", "0"], {}, "--interval"),
         (["--interval", "abc"], {}, "--interval"),
-        (["--listen", "nonsense"], {}, "--listen"),
-        (["--listen", ":70000"], {}, "--listen"),
+        (["--web.listen-address", "nonsense"], {}, "--web.listen-address"),
+        (["--listen", ":70000"], {}, "--web.listen-address"),
+        (["--log.format", "xml"], {}, "--log.format"),
         (["--log-format", "xml"], {}, "--log-format"),
+        (["--log.level", "loud"], {}, "--log.level"),
         (["--bogus"], {}, "--bogus"),
         ([], {"GPULENS_INTERVAL": "fast"}, "GPULENS_INTERVAL"),
-        (["--web.config-file", "/does/not/exist.yml"], {}, "--web.config-file"),
+        ([], {"GPULENS_LOG_FORMAT": "xml"}, "--log.format"),
+        (["--web.config.file", "/does/not/exist.yml"], {}, "--web.config.file"),
+        (["--web.config-file", "/does/not/exist.yml"], {}, "--web.config.file"),
+        (["--web.telemetry-path", "metrics"], {}, "--web.telemetry-path"),
+        (["--web.telemetry-path", "/-/ready"], {}, "--web.telemetry-path"),
+        (["--web.max-requests", "-1"], {}, "--web.max-requests"),
+        (["--compat", "prometheus"], {}, "--compat"),
+        (["--compat", "dcgm=4.9.0"], {}, "--compat"),
+        (["--compat", "dcgm=latest"], {}, "--compat"),
+        (["--metrics.deny", "gpu_{up}"], {}, "--metrics.deny"),
     ],
 )
 def test_bad_input_names_the_flag(argv: list[str], env: dict[str, str], names: str) -> None:
@@ -174,3 +253,35 @@ def test_the_exporter_package_never_imports_the_simulator() -> None:
                 names = [node.module]
             offenders += [f"{path.relative_to(root)}: {n}" for n in names if n.startswith("gpulens.sim")]
     assert offenders == ["cli.py: gpulens.sim.node"]
+
+
+def test_without_a_gpu_and_without_simulate_the_log_and_landing_page_say_what_to_do(tmp_path: Path) -> None:
+    import urllib.request
+
+    import pynvml
+
+    try:  # on a machine with a working NVIDIA driver there is nothing to advise
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML works on this machine")
+    except pynvml.NVMLError:
+        pass
+    from tests.support.procs import exporter, wait_http
+
+    with exporter(tmp_path, "--interval", "0.5") as target:
+        wait_http(f"http://{target}/-/ready")  # the first sample (NVML down) is published
+        with urllib.request.urlopen(f"http://{target}/", timeout=10) as response:
+            landing = response.read().decode()
+    log = (tmp_path / "exporter.log").read_text()
+    for text in (landing, log):
+        assert "gpulens-exporter --simulate dgx-h100" in text
+        assert "nvidia-smi" in text
+    assert log.count("--simulate dgx-h100") == 1  # said once, not every retry
+
+
+def test_the_hint_names_the_built_in_scenarios() -> None:
+    from gpulens.exporter.hints import no_gpu_hint
+    from gpulens.sim.scenario import list_builtin
+
+    hint = no_gpu_hint("nvmlInit failed")
+    assert all(name in hint for name in list_builtin())

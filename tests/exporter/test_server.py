@@ -42,8 +42,10 @@ def _published(ready: bool) -> Published:
 
 
 @contextlib.contextmanager
-def serving(web: WebConfig | None = None, ready: bool = True) -> Iterator[tuple[HttpServer, StubExporter]]:
-    exporter = StubExporter(current=_published(ready), config=ExporterConfig())
+def serving(
+    web: WebConfig | None = None, ready: bool = True, config: ExporterConfig | None = None
+) -> Iterator[tuple[HttpServer, StubExporter]]:
+    exporter = StubExporter(current=_published(ready), config=config or ExporterConfig())
     server = HttpServer(exporter, "127.0.0.1", 0, web)
     server.start()
     try:
@@ -59,6 +61,16 @@ def get(url: str, headers: dict[str, str] | None = None, context: ssl.SSLContext
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read()
+
+
+def test_telemetry_path_moves_the_metrics_and_the_landing_page_links_there() -> None:
+    with serving(config=ExporterConfig(telemetry_path="/gpu/metrics")) as (server, _):
+        status, _, body = get(f"http://127.0.0.1:{server.port}/gpu/metrics")
+        old, _, _ = get(f"http://127.0.0.1:{server.port}/metrics")
+        _, _, landing = get(f"http://127.0.0.1:{server.port}/")
+    assert status == 200 and b"gpu_up" in body
+    assert old == 404
+    assert b'href="/gpu/metrics"' in landing
 
 
 def test_metrics_serves_text_format_by_default() -> None:
