@@ -148,17 +148,25 @@ class Exporter:
             logger=logging.getLogger("gpulens.exporter.attribution"),
         )
 
-    def _attribute(self, snapshot: NodeSnapshot) -> tuple[list[Any], str]:
+    def _attribute(self, snapshot: NodeSnapshot) -> tuple[list[Any], str, list[Any]]:
+        """(jobs, error, device holders) for the sampler; holders only when a compatibility view
+        labels device series with them."""
         if self._attributor is None:
-            return [], self._attribution_error or "attribution disabled"
-        from gpulens.exporter.attribution import ProcessRef
+            return [], self._attribution_error or "attribution disabled", []
+        from gpulens.exporter.attribution import DeviceRef, ProcessRef
 
         refs: list[ProcessRef] = []
+        devices: list[DeviceRef] = []
         sm_active: dict[tuple[int, int | None], float] = {}
         for gpu in snapshot.gpus:
             if not gpu.up:
                 continue
             mig_uuids = {m.gpu_instance: m.uuid for m in gpu.mig_instances}
+            devices.append(DeviceRef(gpu.identity.index, gpu.identity.uuid))
+            devices += [
+                DeviceRef(gpu.identity.index, gpu.identity.uuid, m.gpu_instance, m.uuid)
+                for m in gpu.mig_instances
+            ]
             for p in (*gpu.processes, *gpu.mps_clients):
                 refs.append(
                     ProcessRef(
@@ -179,7 +187,9 @@ class Exporter:
                 mig_sm = dict(m.profiling).get("sm")
                 if mig_sm is not None:
                     sm_active[(gpu.identity.index, m.gpu_instance)] = mig_sm
-        return self._attributor.attribute(refs, sm_active), ""
+        usages = self._attributor.attribute(refs, sm_active)
+        holders = self._attributor.holders(devices, usages) if self.compat_spec else []
+        return usages, "", holders
 
     # ---- sampling and rendering ----------------------------------------------------------
     def sample_once(self) -> NodeSnapshot:

@@ -186,7 +186,7 @@ class Sampler:
             gpus=tuple(gpus),
             xids=xids,
         )
-        jobs, jobs_error, jobs_seconds = self._attribute(snapshot)
+        jobs, jobs_error, jobs_seconds, holders = self._attribute(snapshot)
         areas = self._area_status(gpus, timings)
         if self.settings.jobs_enabled:
             areas[Area.JOBS] = AreaTiming(seconds=jobs_seconds, success=not jobs_error)
@@ -203,6 +203,7 @@ class Sampler:
             xids=xids,
             jobs=tuple(jobs),
             jobs_error=jobs_error,
+            holders=tuple(holders),
             areas=areas,
         )
 
@@ -287,27 +288,32 @@ class Sampler:
             ]
         )
 
-    def _attribute(self, snapshot: NodeSnapshot) -> tuple[list[Any], str, float]:
+    def _attribute(self, snapshot: NodeSnapshot) -> tuple[list[Any], str, float, tuple[Any, ...]]:
+        """(jobs, error, seconds, device holders); `attribute` returns (jobs, error) or
+        (jobs, error, holders)."""
         if not self.settings.jobs_enabled or self.attribute is None:
-            return [], "", 0.0
+            return [], "", 0.0, ()
         started = time.perf_counter()
         if self._attr_worker is None:
             self._attr_worker = Worker("gpulens-attribution")
         if self._attr_worker.busy:
-            return [], "attribution of the previous sample has not finished", 0.0
+            return [], "attribution of the previous sample has not finished", 0.0, ()
         future = self._attr_worker.submit(self.attribute, snapshot)
         try:
-            jobs, error = future.result(timeout=self.settings.deadline)
+            result = future.result(timeout=self.settings.deadline)
         except FutureTimeout:
             return (
                 [],
                 f"attribution did not finish within {self.settings.deadline:g}s",
                 self.settings.deadline,
+                (),
             )
         except Exception as exc:
             self.log.warning("attribution failed: %s", error_text(exc))
-            return [], error_text(exc), time.perf_counter() - started
-        return list(jobs), error, time.perf_counter() - started
+            return [], error_text(exc), time.perf_counter() - started, ()
+        jobs, error = result[0], result[1]
+        holders = tuple(result[2]) if len(result) > 2 else ()
+        return list(jobs), error, time.perf_counter() - started, holders
 
     def _area_status(self, gpus: list[GpuSample], timings: Mapping[Area, float]) -> dict[str, AreaTiming]:
         out: dict[str, AreaTiming] = {}

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpulens.exporter.attribution.model import JobUsage
+    from gpulens.exporter.attribution.model import DeviceHolder, JobUsage
 
 
 class Area(StrEnum):
@@ -101,6 +101,7 @@ class GpuIdentity:
     model: str = ""
     pci_bus_id: str = ""
     serial: str = ""
+    minor_number: int | None = None  # /dev/nvidia<N>; not always the index (peers key on it)
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,9 @@ class NodeSnapshot:
     xids: tuple[XidCount, ...] = ()
     jobs: tuple[JobUsage, ...] = ()
     jobs_error: str = ""
+    # who holds each device (pod-resources, mapping files, running processes); filled only when a
+    # compatibility view needs it (--compat), since the peers label device series with it
+    holders: tuple[DeviceHolder, ...] = ()
     areas: dict[str, AreaTiming] = field(default_factory=dict)  # collector name (an Area or not)
 
     @property

@@ -7,9 +7,19 @@ kubelet pod-resources API, imported lazily and optional). See docs/attribution.m
 from gpulens.exporter.attribution.attributor import Attributor
 from gpulens.exporter.attribution.model import (
     AttributionConfig,
+    DeviceHolder,
+    DeviceRef,
     JobIdentity,
     JobUsage,
     ProcessRef,
 )
 
-__all__ = ["AttributionConfig", "Attributor", "JobIdentity", "JobUsage", "ProcessRef"]
+__all__ = [
+    "AttributionConfig",
+    "Attributor",
+    "DeviceHolder",
+    "DeviceRef",
+    "JobIdentity",
+    "JobUsage",
+    "ProcessRef",
+]

@@ -82,6 +82,7 @@ def merge_identities(identities: Sequence[JobIdentity]) -> JobIdentity:
         namespace=_merge_field([i.namespace for i in identities]),
         pod=_merge_field([i.pod for i in identities]),
         container=_merge_field([i.container for i in identities]),
+        uid=next((i.uid for i in identities if i.uid is not None), None),
     )
 
 

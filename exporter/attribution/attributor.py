@@ -22,6 +22,9 @@ from types import MappingProxyType
 
 from gpulens.exporter.attribution.aggregate import (
     MPS_SERVER_JOB,
+    SOURCE_OTHER,
+    SOURCE_SYSTEM,
+    SOURCE_UNKNOWN,
     UNKNOWN_JOB,
     aggregate,
 )
@@ -34,7 +37,14 @@ from gpulens.exporter.attribution.kubernetes import (
 from gpulens.exporter.attribution.labels import sanitize_label_value
 from gpulens.exporter.attribution.logonce import LogOnce
 from gpulens.exporter.attribution.mapping_dir import MappingDirectory, MappingEntry, MappingKey
-from gpulens.exporter.attribution.model import AttributionConfig, JobIdentity, JobUsage, ProcessRef
+from gpulens.exporter.attribution.model import (
+    AttributionConfig,
+    DeviceHolder,
+    DeviceRef,
+    JobIdentity,
+    JobUsage,
+    ProcessRef,
+)
 from gpulens.exporter.attribution.pod_resources import PodContainer, PodResourcesClient
 from gpulens.exporter.attribution.procfs import ProcessInfo, ProcfsReader
 from gpulens.exporter.attribution.slurm import UserNames, slurm_identity
@@ -81,6 +91,7 @@ def _sanitized(identity: JobIdentity) -> JobIdentity:
         namespace=sanitize_label_value(identity.namespace),
         pod=sanitize_label_value(identity.pod),
         container=sanitize_label_value(identity.container),
+        uid=identity.uid,
     )
 
 
@@ -168,7 +179,24 @@ class Attributor:
             job_id=entry.job_id,
             source=SOURCE_MAPPING,
             user=self._users.name(owner) if owner is not None else "",
+            uid=owner,
         )
+
+    @staticmethod
+    def _mapping_entries(
+        device: DeviceRef, entries: Mapping[MappingKey, tuple[MappingEntry, ...]]
+    ) -> tuple[MappingEntry, ...]:
+        """The most specific mapping file's entries for a device (MIG UUID, `<gpu>.<gi>`, GPU UUID,
+        `<gpu>`); a MIG instance never falls back to its parent's files, which name the GPU's job."""
+        if device.gpu_instance is not None:
+            keys = [MappingKey(uuid=device.mig_uuid) if device.mig_uuid else None]
+            keys.append(MappingKey(gpu=device.gpu, gpu_instance=device.gpu_instance))
+        else:
+            keys = [MappingKey(uuid=device.uuid), MappingKey(gpu=device.gpu)]
+        for key in keys:
+            if key is not None and entries.get(key):
+                return entries[key]
+        return ()
 
     # -- the sample ------------------------------------------------------------------------
 
@@ -223,6 +251,40 @@ class Attributor:
                 overflow.aggregated,
             )
         return usages
+
+    def holders(self, devices: Sequence[DeviceRef], usages: Sequence[JobUsage]) -> list[DeviceHolder]:
+        """Who holds each device this sample, from every source that knows (the caller picks):
+        the pods the kubelet allocated it to, the jobs its mapping file names, and the jobs whose
+        processes run on it (`usages` of this sample). Sources that are off or unreachable add
+        nothing; the kubelet answer is the cached one `attribute` uses."""
+        found: list[DeviceHolder] = []
+        allocations = self._pod_resources.devices() if self._pod_resources is not None else {}
+        mapping = self._mapping.refresh() if self._mapping is not None else {}
+        for device in devices:
+            key = device.mig_uuid if device.gpu_instance is not None else device.uuid
+            for c in allocations.get(key or "", ()):
+                identity = JobIdentity(
+                    job_id=pod_job_id(c.namespace, c.pod),
+                    source=SOURCE_KUBERNETES,
+                    namespace=c.namespace,
+                    pod=c.pod,
+                    container=c.container,
+                )
+                found.append(
+                    DeviceHolder(device.gpu, device.gpu_instance, _sanitized(identity), "pod_resources")
+                )
+            for entry in self._mapping_entries(device, mapping):
+                identity = JobIdentity(
+                    job_id=entry.job_id,
+                    source=SOURCE_MAPPING,
+                    user=self._users.name(entry.uid) if entry.uid is not None else "",
+                    uid=entry.uid,
+                )
+                found.append(DeviceHolder(device.gpu, device.gpu_instance, _sanitized(identity), "mapping"))
+        for usage in usages:
+            if usage.identity.source not in (SOURCE_SYSTEM, SOURCE_UNKNOWN, SOURCE_OTHER):
+                found.append(DeviceHolder(usage.gpu, usage.gpu_instance, usage.identity, "process"))
+        return found
 
     def close(self) -> None:
         """Release the kubelet gRPC channel."""

@@ -8,7 +8,7 @@ tested without NVML, procfs or a kubelet.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 #: Process kinds as reported by NVML's process lists.
@@ -51,6 +51,9 @@ class JobIdentity:
     namespace: str = ""
     pod: str = ""
     container: str = ""
+    # the owner's numeric uid where a source says it (Slurm cgroup / env, jobstats mapping files);
+    # not part of the identity's equality: the same job is the same job whoever reports its uid
+    uid: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,33 @@ class JobUsage:
     memory_used_bytes: int
     sm_utilization_ratio: float | None
     processes: int
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """One GPU, or one MIG instance of it, that the attribution engine is asked about."""
+
+    gpu: int
+    uuid: str
+    gpu_instance: int | None = None
+    mig_uuid: str | None = None
+
+
+#: Where a device's holder was found (DeviceHolder.source).
+HOLDER_SOURCES = ("pod_resources", "mapping", "process")
+
+
+@dataclass(frozen=True)
+class DeviceHolder:
+    """A job or pod holding a GPU / MIG instance in one sample, and which source said so: the
+    kubelet's allocation (`pod_resources`), the device's mapping file (`mapping`), or the job's
+    processes running there (`process`). A device allocated to a job that runs nothing yet has a
+    holder but no JobUsage."""
+
+    gpu: int
+    gpu_instance: int | None
+    identity: JobIdentity
+    source: str
 
 
 @dataclass(frozen=True)

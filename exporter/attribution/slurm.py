@@ -44,14 +44,18 @@ def slurm_identity(info: ProcessInfo, users: UserNames) -> JobIdentity | None:
     job_id = info.cgroup.slurm_job_id or env.get("SLURM_JOB_ID", "").strip()
     if not job_id:
         return None
+    uid = info.cgroup.slurm_uid
+    if uid is None and env.get("SLURM_JOB_UID", "").strip().isdigit():
+        uid = int(env["SLURM_JOB_UID"].strip())
+    if uid is None:
+        uid = info.uid
     user = env.get("SLURM_JOB_USER", "").strip()
     if not user:
-        uid = info.cgroup.slurm_uid
-        if uid is None and env.get("SLURM_JOB_UID", "").strip().isdigit():
-            uid = int(env["SLURM_JOB_UID"].strip())
-        if uid is None:
-            uid = info.uid
         user = users.name(uid) if uid is not None else ""
     return JobIdentity(
-        job_id=job_id, source=SOURCE_SLURM, user=user, namespace=env.get("SLURM_JOB_ACCOUNT", "").strip()
+        job_id=job_id,
+        source=SOURCE_SLURM,
+        user=user,
+        namespace=env.get("SLURM_JOB_ACCOUNT", "").strip(),
+        uid=uid,
     )

@@ -358,8 +358,17 @@ class NvmlBackend:
         if isinstance(bus_id, bytes):
             bus_id = bus_id.decode()
         serial = _call(pynvml.nvmlDeviceGetSerial, handle) or ""
+        try:  # only the compatibility views use it: its failure must not cost the GPU's identity
+            minor = _call(pynvml.nvmlDeviceGetMinorNumber, handle)
+        except AreaError:
+            minor = None
         return GpuIdentity(
-            index=index, uuid=str(uuid), model=str(name), pci_bus_id=str(bus_id), serial=str(serial)
+            index=index,
+            uuid=str(uuid),
+            model=str(name),
+            pci_bus_id=str(bus_id),
+            serial=str(serial),
+            minor_number=int(minor) if minor is not None else None,
         )
 
     def _read_device(self, handle: Any) -> dict[str, Any]:

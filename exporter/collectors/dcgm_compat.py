@@ -16,7 +16,10 @@ instance keeps GPU-level series.
 
 `Hostname` is `$NODE_NAME` if set, else the host name, as dcgm-exporter does (a simulated node's
 scenario host name under `--simulate`); `--compat dcgm=4.8.3` and later spell it `hostname`, as
-dcgm-exporter does since 4.8.3 (#655). Only values gpulens
+dcgm-exporter does since 4.8.3 (#655). On Kubernetes a series of a device one pod holds carries
+`pod`, `namespace` and `container`, from the kubelet's pod-resources allocations like
+dcgm-exporter's default mapping (holders.py). `DCGM_FI_DEV_XID_ERRORS` is 0 (`err_code="0"`,
+"No Error") until the GPU's first Xid, as the field reads in dcgm-exporter before one. Only values gpulens
 has are emitted; docs/metrics.md maps every field to its native family.
 """
 
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 
 from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
+from gpulens.exporter.collectors.holders import PodLabels, pods
 from gpulens.exporter.compat import CompatSpec
 from gpulens.exporter.snapshot import Area, GpuSample, MigSample, NodeSnapshot, XidCount
 
@@ -39,6 +43,7 @@ MIG_LABELS = [*GPU_LABELS[:5], "GPU_I_PROFILE", "GPU_I_ID", *GPU_LABELS[5:]]
 
 # Xid code -> message, from NVIDIA's Xid catalogue (the text dcgm-exporter puts in err_msg)
 XID_MESSAGES: dict[int, str] = {
+    0: "No Error",
     13: "Graphics Engine Exception",
     31: "GPU memory page fault",
     32: "Invalid or corrupted push buffer stream",
@@ -137,6 +142,17 @@ def _event_mask(gpu: GpuSample) -> Value:
 
 def _prof(key: str) -> Callable[[GpuSample | MigSample], Value]:
     return lambda sample: dict(sample.profiling).get(key)
+
+
+def _nvlink_mbps(gpu: GpuSample) -> Value:
+    """Field 449: NVLink throughput of all links, both directions, in MB/s. DCGM serves a rate
+    although dcgm-exporter's counters file types it `counter`; gpulens reads the same rate from the
+    profiling source (DCGM 1011/1012 or GPM's NVLink totals)."""
+    values = dict(gpu.profiling)
+    tx, rx = values.get("nvlink_tx_bytes_per_second"), values.get("nvlink_rx_bytes_per_second")
+    if tx is None and rx is None:
+        return None
+    return ((tx or 0.0) + (rx or 0.0)) / 1e6
 
 
 def _mig_free(m: MigSample) -> Value:
@@ -243,6 +259,9 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 439, "counter",
           "Total number of NVLink recovery errors.",
           Area.PCIE_NVLINK, lambda g: _nvlink_errors(g, "recovery")),
+    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 449, "counter",
+          "Total number of NVLink bandwidth counters for all lanes.", Area.PROFILING, _nvlink_mbps,
+          on_mig=False),
     Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1001, "gauge", "Ratio of time the graphics engine is active.",
           Area.PROFILING, _prof("graphics"), _prof("graphics")),
     Field("DCGM_FI_PROF_SM_ACTIVE", 1002, "gauge", "The ratio of cycles an SM has at least 1 warp assigned.",
@@ -293,6 +312,20 @@ def hostname(default: str | None = None) -> str:
     return os.environ.get("NODE_NAME") or default or socket.gethostname()
 
 
+def _xid_watched(snapshot: NodeSnapshot) -> bool:
+    """Whether Xid events are being received (then no Xid so far means 0, not unknown)."""
+    area = snapshot.areas.get("xid")
+    return area is not None and area.success
+
+
+def _pod_labels(holders: dict[tuple[int, int | None], PodLabels], gpu: int, gi: int | None) -> dict[str, str]:
+    found = holders.get((gpu, gi))
+    if found is None:
+        return {}
+    labels = {"pod": found.pod, "namespace": found.namespace, "container": found.container}
+    return {k: v for k, v in labels.items() if v}
+
+
 def _last_xids(snapshot: NodeSnapshot) -> dict[int, XidCount]:
     """Per GPU, the Xid received last (what DCGM_FI_DEV_XID_ERRORS holds)."""
     last: dict[int, XidCount] = {}
@@ -314,6 +347,8 @@ def collect(
     families = {f.name: Metric(f.name, f.help, f.type) for f in FIELDS}
     xid = Metric(XID_FIELD.name, XID_FIELD.help, XID_FIELD.type)
     last_xids = _last_xids(snapshot)
+    xid_watched = _xid_watched(snapshot)
+    holders = pods(snapshot)
     for gpu in snapshot.gpus:
         if not gpu.up:
             continue
@@ -330,11 +365,20 @@ def collect(
         entities: list[tuple[dict[str, str], MigSample | None]]
         if mig:
             entities = [
-                ({**base, "GPU_I_PROFILE": m.profile, "GPU_I_ID": str(m.gpu_instance), **tail}, m)
+                (
+                    {
+                        **base,
+                        "GPU_I_PROFILE": m.profile,
+                        "GPU_I_ID": str(m.gpu_instance),
+                        **tail,
+                        **_pod_labels(holders, ident.index, m.gpu_instance),
+                    },
+                    m,
+                )
                 for m in gpu.mig_instances
             ]
         else:
-            entities = [({**base, **tail}, None)]
+            entities = [({**base, **tail, **_pod_labels(holders, ident.index, None)}, None)]
         for f in FIELDS:
             if f.area in gpu.failed_areas or (mig and not f.on_mig):
                 continue
@@ -344,11 +388,12 @@ def collect(
                 if value is not None:
                     family.add_sample(f.name, labels, float(value))
         last = last_xids.get(ident.index)
-        if last is not None and Area.XID not in gpu.failed_areas:
-            message = XID_MESSAGES.get(last.xid, "Unknown Error")
+        code = last.xid if last is not None else (0 if xid_watched else None)
+        if code is not None and Area.XID not in gpu.failed_areas:
+            message = XID_MESSAGES.get(code, "Unknown Error")
             for labels, _ in entities:
                 xid.add_sample(
-                    XID_FIELD.name, {**labels, "err_code": str(last.xid), "err_msg": message}, float(last.xid)
+                    XID_FIELD.name, {**labels, "err_code": str(code), "err_msg": message}, float(code)
                 )
     yield from non_empty(*families.values(), xid)
 

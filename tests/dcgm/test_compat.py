@@ -27,6 +27,8 @@ DEFAULT_COUNTERS = {
     "DCGM_FI_DEV_FB_FREE": "gauge",
     "DCGM_FI_DEV_FB_USED": "gauge",
     "DCGM_FI_DEV_FB_RESERVED": "gauge",
+    "DCGM_FI_DEV_XID_ERRORS": "gauge",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "counter",
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "counter",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "counter",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge",
@@ -139,7 +141,44 @@ def test_the_last_xid_is_a_gauge_with_code_and_message(simulate: Callable[[str],
     assert (labels["err_code"], labels["err_msg"]) == ("13", "Graphics Engine Exception")
     ((labels, value),) = series(second, "DCGM_FI_DEV_XID_ERRORS", gpu="5")
     assert (value, labels["err_code"], labels["err_msg"]) == (31, "31", "GPU memory page fault")
-    assert series(second, "DCGM_FI_DEV_XID_ERRORS", gpu="4") == []
+    ((labels, value),) = series(second, "DCGM_FI_DEV_XID_ERRORS", gpu="4")
+    assert (value, labels["err_code"]) == (0, "0")  # another GPU: still no Xid
+
+
+def test_the_xid_gauge_is_0_with_no_error_until_the_first_xid(h100: tuple[Sim, list[Metric]]) -> None:
+    _, f = h100
+    found = series(f, "DCGM_FI_DEV_XID_ERRORS")
+    assert len({labels["gpu"] for labels, _ in found}) == 8
+    assert {(labels["err_code"], labels["err_msg"], value) for labels, value in found} == {
+        ("0", "No Error", 0.0)
+    }
+
+
+def test_no_xid_series_when_xid_events_are_not_watched(simulate: Callable[[str], Sim]) -> None:
+    from gpulens.exporter.collectors import REGISTRY
+
+    sim = simulate("dgx-h100")
+    families = two_samples(sim.exporter(compat="dcgm", collectors=frozenset(REGISTRY) - {"xid"}), sim)
+    assert series(families, "DCGM_FI_DEV_XID_ERRORS") == []  # unknown is not "no error"
+
+
+def test_nvlink_bandwidth_total_is_both_directions_in_mb_per_second(h100: tuple[Sim, list[Metric]]) -> None:
+    sim, f = h100
+    activity = sim.activity(3)
+    value = one(f, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="3")
+    expected = (activity.nvlink_tx_bytes_per_second + activity.nvlink_rx_bytes_per_second) / 1e6
+    assert value == pytest.approx(expected, rel=0.01)
+    assert series(f, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="0") == []  # MIG GPU: absent, like PROF NVLink
+
+
+def test_dcgm_4_8_3_and_later_spell_the_host_label_hostname(
+    simulate: Callable[[str], Sim], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-7")
+    sim = simulate("seed-case")
+    families = two_samples(sim.exporter(compat="dcgm=4.8.3"), sim)
+    labels = [labels for labels, _ in series(families, "DCGM_FI_DEV_GPU_TEMP")]
+    assert labels and all(lab.get("hostname") == "node-7" and "Hostname" not in lab for lab in labels)
 
 
 def test_pcie_rates_and_a100_profiling_come_through_dcgm(simulate: Callable[[str], Sim]) -> None:
