@@ -314,7 +314,7 @@ def hostname(default: str | None = None) -> str:
 
 def _xid_watched(snapshot: NodeSnapshot) -> bool:
     """Whether Xid events are being received (then no Xid so far means 0, not unknown)."""
-    area = snapshot.areas.get("xid")
+    area = snapshot.areas.get(Area.XID)
     return area is not None and area.success
 
 
