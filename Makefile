@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv system-deps tools native test test-fast lint typecheck format demo demo-stop bench dashboards clean
+.PHONY: help venv system-deps tools migcheck native test test-fast lint typecheck format demo demo-stop bench dashboards clean
 
 help:
 	@echo "make demo       run the demo on the simulated node (no GPU needed)"
@@ -27,13 +27,15 @@ $(BIN)/.installed: pyproject.toml setup.py
 
 venv: $(BIN)/.installed
 
-# Prometheus, promtool, Alertmanager and amtool from Debian's packages (no other downloads).
+# Prometheus, promtool, Alertmanager and amtool from Debian's packages (no other downloads), and
+# slurmd, whose `slurmd -G` reads the gres.conf the analyzer emits in its tests.
 # VictoriaMetrics is optional: the analyzer's compatibility test skips without it.
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends
 system-deps:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v amtool >/dev/null || missing="$$missing prometheus-alertmanager"; \
+	command -v slurmd >/dev/null || [ -x /usr/sbin/slurmd ] || missing="$$missing slurmd"; \
 	optional=""; command -v victoria-metrics >/dev/null || optional="victoria-metrics"; \
 	if [ -n "$$missing$$optional" ]; then $(SUDO) apt-get update -qq; fi; \
 	if [ -n "$$missing" ]; then echo "installing from Debian:$$missing"; $(APT_INSTALL) $$missing; fi; \
@@ -52,7 +54,7 @@ HELM := $(TOOLS_BIN)/helm
 HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
   -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_K8S_MINOR) \
   -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_K8S_MINOR)
-tools:
+tools: migcheck
 	@if [ "$$($(HELM) version --template '{{.Version}}' 2>/dev/null)" = "$(HELM_VERSION)" ]; then exit 0; fi; \
 	command -v go >/dev/null || { echo "make tools: go is needed to build helm $(HELM_VERSION)" >&2; exit 1; }; \
 	echo "building helm $(HELM_VERSION) from its Go module into $(TOOLS_BIN) (a few minutes, once)"; \
@@ -64,8 +66,16 @@ native: venv
 	@command -v $${CC:-cc} >/dev/null || command -v gcc >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq gcc libc6-dev; }
 	$(BIN)/python -m gpulens.sim.native.build
 
+# tools/migcheck (ours): a mig-parted config checked by NVIDIA's go-nvlib profile parser and go-nvml's
+# NVML mocks (from the Go module proxy); the emit tests run it. Rebuilt when its source changes.
+MIGCHECK := $(TOOLS_BIN)/migcheck
+migcheck: $(MIGCHECK)
+$(MIGCHECK): tools/migcheck/main.go tools/migcheck/go.mod tools/migcheck/go.sum
+	@command -v go >/dev/null || { echo "make migcheck: go is needed to build tools/migcheck" >&2; exit 1; }
+	mkdir -p $(TOOLS_BIN) && cd tools/migcheck && CGO_CFLAGS=-w nice -n 10 go build -o $(MIGCHECK) .
+
 test: venv system-deps tools native
-	GPULENS_HELM=$(HELM) $(BIN)/python -m pytest -q
+	GPULENS_HELM=$(HELM) GPULENS_MIGCHECK=$(MIGCHECK) $(BIN)/python -m pytest -q
 
 test-fast: venv native
 	$(BIN)/python -m pytest -q -m "not slow"

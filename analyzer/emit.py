@@ -1,180 +1,500 @@
-"""Configuration that realises a plan: mig-parted, NVIDIA device-plugin sharing, Slurm hints.
+"""Configuration that realises a plan on the real hosts: mig-parted, the NVIDIA device plugin, Slurm.
 
-Everything is generated from the plan's node groups (DESIGN: sharing mode is per node for the
-device plugin) and validated before it is returned: every MIG geometry is re-placed with
-`catalog.place_mig_layout`, replica counts are positive, and MPS replica memory is checked
-against the clients' pinned limits (the device plugin's MPS daemon gives each replica
-total/replicas of memory by default).
+`hosts.place` first puts every planned GPU on a GPU of the inventory. Then, per host:
+
+- `mig-parted.yaml`: one config per host that has or had MIG GPUs (`gpulens-<host>`), one entry
+  per geometry with the model's PCI `device-filter` and the GPU indices; `all-disabled` too.
+- `device-plugin-configmap.yaml`: a ConfigMap for the device plugin's config-manager, one key per
+  distinct config (one config each), and `node-labels.sh` labelling every Kubernetes node with
+  the key it uses (`nvidia.com/device-plugin.config`) and its MIG config (`nvidia.com/mig.config`).
+- `gres.conf` and `slurm-nodes.conf` for Slurm hosts: real `NodeName`s, one `File` per GPU,
+  `mps` counts of 100 on MPS GPUs, `shard` counts on time-sliced ones, and each job's `--gres`.
+
+What a tool cannot express is changed, never emitted invalid, and each change is an `Adjustment`:
+a lone sharer becomes a whole GPU; MPS clients planned above the device plugin's equal split
+(`100 // replicas` percent each) make that node time-sliced; Slurm MPS shares on one GPU that
+sum past 100 make that GPU a shard GPU. Every file is then checked by `gpulens.analyzer.validate`
+and `emit` raises `InvalidConfig` rather than return a file a validator rejects.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import yaml
 
-from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer import hosts as fleet
+from gpulens.analyzer.hosts import Adjustment, Family, Inventory, Orchestrator, PlacedGpu, Placement
 from gpulens.analyzer.plan import Plan
-from gpulens.catalog import MIB, CatalogError, get_model, place_mig_layout
+from gpulens.analyzer.validate import InvalidConfig, Problem, mig_parted, slurm
+from gpulens.analyzer.validate import device_plugin as dp
+from gpulens.catalog import MIB, GpuModel, model_for_nvml_name
+
+CONFIGMAP_NAME = "gpulens-device-plugin-configs"
+CONFIGMAP_NAMESPACE = "nvidia-device-plugin"
+DEFAULT_CONFIG = "gpulens-exclusive"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+
+MIG_FILE = "mig-parted.yaml"
+CONFIGMAP_FILE = "device-plugin-configmap.yaml"
+LABELS_FILE = "node-labels.sh"
+GRES_FILE = "gres.conf"
+SLURM_NODES_FILE = "slurm-nodes.conf"
+
+
+@dataclass(frozen=True)
+class ApplyStep:
+    """How to apply one emitted file: the command and what it does."""
+
+    file: str
+    command: str
+    purpose: str
 
 
 @dataclass
 class Emitted:
-    """Generated files (name -> text) and notes a person should read before applying them."""
+    """Generated files (name -> text), how to apply them, what had to change, and notes."""
 
     files: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    adjustments: list[Adjustment] = field(default_factory=list)
+    apply: list[ApplyStep] = field(default_factory=list)
+    placement: Placement | None = None
 
 
-def _gpus_by_group(plan: Plan) -> dict[str, list[dict]]:
-    groups: dict[str, list[dict]] = {}
-    for entry in plan.layout:
-        if entry.get("node_group"):
-            groups.setdefault(entry["node_group"], []).append(entry)
-    return groups
+@dataclass(frozen=True)
+class FleetContext:
+    """What emit needs besides the plan: the inventory and each job's GPUs and window."""
+
+    inventory: Inventory
+    job_uuids: Mapping[str, tuple[str, ...]]
+    windows: Mapping[str, tuple[float, float]]
+    mig_now: frozenset[str] = frozenset()  # UUIDs of GPUs in MIG mode now
 
 
-def mig_parted_config(plan: Plan) -> dict:
-    """`nvidia.com/mig.config` layouts, one named config per node group that has MIG or whole GPUs."""
+def context_from_rows(
+    jobs: Iterable[Mapping[str, object]], gpus: Iterable[Mapping[str, object]] = ()
+) -> FleetContext:
+    """A context from profile-table rows (job_id, uuids, instance, gpu_model, job_source, start,
+    end) and optional `gpu_info` rows (uuid, model, instance, gpu)."""
+    rows = list(jobs)
+    inventory = fleet.inventory_from_rows(gpus, rows)
+    uuids = {str(r["job_id"]): tuple(u for u in str(r.get("uuids") or "").split(",") if u) for r in rows}
+    windows = {
+        str(r["job_id"]): (float(r["start"]), float(r["end"]))  # type: ignore[arg-type]
+        for r in rows
+        if r.get("start") is not None and r.get("end") is not None
+    }
+    mig_now = frozenset(u for r in rows if r.get("sharing") == "mig" for u in uuids[str(r["job_id"])])
+    return FleetContext(inventory, uuids, windows, mig_now)
+
+
+def config_name(prefix: str, host: str) -> str:
+    """`prefix-host` as a valid label value (<= 63 characters, letters, digits, '-', '_', '.')."""
+    text = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{prefix}-{host}").strip("-_.")
+    if len(text) > 63:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+        text = text[:54].rstrip("-_.") + "-" + digest
+    return text
+
+
+def slurm_type(model: str) -> str:
+    """A Slurm GRES type for a model: its NVML name as Slurm's NVML auto-detection spells types
+    (lower case, spaces as '_': `nvidia_h100_80gb_hbm3`), so the same type works with and
+    without `AutoDetect=nvml` (an auto-detected type must contain the configured one)."""
+    known = _model(model)
+    name = known.nvml_name if known else model
+    return re.sub(r"[^a-z0-9_.-]", "_", name.lower().replace(" ", "_")).strip("_") or "gpu"
+
+
+def _model(name: str) -> GpuModel | None:
+    return model_for_nvml_name(name)
+
+
+# ---------------------------------------------------------------- mig-parted
+
+
+def _mig_counts(gpu: PlacedGpu) -> dict[str, int]:
+    return dict(sorted(Counter(s["profile"] for s in gpu.entry.get("mig_layout", [])).items()))
+
+
+def _is_mig(gpu: PlacedGpu) -> bool:
+    return gpu.entry.get("sharing") == "mig" and bool(gpu.entry.get("mig_layout"))
+
+
+def mig_parted_spec(placement: Placement, mig_now: set[str]) -> tuple[dict, dict[str, str]]:
+    """The spec, and host -> config name for hosts whose planned GPUs have or had MIG.
+
+    A host's config lists only the GPUs the plan changes: a GPU left as it is (and a free one)
+    is in no entry, so mig-parted leaves its MIG mode and instances alone.
+    """
     configs: dict[str, list[dict]] = {"all-disabled": [{"devices": "all", "mig-enabled": False}]}
-    for name, gpus in sorted(_gpus_by_group(plan).items()):
-        entries: list[dict] = []
+    names: dict[str, str] = {}
+    for host in placement.inventory.hosts():
+        placed = [g for g in placement.on(host) if g.family is not Family.UNCHANGED]
+        if not any(_is_mig(g) or g.uuid in mig_now for g in placed):
+            continue
+        geometries: dict[tuple, list[int]] = {}
         whole: list[int] = []
-        for index, gpu in enumerate(gpus):
-            if gpu["sharing"] == "mig":
-                counts = Counter(s["profile"] for s in gpu["mig_layout"])
-                entries.append(
-                    {"devices": [index], "mig-enabled": True, "mig-devices": dict(sorted(counts.items()))}
-                )
+        for gpu in placed:
+            if _is_mig(gpu):
+                geometries.setdefault((gpu.model, tuple(_mig_counts(gpu).items())), []).append(gpu.index)
             else:
-                whole.append(index)
+                whole.append(gpu.index)
+        entries: list[dict] = []
+        for (model_name, counts), indices in sorted(geometries.items(), key=lambda kv: kv[1]):
+            entry: dict = {}
+            model = _model(model_name)
+            if model is not None:
+                entry["device-filter"] = [f"0x{model.pci_device_id:08X}"]
+            entry.update({"devices": sorted(indices), "mig-enabled": True, "mig-devices": dict(counts)})
+            entries.append(entry)
         if whole:
-            entries.append({"devices": whole, "mig-enabled": False})
+            entries.append({"devices": sorted(whole), "mig-enabled": False})
+        name = config_name("gpulens", host)
         configs[name] = entries
-    return {"version": "v1", "mig-configs": configs}
+        names[host] = name
+    return {"version": "v1", "mig-configs": configs}, names
 
 
-def device_plugin_configs(plan: Plan) -> tuple[dict, list[str]]:
-    """Named device-plugin configs (select per node with label nvidia.com/device-plugin.config)."""
-    out: dict[str, dict] = {}
+# ---------------------------------------------------------------- device plugin
+
+
+def _concurrent(gpu: PlacedGpu, windows: Mapping[str, tuple[float, float]]) -> int:
+    return max(2, fleet.concurrent_jobs(gpu.entry, windows))
+
+
+def _plugin_config(kind: str, replicas: int, mig: bool) -> dict:
+    block = {
+        "failRequestsGreaterThanOne": True,
+        "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
+    }
+    sharing = {"mps": block} if kind == "mps" else {"timeSlicing": block}
+    return {"version": "v1", "flags": {"migStrategy": "mixed" if mig else "none"}, "sharing": sharing}
+
+
+def device_plugin_configs(
+    placement: Placement, windows: Mapping[str, tuple[float, float]]
+) -> tuple[dict[str, dict], dict[str, str], list[Adjustment], list[str]]:
+    """ConfigMap data (key -> config), host -> key, adjustments and notes for Kubernetes hosts.
+
+    A node's config follows what its GPUs need: nothing shared -> exclusive (`migStrategy:
+    mixed` when it has MIG GPUs); only MPS GPUs -> MPS with replicas = most clients on one GPU,
+    unless a client is planned above the equal split; anything else shared (time-slicing, GPUs
+    left as they are with several jobs, MPS beside MIG or whole GPUs) -> time-slicing.
+    """
+    data: dict[str, dict] = {DEFAULT_CONFIG: {"version": "v1", "flags": {"migStrategy": "none"}}}
+    chosen: dict[str, str] = {}
+    adjustments: list[Adjustment] = []
     notes: list[str] = []
-    for name, gpus in sorted(_gpus_by_group(plan).items()):
-        kind = gpus[0]["sharing"]
-        if kind == "mps":
-            replicas = max(len(g.get("mps_clients", [])) for g in gpus)
-            model = get_model(gpus[0]["model"])
-            per_replica = model.memory_bytes // max(replicas, 1)
-            largest = max(c["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] or 0 for g in gpus for c in g["mps_clients"])
-            if largest > per_replica:
-                notes.append(
-                    f"{name}: the device plugin's default MPS memory share "
-                    f"({per_replica // MIB} MiB per replica) is below the largest client limit "
-                    f"({largest // MIB} MiB); set CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per job as in the plan"
+    for host in placement.inventory.hosts():
+        placed = placement.on(host)
+        if placement.inventory.orchestrator(host) is Orchestrator.SLURM or not placed:
+            continue
+        mig = any(_is_mig(g) for g in placed)
+        shared = [
+            g
+            for g in placed
+            if g.family in (Family.MPS, Family.TIME_SLICING)
+            or (g.family is Family.UNCHANGED and fleet.concurrent_jobs(g.entry, windows) > 1)
+        ]
+        if not shared:
+            key = "gpulens-mig-mixed" if mig else DEFAULT_CONFIG
+            data.setdefault(key, {"version": "v1", "flags": {"migStrategy": "mixed" if mig else "none"}})
+            chosen[host] = key
+            continue
+        replicas = max(_concurrent(g, windows) for g in shared)
+        only_mps = all(g.family is Family.MPS for g in shared)
+        whole = [g for g in placed if g.family is Family.WHOLE]
+        kind = "mps" if only_mps and not whole else "time-slicing"
+        if only_mps and whole:
+            jobs = tuple(j for g in shared for j in g.jobs)
+            adjustments.append(
+                Adjustment(
+                    "mps-beside-whole",
+                    host,
+                    jobs,
+                    f"{host} also runs whole GPUs{' and MIG' if mig else ''}, and the device plugin's "
+                    "MPS shares every GPU of a node (and not beside MIG): its shared GPUs are "
+                    "time-sliced instead",
                 )
-            out[name] = {
-                "version": "v1",
-                "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}},
-            }
-        elif kind == "time-slicing":
-            replicas = max(int(g.get("replicas", 1)) for g in gpus)
-            out[name] = {
-                "version": "v1",
-                "sharing": {
-                    "timeSlicing": {
-                        "failRequestsGreaterThanOne": True,
-                        "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
-                    }
-                },
-            }
-        else:
-            out[name] = {"version": "v1", "flags": {"migStrategy": "mixed" if _has_mig(gpus) else "none"}}
-    return out, notes
-
-
-def _has_mig(gpus: list[dict]) -> bool:
-    return any(g["sharing"] == "mig" for g in gpus)
-
-
-def slurm_hints(plan: Plan) -> str:
-    """gres.conf / slurm.conf lines and the `--gres` each job would request."""
-    lines = [
-        "# gpulens: Slurm hints for the consolidation plan (review before use).",
-        "# slurm.conf needs SelectType=select/cons_tres and GresTypes=gpu,mps,shard as used below.",
-    ]
-    for name, gpus in sorted(_gpus_by_group(plan).items()):
-        kind = gpus[0]["sharing"]
-        n = len(gpus)
-        files = f"/dev/nvidia[0-{n - 1}]" if n > 1 else "/dev/nvidia0"
-        lines.append("")
-        lines.append(f"# node group {name}: {n} x {gpus[0]['model']}, {kind}")
+            )
         if kind == "mps":
-            lines.append(f"NodeName={name} Name=gpu File={files}")
-            lines.append(f"NodeName={name} Name=mps Count={100 * n} File={files}")
-            for gpu in gpus:
-                for client in gpu["mps_clients"]:
-                    pct = client["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]
-                    limit = client["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]
-                    lines.append(
-                        f"#   job {client['job_id']}: --gres=mps:{pct}  "
-                        f"(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={limit // MIB}M)"
+            model = _model(shared[0].model)
+            replicas = min(replicas, dp.mps_max_clients(model.cuda_compute_capability if model else None))
+            clients = [
+                (str(c["job_id"]), int(c["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] or 0))
+                for g in shared
+                for c in g.entry.get("mps_clients", [])
+            ]
+            over = tuple(j for j, pct in clients if pct > 100 // replicas)
+            if over:
+                kind = "time-slicing"
+                adjustments.append(
+                    Adjustment(
+                        "mps-equal-split",
+                        host,
+                        over,
+                        f"the device plugin gives each of {replicas} MPS clients {100 // replicas} % of the "
+                        f"threads, below the plan's share for {', '.join(over)}: {host} is time-sliced "
+                        "instead (no thread caps; under Slurm the per-job MPS shares stay)",
                     )
-        elif kind == "time-slicing":
-            replicas = max(int(g.get("replicas", 1)) for g in gpus)
-            lines.append(f"NodeName={name} Name=gpu File={files}")
-            lines.append(f"NodeName={name} Name=shard Count={replicas * n} File={files}")
-            lines.extend(f"#   job {job}: --gres=shard:1" for g in gpus for job in g["jobs"])
-        else:
-            lines.append(f"NodeName={name} AutoDetect=nvml")
-            for gpu in gpus:
-                if gpu["sharing"] == "mig":
-                    for s in gpu["mig_layout"]:
-                        lines.append(
-                            f"#   job {s['job_id']}: --gres=gpu:{s['profile']}:1  "
-                            "(AutoDetect names MIG types after the profile; check `slurmd -G`)"
-                        )
-                else:
-                    lines.extend(f"#   job {job}: --gres=gpu:1" for job in gpu["jobs"])
+                )
+            elif model is not None:
+                per_replica = model.memory_bytes // replicas
+                largest = max(
+                    (
+                        int(c["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] or 0)
+                        for g in shared
+                        for c in g.entry.get("mps_clients", [])
+                    ),
+                    default=0,
+                )
+                if largest > per_replica:
+                    notes.append(
+                        f"{host}: the device plugin's MPS daemon limits each replica to "
+                        f"{per_replica // MIB} MiB by default, below the largest planned client limit "
+                        f"({largest // MIB} MiB); set CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per job as in the plan"
+                    )
+        if whole:
+            jobs = tuple(j for g in whole for j in g.jobs)
+            adjustments.append(
+                Adjustment(
+                    "shared-node",
+                    host,
+                    jobs,
+                    f"the device plugin shares every GPU of a node: on {host}, "
+                    f"{', '.join(jobs) or 'the whole GPUs'} keep a GPU to themselves only while nothing "
+                    "else is scheduled on it (a node of their own, or a taint, makes that certain)",
+                )
+            )
+        key = f"gpulens-{kind}-{replicas}" + ("-mig" if mig else "")
+        data.setdefault(key, _plugin_config(kind, replicas, mig))
+        chosen[host] = key
+    return data, chosen, adjustments, notes
+
+
+def configmap_text(data: Mapping[str, dict]) -> str:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIGMAP_NAME, "namespace": CONFIGMAP_NAMESPACE},
+        "data": {key: yaml.safe_dump(config, sort_keys=False) for key, config in sorted(data.items())},
+    }
+    header = (
+        "# gpulens: NVIDIA device-plugin configs, one per key; each node selects one with the label\n"
+        f"# {dp.CONFIG_LABEL} (see {LABELS_FILE}).\n"
+    )
+    return header + yaml.safe_dump(doc, sort_keys=False)
+
+
+def labels_text(chosen: Mapping[str, str], mig_names: Mapping[str, str]) -> str:
+    lines = ["#!/bin/sh", "# gpulens: select each node's device-plugin config and MIG layout", "set -e"]
+    for host in sorted(chosen):
+        labels = [f"{dp.CONFIG_LABEL}={chosen[host]}"]
+        if host in mig_names:
+            labels.append(f"{MIG_CONFIG_LABEL}={mig_names[host]}")
+        lines.append(f"kubectl label node {host} {' '.join(labels)} --overwrite")
     return "\n".join(lines) + "\n"
 
 
-def validate(plan: Plan, mig_config: dict, plugin: dict) -> None:
-    """Re-check every generated geometry and replica count against the catalog."""
-    groups = _gpus_by_group(plan)
-    for name, entries in mig_config["mig-configs"].items():
-        if name == "all-disabled":
-            continue
-        model = get_model(groups[name][0]["model"])
-        for entry in entries:
-            if not entry["mig-enabled"]:
-                continue
-            requests = [(p, None) for p, count in entry["mig-devices"].items() for _ in range(count)]
-            try:
-                place_mig_layout(model, requests)
-            except CatalogError as exc:
-                raise AnalyzerError(f"generated MIG config {name} is invalid: {exc}") from exc
-    for name, config in plugin.items():
-        for sharing in config.get("sharing", {}).values():
-            for resource in sharing["resources"]:
-                if resource["replicas"] < 1:
-                    raise AnalyzerError(f"generated device-plugin config {name} has no replicas")
+# ---------------------------------------------------------------- Slurm
 
 
-def emit(plan: Plan) -> Emitted:
-    """All configuration files for a plan, validated."""
-    mig = mig_parted_config(plan)
-    plugin, notes = device_plugin_configs(plan)
-    validate(plan, mig, plugin)
-    labels = [
-        f"kubectl label node <node> nvidia.com/mig.config={name} nvidia.com/device-plugin.config={name}"
-        for name in sorted(_gpus_by_group(plan))
+def _mps_pct(client: Mapping[str, object]) -> int:
+    return int(client.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") or 0)  # type: ignore[call-overload]
+
+
+def slurm_files(
+    placement: Placement, windows: Mapping[str, tuple[float, float]]
+) -> tuple[str, str, list[Adjustment]] | None:
+    """gres.conf and slurm.conf node lines for Slurm hosts (None when there are none)."""
+    hosts = [
+        h
+        for h in placement.inventory.hosts()
+        if placement.inventory.orchestrator(h) is not Orchestrator.KUBERNETES and placement.on(h)
     ]
+    if not hosts:
+        return None
+    adjustments: list[Adjustment] = []
+    gres = [
+        "# gpulens: gres.conf for the consolidation plan (review before use).",
+        "# slurm.conf needs SelectType=select/cons_tres and GresTypes=gpu,mps,shard; merge the Gres=",
+        f"# of {SLURM_NODES_FILE} into each node's NodeName line. Lines starting '# job' are the",
+        "# --gres each job should request.",
+    ]
+    nodes = [
+        "# gpulens: add these Gres= to the NodeName lines of slurm.conf (GresTypes=gpu,mps,shard)",
+    ]
+    for host in hosts:
+        placed = placement.on(host)
+        slots = placement.inventory.on(host)
+        has_mig = any(_is_mig(g) for g in placed)
+        gres.append("")
+        gres.append(f"# {host}: {len(slots)} GPU(s)")
+        types: Counter[str] = Counter()
+        if has_mig:
+            gres.append(f"NodeName={host} AutoDetect=nvml")
+        for slot in slots:
+            mig = next((g for g in placed if g.index == slot.index and _is_mig(g)), None)
+            if mig is not None:
+                for profile, count in _mig_counts(mig).items():
+                    types[profile] += count
+            else:
+                types[slurm_type(slot.model)] += 1
+                if not has_mig:
+                    gres.append(
+                        f"NodeName={host} Name=gpu Type={slurm_type(slot.model)} File=/dev/nvidia{slot.index}"
+                    )
+        mps_total = shard_total = 0
+        hints: list[str] = []
+        for gpu in placed:
+            device = f"/dev/nvidia{gpu.index}"
+            clients = gpu.entry.get("mps_clients", []) if gpu.family is Family.MPS else []
+            if clients and sum(_mps_pct(c) for c in clients) > slurm.MPS_COUNT_PER_GPU:
+                total = sum(_mps_pct(c) for c in clients)
+                adjustments.append(
+                    Adjustment(
+                        "slurm-mps-over-100",
+                        f"{host}/gpu{gpu.index}",
+                        tuple(gpu.jobs),
+                        f"MPS shares on {host} {device} sum to {total} %, past the 100 Slurm can allocate on "
+                        "one GPU: these jobs share it as shards instead (no thread caps)",
+                    )
+                )
+                clients = []
+                shared_as = Family.TIME_SLICING
+            else:
+                shared_as = gpu.family
+            if shared_as is Family.MPS and clients:
+                gres.append(f"NodeName={host} Name=mps Count={slurm.MPS_COUNT_PER_GPU} File={device}")
+                mps_total += slurm.MPS_COUNT_PER_GPU
+                for c in clients:
+                    limit = int(c.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") or 0)
+                    memory = f"  (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={limit // MIB}M)" if limit else ""
+                    hints.append(f"# job {c['job_id']} on {host} {device}: --gres=mps:{_mps_pct(c)}{memory}")
+            elif shared_as is Family.TIME_SLICING and gpu.jobs:
+                count = max(2, len(gpu.jobs))  # a shard per job: Count caps allocations at once
+                gres.append(f"NodeName={host} Name=shard Count={count} File={device}")
+                shard_total += count
+                hints += [f"# job {j} on {host} {device}: --gres=shard:1" for j in gpu.jobs]
+            elif _is_mig(gpu):
+                hints += [
+                    f"# job {s['job_id']} on {host} {device}: --gres=gpu:{s['profile']}:1"
+                    for s in gpu.entry.get("mig_layout", [])
+                ]
+            elif gpu.family is not Family.UNCHANGED:
+                hints += [
+                    f"# job {j} on {host} {device}: --gres=gpu:{slurm_type(gpu.model)}:1" for j in gpu.jobs
+                ]
+        gres += hints
+        parts = [f"gpu:{t}:{n}" for t, n in sorted(types.items())]
+        if mps_total:
+            parts.append(f"mps:{mps_total}")
+        if shard_total:
+            parts.append(f"shard:{shard_total}")
+        nodes.append(f"NodeName={host} Gres={','.join(parts)}")
+    return "\n".join(gres) + "\n", "\n".join(nodes) + "\n", adjustments
+
+
+# ---------------------------------------------------------------- all together
+
+
+def _apply_steps(files: Mapping[str, str], mig_names: Mapping[str, str]) -> list[ApplyStep]:
+    steps: list[ApplyStep] = []
+    if MIG_FILE in files and mig_names:
+        steps.append(
+            ApplyStep(
+                MIG_FILE,
+                f"nvidia-mig-parted apply -f {MIG_FILE} -c gpulens-<host>   # on each host, its GPUs idle",
+                "creates each host's MIG instances; on Kubernetes with the GPU Operator instead: kubectl "
+                f"create configmap gpulens-mig-config -n gpu-operator --from-file=config.yaml={MIG_FILE}, "
+                "set the ClusterPolicy's migManager.config.name to gpulens-mig-config, and the "
+                f"{MIG_CONFIG_LABEL} labels of {LABELS_FILE} select each node's layout",
+            )
+        )
+    if CONFIGMAP_FILE in files:
+        steps.append(
+            ApplyStep(
+                CONFIGMAP_FILE,
+                f"kubectl apply -f {CONFIGMAP_FILE} && helm upgrade nvdp nvdp/nvidia-device-plugin "
+                f"-n {CONFIGMAP_NAMESPACE} --reuse-values --set config.name={CONFIGMAP_NAME} "
+                f"--set config.default={DEFAULT_CONFIG}",
+                "installs the named device-plugin configs and points the plugin's config-manager at them",
+            )
+        )
+        steps.append(
+            ApplyStep(
+                LABELS_FILE, f"sh {LABELS_FILE}", "selects each node's config (and MIG layout) by label"
+            )
+        )
+    if GRES_FILE in files:
+        steps.append(
+            ApplyStep(
+                GRES_FILE,
+                f"merge {GRES_FILE} into /etc/slurm/gres.conf and {SLURM_NODES_FILE} into slurm.conf "
+                "on every node, then: scontrol reconfigure",
+                "declares each GPU with its MPS or shard count; each job requests the --gres shown",
+            )
+        )
+    return steps
+
+
+def emit(plan: Plan, context: FleetContext) -> Emitted:
+    """All configuration files for a plan on the real hosts, changed where a tool needs it, validated."""
+    placement = fleet.place(plan.layout, context.inventory, context.job_uuids, context.windows)
+    spec, mig_names = mig_parted_spec(placement, set(context.mig_now))
+    data, chosen, plugin_adjustments, notes = device_plugin_configs(placement, context.windows)
+    files: dict[str, str] = {}
+    if len(spec["mig-configs"]) > 1:
+        files[MIG_FILE] = "# gpulens: MIG layouts per host (nvidia-mig-parted)\n" + yaml.safe_dump(
+            spec, sort_keys=False
+        )
+    if chosen:
+        files[CONFIGMAP_FILE] = configmap_text(data)
+        files[LABELS_FILE] = labels_text(chosen, mig_names)
+    adjustments = list(placement.adjustments) + plugin_adjustments
+    slurm_out = slurm_files(placement, context.windows)
+    if slurm_out is not None:
+        files[GRES_FILE], files[SLURM_NODES_FILE], slurm_adjustments = slurm_out
+        adjustments += slurm_adjustments
+    problems = validate_files(files, context.inventory, mig_names)
+    if problems:
+        raise InvalidConfig(problems)
     return Emitted(
-        files={
-            "mig-parted.yaml": yaml.safe_dump(mig, sort_keys=False),
-            "device-plugin-config.yaml": yaml.safe_dump(plugin, sort_keys=False),
-            "slurm-gres-hints.conf": slurm_hints(plan),
-            "node-labels.txt": "\n".join(labels) + ("\n" if labels else ""),
-        },
-        notes=notes,
+        files=files,
+        notes=list(context.inventory.notes) + notes,
+        adjustments=adjustments,
+        apply=_apply_steps(files, mig_names),
+        placement=placement,
     )
+
+
+def validate_files(
+    files: Mapping[str, str], inventory: Inventory, mig_names: Mapping[str, str]
+) -> list[Problem]:
+    """Every emitted file through its tool's validator, with the inventory as context."""
+    problems: list[Problem] = []
+    hosts = inventory.hosts()
+    if MIG_FILE in files:
+        models = {}
+        counts = {}
+        for host, name in mig_names.items():
+            slots = inventory.on(host)
+            counts[name] = len(slots)
+            kinds = {s.model for s in slots}
+            if len(kinds) == 1 and (model := _model(next(iter(kinds)))) is not None:
+                models[name] = model
+        problems += mig_parted.validate_text(files[MIG_FILE], MIG_FILE, models=models, gpu_counts=counts)
+    if CONFIGMAP_FILE in files:
+        found, configs = dp.validate_configmap(files[CONFIGMAP_FILE], CONFIGMAP_FILE)
+        problems += found
+        problems += dp.validate_node_labels(files.get(LABELS_FILE, ""), LABELS_FILE, configs, hosts)
+    if GRES_FILE in files:
+        gpus = {h: len(inventory.on(h)) for h in hosts}
+        problems += slurm.validate(files[GRES_FILE], files.get(SLURM_NODES_FILE, ""), gpus)
+    return problems

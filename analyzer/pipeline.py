@@ -14,7 +14,7 @@ import pandas as pd
 
 from gpulens.analyzer import requests as request_trace
 from gpulens.analyzer.archetypes import Archetypes, cluster
-from gpulens.analyzer.emit import Emitted, emit
+from gpulens.analyzer.emit import Emitted, context_from_rows, emit
 from gpulens.analyzer.history import History
 from gpulens.analyzer.plan import Plan, build_plan
 from gpulens.analyzer.recommend import recommend
@@ -154,6 +154,7 @@ def analyze_profiles(
     source: str,
     meta: dict | None = None,
     with_archetypes: bool = True,
+    gpus: list[dict] | None = None,
 ) -> Analysis:
     """Recommendations, plan, configuration and archetypes for a profile table."""
     recs = recommend(profiles, th)
@@ -165,7 +166,7 @@ def analyze_profiles(
         recs=recs,
         plan=plan,
         archetypes=cluster(profiles, th) if with_archetypes else None,
-        emitted=emit(plan),
+        emitted=emit(plan, context_from_rows(recs.to_dict("records"), gpus or [])),
         meta=meta or {},
     )
 
@@ -181,4 +182,19 @@ def analyze_history(
             "requests", str(history.path), recs, request_trace.plan_requests(recs), meta=history.meta
         )
     profiles = files.profiles(history, th, gpu_model)
-    return analyze_profiles(profiles, th, str(history.path), history.meta, with_archetypes)
+    return analyze_profiles(
+        profiles, th, str(history.path), history.meta, with_archetypes, gpus=gpu_info_rows(history)
+    )
+
+
+def gpu_info_rows(history: History) -> list[dict]:
+    """One row per GPU of the history's `gpu_info` (uuid, model, instance, gpu index): the
+    inventory emit places the plan on, idle GPUs included."""
+    if history.families is not None:
+        frame = history.families.get("gpu_info")
+    else:
+        frame = history.samples[history.samples["metric"] == "gpu_info"]
+    if frame is None or frame.empty:
+        return []
+    columns = [c for c in ("uuid", "model", "instance", "gpu") if c in frame]
+    return frame[columns].astype(str).drop_duplicates("uuid", keep="last").to_dict("records")

@@ -211,7 +211,7 @@ def family_columns() -> dict[str, list[str]]:
     signal_labels = ["job_id", "uuid", "gpu_instance"]
     out = {
         "gpu_job_info": ["job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS],
-        "gpu_info": ["uuid", "model", "instance"],
+        "gpu_info": ["uuid", "model", "instance", "gpu"],  # gpu: the index emit's files name
         "gpu_mig_instance_info": ["uuid", "gpu_instance", "mig_profile"],
     }
     for table in (signals.ACTIVITY, signals.MEMORY, signals.DRAM, signals.TENSOR):

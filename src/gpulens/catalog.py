@@ -459,6 +459,12 @@ def get_model(name: str) -> GpuModel:
     raise CatalogError(f"unknown GPU model {name!r}; known: {', '.join(MODELS)}")
 
 
+def model_for_pci_device_id(pci_device_id: int) -> GpuModel | None:
+    """The catalog model with this `nvmlPciInfo_t.pciDeviceId` (how mig-parted's `device-filter`
+    names GPUs), or None."""
+    return next((m for m in MODELS.values() if m.pci_device_id == pci_device_id), None)
+
+
 def model_for_nvml_name(nvml_name: str) -> GpuModel | None:
     """The catalog model for a name NVML reported, or None for models gpulens does not know."""
     try:

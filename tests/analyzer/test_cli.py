@@ -49,7 +49,7 @@ def test_recommend_json_has_the_documented_fields(capsys, seed_history):
     assert 0 <= job["sm_active_p95"] <= 1
     plan = payload["plan"]
     assert (plan["gpus_before"], plan["gpus_after"], plan["gpus_freed"]) == (4, 2, 2)
-    assert plan["layout"] and "mig-parted.yaml" in payload["config"]
+    assert plan["layout"] and "gres.conf" in payload["config"]  # the seed node is a Slurm node
 
 
 def test_recommend_csv_and_table(capsys, seed_history):

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import yaml
 
-from gpulens.analyzer.emit import emit
+from gpulens.analyzer.emit import context_from_rows, emit
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.plan import build_plan
 from gpulens.analyzer.profile import profiles_from_samples
@@ -72,21 +70,15 @@ def test_emitted_configs_match_the_plan_and_validate(th):
         SynthJob(f"m{i}", f"GPU-h{i}", steady(60, 0.06, 0.005), flat(60, 8 * GIB), model=H100)
         for i in range(3)
     ]
-    _, plan = plan_for(jobs, th)
-    out = emit(plan)
+    recs, plan = plan_for(jobs, th)
+    out = emit(plan, context_from_rows(recs.to_dict("records")))  # validated inside
     mig = yaml.safe_load(out.files["mig-parted.yaml"])
     assert mig["version"] == "v1"
     enabled = [d for cfg in mig["mig-configs"].values() for d in cfg if d["mig-enabled"]]
     assert enabled and enabled[0]["mig-devices"] == {"1g.10gb": 3}
-    plugin = yaml.safe_load(out.files["device-plugin-config.yaml"])
-    mps = [c for c in plugin.values() if "mps" in c.get("sharing", {})]
-    assert mps and mps[0]["sharing"]["mps"]["resources"][0]["replicas"] >= 2
-    slurm = out.files["slurm-gres-hints.conf"]
-    assert "Name=mps Count=" in slurm
-    assert re.search(r"--gres=mps:\d+  \(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=\d+M\)", slurm)
+    assert "--gres=gpu:1g.10gb:1" in out.files["gres.conf"]
     layout_clients = [c for e in plan.layout for c in e.get("mps_clients", [])]
     assert all(isinstance(c["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], int) for c in layout_clients)
-    assert "--gres=gpu:1g.10gb:1" in slurm
 
 
 def test_a_job_alone_under_mps_takes_a_free_mig_slice_instead(th):

@@ -1,0 +1,129 @@
+"""Every shipped scenario's history and the usage trace: each emitted file passes its validator and,
+where the consuming tool can run here, the tool itself (slurmd -G, NVIDIA's go-nvlib/go-nvml,
+the Kubernetes schema)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpulens.analyzer import emit as em
+from gpulens.analyzer.history import read_history
+from gpulens.analyzer.importers import import_trace
+from gpulens.analyzer.pipeline import Analysis, analyze_history
+from gpulens.analyzer.thresholds import load_thresholds
+from gpulens.catalog import get_model
+from gpulens.sim.history import simulate
+from gpulens.sim.scenario import BUILTIN_DIR
+from tests.analyzer.slurmd import require_slurmd, slurmd_gres
+from tests.analyzer.test_emit import migcheck
+from tests.analyzer.test_traces import GENAI
+
+SCENARIOS = sorted(p.stem for p in Path(BUILTIN_DIR).glob("*.yaml"))
+HOURS = {"large": 0.5}  # the 1,000-job bench node: half an hour is plenty and keeps the test short
+
+
+@pytest.fixture(scope="module")
+def analyses(tmp_path_factory) -> dict[str, Analysis]:
+    th = load_thresholds()
+    out: dict[str, Analysis] = {}
+    for name in SCENARIOS:
+        path = tmp_path_factory.mktemp("emit") / name
+        simulate(name, duration_s=HOURS.get(name, 1.0) * 3600, out=path, step_s=120, seed=0)
+        out[name] = analyze_history(read_history(path), th, with_archetypes=False)
+    if GENAI.is_dir():
+        path = tmp_path_factory.mktemp("genai") / "history"
+        import_trace("alibaba-genai-2026", GENAI, path, get_model("H100-80GB"))
+        out["alibaba-genai-2026"] = analyze_history(read_history(path), th, with_archetypes=False)
+    return out
+
+
+def test_the_scenarios_are_all_covered(analyses):
+    assert set(SCENARIOS) <= set(analyses) and len(SCENARIOS) >= 5
+
+
+def test_every_emitted_file_passes_its_validator(analyses):
+    for name, analysis in analyses.items():
+        emitted = analysis.emitted
+        assert emitted is not None and emitted.placement is not None, name
+        mig_names = {h: em.config_name("gpulens", h) for h in emitted.placement.inventory.hosts()}
+        problems = em.validate_files(emitted.files, emitted.placement.inventory, mig_names)
+        assert problems == [], f"{name}: {problems[0]}"
+
+
+def test_slurm_node_names_are_the_hosts_the_gpus_reported(analyses):
+    for name, analysis in analyses.items():
+        hosts = set(analysis.emitted.placement.inventory.hosts())
+        for line in analysis.emitted.files.get("gres.conf", "").splitlines():
+            if line.startswith("NodeName="):
+                assert line.split()[0].removeprefix("NodeName=") in hosts, (name, line)
+
+
+def test_slurm_mps_shares_per_gpu_sum_to_at_most_100(analyses):
+    for name, analysis in analyses.items():
+        sums: dict[str, int] = {}
+        for line in analysis.emitted.files.get("gres.conf", "").splitlines():
+            if "--gres=mps:" in line:
+                gpu = " ".join(line.split()[3:5])
+                sums[gpu] = sums.get(gpu, 0) + int(line.rsplit("--gres=mps:", 1)[1].split()[0])
+        assert all(total <= 100 for total in sums.values()), (name, sums)
+
+
+def test_no_device_plugin_config_has_fewer_than_two_replicas(analyses):
+    for name, analysis in analyses.items():
+        text = analysis.emitted.files.get("device-plugin-configmap.yaml")
+        if text is None:
+            continue
+        for key, config in yaml.safe_load(text)["data"].items():
+            for block in (yaml.safe_load(config).get("sharing") or {}).values():
+                assert all(r["replicas"] >= 2 for r in block["resources"]), (name, key)
+
+
+def test_real_slurmd_reads_every_emitted_gres_conf(analyses, tmp_path):
+    require_slurmd()
+    checked = 0
+    for name, analysis in analyses.items():
+        files = analysis.emitted.files
+        if "gres.conf" not in files:
+            continue
+        for host in analysis.emitted.placement.inventory.hosts():
+            own = [line for line in files["gres.conf"].splitlines() if line.startswith(f"NodeName={host} ")]
+            if not own or any("AutoDetect=nvml" in line for line in own):
+                continue  # MIG hosts need NVML for auto-detection: not on this machine
+            gpus = len(analysis.emitted.placement.inventory.on(host))
+            work = tmp_path / f"{name}-{host}"
+            work.mkdir()
+            lines = slurmd_gres(work, files["gres.conf"], files["slurm-nodes.conf"], host, gpus)
+            assert sum(int(g["count"]) for g in lines if g["name"] == "gpu") == gpus, (name, host)
+            checked += 1
+    assert checked >= 1
+
+
+def test_nvidias_mig_tables_accept_every_emitted_mig_parted_config(analyses, tmp_path):
+    binary = migcheck()
+    checked = 0
+    for name, analysis in analyses.items():
+        text = analysis.emitted.files.get("mig-parted.yaml")
+        if text is None:
+            continue
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        done = subprocess.run([binary, str(path)], capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
+        checked += 1
+    assert checked >= 1
+
+
+def test_every_emitted_configmap_passes_the_kubernetes_schema(analyses):
+    validator = pytest.importorskip("kubernetes_validate")
+    checked = 0
+    for analysis in analyses.values():
+        text = analysis.emitted.files.get("device-plugin-configmap.yaml")
+        if text is None:
+            continue
+        validator.validate(yaml.safe_load(text), validator.latest_version(), strict=True)
+        checked += 1
+    assert checked >= 1, "k8s-a100-mixed should emit a device-plugin ConfigMap"

@@ -1,0 +1,14 @@
+module github.com/gpulens/gpulens/tools/migcheck
+
+go 1.26.0
+
+require (
+	github.com/NVIDIA/go-nvlib v0.13.0
+	github.com/NVIDIA/go-nvml v0.13.4-1
+	sigs.k8s.io/yaml v1.6.0
+)
+
+require (
+	github.com/google/uuid v1.6.0 // indirect
+	go.yaml.in/yaml/v2 v2.4.2 // indirect
+)
