@@ -31,12 +31,18 @@ from gpulens.sim.procfs import NodeFiles, ProcView, job_id
 from gpulens.sim.scenario import (
     FOREVER,
     THROTTLE_BITS,
-    FaultSpec,
+    EccFault,
     GpuSpec,
+    HangFault,
+    InitErrorFault,
+    MigCreateFault,
+    MigDestroyFault,
     MigInstanceSpec,
     ProcessSpec,
     Scenario,
     ScenarioError,
+    ThrottleFault,
+    XidFault,
     _Check,
     default_gpu_instance_id,
     gpu_reserved_bytes,
@@ -401,18 +407,15 @@ class ScenarioNode:
     def inject_xid(self, gpu: int, xid: int, gpu_instance_id: int | None = None) -> None:
         """Deliver Xid `xid` on `gpu` (or one of its GPU instances) now."""
         self._check_gpu(gpu)
-        self._timeline.add(
-            FaultSpec(at=self._now_rel(), kind="xid", gpu=gpu, code=xid, instance=gpu_instance_id)
-        )
+        self._timeline.add(XidFault(at=self._now_rel(), gpu=gpu, code=xid, instance=gpu_instance_id))
         self._changed()
 
     def inject_ecc(self, gpu: int, *, corrected: int = 0, uncorrected: int = 0, location: int = 2) -> None:
         """Add ECC errors now (volatile and aggregate counters, and their events)."""
         self._check_gpu(gpu)
         self._timeline.add(
-            FaultSpec(
+            EccFault(
                 at=self._now_rel(),
-                kind="ecc",
                 gpu=gpu,
                 corrected=corrected,
                 uncorrected=uncorrected,
@@ -430,20 +433,18 @@ class ScenarioNode:
     def set_hang(self, gpu: int, seconds: float) -> None:
         """Calls on `gpu` block until `seconds` (simulated) from now have passed."""
         self._check_gpu(gpu)
-        self._timeline.add(FaultSpec(at=self._now_rel(), kind="hang", gpu=gpu, duration=float(seconds)))
+        self._timeline.add(HangFault(at=self._now_rel(), gpu=gpu, duration=float(seconds)))
         self._changed()
 
     def set_throttle(self, gpu: int, reasons: int, seconds: float = FOREVER) -> None:
         """Set clock-event reason bits (`THROTTLE_BITS`) on `gpu` for `seconds` from now."""
         self._check_gpu(gpu)
-        self._timeline.add(
-            FaultSpec(at=self._now_rel(), kind="throttle", gpu=gpu, reasons=reasons, duration=seconds)
-        )
+        self._timeline.add(ThrottleFault(at=self._now_rel(), gpu=gpu, reasons=reasons, duration=seconds))
         self._changed()
 
     def set_init_error(self, code: int, seconds: float = FOREVER) -> None:
         """Make nvmlInit fail with NVML error `code` for `seconds` from now."""
-        self._timeline.add(FaultSpec(at=self._now_rel(), kind="init_error", code=code, duration=seconds))
+        self._timeline.add(InitErrorFault(at=self._now_rel(), code=code, duration=seconds))
         self._changed()
 
     def add_process(self, raw: dict[str, Any]) -> ProcessSpec:
@@ -515,7 +516,7 @@ class ScenarioNode:
         inst = MigInstanceSpec(placed.profile, placed.start, gid, slot)
         with self._lock:
             self._runtime_mig.setdefault(gpu, []).append(inst)
-        self._timeline.add(FaultSpec(at=now, kind="mig_create", gpu=gpu, mig=inst))
+        self._timeline.add(MigCreateFault(at=now, gpu=gpu, mig=inst))
         self._changed()
         return gid
 
@@ -526,7 +527,7 @@ class ScenarioNode:
         alive = self._timeline.mig_instances(gpu, self._initial_layout(gpu), now)
         if gpu_instance_id not in {i.gpu_instance_id for i in alive}:
             raise ValueError(f"no GPU instance {gpu_instance_id} on GPU {gpu}")
-        self._timeline.add(FaultSpec(at=now, kind="mig_destroy", gpu=gpu, instance=gpu_instance_id))
+        self._timeline.add(MigDestroyFault(at=now, gpu=gpu, instance=gpu_instance_id))
         self._changed()
 
     # -- files ------------------------------------------------------------------------------------

@@ -13,7 +13,25 @@ import math
 import threading
 from dataclasses import dataclass, field
 
-from gpulens.sim.scenario import FOREVER, FaultSpec, MigInstanceSpec, Scenario
+from gpulens.sim.scenario import (
+    FOREVER,
+    EccFault,
+    EccStormFault,
+    Fault,
+    HangFault,
+    InitErrorFault,
+    LostFault,
+    MigCreateFault,
+    MigDestroyFault,
+    MigInstanceSpec,
+    MpsRestartFault,
+    NvlinkErrorFault,
+    PcieReplayFault,
+    RowRemapFault,
+    Scenario,
+    ThrottleFault,
+    XidFault,
+)
 from gpulens.sim.state import NO_INSTANCE
 
 # nvmlEventType* bits
@@ -44,7 +62,7 @@ class RawEvent:
 
 @dataclass
 class _Entry:
-    fault: FaultSpec
+    fault: Fault
     repeats: bool
     order: int
 
@@ -80,12 +98,12 @@ class Timeline:
             self._add(fault, repeats=self.repeat is not None)
         self._lost_override: dict[int, bool] = {}
 
-    def _add(self, fault: FaultSpec, repeats: bool) -> None:
+    def _add(self, fault: Fault, repeats: bool) -> None:
         entry = _Entry(fault, repeats, self._count)
         self._count += 1
         self._by_gpu.setdefault(fault.gpu, []).append(entry)
 
-    def add(self, fault: FaultSpec) -> None:
+    def add(self, fault: Fault) -> None:
         """A one-shot runtime entry (never repeats)."""
         with self._lock:
             self._add(fault, repeats=False)
@@ -130,7 +148,7 @@ class Timeline:
     # -- node level -----------------------------------------------------------------------------
     def init_error(self, r: float) -> int | None:
         for entry in self._entries(None):
-            if entry.fault.kind == "init_error" and self._active(entry, r)[0]:
+            if isinstance(entry.fault, InitErrorFault) and self._active(entry, r)[0]:
                 return entry.fault.code
         return None
 
@@ -140,21 +158,20 @@ class Timeline:
         last_pending = last_reset = -math.inf
         for entry in self._entries(gpu):
             f = entry.fault
-            kind = f.kind
-            if kind in ("lost", "hang", "throttle", "mps_restart"):
+            if isinstance(f, LostFault | HangFault | ThrottleFault | MpsRestartFault):
                 active, end = self._active(entry, r)
-                if kind == "lost":
+                if isinstance(f, LostFault):
                     out.lost = out.lost or active
                     if f.duration != FOREVER:  # a GPU back from lost has been reset
                         if not active and end != -math.inf:
                             last_reset = max(last_reset, end)
                         elif active and entry.repeats and self.repeat and self._occurrences(entry, r)[0] > 1:
                             last_reset = max(last_reset, end - self.repeat)
-                elif kind == "hang" and active:
+                elif isinstance(f, HangFault) and active:
                     out.hang_seconds = max(out.hang_seconds, end - r)
-                elif kind == "throttle" and active:
+                elif isinstance(f, ThrottleFault) and active:
                     out.throttle |= f.reasons
-                elif kind == "mps_restart":
+                elif isinstance(f, MpsRestartFault):
                     out.mps_down = out.mps_down or active
                     done = self._completed(entry, r)
                     out.mps_restarts += done
@@ -164,15 +181,15 @@ class Timeline:
             n, start = self._occurrences(entry, r)
             if n == 0:
                 continue
-            if kind == "row_remap":
-                if f.remap == "pending":
+            if isinstance(f, RowRemapFault):
+                if f.state == "pending":
                     out.remap_rows += n * f.rows
                     last_pending = max(last_pending, start)
                 else:
                     out.remap_failed = True
-            elif kind == "pcie_replay":
+            elif isinstance(f, PcieReplayFault):
                 out.pcie_replay += n * f.count
-            elif kind == "nvlink_error":
+            elif isinstance(f, NvlinkErrorFault):
                 counters = out.nvlink_errors.setdefault(f.link, {})
                 counters[f.counter] = counters.get(f.counter, 0) + n * f.count
         out.remap_pending = last_pending > last_reset
@@ -193,12 +210,12 @@ class Timeline:
         out: dict[tuple[int, int], int] = {}
         for entry in entries:
             f = entry.fault
-            if f.kind not in ("ecc", "ecc_storm"):
+            if not isinstance(f, EccFault | EccStormFault):
                 continue
             n, start = self._occurrences(entry, r)
             if n == 0:
                 continue
-            if f.kind == "ecc":
+            if isinstance(f, EccFault):
                 for etype, count in ((0, f.corrected), (1, f.uncorrected)):
                     if count:
                         out[(etype, f.location)] = out.get((etype, f.location), 0) + n * count
@@ -217,16 +234,15 @@ class Timeline:
         }
         for entry in self._entries(gpu):
             f = entry.fault
-            if f.kind not in ("mig_create", "mig_destroy"):
+            if not isinstance(f, MigCreateFault | MigDestroyFault):
                 continue
             n, start = self._occurrences(entry, r)
             if n == 0:
                 continue
-            gid = f.mig.gpu_instance_id if f.kind == "mig_create" and f.mig else f.instance
-            assert gid is not None
+            gid = f.mig.gpu_instance_id if isinstance(f, MigCreateFault) else f.instance
             previous = latest.get(gid)
             if previous is None or (start, entry.order) > previous[:2]:
-                latest[gid] = (start, entry.order, f.mig if f.kind == "mig_create" else None)
+                latest[gid] = (start, entry.order, f.mig if isinstance(f, MigCreateFault) else None)
         alive = [spec for _, _, spec in latest.values() if spec is not None]
         return tuple(sorted(alive, key=lambda s: s.slot))
 
@@ -256,15 +272,15 @@ class Timeline:
         return [at + k * period for k in range(first, last + 1)]
 
 
-def _events_of(f: FaultSpec, at: float) -> list[RawEvent]:
+def _events_of(f: Fault, at: float) -> list[RawEvent]:
     """The driver events one occurrence of a fault produces."""
     assert f.gpu is not None
     gpu = f.gpu
-    if f.kind == "xid":
+    if isinstance(f, XidFault):
         if f.instance is not None:
             return [RawEvent(at, gpu, EVENT_XID, f.code, f.instance, 0)]
         return [RawEvent(at, gpu, EVENT_XID, f.code)]
-    if f.kind == "ecc":
+    if isinstance(f, EccFault):
         events = []
         if f.corrected:
             events.append(RawEvent(at, gpu, EVENT_SINGLE_BIT_ECC))
@@ -272,15 +288,15 @@ def _events_of(f: FaultSpec, at: float) -> list[RawEvent]:
             events.append(RawEvent(at, gpu, EVENT_DOUBLE_BIT_ECC))
             events.append(RawEvent(at, gpu, EVENT_XID, XID_DBE))
         return events
-    if f.kind == "ecc_storm":
+    if isinstance(f, EccStormFault):
         return [RawEvent(at, gpu, EVENT_SINGLE_BIT_ECC_STORM)]
-    if f.kind == "row_remap":
-        if f.remap == "pending":
+    if isinstance(f, RowRemapFault):
+        if f.state == "pending":
             return [RawEvent(at, gpu, EVENT_DRAM_RETIREMENT), RawEvent(at, gpu, EVENT_XID, XID_ROW_REMAP)]
         return [
             RawEvent(at, gpu, EVENT_DRAM_RETIREMENT_FAILURE),
             RawEvent(at, gpu, EVENT_XID, XID_ROW_REMAP_FAILURE),
         ]
-    if f.kind in ("mig_create", "mig_destroy"):
+    if isinstance(f, MigCreateFault | MigDestroyFault):
         return [RawEvent(at, gpu, EVENT_MIG_CONFIG_CHANGE)]
     return []

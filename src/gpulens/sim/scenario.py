@@ -15,9 +15,11 @@ from __future__ import annotations
 import math
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -136,26 +138,120 @@ class ProcessSpec:
     environ: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
-class FaultSpec:
-    """One entry of the fault timeline; which fields matter depends on `kind`."""
+class FaultKind(StrEnum):
+    """The scenario key that names a timeline entry's kind (docs/simulator.md, "faults")."""
 
+    XID = "xid"
+    ECC = "ecc"
+    ECC_STORM = "ecc_storm"
+    ROW_REMAP = "row_remap"
+    LOST = "lost"
+    THROTTLE = "throttle"
+    HANG = "hang"
+    INIT_ERROR = "init_error"
+    MIG_CREATE = "mig_create"
+    MIG_DESTROY = "mig_destroy"
+    MPS_RESTART = "mps_restart"
+    PCIE_REPLAY = "pcie_replay"
+    NVLINK_ERROR = "nvlink_error"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    """One entry of the fault timeline: when, on which GPU (None: the node), for how long.
+
+    Each kind is its own subclass carrying only its own fields; `duration` is how long one
+    occurrence lasts (0: an instant, FOREVER: until the end).
+    """
+
+    kind: ClassVar[FaultKind]
     at: float
-    kind: str
     gpu: int | None = None
-    instance: int | None = None
-    duration: float = 0.0  # lost / hang / throttle / ecc_storm / init_error / mps_restart
-    code: int = 0  # xid number, init error code
+    duration: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class XidFault(Fault):
+    kind = FaultKind.XID
+    code: int
+    instance: int | None = None  # a GPU instance id on a MIG GPU
+
+
+@dataclass(frozen=True, kw_only=True)
+class EccFault(Fault):
+    kind = FaultKind.ECC
     corrected: int = 0
     uncorrected: int = 0
     location: int = 2  # NVML_MEMORY_LOCATION_DRAM
-    reasons: int = 0  # throttle bitmask
-    remap: str = ""  # "pending" | "failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EccStormFault(Fault):
+    """`corrected` errors spread evenly over `duration`."""
+
+    kind = FaultKind.ECC_STORM
+    corrected: int
+    location: int = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowRemapFault(Fault):
+    kind = FaultKind.ROW_REMAP
+    state: Literal["pending", "failed"]
     rows: int = 1
-    link: int = 0
-    counter: int = 0
-    count: int = 0
-    mig: MigInstanceSpec | None = None  # mig_create (resolved placement) / mig_destroy (id only)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LostFault(Fault):
+    kind = FaultKind.LOST
+
+
+@dataclass(frozen=True, kw_only=True)
+class HangFault(Fault):
+    kind = FaultKind.HANG
+
+
+@dataclass(frozen=True, kw_only=True)
+class MpsRestartFault(Fault):
+    kind = FaultKind.MPS_RESTART
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThrottleFault(Fault):
+    kind = FaultKind.THROTTLE
+    reasons: int  # clock event reason bitmask (THROTTLE_BITS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InitErrorFault(Fault):
+    kind = FaultKind.INIT_ERROR
+    code: int  # the NVML error nvmlInit returns
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigCreateFault(Fault):
+    kind = FaultKind.MIG_CREATE
+    mig: MigInstanceSpec  # start/id/slot -1 until the timeline is resolved
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigDestroyFault(Fault):
+    kind = FaultKind.MIG_DESTROY
+    instance: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PcieReplayFault(Fault):
+    kind = FaultKind.PCIE_REPLAY
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class NvlinkErrorFault(Fault):
+    kind = FaultKind.NVLINK_ERROR
+    link: int
+    counter: int  # NVLINK_COUNTERS value
+    count: int = 1
 
 
 @dataclass(frozen=True)
@@ -168,7 +264,7 @@ class Scenario:
     driver: DriverInfo
     gpus: tuple[GpuSpec, ...]
     processes: tuple[ProcessSpec, ...]
-    faults: tuple[FaultSpec, ...]
+    faults: tuple[Fault, ...]
     repeat: float | None  # the fault timeline repeats with this period
     users: tuple[tuple[str, int], ...]
     kubernetes_defaults: tuple[tuple[str, str], ...] = ()
@@ -207,21 +303,7 @@ MEMORY_LOCATIONS = {
 }
 NVLINK_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3, "ecc_data": 4}
 COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
-FAULT_KINDS = (
-    "xid",
-    "ecc",
-    "ecc_storm",
-    "row_remap",
-    "lost",
-    "throttle",
-    "hang",
-    "init_error",
-    "mig_create",
-    "mig_destroy",
-    "mps_restart",
-    "pcie_replay",
-    "nvlink_error",
-)
+FAULT_KINDS = tuple(FaultKind)
 # PCI bus numbers of the eight GPUs of a DGX H100 / A100 (nvidia-smi on those systems)
 _DGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
@@ -777,12 +859,12 @@ def parse_workload(c: _Check, path: str, raw: Any, limit_bytes: int, limit_what:
     return WorkloadSpec(**kwargs)
 
 
-def instance_profiles(gpu: GpuSpec, faults: tuple[FaultSpec, ...] | list[FaultSpec]) -> dict[int, MigProfile]:
+def instance_profiles(gpu: GpuSpec, faults: tuple[Fault, ...] | list[Fault]) -> dict[int, MigProfile]:
     """GPU instance id -> profile for every instance that ever exists on `gpu` (its layout and the
     timeline's mig_create entries); when an id is created with several profiles, the smallest."""
     out = {inst.gpu_instance_id: inst.profile for inst in gpu.mig or ()}
     for fault in faults:
-        if fault.kind == "mig_create" and fault.gpu == gpu.index and fault.mig is not None:
+        if isinstance(fault, MigCreateFault) and fault.gpu == gpu.index:
             gid, profile = fault.mig.gpu_instance_id, fault.mig.profile
             if gid not in out or profile.memory_bytes < out[gid].memory_bytes:
                 out[gid] = profile
@@ -877,152 +959,249 @@ def parse_process(
     )
 
 
-def _parse_fault(c: _Check, path: str, raw: Any, gpus: tuple[GpuSpec, ...]) -> FaultSpec:
+@dataclass(frozen=True)
+class _FaultEntry:
+    """What every fault parser gets: the checked entry, its kind's value, time, GPU and `for`."""
+
+    c: _Check
+    path: str  # faults.timeline[i]
+    kind: FaultKind
+    raw: dict[str, Any]  # the whole entry (keys checked)
+    value: Any  # the value under the kind's key
+    at: float
+    gpu: GpuSpec | None  # None only for node-level kinds
+    duration: float  # `for`, FOREVER when absent
+
+    @property
+    def vpath(self) -> str:
+        return f"{self.path}.{self.kind}"
+
+    @property
+    def gpu_spec(self) -> GpuSpec:
+        assert self.gpu is not None, "node-level kinds have no GPU"
+        return self.gpu
+
+    @property
+    def gpu_index(self) -> int | None:
+        return None if self.gpu is None else self.gpu.index
+
+
+def _xid(e: _FaultEntry) -> Fault:
+    c, code = e.c, e.c.integer(e.vpath, e.value, 1, 999)
+    if "instance" not in e.raw:
+        return XidFault(at=e.at, gpu=e.gpu_index, code=code)
+    if e.gpu_spec.mig is None:
+        raise c.expected(
+            f"{e.path}.instance",
+            f"no instance (GPU {e.gpu_spec.index} is not in MIG mode)",
+            e.raw["instance"],
+        )
+    instance = c.integer(f"{e.path}.instance", e.raw["instance"], 0, 14)
+    return XidFault(at=e.at, gpu=e.gpu_index, code=code, instance=instance)
+
+
+def _ecc_counts(e: _FaultEntry, keys: tuple[str, ...]) -> tuple[int, int, int]:
+    """(corrected, uncorrected, location) of an ecc / ecc_storm value, on a GPU with ECC on."""
+    c = e.c
+    m = c.mapping(e.vpath, e.value, (), keys)
+    corrected = c.integer(f"{e.vpath}.corrected", m.get("corrected", 0), 0)
+    uncorrected = c.integer(f"{e.vpath}.uncorrected", m.get("uncorrected", 0), 0)
+    if corrected + uncorrected == 0:
+        raise c.expected(e.vpath, "a corrected or uncorrected count above 0", e.value)
+    location = MEMORY_LOCATIONS[
+        c.choice(f"{e.vpath}.location", m.get("location", "dram"), list(MEMORY_LOCATIONS))
+    ]
+    if not e.gpu_spec.ecc:
+        raise c.expected(e.path, f"a GPU with ECC enabled (GPU {e.gpu_spec.index} has ECC off)", e.value)
+    return corrected, uncorrected, location
+
+
+def _ecc(e: _FaultEntry) -> Fault:
+    corrected, uncorrected, location = _ecc_counts(e, ("corrected", "uncorrected", "location"))
+    return EccFault(
+        at=e.at,
+        gpu=e.gpu_index,
+        corrected=corrected,
+        uncorrected=uncorrected,
+        location=location,
+        duration=e.duration,
+    )
+
+
+def _ecc_storm(e: _FaultEntry) -> Fault:
+    corrected, _, location = _ecc_counts(e, ("corrected", "location"))
+    if e.duration <= 0 or e.duration == FOREVER:
+        raise e.c.expected(f"{e.path}.for", "a finite duration above 0", e.raw["for"])
+    return EccStormFault(
+        at=e.at, gpu=e.gpu_index, corrected=corrected, location=location, duration=e.duration
+    )
+
+
+def _row_remap(e: _FaultEntry) -> Fault:
+    c = e.c
+    value = {"state": e.value} if isinstance(e.value, str) else e.value
+    m = c.mapping(e.vpath, value, ("state",), ("rows",))
+    if not e.gpu_spec.model.row_remapping:
+        raise c.expected(e.path, f"a GPU with row remapping ({e.gpu_spec.model.key} has none)", value)
+    state: Literal["pending", "failed"] = "pending"
+    if c.choice(f"{e.vpath}.state", m["state"], ("pending", "failed")) == "failed":
+        state = "failed"
+    return RowRemapFault(
+        at=e.at, gpu=e.gpu_index, state=state, rows=c.integer(f"{e.vpath}.rows", m.get("rows", 1), 1)
+    )
+
+
+def _lost(e: _FaultEntry) -> Fault:
+    return LostFault(at=e.at, gpu=e.gpu_index, duration=e.c.duration(e.vpath, e.value, forever=True))
+
+
+def _hang(e: _FaultEntry) -> Fault:
+    seconds = e.c.duration(e.vpath, e.value)
+    if seconds <= 0:
+        raise e.c.expected(e.vpath, "a duration above 0", e.value)
+    return HangFault(at=e.at, gpu=e.gpu_index, duration=seconds)
+
+
+def _mps_restart(e: _FaultEntry) -> Fault:
+    seconds = e.c.duration(e.vpath, e.value)
+    if e.gpu_spec.mps is None:
+        raise e.c.expected(f"{e.path}.gpu", "a GPU that runs an MPS server", e.gpu_spec.index)
+    return MpsRestartFault(at=e.at, gpu=e.gpu_index, duration=seconds)
+
+
+def _throttle(e: _FaultEntry) -> Fault:
+    c = e.c
+    names = [e.value] if isinstance(e.value, str) else c.list_(e.vpath, e.value)
+    bits = 0
+    for i, name in enumerate(names):
+        bits |= THROTTLE_BITS[c.choice(f"{e.vpath}[{i}]", name, list(THROTTLE_BITS))]
+    if not bits:
+        raise c.expected(e.vpath, "at least one throttle reason", e.value)
+    if bits & THROTTLE_BITS["hw_power_brake"]:
+        bits |= THROTTLE_BITS["hw_slowdown"]  # power brake is a kind of HW slowdown
+    return ThrottleFault(at=e.at, gpu=e.gpu_index, reasons=bits, duration=e.duration)
+
+
+def _init_error(e: _FaultEntry) -> Fault:
+    c = e.c
+    if isinstance(e.value, int) and not isinstance(e.value, bool):
+        code = c.integer(e.vpath, e.value, 1, 999)
+    else:
+        code = INIT_ERRORS[c.choice(e.vpath, e.value, list(INIT_ERRORS))]
+    return InitErrorFault(at=e.at, code=code, duration=e.duration)
+
+
+def _mig_gpu(e: _FaultEntry) -> GpuSpec:
+    if e.gpu_spec.mig is None:
+        raise e.c.expected(f"{e.path}.gpu", "a GPU in MIG mode", e.gpu_spec.index)
+    return e.gpu_spec
+
+
+def _mig_create(e: _FaultEntry) -> Fault:
+    c, gpu = e.c, _mig_gpu(e)
+    m = c.mapping(e.vpath, e.value, ("profile",), ("start", "id"))
+    try:
+        profile = gpu.model.mig_profile(c.string(f"{e.vpath}.profile", m["profile"]))
+    except CatalogError:
+        valid = ", ".join(pr.name for pr in gpu.model.mig_profiles)
+        raise c.expected(
+            f"{e.vpath}.profile", f"a MIG profile of {gpu.model.key} ({valid})", m["profile"]
+        ) from None
+    start = -1
+    if "start" in m:
+        start = c.integer(f"{e.vpath}.start", m["start"], 0, gpu.model.memory_slices - 1)
+        if start not in profile.placement_starts:
+            raise c.expected(
+                f"{e.vpath}.start", f"a start of {profile.name} ({list(profile.placement_starts)})", start
+            )
+    gid = c.integer(f"{e.vpath}.id", m["id"], 0, 14) if "id" in m else -1
+    return MigCreateFault(at=e.at, gpu=gpu.index, mig=MigInstanceSpec(profile, start, gid, -1))
+
+
+def _mig_destroy(e: _FaultEntry) -> Fault:
+    gpu = _mig_gpu(e)
+    return MigDestroyFault(at=e.at, gpu=gpu.index, instance=e.c.integer(e.vpath, e.value, 0, 14))
+
+
+def _pcie_replay(e: _FaultEntry) -> Fault:
+    return PcieReplayFault(at=e.at, gpu=e.gpu_index, count=e.c.integer(e.vpath, e.value, 1))
+
+
+def _nvlink_error(e: _FaultEntry) -> Fault:
+    c, gpu = e.c, e.gpu_spec
+    m = c.mapping(e.vpath, e.value, ("link",), ("counter", "count"))
+    if gpu.model.nvlink_links == 0:
+        raise c.expected(f"{e.path}.gpu", "a GPU with NVLink", gpu.index)
+    return NvlinkErrorFault(
+        at=e.at,
+        gpu=gpu.index,
+        link=c.integer(f"{e.vpath}.link", m["link"], 0, gpu.model.nvlink_links - 1),
+        counter=NVLINK_COUNTERS[
+            c.choice(f"{e.vpath}.counter", m.get("counter", "crc_flit"), list(NVLINK_COUNTERS))
+        ],
+        count=c.integer(f"{e.vpath}.count", m.get("count", 1), 1),
+    )
+
+
+@dataclass(frozen=True)
+class _FaultRule:
+    """How to read one kind: its parser and the keys its entry takes besides `at` and the kind."""
+
+    parse: Callable[[_FaultEntry], Fault]
+    optional: tuple[str, ...] = ("gpu",)
+    required: tuple[str, ...] = ()
+    node_level: bool = False  # applies to the node (no `gpu`)
+
+
+FAULT_PARSERS: dict[FaultKind, _FaultRule] = {
+    FaultKind.XID: _FaultRule(_xid, optional=("gpu", "instance")),
+    FaultKind.ECC: _FaultRule(_ecc),
+    FaultKind.ECC_STORM: _FaultRule(_ecc_storm, required=("for",)),
+    FaultKind.ROW_REMAP: _FaultRule(_row_remap),
+    FaultKind.LOST: _FaultRule(_lost),
+    FaultKind.THROTTLE: _FaultRule(_throttle, optional=("gpu", "for")),
+    FaultKind.HANG: _FaultRule(_hang),
+    FaultKind.INIT_ERROR: _FaultRule(_init_error, optional=("for",), node_level=True),
+    FaultKind.MIG_CREATE: _FaultRule(_mig_create),
+    FaultKind.MIG_DESTROY: _FaultRule(_mig_destroy),
+    FaultKind.MPS_RESTART: _FaultRule(_mps_restart),
+    FaultKind.PCIE_REPLAY: _FaultRule(_pcie_replay),
+    FaultKind.NVLINK_ERROR: _FaultRule(_nvlink_error),
+}
+
+
+def _parse_fault(c: _Check, path: str, raw: Any, gpus: tuple[GpuSpec, ...]) -> Fault:
+    """One timeline entry: exactly one kind key, `at`, the GPU it hits, then the kind's parser."""
     if not isinstance(raw, dict):
         raise c.expected(path, "a mapping", raw)
-    kinds = [k for k in raw if k in FAULT_KINDS]
+    kinds = [FaultKind(k) for k in raw if k in FAULT_KINDS]
     if len(kinds) != 1:
         found = " and ".join(kinds) or "none"
         raise c.fail(path, f"expected exactly one fault kind ({', '.join(FAULT_KINDS)}), found {found}")
     kind = kinds[0]
-    optional: tuple[str, ...] = ("gpu",)
-    if kind == "xid":
-        optional = ("gpu", "instance")
-    if kind in ("throttle", "init_error"):
-        optional = (*optional, "for")
-    if kind == "init_error":
-        optional = ("for",)
-    required: tuple[str, ...] = ("at", kind, "for") if kind == "ecc_storm" else ("at", kind)
-    m = c.mapping(path, raw, required, optional)
+    rule = FAULT_PARSERS[kind]
+    m = c.mapping(path, raw, ("at", kind, *rule.required), rule.optional)
     at = c.duration(f"{path}.at", m["at"])
-    value = m[kind]
-    vpath = f"{path}.{kind}"
     gpu: GpuSpec | None = None
-    if kind != "init_error":
+    if not rule.node_level:
         if "gpu" not in m:
             raise c.fail(f"{path}.gpu", "expected a GPU index for this fault, found nothing")
         index = c.integer(f"{path}.gpu", m["gpu"])
         if not 0 <= index < len(gpus):
             raise c.expected(f"{path}.gpu", f"a GPU index from 0 to {len(gpus) - 1}", index)
         gpu = gpus[index]
-    fault = FaultSpec(at=at, kind=kind, gpu=gpu.index if gpu else None)
     duration = c.duration(f"{path}.for", m["for"], forever=True) if "for" in m else FOREVER
-    if kind == "xid":
-        fault = replace(fault, code=c.integer(vpath, value, 1, 999))
-        if "instance" in m:
-            assert gpu is not None
-            if gpu.mig is None:
-                raise c.expected(
-                    f"{path}.instance", f"no instance (GPU {gpu.index} is not in MIG mode)", m["instance"]
-                )
-            fault = replace(fault, instance=c.integer(f"{path}.instance", m["instance"], 0, 14))
-    elif kind in ("ecc", "ecc_storm"):
-        keys = ("corrected", "uncorrected", "location") if kind == "ecc" else ("corrected", "location")
-        e = c.mapping(vpath, value, (), keys)
-        corrected = c.integer(f"{vpath}.corrected", e.get("corrected", 0), 0)
-        uncorrected = c.integer(f"{vpath}.uncorrected", e.get("uncorrected", 0), 0)
-        if corrected + uncorrected == 0:
-            raise c.expected(vpath, "a corrected or uncorrected count above 0", value)
-        location = MEMORY_LOCATIONS[
-            c.choice(f"{vpath}.location", e.get("location", "dram"), list(MEMORY_LOCATIONS))
-        ]
-        assert gpu is not None
-        if not gpu.ecc:
-            raise c.expected(path, f"a GPU with ECC enabled (GPU {gpu.index} has ECC off)", value)
-        if kind == "ecc_storm" and (duration <= 0 or duration == FOREVER):
-            raise c.expected(f"{path}.for", "a finite duration above 0", m["for"])
-        fault = replace(
-            fault, corrected=corrected, uncorrected=uncorrected, location=location, duration=duration
-        )
-    elif kind == "row_remap":
-        if isinstance(value, str):
-            value = {"state": value}
-        r = c.mapping(vpath, value, ("state",), ("rows",))
-        assert gpu is not None
-        if not gpu.model.row_remapping:
-            raise c.expected(path, f"a GPU with row remapping ({gpu.model.key} has none)", value)
-        fault = replace(
-            fault,
-            remap=c.choice(f"{vpath}.state", r["state"], ("pending", "failed")),
-            rows=c.integer(f"{vpath}.rows", r.get("rows", 1), 1),
-        )
-    elif kind in ("lost", "hang", "mps_restart"):
-        d = c.duration(vpath, value, forever=kind == "lost")
-        if kind == "hang" and d <= 0:
-            raise c.expected(vpath, "a duration above 0", value)
-        if kind == "mps_restart":
-            assert gpu is not None
-            if gpu.mps is None:
-                raise c.expected(f"{path}.gpu", "a GPU that runs an MPS server", gpu.index)
-        fault = replace(fault, duration=d)
-    elif kind == "throttle":
-        names = [value] if isinstance(value, str) else c.list_(vpath, value)
-        bits = 0
-        for i, name in enumerate(names):
-            bits |= THROTTLE_BITS[c.choice(f"{vpath}[{i}]", name, list(THROTTLE_BITS))]
-        if not bits:
-            raise c.expected(vpath, "at least one throttle reason", value)
-        if bits & THROTTLE_BITS["hw_power_brake"]:
-            bits |= THROTTLE_BITS["hw_slowdown"]  # power brake is a kind of HW slowdown
-        fault = replace(fault, reasons=bits, duration=duration)
-    elif kind == "init_error":
-        if isinstance(value, int) and not isinstance(value, bool):
-            code = c.integer(vpath, value, 1, 999)
-        else:
-            code = INIT_ERRORS[c.choice(vpath, value, list(INIT_ERRORS))]
-        fault = replace(fault, code=code, duration=duration)
-    elif kind == "mig_create":
-        assert gpu is not None
-        if gpu.mig is None:
-            raise c.expected(f"{path}.gpu", "a GPU in MIG mode", gpu.index)
-        mc = c.mapping(vpath, value, ("profile",), ("start", "id"))
-        try:
-            profile = gpu.model.mig_profile(c.string(f"{vpath}.profile", mc["profile"]))
-        except CatalogError:
-            valid = ", ".join(pr.name for pr in gpu.model.mig_profiles)
-            raise c.expected(
-                f"{vpath}.profile", f"a MIG profile of {gpu.model.key} ({valid})", mc["profile"]
-            ) from None
-        start = -1
-        if "start" in mc:
-            start = c.integer(f"{vpath}.start", mc["start"], 0, gpu.model.memory_slices - 1)
-            if start not in profile.placement_starts:
-                raise c.expected(
-                    f"{vpath}.start", f"a start of {profile.name} ({list(profile.placement_starts)})", start
-                )
-        gid = c.integer(f"{vpath}.id", mc["id"], 0, 14) if "id" in mc else -1
-        fault = replace(fault, mig=MigInstanceSpec(profile, start, gid, -1))
-    elif kind == "mig_destroy":
-        assert gpu is not None
-        if gpu.mig is None:
-            raise c.expected(f"{path}.gpu", "a GPU in MIG mode", gpu.index)
-        fault = replace(fault, instance=c.integer(vpath, value, 0, 14))
-    elif kind == "pcie_replay":
-        fault = replace(fault, count=c.integer(vpath, value, 1))
-    elif kind == "nvlink_error":
-        assert gpu is not None
-        n = c.mapping(vpath, value, ("link",), ("counter", "count"))
-        if gpu.model.nvlink_links == 0:
-            raise c.expected(f"{path}.gpu", "a GPU with NVLink", gpu.index)
-        fault = replace(
-            fault,
-            link=c.integer(f"{vpath}.link", n["link"], 0, gpu.model.nvlink_links - 1),
-            counter=NVLINK_COUNTERS[
-                c.choice(f"{vpath}.counter", n.get("counter", "crc_flit"), list(NVLINK_COUNTERS))
-            ],
-            count=c.integer(f"{vpath}.count", n.get("count", 1), 1),
-        )
-    return fault
+    return rule.parse(_FaultEntry(c, path, kind, m, m[kind], at, gpu, duration))
 
 
 def _resolve_mig_timeline(
-    c: _Check, faults: list[FaultSpec], gpus: tuple[GpuSpec, ...], repeat: float | None
-) -> list[FaultSpec]:
+    c: _Check, faults: list[Fault], gpus: tuple[GpuSpec, ...], repeat: float | None
+) -> list[Fault]:
     """Play mig_create / mig_destroy in time order (two cycles when repeating), placing created
     instances and checking every step is possible; returns the faults with placements filled in."""
     resolved = list(faults)
     order = sorted(
-        (i for i, f in enumerate(faults) if f.kind in ("mig_create", "mig_destroy")),
+        (i for i, f in enumerate(faults) if isinstance(f, MigCreateFault | MigDestroyFault)),
         key=lambda i: (faults[i].at, i),
     )
     if not order:
@@ -1037,7 +1216,7 @@ def _resolve_mig_timeline(
             assert f.gpu is not None
             gpu = gpus[f.gpu]
             instances = alive[f.gpu]
-            if f.kind == "mig_destroy":
+            if isinstance(f, MigDestroyFault):
                 if f.instance not in instances:
                     raise c.expected(
                         f"{path}.mig_destroy",
@@ -1047,7 +1226,7 @@ def _resolve_mig_timeline(
                     )
                 del instances[f.instance]
                 continue
-            assert f.mig is not None
+            assert isinstance(f, MigCreateFault)
             requests: list[tuple[str, int | None]] = [
                 (inst.profile.name, inst.start) for inst in instances.values()
             ]
@@ -1084,16 +1263,14 @@ def _resolve_mig_timeline(
     return resolved
 
 
-def _parse_faults(
-    c: _Check, raw: Any, gpus: tuple[GpuSpec, ...]
-) -> tuple[tuple[FaultSpec, ...], float | None]:
+def _parse_faults(c: _Check, raw: Any, gpus: tuple[GpuSpec, ...]) -> tuple[tuple[Fault, ...], float | None]:
     if raw is None:
         return (), None
     m = c.mapping("faults", raw, ("timeline",), ("repeat",))
     repeat = c.duration("faults.repeat", m["repeat"]) if m.get("repeat") is not None else None
     if repeat is not None and repeat <= 0:
         raise c.expected("faults.repeat", "a duration above 0", m["repeat"])
-    faults: list[FaultSpec] = []
+    faults: list[Fault] = []
     for i, entry in enumerate(c.list_("faults.timeline", m["timeline"])):
         fault = _parse_fault(c, f"faults.timeline[{i}]", entry, gpus)
         if repeat is not None:
@@ -1110,7 +1287,7 @@ def _parse_faults(
         faults.append(fault)
     faults = _resolve_mig_timeline(c, faults, gpus, repeat)
     for i, f in enumerate(faults):
-        if f.kind == "xid" and f.instance is not None:
+        if isinstance(f, XidFault) and f.instance is not None:
             assert f.gpu is not None
             ids = sorted(instance_profiles(gpus[f.gpu], faults))
             if f.instance not in ids:
