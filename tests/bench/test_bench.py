@@ -58,6 +58,35 @@ def test_targets_say_met_or_not_met():
     assert any(line.startswith("share of a core at 5 s") and line.endswith("met") for line in lines)
 
 
+def test_the_cpu_ratio_is_a_target_line_of_its_own():
+    assert "CPU per cycle, nvitop-exporter / gpulens: 6.00 x (target >= 5): met" in target_lines(DATA)
+
+
+def test_a_target_met_by_a_thin_margin_says_so():
+    thin = {**DATA, "exporters": [_exporter("gpulens-exporter", 19.0, 1.9), DATA["exporters"][1]]}
+    lines = target_lines(thin)
+    assert "CPU per sampling cycle: 19.00 ms (target <= 20): met, within 5 %" in lines
+    assert "scrape median under 20 scrapers: 1.90 ms (target <= 2): met, within 5 %" in lines
+
+
+def test_the_breakdown_lists_where_the_remaining_time_goes():
+    spot = {"where": "exporter/render.py:64", "function": "_fast_render", "part": "gpulens"}
+    breakdown = {
+        "scenario": "large",
+        "cycles": 5,
+        "cycle_cpu_ms": 30.0,
+        "driver": "native",
+        "simulated_driver_share": 0.0,
+        "nvml_binding_share": 0.2,
+        "gpulens_share": 0.5,
+        "other_share": 0.3,
+        "hotspots": [{**spot, "ms_per_cycle": 9.5, "calls_per_cycle": 1.0}],
+    }
+    text = render_markdown({**DATA, "breakdown": breakdown})
+    assert "| `_fast_render` | exporter/render.py:64 | gpulens | 9.5 | 1 |" in text
+    assert "native simulated driver" in text
+
+
 def test_markdown_names_the_command_and_both_exporters():
     text = render_markdown(DATA)
     assert "`make bench`" in text and "gpulens-exporter 1" in text and "nvitop-exporter 1" in text

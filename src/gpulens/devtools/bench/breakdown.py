@@ -1,10 +1,12 @@
-"""Where one exporter sampling cycle's CPU goes: simulated driver vs pynvml vs gpulens' own code.
+"""Where one exporter sampling cycle's CPU goes: the NVML calls vs gpulens' own code vs the rest.
 
-`gpulens bench` measures whole processes, and on a machine without a GPU both exporters call a
-driver that is Python (the simulator) instead of C. This splits an in-process cycle (per-GPU reads
-run synchronously under cProfile, as `profile_cycle --profile` does) by where the code lives, so
-the report can say how much of a missed target is the simulated driver, which a GPU node does
-not pay, and how much is ours. cProfile inflates small calls, so shares are approximate.
+`gpulens bench` measures whole processes, which says how much a cycle costs but not where. This
+runs the same exporter in-process on the native simulated driver (C, as on a GPU node; the node is
+published between cycles, outside the timed part), times full cycles by process CPU, then splits
+cycles run under cProfile (per-GPU reads synchronously on this thread, as `profile_cycle
+--profile` does) by where the code lives, and lists the functions that cost most, so the report
+says where our remaining time goes. The C library's time shows inside the pynvml calls that make
+it. cProfile inflates small calls, so shares are approximate.
 """
 
 from __future__ import annotations
@@ -18,10 +20,20 @@ from pathlib import Path
 import gpulens.exporter
 import gpulens.sim
 from gpulens.devtools.bench.profile_cycle import _advance, _exporter, _sync_cycle
-from gpulens.sim.install import uninstall
 
 _EXPORTER_ROOT = str(Path(gpulens.exporter.__file__).resolve().parent)
 _SIM_ROOT = str(Path(gpulens.sim.__file__).resolve().parent)
+
+
+@dataclass(frozen=True)
+class Hotspot:
+    """One function's own time per cycle under cProfile."""
+
+    where: str  # file relative to its package root, with the line
+    function: str
+    part: str  # gpulens | nvml | sim | other
+    ms_per_cycle: float
+    calls_per_cycle: float
 
 
 @dataclass(frozen=True)
@@ -29,10 +41,12 @@ class CycleBreakdown:
     scenario: str
     cycles: int
     cycle_cpu_ms: float  # median process CPU of a full cycle (threads included), not profiled
-    simulated_driver_share: float  # src/gpulens/sim/** (what libnvidia-ml does in C on a GPU node)
-    nvml_binding_share: float  # pynvml.py wrappers + ctypes
-    gpulens_share: float  # the rest of exporter/** (backend, sampler, collectors, render, attribution)
+    simulated_driver_share: float  # Python code of src/gpulens/sim/** run inside the cycle
+    nvml_binding_share: float  # pynvml.py wrappers + ctypes, and the C library they call
+    gpulens_share: float  # exporter/** (backend, sampler, collectors, render, attribution)
     other_share: float  # stdlib, prometheus_client, ...
+    driver: str = "native"
+    hotspots: tuple[Hotspot, ...] = ()
 
     @property
     def gpulens_cycle_ms(self) -> float:
@@ -63,35 +77,51 @@ def _category(filename: str, name: str) -> str | None:
     return "other"
 
 
-def measure_breakdown(scenario: str, interval: float = 2.0, cycles: int = 5) -> CycleBreakdown:
-    exporter, clock = _exporter(scenario, interval, None, "real")
+def _where(filename: str, line: int) -> str:
+    for root, label in ((_EXPORTER_ROOT, "exporter"), (_SIM_ROOT, "gpulens/sim")):
+        if filename.startswith(root):
+            return f"{label}{filename[len(root) :]}:{line}"
+    if filename == "~":
+        return "(builtin)"
+    return f"{Path(filename).name}:{line}"
+
+
+def measure_breakdown(
+    scenario: str, interval: float = 2.0, cycles: int = 5, driver: str = "native", top: int = 12
+) -> CycleBreakdown:
+    exporter, clock, simulated = _exporter(scenario, interval, None, "real", driver)
     try:
+        simulated.before_cycle()
         for _ in range(3):
             exporter.refresh()
-            _advance(clock, interval)
+            _advance(clock, interval, simulated)
         cpu: list[float] = []
         for _ in range(cycles):
             started = time.process_time()
             exporter.refresh()
             cpu.append(time.process_time() - started)
-            _advance(clock, interval)
+            _advance(clock, interval, simulated)
         profiler = cProfile.Profile()
         for _ in range(cycles):
             profiler.enable()
             _sync_cycle(exporter)
             profiler.disable()
-            _advance(clock, interval)
+            _advance(clock, interval, simulated)
     finally:
         exporter.close()
-        uninstall()
+        simulated.close()
     totals = {"sim": 0.0, "nvml": 0.0, "gpulens": 0.0, "other": 0.0}
-    raw_stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # undocumented, stable since 2.x
-    for (filename, _line, name), (_cc, _nc, tottime, _ct, _callers) in raw_stats.items():
+    spots: list[tuple[float, Hotspot]] = []
+    for (filename, line, name), (_cc, calls, tottime, _ct, _callers) in pstats.Stats(profiler).stats.items():
         category = _category(filename, name)
-        if category is not None:
-            totals[category] += tottime
+        if category is None:
+            continue
+        totals[category] += tottime
+        spot = Hotspot(_where(filename, line), name, category, tottime / cycles * 1e3, calls / cycles)
+        spots.append((tottime, spot))
     whole = sum(totals.values()) or 1.0
     cpu.sort()
+    spots.sort(key=lambda pair: -pair[0])
     return CycleBreakdown(
         scenario=scenario,
         cycles=cycles,
@@ -100,4 +130,6 @@ def measure_breakdown(scenario: str, interval: float = 2.0, cycles: int = 5) -> 
         nvml_binding_share=totals["nvml"] / whole,
         gpulens_share=totals["gpulens"] / whole,
         other_share=totals["other"] / whole,
+        driver=driver,
+        hotspots=tuple(spot for _, spot in spots[:top]),
     )

@@ -2,7 +2,8 @@
 and the analyzer at DESIGN §8 scale (`analyzer_bench.py`: PromQL path and file path).
 
 Both run as separate processes on the same scenario (default `large`: 8 GPUs, 56 MIG instances,
-about 200 processes) through the same simulated NVML library, and are measured by the same code
+about 200 processes) under `gpulens sim run`, so both call the native simulated NVML library (C,
+like the real one) while the engine runs in the launcher, and are measured by the same code
 (`measure.py`) in the same run, so the ratios hold even though absolute numbers vary by machine.
 Results go to docs/benchmarks.md (table + command) and a JSON file; the ratio lines print last.
 """
@@ -60,7 +61,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         from gpulens.devtools.bench.breakdown import measure_breakdown
 
         print(f"splitting one gpulens sampling cycle on {args.scenario} by code ...", file=sys.stderr)
-        breakdown = measure_breakdown(args.scenario, interval=args.interval)
+        breakdown = measure_breakdown(args.scenario, interval=args.interval, cycles=args.breakdown_cycles)
         data["breakdown"] = {
             **dataclasses.asdict(breakdown),
             "gpulens_cycle_ms": breakdown.gpulens_cycle_ms,
@@ -85,21 +86,30 @@ def run_bench(args: argparse.Namespace) -> dict:
     return data
 
 
+def sim_run(scenario: str, *options: str) -> list[str]:
+    """`gpulens sim run SCENARIO [options] --`: the program after it runs on the native simulated
+    driver, the engine in the launcher (whose CPU is not the measured program's)."""
+    return [sys.executable, "-m", "gpulens.cli", "sim", "run", scenario, *options, "--"]
+
+
 def run_exporters(args: argparse.Namespace, workdir: Path) -> list[ExporterResult]:
     scrape_counts = {1: args.scrapes_single, 20: args.scrapes_concurrent}
     results: list[ExporterResult] = []
     port = free_port()
-    print(f"measuring gpulens-exporter on {args.scenario} ...", file=sys.stderr)
+    print(f"measuring gpulens-exporter on {args.scenario} (gpulens sim run) ...", file=sys.stderr)
+    procfs = workdir / "proc"  # the simulated processes' /proc files, for attribution
+    procfs.mkdir(parents=True, exist_ok=True)
     results.append(
         measure_exporter(
             "gpulens-exporter",
             __version__,
             [
+                *sim_run(args.scenario, "--no-procview", "--procfs-dir", str(procfs)),
                 sys.executable,
                 "-m",
                 "gpulens.exporter.cli",
-                "--simulate",
-                args.scenario,
+                "--procfs",
+                str(procfs),
                 "--listen",
                 f"127.0.0.1:{port}",
                 "--interval",
@@ -132,13 +142,7 @@ def run_exporters(args: argparse.Namespace, workdir: Path) -> list[ExporterResul
                 "nvitop-exporter",
                 metadata.version("nvitop-exporter"),
                 [
-                    sys.executable,
-                    "-m",
-                    "gpulens.cli",
-                    "sim",
-                    "run",
-                    args.scenario,
-                    "--",
+                    *sim_run(args.scenario),
                     peer,
                     "--bind-address",
                     "127.0.0.1",
@@ -200,6 +204,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--wrk-seconds", type=float, default=10.0, help="duration of each wrk load")
     parser.add_argument("--soak", type=int, default=10000, help="total scrapes before the final RSS")
     parser.add_argument("--no-peer", action="store_true", help="measure gpulens-exporter only")
+    parser.add_argument(
+        "--breakdown-cycles", type=_positive, default=5, help="cycles timed and profiled in-process (5)"
+    )
     parser.add_argument(
         "--exporter",
         action=argparse.BooleanOptionalAction,

@@ -1,7 +1,8 @@
 """Measure one exporter process from outside: CPU, RSS, start-up, scrape latency and size.
 
 Everything is read from /proc and over loopback HTTP, so gpulens-exporter and a peer
-(nvitop-exporter under `gpulens sim run`) are measured by exactly the same code in the same run.
+(nvitop-exporter), both under `gpulens sim run`, are measured by exactly the same code in the same
+run; the measured process is the program, not the launcher that runs the simulated node.
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ class ExporterResult:
     threads_after: int = 0
     scrapes_total: int = 0
     load_generator: str = ""
+    load_average: float = 0.0  # 1-minute load average when the measurement started
     latency: list[LatencyResult] = field(default_factory=list)
 
 
@@ -225,6 +227,7 @@ def measure_exporter(
 ) -> ExporterResult:
     """Start `command`, measure it as described in docs/benchmarks.md, stop it."""
     result = ExporterResult(name=name, version=version, interval_s=interval, idle_window_s=idle_window)
+    result.load_average = round(os.getloadavg()[0], 2)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -4,7 +4,9 @@ Why in-process: `gpulens bench` measures the whole exporter from /proc, which sa
 costs but not *where*. This runs the same `Exporter` on the same simulated node (default `large`),
 times full cycles (sample + render) by process CPU time, which counts the per-GPU worker threads
 too, and, with `--profile`, runs the per-GPU reads synchronously on this thread under cProfile so
-the simulated driver's callbacks (which run on the worker threads in the daemon) show up.
+everything the worker threads do in the daemon shows up. The driver is the native simulated one by
+default (its C time appears inside the pynvml calls that make it); `--driver python` profiles
+the ctypes callbacks instead.
 
 By default the simulated node runs on the real clock, so time passes between the NVML calls of a
 cycle as it does in the daemon (per-instant caches in the simulator must cope with that); with
@@ -31,9 +33,50 @@ from gpulens.sim.install import install, uninstall
 from gpulens.sim.scenario import load_scenario
 
 
+class Driver:
+    """The simulated NVML driver a profiled exporter runs on.
+
+    native (default): the C library, loaded by pynvml as `libnvidia-ml.so.1`; the node is
+    published before each cycle (`before_cycle`, outside the timed part), so a cycle's CPU is what
+    the exporter spends with a driver in C, as on a GPU node. python: the ctypes callbacks, whose
+    cost then sits inside the cycle.
+    """
+
+    def __init__(self, kind: str, node: Any) -> None:
+        self.kind = kind
+        self.publisher: Any = None
+        if kind == "python":
+            install(node)
+            return
+        import os
+
+        import pynvml
+
+        from gpulens.sim.native import build
+        from gpulens.sim.native.publisher import ENV_SHM, Publisher
+
+        build.load()  # by path first: pynvml's CDLL("libnvidia-ml.so.1") then finds this one
+        self.publisher = Publisher(node, activity_quantum=0)
+        os.environ[ENV_SHM] = str(self.publisher.path)
+        with pynvml.libLoadLock:
+            pynvml.nvmlLib = None
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+            pynvml._nvmlLib_refcount = 0
+
+    def before_cycle(self) -> None:
+        if self.publisher is not None:
+            self.publisher.publish()
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+        else:
+            uninstall()
+
+
 def _exporter(
-    scenario: str, interval: float, collectors: frozenset[str] | None, clock_kind: str
-) -> tuple[Exporter, Any]:
+    scenario: str, interval: float, collectors: frozenset[str] | None, clock_kind: str, driver: str = "native"
+) -> tuple[Exporter, Any, Driver]:
     root = Path(tempfile.mkdtemp(prefix="gpulens-profile-"))
     for sub in ("proc", "pods", "job-mapping"):
         (root / sub).mkdir()
@@ -45,7 +88,7 @@ def _exporter(
         pods_root=root / "pods",
         job_mapping_dir=root / "job-mapping",
     )
-    install(node)
+    simulated = Driver(driver, node)
     config = ExporterConfig(
         interval=interval,
         pod_logs_dir=root / "pods",
@@ -53,15 +96,18 @@ def _exporter(
         pod_resources_socket=None,
         collectors=collectors,
     )
-    return Exporter(config, node=node), clock
+    return Exporter(config, node=node), clock, simulated
 
 
-def _advance(clock: Any, seconds: float) -> None:
-    """Move a manual clock on; on a real clock wait, so GPM windows and caches age as in the daemon."""
+def _advance(clock: Any, seconds: float, driver: Driver | None = None) -> None:
+    """Move a manual clock on; on a real clock wait, so GPM windows and caches age as in the daemon.
+    Then the driver publishes the node's new state (native), outside any timed part."""
     if isinstance(clock, ManualClock):
         clock.advance(seconds)
     else:
         time.sleep(seconds)
+    if driver is not None:
+        driver.before_cycle()
 
 
 def _sync_cycle(exporter: Exporter) -> None:
@@ -89,22 +135,28 @@ def main(argv: list[str] | None = None) -> int:
         help="real: time passes during a cycle, as in the daemon; manual: every call sees one instant",
     )
     parser.add_argument("--no-collector", action="append", default=[], help="disable a collector")
+    parser.add_argument(
+        "--driver",
+        choices=("native", "python"),
+        default="native",
+        help="simulated NVML: native (C, as on a GPU node) or python (callbacks, counted in the cycle)",
+    )
     args = parser.parse_args(argv)
 
     from gpulens.exporter.collectors import DEFAULT_ENABLED
 
     collectors = frozenset(DEFAULT_ENABLED) - set(args.no_collector) if args.no_collector else None
-    exporter, clock = _exporter(args.scenario, args.interval, collectors, args.clock)
+    exporter, clock, driver = _exporter(args.scenario, args.interval, collectors, args.clock, args.driver)
     try:
         for _ in range(3):  # warm-up: GPM needs a previous sample, caches fill
             exporter.refresh()
-            _advance(clock, args.interval)
+            _advance(clock, args.interval, driver)
         cpu: list[float] = []
         for _ in range(args.cycles):
             started = time.process_time()
             exporter.refresh()
             cpu.append(time.process_time() - started)
-            _advance(clock, args.interval)
+            _advance(clock, args.interval, driver)
         cpu.sort()
         print(
             f"{args.scenario}: cpu per cycle (sample + render, all threads) over {args.cycles} cycles: "
@@ -116,14 +168,14 @@ def main(argv: list[str] | None = None) -> int:
                 profiler.enable()
                 _sync_cycle(exporter)
                 profiler.disable()
-                _advance(clock, args.interval)
+                _advance(clock, args.interval, driver)
             out = io.StringIO()
             stats = pstats.Stats(profiler, stream=out)
             stats.sort_stats(args.sort).print_stats(args.top)
             print(out.getvalue())
     finally:
         exporter.close()
-        uninstall()
+        driver.close()
     return 0
 
 
