@@ -112,7 +112,8 @@ def measure_breakdown(
         simulated.close()
     totals = {"sim": 0.0, "nvml": 0.0, "gpulens": 0.0, "other": 0.0}
     spots: list[tuple[float, Hotspot]] = []
-    for (filename, line, name), (_cc, calls, tottime, _ct, _callers) in pstats.Stats(profiler).stats.items():
+    raw_stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # undocumented, stable since 2.x
+    for (filename, line, name), (_cc, calls, tottime, _ct, _callers) in raw_stats.items():
         category = _category(filename, name)
         if category is None:
             continue
