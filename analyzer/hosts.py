@@ -4,7 +4,8 @@ A plan packs jobs onto abstract GPUs of a model; the tools need real places: Slu
 is a host, mig-parted's `devices` and `gres.conf`'s `File` are GPU indices on it, and the NVIDIA
 device plugin applies one sharing strategy to every GPU of a Kubernetes node. `place` puts each
 planned GPU on a GPU of the inventory (`gpu_info`: host, index, UUID, model), keeping jobs where
-they run when it can, and honours the per-node rule:
+they run when it can (on the very GPU when the layout entry names its `uuid`), and honours the
+per-node rule:
 
 - a shared GPU whose jobs never overlap has one sharer at a time and saves nothing as shared: it
   is placed as a whole GPU (a *lone sharer*);
@@ -269,11 +270,10 @@ def place(
     )
     for entry, family in entries:
         model = _model_key(str(entry.get("model", "")))
-        if family is Family.UNCHANGED and entry.get("uuid") in slots:
-            slot = slots[entry["uuid"]]
-            if slot in free[slot.host]:
-                take(slot, entry, family)
-                continue
+        planned = slots.get(str(entry.get("uuid", "")))
+        if planned is not None and planned in free[planned.host] and planned.model == model:
+            take(planned, entry, family)  # the plan named the real GPU (and GPUs left as they are)
+            continue
         current = [slots[u] for j in entry.get("jobs", []) for u in job_uuids.get(j, ()) if u in slots]
         preferred = Counter(s.host for s in current)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 MIB = 1024**2
 GIB = 1024**3
@@ -249,6 +250,335 @@ _A30_PROFILES = (
     ),
 )
 
+# ---------------------------------------------------------------- inference and PCIe data-centre GPUs
+#
+# Board figures (SMs, memory, bandwidth, board power, boost and memory clocks) are NVIDIA's product
+# datasheets'; "NVML MiB" is the total nvidia-smi/NVML prints for the board. PCI device ids of the
+# MIG-capable models are the ones mig-parted's default config filters on. Marked "not verified":
+# figures no NVIDIA document at hand states (idle power everywhere; MIG slice SMs and usable MiB of
+# tables without a published `nvidia-smi mig -lgip`, which are scaled conservatively from a verified
+# table: a slice never looks larger than it is).
+#
+# MPS: every model here is Volta or newer, so 48 clients per GPU (NVIDIA's MPS documentation, CUDA
+# <= 13.0). The NVIDIA device plugin's own MPS check allows only 16 below compute capability 7.5
+# (V100, 7.0): `analyzer.validate.device_plugin.mps_max_clients` applies that when configs are emitted.
+
+ARCH_VOLTA = 5
+ARCH_TURING = 6
+ARCH_ADA = 8
+
+# usable MiB of MIG slices for tables without a published -lgip: 0.88 x the size in the profile
+# name (the lowest ratio among verified tables is H200's 1g.18gb at 0.889); not verified
+_UNVERIFIED_USABLE = 0.88
+
+
+def _usable(mem_gb: dict[str, int]) -> dict[str, int]:
+    return {k: int(v * 1024 * _UNVERIFIED_USABLE) for k, v in mem_gb.items()}
+
+
+def _scaled_sms(total: int) -> dict[str, int]:
+    """Per-slice SMs scaled from Hopper's verified split (16 of 132 per 1g slice); not verified."""
+    return {k: max(1, v * total // 132) for k, v in _HOPPER_SMS.items()}
+
+
+def _board(**fields: Any) -> GpuModel:
+    """A GPU without MIG (no slices, no profiles)."""
+    return GpuModel(compute_slices=0, memory_slices=0, mig_profiles=(), **fields)
+
+
+_MIG_96GB = {"1g": 12, "1g2": 24, "2g": 24, "3g": 48, "4g": 48, "7g": 96}  # H100 96GB, GH200, H20
+_MIG_GH200_144GB = {"1g": 18, "1g2": 36, "2g": 36, "3g": 72, "4g": 72, "7g": 144}
+_MIG_B300 = {"1g": 34, "1g2": 67, "2g": 67, "3g": 135, "4g": 135, "7g": 269}
+
+_MORE = (
+    _board(
+        key="T4-16GB",
+        nvml_name="Tesla T4",
+        architecture="turing",
+        nvml_architecture=ARCH_TURING,
+        cuda_compute_capability=(7, 5),
+        sm_count=40,
+        memory_bytes=15360 * MIB,
+        memory_bandwidth_bytes_per_second=320_000_000_000,
+        power_limit_watts=70,
+        idle_power_watts=10,  # not verified
+        pcie_generation=3,
+        pcie_width=16,
+        nvlink_links=0,
+        pci_device_id=0x1EB810DE,
+        max_sm_clock_mhz=1590,
+        max_memory_clock_mhz=5001,
+        row_remapping=False,  # Turing retires pages
+    ),
+    _board(
+        key="V100-SXM2-16GB",
+        nvml_name="Tesla V100-SXM2-16GB",
+        architecture="volta",
+        nvml_architecture=ARCH_VOLTA,
+        cuda_compute_capability=(7, 0),
+        sm_count=80,
+        memory_bytes=16160 * MIB,
+        memory_bandwidth_bytes_per_second=900_000_000_000,
+        power_limit_watts=300,
+        idle_power_watts=40,  # not verified
+        pcie_generation=3,
+        pcie_width=16,
+        nvlink_links=6,
+        pci_device_id=0x1DB110DE,
+        max_sm_clock_mhz=1530,
+        max_memory_clock_mhz=877,
+        row_remapping=False,
+    ),
+    _board(
+        key="V100-SXM2-32GB",
+        nvml_name="Tesla V100-SXM2-32GB",
+        architecture="volta",
+        nvml_architecture=ARCH_VOLTA,
+        cuda_compute_capability=(7, 0),
+        sm_count=80,
+        memory_bytes=32768 * MIB,  # NVML MiB not verified
+        memory_bandwidth_bytes_per_second=900_000_000_000,
+        power_limit_watts=300,
+        idle_power_watts=40,  # not verified
+        pcie_generation=3,
+        pcie_width=16,
+        nvlink_links=6,
+        pci_device_id=0x1DB510DE,
+        max_sm_clock_mhz=1530,
+        max_memory_clock_mhz=877,
+        row_remapping=False,
+    ),
+    _board(
+        key="V100-PCIE-16GB",
+        nvml_name="Tesla V100-PCIE-16GB",
+        architecture="volta",
+        nvml_architecture=ARCH_VOLTA,
+        cuda_compute_capability=(7, 0),
+        sm_count=80,
+        memory_bytes=16160 * MIB,
+        memory_bandwidth_bytes_per_second=900_000_000_000,
+        power_limit_watts=250,
+        idle_power_watts=30,  # not verified
+        pcie_generation=3,
+        pcie_width=16,
+        nvlink_links=0,
+        pci_device_id=0x1DB410DE,
+        max_sm_clock_mhz=1380,
+        max_memory_clock_mhz=877,
+        row_remapping=False,
+    ),
+    _board(
+        key="A10-24GB",
+        nvml_name="NVIDIA A10",
+        architecture="ampere",
+        nvml_architecture=ARCH_AMPERE,
+        cuda_compute_capability=(8, 6),
+        sm_count=72,
+        memory_bytes=23028 * MIB,
+        memory_bandwidth_bytes_per_second=600_000_000_000,
+        power_limit_watts=150,
+        idle_power_watts=20,  # not verified
+        pcie_generation=4,
+        pcie_width=16,
+        nvlink_links=0,
+        pci_device_id=0x223610DE,
+        max_sm_clock_mhz=1695,
+        max_memory_clock_mhz=6251,
+    ),
+    _board(
+        key="A10G-24GB",
+        nvml_name="NVIDIA A10G",
+        architecture="ampere",
+        nvml_architecture=ARCH_AMPERE,
+        cuda_compute_capability=(8, 6),
+        sm_count=80,
+        memory_bytes=23028 * MIB,
+        memory_bandwidth_bytes_per_second=600_000_000_000,
+        power_limit_watts=300,  # the cap nvidia-smi shows on AWS G5; not verified against a datasheet
+        idle_power_watts=20,  # not verified
+        pcie_generation=4,
+        pcie_width=16,
+        nvlink_links=0,
+        pci_device_id=0x223710DE,
+        max_sm_clock_mhz=1710,
+        max_memory_clock_mhz=6251,
+    ),
+    _board(
+        key="A40-48GB",
+        nvml_name="NVIDIA A40",
+        architecture="ampere",
+        nvml_architecture=ARCH_AMPERE,
+        cuda_compute_capability=(8, 6),
+        sm_count=84,
+        memory_bytes=46068 * MIB,
+        memory_bandwidth_bytes_per_second=696_000_000_000,
+        power_limit_watts=300,
+        idle_power_watts=30,  # not verified
+        pcie_generation=4,
+        pcie_width=16,
+        nvlink_links=4,  # one NVLink bridge to a second board; link count not verified
+        pci_device_id=0x223510DE,
+        max_sm_clock_mhz=1740,
+        max_memory_clock_mhz=7251,
+    ),
+    _board(
+        key="L4-24GB",
+        nvml_name="NVIDIA L4",
+        architecture="ada",
+        nvml_architecture=ARCH_ADA,
+        cuda_compute_capability=(8, 9),
+        sm_count=58,
+        memory_bytes=23034 * MIB,
+        memory_bandwidth_bytes_per_second=300_000_000_000,
+        power_limit_watts=72,
+        idle_power_watts=16,  # not verified
+        pcie_generation=4,
+        pcie_width=16,
+        nvlink_links=0,
+        pci_device_id=0x27B810DE,
+        max_sm_clock_mhz=2040,
+        max_memory_clock_mhz=6251,
+    ),
+    _board(
+        key="L40S-48GB",
+        nvml_name="NVIDIA L40S",
+        architecture="ada",
+        nvml_architecture=ARCH_ADA,
+        cuda_compute_capability=(8, 9),
+        sm_count=142,
+        memory_bytes=46068 * MIB,
+        memory_bandwidth_bytes_per_second=864_000_000_000,
+        power_limit_watts=350,
+        idle_power_watts=35,  # not verified
+        pcie_generation=4,
+        pcie_width=16,
+        nvlink_links=0,
+        pci_device_id=0x26B910DE,
+        max_sm_clock_mhz=2520,
+        max_memory_clock_mhz=9001,
+    ),
+    GpuModel(
+        key="H100-PCIE-80GB",
+        nvml_name="NVIDIA H100 PCIe",
+        architecture="hopper",
+        nvml_architecture=ARCH_HOPPER,
+        cuda_compute_capability=(9, 0),
+        sm_count=114,
+        memory_bytes=81559 * MIB,
+        memory_bandwidth_bytes_per_second=2_000_000_000_000,
+        power_limit_watts=350,
+        idle_power_watts=50,  # not verified
+        pcie_generation=5,
+        pcie_width=16,
+        nvlink_links=0,
+        pci_device_id=0x233110DE,
+        max_sm_clock_mhz=1755,
+        max_memory_clock_mhz=1593,
+        compute_slices=7,
+        memory_slices=8,
+        gpm_supported=True,
+        # the H100-80GB profile names and usable MiB (one table for SXM5 and PCIe); SMs scaled
+        mig_profiles=_profiles_7(
+            {"1g": 10, "1g2": 20, "2g": 20, "3g": 40, "4g": 40, "7g": 80},
+            {"1g": 9984, "1g2": 20096, "2g": 20096, "3g": 40448, "4g": 40448, "7g": 81152},
+            _scaled_sms(114),
+        ),
+    ),
+    GpuModel(
+        key="H20-96GB",
+        nvml_name="NVIDIA H20",
+        architecture="hopper",
+        nvml_architecture=ARCH_HOPPER,
+        cuda_compute_capability=(9, 0),
+        sm_count=78,
+        memory_bytes=97871 * MIB,  # NVML MiB not verified
+        memory_bandwidth_bytes_per_second=4_000_000_000_000,
+        power_limit_watts=400,
+        idle_power_watts=60,  # not verified
+        pcie_generation=5,
+        pcie_width=16,
+        nvlink_links=18,
+        pci_device_id=0x232910DE,
+        max_sm_clock_mhz=1980,
+        max_memory_clock_mhz=2619,
+        compute_slices=7,
+        memory_slices=8,
+        gpm_supported=True,
+        mig_profiles=_profiles_7(_MIG_96GB, _usable(_MIG_96GB), _scaled_sms(78)),
+    ),
+    GpuModel(
+        key="GH200-96GB",
+        nvml_name="NVIDIA GH200 480GB",
+        architecture="hopper",
+        nvml_architecture=ARCH_HOPPER,
+        cuda_compute_capability=(9, 0),
+        sm_count=132,
+        memory_bytes=97871 * MIB,  # NVML MiB not verified
+        memory_bandwidth_bytes_per_second=4_000_000_000_000,
+        power_limit_watts=900,  # the module's (Grace + Hopper) default; configurable
+        idle_power_watts=100,  # not verified
+        pcie_generation=5,
+        pcie_width=16,
+        nvlink_links=18,
+        pci_device_id=0x234210DE,
+        max_sm_clock_mhz=1980,
+        max_memory_clock_mhz=2619,
+        compute_slices=7,
+        memory_slices=8,
+        gpm_supported=True,
+        mig_profiles=_profiles_7(_MIG_96GB, _usable(_MIG_96GB), _HOPPER_SMS),
+    ),
+    GpuModel(
+        key="GH200-144GB",
+        nvml_name="NVIDIA GH200 144G HBM3e",
+        architecture="hopper",
+        nvml_architecture=ARCH_HOPPER,
+        cuda_compute_capability=(9, 0),
+        sm_count=132,
+        memory_bytes=146_944 * MIB,  # not verified
+        memory_bandwidth_bytes_per_second=4_900_000_000_000,
+        power_limit_watts=1000,  # module maximum; configurable
+        idle_power_watts=100,  # not verified
+        pcie_generation=5,
+        pcie_width=16,
+        nvlink_links=18,
+        pci_device_id=0x234810DE,
+        max_sm_clock_mhz=1980,
+        max_memory_clock_mhz=2619,
+        compute_slices=7,
+        memory_slices=8,
+        gpm_supported=True,
+        mig_profiles=_profiles_7(_MIG_GH200_144GB, _usable(_MIG_GH200_144GB), _HOPPER_SMS),
+    ),
+    GpuModel(
+        key="B300-288GB",
+        nvml_name="NVIDIA B300 SXM6 AC",  # not verified
+        architecture="blackwell",
+        nvml_architecture=ARCH_BLACKWELL,
+        cuda_compute_capability=(10, 3),
+        sm_count=160,
+        memory_bytes=274_021
+        * MIB,  # B200's NVML total scaled by the 7g profile sizes (269/180); not verified
+        memory_bandwidth_bytes_per_second=8_000_000_000_000,
+        power_limit_watts=1100,
+        idle_power_watts=150,  # not verified
+        pcie_generation=6,
+        pcie_width=16,
+        nvlink_links=18,
+        pci_device_id=0x318210DE,
+        max_sm_clock_mhz=1965,  # B200's; not verified
+        max_memory_clock_mhz=3996,  # B200's; not verified
+        compute_slices=7,
+        memory_slices=8,
+        gpm_supported=True,
+        # B200's per-slice SMs scaled to 160; not verified
+        mig_profiles=_profiles_7(
+            _MIG_B300, _usable(_MIG_B300), {k: v * 160 // 148 for k, v in _B200_SMS.items()}
+        ),
+    ),
+)
+
+
 MODELS: dict[str, GpuModel] = {
     m.key: m
     for m in (
@@ -429,6 +759,7 @@ MODELS: dict[str, GpuModel] = {
                 _B200_SMS,
             ),
         ),
+        *_MORE,
     )
 }
 
@@ -444,6 +775,21 @@ _ALIASES = {
     "H100-94GB": "H100-94GB-NVL",
     "H200": "H200-141GB",
     "B200": "B200-180GB",
+    "T4": "T4-16GB",
+    "V100": "V100-SXM2-16GB",
+    "V100-16GB": "V100-SXM2-16GB",
+    "V100-32GB": "V100-SXM2-32GB",
+    "V100-PCIE": "V100-PCIE-16GB",
+    "A10": "A10-24GB",
+    "A10G": "A10G-24GB",
+    "A40": "A40-48GB",
+    "L4": "L4-24GB",
+    "L40S": "L40S-48GB",
+    "H100-PCIE": "H100-PCIE-80GB",
+    "H20": "H20-96GB",
+    "GH200": "GH200-96GB",
+    "GH200-144G": "GH200-144GB",
+    "B300": "B300-288GB",
 }
 
 

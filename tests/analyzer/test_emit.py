@@ -262,3 +262,9 @@ def test_emit_changes_what_a_tool_cannot_express_instead_of_failing(gpus, source
     out = em.emit(plan(*layout), ctx)  # raises InvalidConfig if a file broke its tool's rules
     assert out.placement is not None
     assert len(out.placement.gpus) <= 2 * hosts
+
+
+def test_a_layout_entry_that_names_its_gpu_lands_on_it():
+    entry = {**whole_gpu("w", "x"), "uuid": "GPU-node-7-2"}
+    out = em.emit(plan(entry), context({"node-7": 4}, jobs="x"))
+    assert "# job x on node-7 /dev/nvidia2: --gres=gpu:" in out.files["gres.conf"]
