@@ -34,7 +34,13 @@ from prometheus_client.core import Metric
 
 from gpulens.exporter.backends.events import XidWatcher
 from gpulens.exporter.backends.nvml import NvmlBackend, error_text
-from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY, CollectorOptions, dcgm_compat
+from gpulens.exporter.collectors import (
+    DEFAULT_ENABLED,
+    REGISTRY,
+    CollectorOptions,
+    dcgm_compat,
+    jobstats_compat,
+)
 from gpulens.exporter.collectors import exporter as meta
 from gpulens.exporter.config import ExporterConfig
 from gpulens.exporter.render import Rendered, render
@@ -210,18 +216,28 @@ class Exporter:
                 ok = False
                 self.log.error("collector %s failed: %s", name, error_text(exc))
             statuses[name] = AreaTiming(seconds=read.seconds + time.perf_counter() - started, success=ok)
-        if self.compat:
+        node_name = getattr(getattr(self.node, "scenario", None), "hostname", None)
+        views: list[tuple[str, Callable[[], Any]]] = []
+        if self.compat_spec.dcgm is not None:
+            views.append(
+                (
+                    "dcgm_compat",
+                    lambda: dcgm_compat.collect(
+                        snapshot, self.options, node_name=node_name, spec=self.compat_spec
+                    ),
+                )
+            )
+        if self.compat_spec.jobstats:
+            views.append(("jobstats_compat", lambda: jobstats_compat.collect(snapshot, self.options)))
+        for name, collect in views:  # other exporters' views of the same snapshot (--compat)
             started = time.perf_counter()
             ok = True
             try:
-                node_name = getattr(getattr(self.node, "scenario", None), "hostname", None)
-                families.extend(
-                    dcgm_compat.collect(snapshot, self.options, node_name=node_name, spec=self.compat_spec)
-                )
+                families.extend(collect())
             except Exception as exc:
                 ok = False
-                self.log.error("collector dcgm_compat failed: %s", error_text(exc))
-            statuses["dcgm_compat"] = AreaTiming(seconds=time.perf_counter() - started, success=ok)
+                self.log.error("collector %s failed: %s", name, error_text(exc))
+            statuses[name] = AreaTiming(seconds=time.perf_counter() - started, success=ok)
         families.extend(meta.collect(snapshot, statuses))
         return families, statuses
 

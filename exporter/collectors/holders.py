@@ -59,12 +59,16 @@ def slurm_jobs(snapshot: NodeSnapshot) -> dict[Device, list[tuple[str, int | Non
     """(job id, uid) of the jobs holding each device, as Princeton jobstats' exporter reads them:
     from the device's mapping file, else from the Slurm jobs whose processes run there."""
     out: dict[Device, list[tuple[str, int | None]]] = {}
+    # a dcgm-exporter style mapping file names the job only: its uid is the one its processes run as
+    uids = {h.identity.job_id: h.identity.uid for h in snapshot.holders if h.identity.uid is not None}
     for device, found in _by_device(snapshot, (MAPPING, PROCESS)).items():
         holders = found.get(MAPPING) or [h for h in found.get(PROCESS, []) if h.identity.source == "slurm"]
         jobs: dict[str, int | None] = {}
         for h in holders:
             if jobs.get(h.identity.job_id) is None:
-                jobs[h.identity.job_id] = h.identity.uid
+                jobs[h.identity.job_id] = (
+                    h.identity.uid if h.identity.uid is not None else uids.get(h.identity.job_id)
+                )
         if jobs:
             out[device] = sorted(jobs.items())
     return out
