@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from gpulens.remediate.auth import Authenticator
 from gpulens.remediate.breaker import CircuitBreaker
-from gpulens.remediate.isolator import Isolator
+from gpulens.remediate.recovery import Backend
 from gpulens.remediate.server import RemediateServer
 from gpulens.remediate.service import Remediator
 
@@ -185,11 +186,11 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                 node = selector.removeprefix("spec.nodeName=")
                 items = [p for p in state.pods if p["spec"]["nodeName"] == node]
                 self._reply(200, {"kind": "PodList", "items": items})
-            elif len(parts) == 6 and parts[4] in ("configmaps", "jobs"):
-                store = state.configmaps if parts[4] == "configmaps" else state.jobs
-                obj = store.get(f"{parts[3]}/{parts[5]}")
+            elif len(parts) >= 5 and parts[-4] == "namespaces" and parts[-2] in ("configmaps", "jobs"):
+                store = state.configmaps if parts[-2] == "configmaps" else state.jobs
+                obj = store.get(f"{parts[-3]}/{parts[-1]}")
                 if obj is None:
-                    self._reply(404, {"kind": "Status", "message": f'{parts[4]} "{parts[5]}" not found'})
+                    self._reply(404, {"kind": "Status", "message": f'{parts[-2]} "{parts[-1]}" not found'})
                 else:
                     self._reply(200, obj)
             else:
@@ -279,20 +280,25 @@ def kube_api(state: KubeStandIn) -> Iterator[KubeStandIn]:
 
 @contextlib.contextmanager
 def receiver(
-    isolator: Isolator,
+    isolator: Backend,
     dry_run: bool = True,
     max_nodes: int = 3,
     window_s: float = 3600,
     auth: Authenticator | None = None,
     breaker: CircuitBreaker | None = None,
     action_timeout_s: float = 30.0,
+    **loop: Any,
 ) -> Iterator[tuple[str, Remediator]]:
-    """The receiver in a thread on a free port; yields its base URL and the Remediator."""
+    """The receiver in a thread on a free port; yields its base URL and the Remediator.
+
+    `loop` goes to the Remediator (audit_log, policy, health, clock); the reconciler's thread is not
+    started: tests call `remediator.reconciler.tick()` for each pass."""
     remediator = Remediator(
         isolator,
         breaker or CircuitBreaker(max_nodes, window_s),
         dry_run=dry_run,
         action_timeout_s=action_timeout_s,
+        **loop,
     )
     server = RemediateServer(("127.0.0.1", 0), remediator, auth or Authenticator(token=TOKEN))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

@@ -48,9 +48,11 @@ def test_a_newline_in_an_alert_name_cannot_forge_a_log_line(scontrol, caplog):
     forged = "GPULost\n2026-12-01 20:00:00 INFO gpulens.remediate: applied FAKE node=n9"
     with receiver(SlurmIsolator()) as (base, _):
         post(f"{base}/alerts", notification(alert(alertname=forged, instance="gpu-1:9842", fingerprint="f1")))
-    (record,) = [r for r in caplog.records if r.name == "gpulens.remediate" and "gpu-1" in r.getMessage()]
-    assert "\n" not in record.getMessage()
-    assert "GPULost\\n2026-12-01" in record.getMessage()
+    logged = [
+        r.getMessage() for r in caplog.records if r.name == "gpulens.remediate" and "gpu-1" in r.getMessage()
+    ]
+    assert logged and all("\n" not in line for line in logged)
+    assert all("GPULost\\n2026-12-01" in line for line in logged)
 
 
 def test_control_characters_never_reach_the_scontrol_reason(scontrol):

@@ -150,3 +150,21 @@ def test_runbook_shows_the_current_rule(rule):
         "## Escalate when",
     ):
         assert section in text
+
+
+def test_every_remediation_alert_names_its_recovery_class():
+    from gpulens.remediate.episodes import Recovery
+
+    classes = {a.name: a.labels.get("recovery") for a in ALERTS if "remediate" in a.labels}
+    assert {Recovery(value) for value in classes.values()} <= {
+        Recovery.RESET_GPU,
+        Recovery.REBOOT_NODE,
+        Recovery.RMA,
+    }
+    # NVIDIA's buckets: RESET_GPU / WORKFLOW_XID_48 / NVLink and pending remaps reset the GPU,
+    # RESTART_BM and a GPU gone from the bus need the node rebooted, failed remaps and the
+    # retired-pages limit are RMA cases
+    assert classes["GPUXidResetRequired"] == classes["GPURowRemapPending"] == "reset_gpu"
+    assert classes["GPUXidFallenOffBus"] == classes["GPULost"] == "reboot_node"
+    assert classes["GPURowRemapFailed"] == classes["GPURetiredPagesLimitReached"] == "rma"
+    assert all("recovery" not in a.labels for a in ALERTS if "remediate" not in a.labels)

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import logging
 import os
 import re
 import sys
 from pathlib import Path
 
+from gpulens import httpclient
+from gpulens.remediate.audit import AuditError
 from gpulens.remediate.auth import AuthConfigError, Authenticator, read_secret
 from gpulens.remediate.breaker import BreakerStore, BreakerStoreError, CircuitBreaker, FileStore, MemoryStore
-from gpulens.remediate.isolator import Isolator
-from gpulens.remediate.kubernetes import KubernetesClient, KubernetesIsolator
+from gpulens.remediate.health import AlertOnlyHealth, Health, PrometheusHealth
+from gpulens.remediate.kubernetes import DEFAULT_JOB_IMAGE, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.kubestate import ConfigMapStore
+from gpulens.remediate.loop import LoopPolicy
+from gpulens.remediate.recovery import Backend
 from gpulens.remediate.server import RemediateServer
 from gpulens.remediate.service import Remediator
 from gpulens.remediate.slurm import SlurmIsolator
@@ -58,8 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--backend",
         choices=["kubernetes", "slurm"],
-        required=True,
-        help="how to isolate: cordon + taint through the Kubernetes API, or scontrol drain",
+        help="how to isolate: cordon + taint through the Kubernetes API, or scontrol drain (required)",
     )
     parser.add_argument(
         "--apply",
@@ -133,15 +138,96 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="for isolate_node alerts also evict the node's pods through the Eviction API",
     )
+    kube.add_argument(
+        "--job-namespace",
+        default="gpulens",
+        help="namespace of the recovery Jobs (GPU reset, node reboot) pinned to a node (default gpulens)",
+    )
+    kube.add_argument(
+        "--job-image",
+        default=DEFAULT_JOB_IMAGE,
+        help="image of the recovery Jobs: nvidia-smi for resets, nsenter for reboots "
+        f"(default {DEFAULT_JOB_IMAGE})",
+    )
     slurm = parser.add_argument_group("slurm backend")
     slurm.add_argument("--scontrol", default="scontrol", help="scontrol binary (default: from PATH)")
+    slurm.add_argument(
+        "--slurm-reboot-nextstate",
+        choices=["DOWN", "RESUME"],
+        default="DOWN",
+        help="state after `scontrol reboot ASAP`: DOWN keeps the node out until gpulens returns it "
+        "after the hold-down (default); RESUME lets Slurm return it right after the boot",
+    )
+    loop = parser.add_argument_group("fault loop (recover, hold down, return to service)")
+    loop.add_argument(
+        "--hold-down",
+        type=parse_duration,
+        default=600.0,
+        metavar="DURATION",
+        help="how long a recovered GPU must stay healthy, after its alert resolved, before it may "
+        "return (default 10m)",
+    )
+    loop.add_argument(
+        "--return-to-service",
+        action="store_true",
+        help="return nodes after the hold-down by itself; without it they are marked ready and "
+        "`gpulens remediate return NODE` returns them",
+    )
+    loop.add_argument(
+        "--flap-window",
+        type=parse_duration,
+        default=86_400.0,
+        metavar="DURATION",
+        help="a node faulty again this soon after its return stays out and is escalated (default 1d)",
+    )
+    loop.add_argument(
+        "--recovery-attempts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="recovery actions tried per episode before it is escalated (default 3)",
+    )
+    loop.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="Prometheus to check the GPU's health through the hold-down (gpu_up, Xids, pending "
+        "remaps); without it only the alert's silence counts",
+    )
+    loop.add_argument(
+        "--prometheus-bearer-token-file", type=Path, metavar="FILE", help="bearer token for --prometheus"
+    )
+    loop.add_argument(
+        "--reconcile-interval",
+        type=parse_duration,
+        default=15.0,
+        metavar="DURATION",
+        help="how often open episodes are moved on (default 15s)",
+    )
+    actions = parser.add_subparsers(dest="remediate_action", metavar="{return}")
+    back = actions.add_parser(
+        "return",
+        help="return a node that is ready (after its recovery and hold-down) to service",
+        description="Ask the running receiver to return NODE to service (POST /-/return).",
+    )
+    back.add_argument("node", metavar="NODE")
+    back.add_argument(
+        "--url", default=f"http://{DEFAULT_LISTEN}", help=f"the receiver (default http://{DEFAULT_LISTEN})"
+    )
+    back.add_argument("--token-file", type=Path, help="file with the receiver's bearer token")
+    back.add_argument("--basic-auth-user", help="basic auth user name of the receiver")
+    back.add_argument("--basic-auth-password-file", type=Path, help="file with the basic auth password")
+    back.add_argument(
+        "--force",
+        action="store_true",
+        help="return it even though its episodes are not ready (escalated, recovering); never for RMA",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run)
 
 
-def build_isolator(args: argparse.Namespace) -> Isolator:
+def build_isolator(args: argparse.Namespace) -> Backend:
     if args.backend == "slurm":
-        return SlurmIsolator(scontrol=args.scontrol)
+        return SlurmIsolator(scontrol=args.scontrol, reboot_nextstate=args.slurm_reboot_nextstate)
     if not args.kube_api_url:
         if args.apply:
             raise UsageError("--kube-api-url is required outside a Kubernetes pod")
@@ -150,10 +236,15 @@ def build_isolator(args: argparse.Namespace) -> Isolator:
     if args.apply and token is None:
         raise UsageError(f"--kube-token-file {args.kube_token_file}: no such file")
     ca = args.kube_ca_file if args.kube_ca_file and args.kube_ca_file.exists() else None
-    return KubernetesIsolator(KubernetesClient(args.kube_api_url, token, ca), drain=args.drain)
+    return KubernetesIsolator(
+        KubernetesClient(args.kube_api_url, token, ca),
+        drain=args.drain,
+        job_namespace=args.job_namespace,
+        job_image=args.job_image,
+    )
 
 
-def build_store(args: argparse.Namespace, isolator: Isolator) -> BreakerStore:
+def build_store(args: argparse.Namespace, isolator: Backend) -> BreakerStore:
     """Where the breaker's state lives. A dry run keeps its own, so switching to --apply starts clean."""
     name = "breaker.json" if args.apply else "breaker-dry-run.json"
     if args.breaker_state_configmap:
@@ -191,10 +282,18 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "remediate_action", None) == "return":
+        return run_return(args)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if not args.backend:
+            raise UsageError("--backend is required (kubernetes or slurm)")
+        if args.recovery_attempts < 1:
+            raise UsageError("--recovery-attempts: expected at least 1")
+        if args.reconcile_interval <= 0:
+            raise UsageError("--reconcile-interval: expected a positive duration")
         if args.breaker_max_nodes < 1:
             raise UsageError("--breaker-max-nodes: expected at least 1")
         if args.action_timeout <= 0:
@@ -203,13 +302,37 @@ def run(args: argparse.Namespace) -> int:
         isolator = build_isolator(args)
         store = build_store(args, isolator)
         breaker = CircuitBreaker(args.breaker_max_nodes, args.breaker_window, store=store)
+        health = build_health(args)
     except (UsageError, AuthConfigError, BreakerStoreError) as exc:
         return _fail(str(exc))
     if isinstance(store, MemoryStore) and args.apply:
         log.warning(
             "the circuit breaker's state is kept in memory only: a restart resets it (pass --state-dir)"
         )
-    remediator = Remediator(isolator, breaker, dry_run=not args.apply, action_timeout_s=args.action_timeout)
+    policy = LoopPolicy(
+        hold_down_s=args.hold_down,
+        flap_window_s=args.flap_window,
+        return_to_service=args.return_to_service,
+        max_attempts=args.recovery_attempts,
+        action_timeout_s=args.action_timeout,
+    )
+    audit = None
+    if args.state_dir:
+        audit = args.state_dir / ("audit.jsonl" if args.apply else "audit-dry-run.jsonl")
+    try:
+        remediator = Remediator(
+            isolator,
+            breaker,
+            dry_run=not args.apply,
+            action_timeout_s=args.action_timeout,
+            audit_log=audit,
+            policy=policy,
+            health=health,
+        )
+    except AuditError as exc:
+        return _fail(str(exc))
+    if remediator.resumed:
+        log.info("resumed %d open episode(s) from %s", remediator.resumed, audit)
 
     def save_failed(exc: BreakerStoreError) -> None:
         remediator.metrics.breaker_save_errors.inc()
@@ -229,10 +352,50 @@ def run(args: argparse.Namespace) -> int:
         args.breaker_max_nodes,
         args.breaker_window,
     )
+    remediator.reconciler.start(args.reconcile_interval)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        remediator.reconciler.stop()
         server.server_close()
     return 0
+
+
+def build_health(args: argparse.Namespace) -> Health:
+    if not args.prometheus:
+        return AlertOnlyHealth()
+    if not args.prometheus.startswith(("http://", "https://")):
+        raise UsageError(f"--prometheus {args.prometheus!r}: expected an http(s) URL")
+    token = None
+    if args.prometheus_bearer_token_file:
+        token = read_secret(args.prometheus_bearer_token_file, "--prometheus-bearer-token-file")
+    return PrometheusHealth(args.prometheus, bearer_token=token)
+
+
+def run_return(args: argparse.Namespace) -> int:
+    """`gpulens remediate return NODE`: POST /-/return to the running receiver, print its answer."""
+    try:
+        headers = {"Content-Type": "application/json"}
+        if args.token_file:
+            headers["Authorization"] = f"Bearer {read_secret(args.token_file, '--token-file')}"
+        elif args.basic_auth_user and args.basic_auth_password_file:
+            password = read_secret(args.basic_auth_password_file, "--basic-auth-password-file")
+            pair = base64.b64encode(f"{args.basic_auth_user}:{password}".encode()).decode()
+            headers["Authorization"] = f"Basic {pair}"
+        else:
+            raise UsageError("give --token-file, or --basic-auth-user with --basic-auth-password-file")
+        body = json.dumps({"node": args.node, "force": args.force}).encode()
+        answer = httpclient.request(
+            "POST", args.url.rstrip("/") + "/-/return", deadline=120, headers=headers, body=body
+        )
+    except (UsageError, AuthConfigError, httpclient.HttpError) as exc:
+        return _fail(str(exc))
+    try:
+        doc = json.loads(answer.body)
+        result, detail = doc["result"], doc["detail"]
+    except (ValueError, KeyError, TypeError):
+        return _fail(f"{args.url}: HTTP {answer.status} {answer.body[:200].decode(errors='replace').strip()}")
+    print(f"{result}: {detail}")
+    return 0 if result in ("applied", "already", "dry_run") else 1

@@ -13,8 +13,11 @@ Kubernetes client library is needed. RBAC: nodes get/patch, pods list, pods/evic
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import re
+import shlex
 import ssl
 import time
 import urllib.parse
@@ -24,13 +27,20 @@ from typing import Any
 
 from gpulens import httpclient
 from gpulens.httpclient import Deadline
+from gpulens.remediate.episodes import Episode, Recovery
 from gpulens.remediate.escape import printable
 from gpulens.remediate.model import IsolationRequest, Outcome
+from gpulens.remediate.recovery import Progress, Step
 
 TAINT_KEY = "gpulens.io/gpu-fault"
 ANNOTATION_AT = "gpulens.io/isolated-at"
 ANNOTATION_REASON = "gpulens.io/isolation-reason"
 ANNOTATION_FINGERPRINT = "gpulens.io/alert-fingerprint"
+ANNOTATION_RETURNED = "gpulens.io/returned-at"
+ANNOTATION_EPISODE = "gpulens.io/episode"  # on recovery Jobs: the episode they serve
+ANNOTATION_EPISODE_RECORD = "gpulens.io/remediation"  # on the node: its latest episode, as JSON
+# nvidia-smi comes with the NVIDIA container toolkit's driver mount; any image with nsenter works for reboots
+DEFAULT_JOB_IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 CONFLICT_RETRIES = 3
 MAX_ANSWER = 16 << 20  # a node object is tens of kilobytes; a pod list of a full node a few MiB
 # RFC 1123 DNS subdomain: what the API accepts as a node name (lower case, no underscores)
@@ -138,6 +148,8 @@ class KubernetesIsolator:
     client: KubernetesClient
     drain: bool = False
     backend: str = "kubernetes"
+    job_namespace: str = "gpulens"
+    job_image: str = DEFAULT_JOB_IMAGE
 
     def _patch(self, request: IsolationRequest, now: float, taints: list[dict]) -> dict:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
@@ -246,6 +258,196 @@ class KubernetesIsolator:
             elif code != 404:
                 failed += 1
         return f"; drain: {evicted} evicted, {blocked} blocked by disruption budgets, {failed} failed"
+
+    # ---- recovery and return (see recovery.Recoverer) ----------------------------------------------
+    # The mechanism: a Job pinned to the node (spec.nodeName, so the cordon does not stop it;
+    # tolerating every taint) that runs the action there. reset_gpu runs `nvidia-smi -r -i <uuid>`
+    # in a privileged container the NVIDIA container toolkit equips (NVIDIA_VISIBLE_DEVICES=all);
+    # nvidia-smi refuses while processes use the GPU, the Job fails and is retried later.
+    # reboot_node starts once no evictable pod is left on the node and runs `systemctl reboot` in
+    # the host's namespaces (hostPID, nsenter -t 1); it is done when the node reports a new
+    # status.nodeInfo.bootID. RBAC: jobs create/get in the Job namespace.
+
+    def job(self, episode: Episode) -> dict:
+        action = "reset_gpu" if episode.recovery is Recovery.RESET_GPU else "reboot_node"
+        digest = hashlib.sha256(f"{episode.id}#{episode.attempts}".encode()).hexdigest()[:8]
+        node = re.sub(r"[^a-z0-9-]", "-", episode.node)[:36].strip("-")
+        name = f"gpulens-{'reset' if action == 'reset_gpu' else 'reboot'}-{node}-{digest}"
+        if action == "reset_gpu":
+            command = ["nvidia-smi", "-r", "-i", episode.uuid or episode.gpu]
+        else:
+            command = ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--", "systemctl", "reboot"]
+        container: dict = {
+            "name": action.replace("_", "-"),
+            "image": self.job_image,
+            "command": command,
+            "securityContext": {"privileged": True},
+        }
+        if action == "reset_gpu":
+            container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+        pod: dict = {
+            "nodeName": episode.node,
+            "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [container],
+        }
+        if action == "reboot_node":
+            pod["hostPID"] = True
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": name,
+                "namespace": self.job_namespace,
+                "labels": {"app.kubernetes.io/part-of": "gpulens", "gpulens.io/action": action},
+                "annotations": {ANNOTATION_EPISODE: episode.id},
+            },
+            "spec": {
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": 600,
+                "ttlSecondsAfterFinished": 86400,
+                "template": {"metadata": {"labels": {"gpulens.io/action": action}}, "spec": pod},
+            },
+        }
+
+    def describe_recovery(self, episode: Episode) -> str:
+        job = self.job(episode)
+        command = shlex.join(job["spec"]["template"]["spec"]["containers"][0]["command"])
+        return (
+            f"POST {self.client.api_url.rstrip('/')}{self._jobs_path()} "
+            f"{job['metadata']['name']} on node {episode.node}: {command}"
+        )
+
+    def _jobs_path(self) -> str:
+        return f"/apis/batch/v1/namespaces/{urllib.parse.quote(self.job_namespace)}/jobs"
+
+    def _boot_id(self, node: str, deadline: Deadline) -> str:
+        status, doc = self.client.request(
+            "GET", f"/api/v1/nodes/{urllib.parse.quote(node)}", deadline=deadline
+        )
+        if status != 200:
+            raise KubernetesError(f"GET node {node}: HTTP {status} {doc.get('message', '')}")
+        info = (doc.get("status") or {}).get("nodeInfo") or {}
+        return str(info.get("bootID", ""))
+
+    def can_start(self, episode: Episode, deadline: Deadline) -> Progress:
+        if episode.recovery is not Recovery.REBOOT_NODE:
+            return Progress(Step.DONE)
+        selector = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={episode.node}"})
+        try:
+            status, pods = self.client.request("GET", f"/api/v1/pods?{selector}", deadline=deadline)
+        except KubernetesError as exc:
+            return Progress(Step.PENDING, str(exc))
+        if status != 200:
+            return Progress(Step.PENDING, f"list pods of {episode.node}: HTTP {status}")
+        left = [p for p in pods.get("items", []) if isinstance(p, dict) and not _stays(p)]
+        if left:
+            return Progress(
+                Step.PENDING, f"node {episode.node} still runs {len(left)} pod(s); reboot once drained"
+            )
+        return Progress(Step.DONE)
+
+    def start_recovery(self, episode: Episode, deadline: Deadline) -> Progress:
+        job = self.job(episode)
+        try:
+            boot = self._boot_id(episode.node, deadline) if episode.recovery is Recovery.REBOOT_NODE else ""
+            status, answer = self.client.request("POST", self._jobs_path(), job, deadline=deadline)
+        except KubernetesError as exc:
+            return Progress(Step.FAILED, str(exc))
+        if status not in (200, 201, 409):  # 409: created by an earlier attempt that lost its answer
+            return Progress(
+                Step.FAILED,
+                f"create Job {job['metadata']['name']}: HTTP {status} {answer.get('message', '')}",
+            )
+        return Progress(
+            Step.DONE,
+            f"created Job {self.job_namespace}/{job['metadata']['name']}",
+            f"{job['metadata']['name']}|{boot}",
+        )
+
+    def recovery_progress(self, episode: Episode, deadline: Deadline) -> Progress:
+        name, _, boot = episode.marker.partition("|")
+        try:
+            if episode.recovery is Recovery.REBOOT_NODE:
+                now_boot = self._boot_id(episode.node, deadline)
+                if now_boot and now_boot != boot:
+                    return Progress(Step.DONE, f"node {episode.node} rebooted (bootID {now_boot})")
+            status, doc = self.client.request(
+                "GET", f"{self._jobs_path()}/{urllib.parse.quote(name)}", deadline=deadline
+            )
+        except KubernetesError as exc:
+            return Progress(Step.PENDING, str(exc))
+        if status == 404:
+            return Progress(Step.FAILED, f"Job {self.job_namespace}/{name} is gone")
+        job_status = doc.get("status") or {}
+        if job_status.get("failed"):
+            return Progress(Step.FAILED, f"Job {self.job_namespace}/{name} failed")
+        if job_status.get("succeeded") and episode.recovery is Recovery.RESET_GPU:
+            return Progress(
+                Step.DONE, f"Job {self.job_namespace}/{name} reset GPU {episode.uuid or episode.gpu}"
+            )
+        return Progress(Step.PENDING, f"Job {self.job_namespace}/{name} running")
+
+    def describe_return(self, node: str) -> str:
+        return (
+            f"PATCH {self.client.api_url.rstrip('/')}/api/v1/nodes/{node}: remove taint {TAINT_KEY}, "
+            "uncordon (when gpulens cordoned it), drop the gpulens isolation annotations"
+        )
+
+    def return_node(self, node: str, deadline: Deadline) -> Outcome:
+        path = f"/api/v1/nodes/{urllib.parse.quote(node)}"
+        try:
+            for _ in range(CONFLICT_RETRIES):
+                status, doc = self.client.request("GET", path, deadline=deadline)
+                if status != 200:
+                    return Outcome("failed", f"GET node {node}: HTTP {status} {doc.get('message', '')}")
+                spec = doc.get("spec") or {}
+                annotations = (doc.get("metadata") or {}).get("annotations") or {}
+                taints = [t for t in spec.get("taints") or [] if isinstance(t, dict)]
+                ours = [t for t in taints if t.get("key") == TAINT_KEY]
+                cordoned_by_us = ANNOTATION_AT in annotations
+                if not ours and not cordoned_by_us:
+                    return Outcome("already", f"node {node} carries no gpulens isolation")
+                patch: dict = {
+                    "metadata": {
+                        "annotations": {
+                            ANNOTATION_AT: None,
+                            ANNOTATION_REASON: None,
+                            ANNOTATION_FINGERPRINT: None,
+                            ANNOTATION_RETURNED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        },
+                    },
+                    "spec": {"taints": [t for t in taints if t.get("key") != TAINT_KEY]},
+                }
+                if cordoned_by_us:
+                    patch["spec"]["unschedulable"] = False
+                version = (doc.get("metadata") or {}).get("resourceVersion")
+                if version:
+                    patch["metadata"]["resourceVersion"] = version
+                status, answer = self.client.request(
+                    "PATCH", path, patch, content_type="application/merge-patch+json", deadline=deadline
+                )
+                if status == 409:
+                    continue
+                if status != 200:
+                    return Outcome("failed", f"PATCH node {node}: HTTP {status} {answer.get('message', '')}")
+                return Outcome("applied", f"removed taint {TAINT_KEY} from node {node} and uncordoned it")
+            return Outcome("failed", f"PATCH node {node}: still conflicting after {CONFLICT_RETRIES} tries")
+        except KubernetesError as exc:
+            return Outcome("failed", str(exc))
+
+    def record(self, episode: Episode, deadline: Deadline) -> None:
+        """The episode on its node, as annotation gpulens.io/remediation (best effort)."""
+        doc = {k: v for k, v in episode.to_dict().items() if v not in (None, "", 0) and k != "detail"}
+        patch = {"metadata": {"annotations": {ANNOTATION_EPISODE_RECORD: json.dumps(doc, sort_keys=True)}}}
+        with contextlib.suppress(KubernetesError):
+            self.client.request(
+                "PATCH",
+                f"/api/v1/nodes/{urllib.parse.quote(episode.node)}",
+                patch,
+                content_type="application/merge-patch+json",
+                deadline=deadline,
+            )
 
 
 def _stays(pod: dict) -> bool:

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gpulens.remediate.breaker import BreakerState
+
+# The outcome an episode is counted under when it reaches a state (once per episode).
+OUTCOMES = {
+    "returned": "returned",
+    "rma": "rma",
+    "escalated": "escalated",
+    "dry_run": "dry_run",
+    "closed": "closed",
+}
 
 
 class RemediateMetrics:
@@ -49,6 +59,79 @@ class RemediateMetrics:
         )
         mode = Gauge("gpulens_remediate_dry_run", "1 when actions are only logged.", registry=self.registry)
         mode.set(1 if dry_run else 0)
+        # ---- the fault loop (episodes) ----------------------------------------------------------
+        self.episodes = Counter(
+            "gpulens_remediate_episodes",
+            "Fault episodes by recovery class and the outcome they reached (counted once each).",
+            ["recovery", "outcome"],
+            registry=self.registry,
+        )
+        buckets = (10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400, 259200, 604800)
+        self.time_to_isolate = Histogram(
+            "gpulens_remediate_time_to_isolate_seconds",
+            "From the alert's start (detection) to the node's isolation.",
+            ["recovery"],
+            buckets=buckets,
+            registry=self.registry,
+        )
+        self.time_to_recover = Histogram(
+            "gpulens_remediate_time_to_recover_seconds",
+            "From detection to healthy through the hold-down after the recovery action (ready to return).",
+            ["recovery"],
+            buckets=buckets,
+            registry=self.registry,
+        )
+        self.time_to_return = Histogram(
+            "gpulens_remediate_time_to_return_seconds",
+            "From detection to the node's return to service.",
+            ["recovery"],
+            buckets=buckets,
+            registry=self.registry,
+        )
+        self._open_episodes: Callable[[], list] = list
+        isolated = Gauge(
+            "gpulens_remediate_isolated_nodes",
+            "Nodes held out of service by open fault episodes now (dry-run episodes excluded).",
+            registry=self.registry,
+        )
+        isolated.set_function(
+            lambda: float(len({e.node for e in self._open_episodes() if e.state.value != "dry_run"}))
+        )
+        self.open_by_state = Gauge(
+            "gpulens_remediate_episodes_open",
+            "Open fault episodes by state.",
+            ["state"],
+            registry=self.registry,
+        )
+
+    def bind_episodes(self, open_episodes: Callable[[], list]) -> None:
+        """Where the gauges of open episodes read from (the EpisodeBook)."""
+        self._open_episodes = open_episodes
+
+    def episode_changed(self, before: Any, after: Any) -> None:
+        """Observe one episode step: outcome counts, durations, the open-state gauge."""
+        recovery = after.recovery.value
+        if before is not None and before.state is after.state:
+            return
+        if before is not None:
+            self.open_by_state.labels(state=before.state.value).dec()
+        if after.state.open:
+            self.open_by_state.labels(state=after.state.value).inc()
+        outcome = OUTCOMES.get(after.state.value)
+        if outcome:
+            self.episodes.labels(recovery=recovery, outcome=outcome).inc()
+        if before is None and after.isolated_at is not None and after.state.value != "dry_run":
+            self.time_to_isolate.labels(recovery=recovery).observe(
+                max(after.isolated_at - after.detected_at, 0)
+            )
+        if after.state.value == "ready" and after.recovered_at is not None:
+            self.time_to_recover.labels(recovery=recovery).observe(
+                max(after.recovered_at - after.detected_at, 0)
+            )
+        if after.state.value == "returned" and after.returned_at is not None:
+            self.time_to_return.labels(recovery=recovery).observe(
+                max(after.returned_at - after.detected_at, 0)
+            )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

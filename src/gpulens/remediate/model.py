@@ -18,7 +18,8 @@ Result = Literal[
     "duplicate",  # this alert episode was handled before (Alertmanager repeat)
     "breaker_open",  # refused: too many nodes isolated in the window
     "deferred",  # not attempted now (the breaker's window is full of actions in flight); retried later
-    "resolved_ignored",  # resolved notifications never un-isolate
+    "resolved",  # the alert of an open episode resolved: its hold-down can start
+    "resolved_ignored",  # a resolved notification for no open episode
     "rejected",  # the alert cannot be acted on (no usable node name, a node set, ...)
     "failed",  # the backend refused or was unreachable
 ]
@@ -50,6 +51,8 @@ class IsolationRequest:
     episode: str  # fingerprint + startsAt: one firing episode of the alert
     gpu: str = ""
     uuid: str = ""
+    recovery: str = "none"  # the alert's `recovery` label (episodes.Recovery), validated by plan()
+    instance: str = ""
 
     @property
     def reason(self) -> str:

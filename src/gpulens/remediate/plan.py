@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from gpulens.remediate.episodes import Recovery
 from gpulens.remediate.model import ISOLATION_KINDS, Alert, IsolationRequest
 
 # Kubernetes node names are DNS subdomains; Slurm node names are simple host names. Anything else
@@ -47,6 +48,10 @@ def plan(alert: Alert) -> IsolationRequest | None:
         return None
     if kind not in ISOLATION_KINDS:
         raise PlanError(f"remediate={kind!r}: expected one of {', '.join(ISOLATION_KINDS)}")
+    try:
+        recovery = Recovery.from_label(alert.labels.get("recovery", ""))
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
     return IsolationRequest(
         kind=kind,
         node=node_name(alert.labels),
@@ -55,4 +60,6 @@ def plan(alert: Alert) -> IsolationRequest | None:
         episode=f"{alert.fingerprint}@{alert.starts_at}",
         gpu=alert.labels.get("gpu", ""),
         uuid=alert.labels.get("uuid", ""),
+        recovery=recovery.value,
+        instance=alert.labels.get("instance", ""),
     )

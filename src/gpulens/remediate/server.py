@@ -86,7 +86,7 @@ class RemediateHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?")[0]
-        if path not in ("/alerts", "/-/breaker/reset"):
+        if path not in ("/alerts", "/-/breaker/reset", "/-/return"):
             self._text(404, f"not found: {path}")
             return
         if not self.server.auth.allows(self.headers.get("Authorization")):
@@ -106,6 +106,9 @@ class RemediateHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._text(413, f"body larger than {MAX_BODY} bytes")
             return
+        if path == "/-/return":
+            self._return(self.rfile.read(int(length)))
+            return
         try:
             alerts = parse_webhook(self.rfile.read(int(length)))
         except PayloadError as exc:
@@ -121,6 +124,19 @@ class RemediateHandler(BaseHTTPRequestHandler):
             200,
             {"handled": [{"alertname": r.alertname, "node": r.node, "result": r.result} for r in records]},
         )
+
+    def _return(self, body: bytes) -> None:
+        """POST /-/return {"node": ..., "force": false}: what `gpulens remediate return` sends."""
+        try:
+            doc = json.loads(body)
+            node, force = doc["node"], doc.get("force", False)
+            if not isinstance(node, str) or not isinstance(force, bool):
+                raise TypeError
+        except (ValueError, KeyError, TypeError, RecursionError):
+            self._text(400, 'bad request: expected {"node": NAME, "force": false}')
+            return
+        outcome = self.server.remediator.return_node(node, force)
+        self._json(200, {"node": node, "result": outcome.result, "detail": outcome.detail})
 
     def do_PUT(self) -> None:
         self._text(405, "method not allowed")

@@ -1,4 +1,8 @@
-"""Decide what to do with each alert and keep the receiver's state (idempotency, history)."""
+"""Decide what to do with each alert and keep the receiver's state (idempotency, history, episodes).
+
+A firing alert labelled for remediation is isolated (as before) and opens a fault episode, which
+the reconciler (loop.py) carries through the recovery action of its class, the hold-down and the
+return to service; the alert's resolved notification is what lets the hold-down start."""
 
 from __future__ import annotations
 
@@ -9,15 +13,21 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 
 from gpulens.httpclient import Deadline
+from gpulens.remediate.audit import AuditLog
+from gpulens.remediate.book import EpisodeBook
 from gpulens.remediate.breaker import Admission, CircuitBreaker
+from gpulens.remediate.episodes import Episode, Recovery, State, parse_time
 from gpulens.remediate.escape import printable
-from gpulens.remediate.isolator import Isolator
+from gpulens.remediate.health import AlertOnlyHealth, Health
 from gpulens.remediate.locks import NodeLocks
+from gpulens.remediate.loop import LoopPolicy, Reconciler
 from gpulens.remediate.metrics import RemediateMetrics
 from gpulens.remediate.model import ISOLATION_KINDS, ActionRecord, Alert, IsolationRequest, Outcome
 from gpulens.remediate.plan import PlanError, plan
+from gpulens.remediate.recovery import Backend
 
 log = logging.getLogger("gpulens.remediate")
 
@@ -46,11 +56,14 @@ class Remediator:
 
     def __init__(
         self,
-        isolator: Isolator,
+        isolator: Backend,
         breaker: CircuitBreaker,
         dry_run: bool = True,
         clock: Callable[[], float] = time.time,
         action_timeout_s: float = DEFAULT_ACTION_TIMEOUT_S,
+        audit_log: Path | None = None,
+        policy: LoopPolicy | None = None,
+        health: Health | None = None,
     ) -> None:
         self.isolator = isolator
         self.breaker = breaker
@@ -58,10 +71,23 @@ class Remediator:
         self.clock = clock
         self.action_timeout_s = action_timeout_s
         self.metrics = RemediateMetrics(breaker.state, dry_run)
-        self._lock = threading.Lock()  # guards the episode table and the history only
+        self._lock = threading.Lock()  # guards the idempotency table and the history only
         self.locks = NodeLocks()
         self._episodes: OrderedDict[str, ActionRecord] = OrderedDict()
         self._history: deque[ActionRecord] = deque(maxlen=MAX_HISTORY)
+        self.policy = policy or LoopPolicy(action_timeout_s=action_timeout_s)
+        self.book = EpisodeBook(AuditLog(audit_log), self.metrics, clock)
+        self.resumed = self.book.resume()
+        self.reconciler = Reconciler(
+            self.book,
+            isolator,
+            breaker,
+            health or AlertOnlyHealth(),
+            self.locks,
+            self.policy,
+            dry_run,
+            clock,
+        )
 
     def handle(self, alerts: Iterable[Alert]) -> list[ActionRecord]:
         """Act on a notification's alerts; alerts of different nodes run in parallel."""
@@ -108,10 +134,10 @@ class Remediator:
     def _handle_one(self, alert: Alert, request: IsolationRequest) -> ActionRecord:
         now = self.clock()
         kind = request.kind
-        if alert.status == "resolved":
-            outcome = Outcome("resolved_ignored", "resolved notifications never return a node to service")
-            return self._record(now, alert, kind, request.node, outcome)
         deadline = Deadline(self.action_timeout_s)
+        if alert.status == "resolved":
+            with self.locks.hold(request.node, deadline.remaining()):
+                return self._record(now, alert, kind, request.node, self._resolved(request, now))
         with self.locks.hold(request.node, deadline.remaining()) as held:
             if not held:
                 outcome = Outcome(
@@ -124,6 +150,10 @@ class Remediator:
                 previous = self._episodes.get(request.episode)
             if previous is not None:
                 outcome = Outcome("duplicate", f"handled at {previous.at:.0f} with result {previous.result}")
+                return self._record(now, alert, kind, request.node, outcome)
+            open_episode = self.book.get(request.episode)
+            if open_episode is not None:  # known from the audit log of an earlier run
+                outcome = Outcome("duplicate", f"episode open since {open_episode.isolated_at or 0:.0f}")
                 return self._record(now, alert, kind, request.node, outcome)
             ticket = self.breaker.reserve(request.node, wait_s=deadline.remaining())
             if not ticket.allowed:
@@ -144,7 +174,74 @@ class Remediator:
                     self._episodes[request.episode] = record
                     while len(self._episodes) > MAX_EPISODES:
                         self._episodes.popitem(last=False)
+                self._open_episode(alert, request, outcome, now, deadline)
             return record
+
+    def _open_episode(
+        self, alert: Alert, request: IsolationRequest, outcome: Outcome, now: float, deadline: Deadline
+    ) -> None:
+        recovery = Recovery(request.recovery)
+        episode = Episode(
+            id=request.episode,
+            node=request.node,
+            alertname=printable(request.alertname, 128),
+            kind=request.kind,
+            recovery=recovery,
+            state=State.ISOLATED,
+            gpu=printable(request.gpu, 16),
+            uuid=printable(request.uuid, 64),
+            instance=request.instance,
+            detected_at=min(parse_time(alert.starts_at, now), now),
+            isolated_at=now,
+            detail=printable(outcome.detail, MAX_DETAIL),
+        )
+        last_return = self.book.last_return(request.node)
+        if self.dry_run:
+            then = self.isolator.describe_recovery(episode) if recovery in _ACTING else "nothing more"
+            episode = episode.moved(State.DRY_RUN, detail=f"{episode.detail}; then {recovery.value}: {then}")
+            self.book.save("isolated", episode)
+            return
+        if recovery is Recovery.RMA:
+            ticket = (
+                f"RMA ticket: {episode.alertname} on node {episode.node} gpu {episode.gpu or '-'} "
+                f"{episode.uuid}: kept isolated; replace the GPU (run NVIDIA's field diagnostic first)"
+            )
+            episode = self.book.save("ticket", episode.moved(State.RMA, detail=ticket))
+        elif last_return is not None and now - last_return < self.policy.flap_window_s:
+            detail = (
+                f"faulty again {now - last_return:.0f}s after its return to service (flap window "
+                f"{self.policy.flap_window_s:g}s): kept out, escalated to a person"
+            )
+            episode = self.book.save("escalated", episode.moved(State.ESCALATED, detail=detail))
+        else:
+            self.book.save("isolated", episode)
+            return  # the isolation itself annotated the node; later steps add the episode record
+        self.isolator.record(episode, deadline)
+
+    def _resolved(self, request: IsolationRequest, now: float) -> Outcome:
+        episode = self.book.get(request.episode)
+        if episode is None:
+            return Outcome("resolved_ignored", "no open episode for this alert")
+        if episode.state is State.DRY_RUN:
+            self.book.save("resolved", episode.moved(State.CLOSED, resolved_at=now))
+            return Outcome("resolved", "dry run: episode closed")
+        if episode.resolved_at is None:
+            self.book.save("resolved", episode.moved(episode.state, resolved_at=now))
+        return Outcome(
+            "resolved", f"episode {episode.state.value}: the hold-down starts once it has recovered"
+        )
+
+    def return_node(self, node: str, force: bool = False) -> Outcome:
+        """`gpulens remediate return NODE`: return a node whose episodes are ready (or forced)."""
+        outcome = self.reconciler.return_node(node, force)
+        log.log(
+            logging.INFO if outcome.result in ("applied", "already", "dry_run") else logging.WARNING,
+            "return node=%s: %s %s",
+            printable(node, 253),
+            outcome.result,
+            printable(outcome.detail, MAX_DETAIL),
+        )
+        return outcome
 
     def _act(self, request: IsolationRequest, now: float, deadline: Deadline) -> Outcome:
         if self.dry_run:
@@ -202,7 +299,11 @@ class Remediator:
             "breaker": asdict(breaker)
             | {"nodes_in_window": list(breaker.nodes_in_window), "in_flight": list(breaker.in_flight)},
             "actions": actions,
+            "episodes": [e.to_dict() for e in self.book.open_episodes()],
         }
+
+
+_ACTING = (Recovery.RESET_GPU, Recovery.REBOOT_NODE)
 
 
 def _kind_label(kind: str) -> str:

@@ -19,12 +19,15 @@ import subprocess
 from dataclasses import dataclass
 
 from gpulens.httpclient import Deadline
+from gpulens.remediate.episodes import Episode
 from gpulens.remediate.escape import printable
 from gpulens.remediate.model import IsolationRequest, Outcome
+from gpulens.remediate.recovery import Progress, Step
 
 # A Slurm node name: a host name, no host-list syntax (brackets, commas) and no wildcards
 _NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
 _RECORD_NAME = re.compile(r"^NodeName=(\S+)")
+_BOOT = re.compile(r"\bBootTime=(\S+)")
 
 _STATE = re.compile(r"\bState=(\S+)")
 _REASON = re.compile(r"\bReason=(.*?)(?:\s+\[[^\]]*\])?\s*$", re.M)
@@ -39,6 +42,7 @@ class SlurmIsolator:
     scontrol: str = "scontrol"
     timeout_s: float = 30.0
     backend: str = "slurm"
+    reboot_nextstate: str = "DOWN"
 
     def command(self, request: IsolationRequest) -> list[str]:
         return [
@@ -101,3 +105,85 @@ class SlurmIsolator:
             return Outcome("applied", shlex.join(command))
         except ScontrolError as exc:
             return Outcome("failed", str(exc))
+
+    # ---- recovery and return (see recovery.Recoverer) ----------------------------------------------
+    # Slurm has no per-GPU reset, so both the reset and the reboot class reboot the node, with
+    # Slurm's own `scontrol reboot ASAP`: the node drains (running jobs finish), reboots when idle
+    # and comes back in `nextstate`. DOWN (the default) keeps it out until gpulens returns it after
+    # the hold-down; RESUME lets Slurm put it back right after the boot, skipping the hold-down.
+
+    def reboot_command(self, episode: Episode) -> list[str]:
+        reason = f"gpulens: {printable(episode.alertname, 128)} {episode.recovery.value}"
+        return [
+            self.scontrol,
+            "reboot",
+            "ASAP",
+            f"nextstate={self.reboot_nextstate}",
+            f"reason={reason}",
+            episode.node,
+        ]
+
+    def describe_recovery(self, episode: Episode) -> str:
+        return shlex.join(self.reboot_command(episode))
+
+    def can_start(self, episode: Episode, deadline: Deadline) -> Progress:
+        return Progress(Step.DONE, "scontrol reboot ASAP waits for running jobs itself")
+
+    def start_recovery(self, episode: Episode, deadline: Deadline) -> Progress:
+        try:
+            boot = _boot_time(self.show(episode.node, deadline))
+            command = self.reboot_command(episode)
+            self._run(command, deadline)
+        except ScontrolError as exc:
+            return Progress(Step.FAILED, str(exc))
+        return Progress(Step.DONE, shlex.join(command), marker=boot)
+
+    def recovery_progress(self, episode: Episode, deadline: Deadline) -> Progress:
+        try:
+            shown = self.show(episode.node, deadline)
+        except ScontrolError as exc:
+            return Progress(Step.PENDING, str(exc))  # a rebooting node may not answer: ask again
+        flags = _flags(shown)
+        boot = _boot_time(shown)
+        if boot != episode.marker and not flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"}:
+            return Progress(Step.DONE, f"node {episode.node} rebooted (BootTime={boot})")
+        return Progress(
+            Step.PENDING, f"node {episode.node} not rebooted yet (State={'+'.join(sorted(flags))})"
+        )
+
+    def return_command(self, node: str) -> list[str]:
+        return [self.scontrol, "update", f"NodeName={node}", "State=RESUME"]
+
+    def describe_return(self, node: str) -> str:
+        return shlex.join(self.return_command(node))
+
+    def return_node(self, node: str, deadline: Deadline) -> Outcome:
+        try:
+            shown = self.show(node, deadline)
+            flags = _flags(shown)
+            reason = _REASON.search(shown)
+            text = reason.group(1).strip() if reason else ""
+            if not flags & {"DRAIN", "DRAINING", "DRAINED", "DOWN"}:
+                return Outcome("already", f"node {node} is in service already")
+            if not text.startswith("gpulens:"):
+                return Outcome(
+                    "failed", f"node {node} is out of service by someone else (Reason={text}): left alone"
+                )
+            command = self.return_command(node)
+            self._run(command, deadline)
+            return Outcome("applied", shlex.join(command))
+        except ScontrolError as exc:
+            return Outcome("failed", str(exc))
+
+    def record(self, episode: Episode, deadline: Deadline) -> None:
+        return None  # the drain and reboot reasons name gpulens; the audit log keeps the rest
+
+
+def _flags(shown: str) -> set[str]:
+    state = _STATE.search(shown)
+    return set(re.split(r"[+*]", state.group(1).upper())) if state else set()
+
+
+def _boot_time(shown: str) -> str:
+    match = _BOOT.search(shown)
+    return match.group(1) if match else ""

@@ -1,0 +1,210 @@
+"""Move open episodes on: start the recovery action, see it finish, hold down, return to service.
+
+`Reconciler.tick()` looks at every open episode once (tests call it directly); `run()` calls it
+every `interval_s` on its own thread. Each step on a node holds that node's lock (shared with the
+webhook handler), so a slow backend call on one node never delays another, and every backend
+call has the action deadline. Resets and reboots pass through the circuit breaker like
+isolations; a refused one waits for the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpulens.httpclient import Deadline
+from gpulens.remediate.book import EpisodeBook
+from gpulens.remediate.breaker import CircuitBreaker
+from gpulens.remediate.episodes import Episode, Recovery, State
+from gpulens.remediate.health import Health
+from gpulens.remediate.locks import NodeLocks
+from gpulens.remediate.model import Outcome
+from gpulens.remediate.recovery import Recoverer, Step
+
+log = logging.getLogger("gpulens.remediate")
+
+
+@dataclass
+class LoopPolicy:
+    hold_down_s: float = 600.0
+    flap_window_s: float = 86_400.0
+    return_to_service: bool = False
+    max_attempts: int = 3
+    action_timeout_s: float = 60.0
+
+
+class Reconciler:
+    def __init__(
+        self,
+        book: EpisodeBook,
+        backend: Recoverer,
+        breaker: CircuitBreaker,
+        health: Health,
+        locks: NodeLocks,
+        policy: LoopPolicy,
+        dry_run: bool,
+        clock: Callable[[], float],
+    ) -> None:
+        self.book = book
+        self.backend = backend
+        self.breaker = breaker
+        self.health = health
+        self.locks = locks
+        self.policy = policy
+        self.dry_run = dry_run
+        self.clock = clock
+        self._stop = threading.Event()
+
+    # ---- the thread ----------------------------------------------------------------------------
+
+    def run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self.tick()
+            except Exception:  # one bad step must not end the loop
+                log.exception("reconcile pass failed")
+
+    def start(self, interval_s: float) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(interval_s,), name="gpulens-reconcile", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ---- one pass ------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        nodes = sorted({e.node for e in self.book.open_episodes()})
+        for node in nodes:
+            with self.locks.hold(node, self.policy.action_timeout_s) as held:
+                if not held:
+                    continue  # a webhook action on this node is still running: next tick
+                for episode in self.book.of_node(node):
+                    self._step(episode)
+                self._maybe_return(node)
+
+    def _step(self, episode: Episode) -> None:
+        deadline = Deadline(self.policy.action_timeout_s)
+        now = self.clock()
+        if episode.state is State.ISOLATED:
+            if episode.recovery is Recovery.NONE:
+                self.book.save("recovered", episode.moved(State.RECOVERED, action_finished_at=now))
+            elif episode.recovery is Recovery.RMA:
+                return  # opened as RMA; never moves by itself
+            else:
+                self._start(episode, deadline, now)
+        elif episode.state is State.RECOVERING:
+            progress = self.backend.recovery_progress(episode, deadline)
+            if progress.step is Step.DONE:
+                self.book.save(
+                    "action_finished",
+                    episode.moved(State.RECOVERED, action_finished_at=now, detail=progress.detail),
+                )
+            elif progress.step is Step.FAILED:
+                if episode.attempts >= self.policy.max_attempts:
+                    detail = (
+                        f"recovery failed {episode.attempts} times: {progress.detail}; a person must look"
+                    )
+                    self.book.save("escalated", episode.moved(State.ESCALATED, detail=detail))
+                else:
+                    self.book.save("action_failed", episode.moved(State.ISOLATED, detail=progress.detail))
+        elif episode.state is State.RECOVERED:
+            self._hold_down(episode, deadline, now)
+
+    def _start(self, episode: Episode, deadline: Deadline, now: float) -> None:
+        ready = self.backend.can_start(episode, deadline)
+        if ready.step is not Step.DONE:
+            if ready.detail != episode.detail:
+                self.book.save("waiting", episode.moved(State.ISOLATED, detail=ready.detail))
+            return
+        ticket = self.breaker.reserve(episode.node)
+        if not ticket.allowed:
+            if ticket.detail != episode.detail:
+                self.book.save("deferred", episode.moved(State.ISOLATED, detail=ticket.detail))
+            return
+        progress = self.backend.start_recovery(episode, deadline)
+        attempts = episode.attempts + 1
+        if progress.step is Step.DONE:
+            self.breaker.commit(ticket)
+            moved = episode.moved(
+                State.RECOVERING,
+                action_started_at=now,
+                attempts=attempts,
+                marker=progress.marker,
+                detail=progress.detail,
+            )
+            self.book.save("action_started", moved)
+            self.backend.record(moved, deadline)
+            return
+        self.breaker.release(ticket)
+        if attempts >= self.policy.max_attempts:
+            detail = f"recovery could not start {attempts} times: {progress.detail}; a person must look"
+            self.book.save("escalated", episode.moved(State.ESCALATED, attempts=attempts, detail=detail))
+        else:
+            self.book.save(
+                "action_failed", episode.moved(State.ISOLATED, attempts=attempts, detail=progress.detail)
+            )
+
+    def _hold_down(self, episode: Episode, deadline: Deadline, now: float) -> None:
+        if episode.resolved_at is None:
+            return  # the alert still fires: the fault is not gone
+        since = episode.healthy_since
+        if since is None:
+            start = max(episode.resolved_at, episode.action_finished_at or episode.resolved_at)
+            self.book.save("hold_down", episode.moved(State.RECOVERED, healthy_since=start))
+            return
+        if now - since < self.policy.hold_down_s:
+            return
+        healthy, why = self.health.check(episode, self.policy.hold_down_s, deadline)
+        if healthy:
+            self.book.save("recovered", episode.moved(State.READY, recovered_at=now, detail=why))
+        else:
+            self.book.save("hold_down", episode.moved(State.RECOVERED, healthy_since=now, detail=why))
+
+    # ---- return to service -----------------------------------------------------------------------
+
+    def _maybe_return(self, node: str) -> None:
+        episodes = self.book.of_node(node)
+        if not episodes or not all(e.state is State.READY for e in episodes):
+            return
+        if not self.policy.return_to_service:
+            return  # `gpulens remediate return NODE` (POST /-/return) does it
+        self._return(node, episodes, "returned after the hold-down")
+
+    def return_node(self, node: str, force: bool = False) -> Outcome:
+        """What `gpulens remediate return NODE` asks for: return the node if its episodes allow."""
+        with self.locks.hold(node, self.policy.action_timeout_s) as held:
+            if not held:
+                return Outcome("deferred", f"an action on node {node} is running; try again")
+            episodes = self.book.of_node(node)
+            if not episodes:
+                return Outcome("rejected", f"node {node} has no open episode")
+            blocking = [e for e in episodes if e.state is not State.READY]
+            if any(e.state is State.RMA for e in blocking):
+                return Outcome("rejected", f"node {node} has an RMA-class fault: it is never returned")
+            if blocking and not force:
+                states = ", ".join(sorted({e.state.value for e in blocking}))
+                return Outcome(
+                    "rejected", f"node {node} is not ready to return ({states}); --force overrides"
+                )
+            return self._return(node, episodes, "returned by a person" if blocking else "returned on request")
+
+    def _return(self, node: str, episodes: list[Episode], why: str) -> Outcome:
+        deadline = Deadline(self.policy.action_timeout_s)
+        if self.dry_run:
+            outcome = Outcome("dry_run", f"DRY-RUN: {self.backend.describe_return(node)}")
+        else:
+            outcome = self.backend.return_node(node, deadline)
+        if outcome.result in ("applied", "already", "dry_run"):
+            now = self.clock()
+            for episode in episodes:
+                moved = episode.moved(State.RETURNED, returned_at=now, detail=f"{why}: {outcome.detail}")
+                self.book.save("returned", moved)
+                self.backend.record(moved, deadline)
+        else:
+            for episode in episodes:
+                self.book.save("return_failed", episode.moved(episode.state, detail=outcome.detail))
+        return outcome

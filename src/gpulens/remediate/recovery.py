@@ -1,0 +1,62 @@
+"""The interface for the steps after isolation, which both backends implement beside `Isolator`.
+
+Every call takes a total deadline and never raises for backend failures (an `Outcome` or a
+`Progress` says what happened). The backends act only through the orchestrator's own mechanisms:
+Slurm reboots with `scontrol reboot ASAP`, Kubernetes runs a Job pinned to the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from gpulens.httpclient import Deadline
+from gpulens.remediate.episodes import Episode
+from gpulens.remediate.isolator import Isolator
+from gpulens.remediate.model import Outcome
+
+
+class Step(StrEnum):
+    DONE = "done"
+    PENDING = "pending"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: Step
+    detail: str = ""
+    marker: str = ""  # what start() recorded to recognise completion (boot time, Job name)
+
+
+class Recoverer(Protocol):
+    def describe_recovery(self, episode: Episode) -> str:
+        """The exact recovery action, for dry-run logs and the audit record."""
+        ...
+
+    def can_start(self, episode: Episode, deadline: Deadline) -> Progress:
+        """DONE when the action may start now (the node is drained, say); PENDING otherwise."""
+        ...
+
+    def start_recovery(self, episode: Episode, deadline: Deadline) -> Progress:
+        """Start the reset or reboot: DONE means started (its marker recorded), FAILED refused."""
+        ...
+
+    def recovery_progress(self, episode: Episode, deadline: Deadline) -> Progress:
+        """Has the started action finished (DONE), failed (FAILED), or not yet (PENDING)?"""
+        ...
+
+    def describe_return(self, node: str) -> str: ...
+
+    def return_node(self, node: str, deadline: Deadline) -> Outcome:
+        """Put the node back in service, undoing only what gpulens did; `applied` or `failed`."""
+        ...
+
+    def record(self, episode: Episode, deadline: Deadline) -> None:
+        """Keep the episode on the node itself where the platform allows (Kubernetes annotation)."""
+        ...
+
+
+class Backend(Isolator, Recoverer, Protocol):
+    """Slurm and Kubernetes both isolate and recover."""

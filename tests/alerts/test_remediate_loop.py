@@ -1,0 +1,302 @@
+"""The fault loop (issue 18): isolate -> recovery action of the fault's class -> hold-down -> return
+to service, recorded in the audit log and the metrics, resumed after a restart; against the
+stateful scontrol stand-in and the Kubernetes API stand-in. Time is a test clock; each reconcile
+pass is one `tick()`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpulens.remediate.kubernetes import TAINT_KEY, KubernetesClient, KubernetesIsolator
+from gpulens.remediate.loop import LoopPolicy
+from gpulens.remediate.slurm import SlurmIsolator
+from tests.alerts.remediate_support import (
+    TOKEN,
+    KubeStandIn,
+    alert,
+    get,
+    kube_api,
+    notification,
+    path_with,
+    post,
+    receiver,
+    scontrol_calls,
+    scontrol_state,
+    write_fake_scontrol,
+)
+
+HOLD_DOWN = 600.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_796_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fault(name: str, recovery: str, status: str = "firing", **labels: str) -> dict:
+    kind = "isolate_node" if recovery == "reboot_node" else "isolate_gpu"
+    return alert(
+        alertname=name,
+        instance=labels.pop("instance", "gpu-17:9842"),
+        gpu=labels.pop("gpu", "3"),
+        remediate=kind,
+        recovery=recovery,
+        status=status,
+        fingerprint=f"fp-{name}",
+        starts_at=labels.pop("starts_at", "2026-12-01T10:00:00Z"),
+        **labels,
+    )
+
+
+def episodes(remediator) -> dict[str, dict]:
+    return {e["id"]: e for e in remediator.state()["episodes"]}
+
+
+def audit_events(path) -> list[tuple[str, str]]:
+    return [(d["event"], d["episode"]["state"]) for d in map(json.loads, path.read_text().splitlines())]
+
+
+@pytest.fixture
+def slurm(tmp_path, monkeypatch):
+    """A stateful scontrol: drains, reboots (at once, a new BootTime) and resumes change the node."""
+    bin_dir, record = write_fake_scontrol(tmp_path, stateful=True)
+    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
+    return record
+
+
+def _policy(**overrides) -> LoopPolicy:
+    return LoopPolicy(**{"hold_down_s": HOLD_DOWN, "action_timeout_s": 30, **overrides})
+
+
+def test_reboot_class_fault_reboots_holds_down_and_returns_the_node(slurm, tmp_path):
+    clock, log = Clock(), tmp_path / "audit.jsonl"
+    policy = _policy(return_to_service=True)
+    with receiver(SlurmIsolator(), dry_run=False, clock=clock, audit_log=log, policy=policy) as (base, rem):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        rem.reconciler.tick()  # starts the reboot
+        clock.now += 120
+        rem.reconciler.tick()  # sees the new boot
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node", status="resolved")))
+        rem.reconciler.tick()  # hold-down starts
+        clock.now += HOLD_DOWN - 1
+        rem.reconciler.tick()
+        still_out = scontrol_state(tmp_path)["nodes"]["gpu-17"]["State"]
+        clock.now += 2
+        rem.reconciler.tick()  # healthy through the hold-down: returned
+        metrics = get(f"{base}/metrics")[1]
+        left = episodes(rem)
+    commands = [c[:3] for c in scontrol_calls(slurm) if c[0] != "show"]
+    assert commands == [
+        ["update", "NodeName=gpu-17", "State=DRAIN"],
+        ["reboot", "ASAP", "nextstate=DOWN"],
+        ["update", "NodeName=gpu-17", "State=RESUME"],
+    ]
+    assert still_out.startswith("DOWN")
+    assert scontrol_state(tmp_path)["nodes"]["gpu-17"]["State"] == "IDLE"
+    assert left == {}
+    assert [e for e, _ in audit_events(log)] == [
+        "isolated",
+        "action_started",
+        "action_finished",
+        "resolved",
+        "hold_down",
+        "recovered",
+        "returned",
+    ]
+    (*_, last) = map(json.loads, log.read_text().splitlines())
+    done = last["episode"]
+    assert last["ts"].endswith("Z")
+    assert done["isolated_at"] <= done["action_started_at"] <= done["action_finished_at"]
+    assert done["action_finished_at"] <= done["recovered_at"] <= done["returned_at"]
+    assert 'gpulens_remediate_episodes_total{outcome="returned",recovery="reboot_node"} 1.0' in metrics
+    assert 'gpulens_remediate_time_to_return_seconds_count{recovery="reboot_node"} 1.0' in metrics
+    assert "gpulens_remediate_isolated_nodes 0.0" in metrics
+
+
+def test_reset_class_fault_runs_a_reset_job_and_a_person_returns_the_node(tmp_path):
+    clock = Clock()
+    node = {"metadata": {"name": "gpu-17", "resourceVersion": "1"}, "spec": {}}
+    stand_in = KubeStandIn(nodes={"gpu-17": node})
+    with kube_api(stand_in):
+        isolator = KubernetesIsolator(KubernetesClient(stand_in.url), job_namespace="ops")
+        with receiver(isolator, dry_run=False, clock=clock, policy=_policy()) as (base, rem):
+            post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa")))
+            rem.reconciler.tick()  # creates the reset Job
+            rem.reconciler.tick()  # the Job succeeded
+            post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", status="resolved")))
+            rem.reconciler.tick()
+            clock.now += HOLD_DOWN + 1
+            rem.reconciler.tick()
+            ready = episodes(rem)
+            tainted = [t["key"] for t in stand_in.nodes["gpu-17"]["spec"]["taints"]]
+            status, answer = post(f"{base}/-/return", {"node": "gpu-17"})
+    (job,) = stand_in.jobs.values()
+    pod = job["spec"]["template"]["spec"]
+    assert (job["metadata"]["namespace"], pod["nodeName"]) == ("ops", "gpu-17")
+    assert pod["containers"][0]["command"] == ["nvidia-smi", "-r", "-i", "GPU-aa"]
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert [e["state"] for e in ready.values()] == ["ready"]
+    assert tainted == [TAINT_KEY], "without --return-to-service the node waits for a person"
+    assert (status, json.loads(answer)["result"]) == (200, "applied")
+    assert stand_in.nodes["gpu-17"]["spec"] == {"unschedulable": False, "taints": []}
+    annotations = stand_in.nodes["gpu-17"]["metadata"]["annotations"]
+    assert "gpulens.io/isolated-at" not in annotations and "gpulens.io/returned-at" in annotations
+    assert json.loads(annotations["gpulens.io/remediation"])["state"] == "returned"
+
+
+def test_kubernetes_reboot_waits_until_the_node_is_drained(tmp_path):
+    node = {"metadata": {"name": "gpu-17", "resourceVersion": "1"}, "spec": {}}
+    pod = {"metadata": {"name": "train", "namespace": "ml"}, "spec": {"nodeName": "gpu-17"}, "status": {}}
+    stand_in = KubeStandIn(nodes={"gpu-17": node}, pods=[pod])
+    with kube_api(stand_in):
+        isolator = KubernetesIsolator(KubernetesClient(stand_in.url))
+        with receiver(isolator, dry_run=False, clock=Clock(), policy=_policy()) as (base, rem):
+            post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+            rem.reconciler.tick()
+            waiting = episodes(rem)
+            stand_in.pods.clear()  # the job finished and its pod is gone
+            rem.reconciler.tick()  # the reboot Job
+            rem.reconciler.tick()  # the node reports a new boot ID
+            done = episodes(rem)
+    assert [(e["state"], e["detail"]) for e in waiting.values()] == [
+        ("isolated", "node gpu-17 still runs 1 pod(s); reboot once drained")
+    ]
+    (job,) = stand_in.jobs.values()
+    assert job["spec"]["template"]["spec"]["hostPID"] is True
+    assert [e["state"] for e in done.values()] == ["recovered"]
+
+
+def test_an_rma_class_fault_is_kept_isolated_with_a_ticket_and_never_returned(slurm, tmp_path):
+    clock, log = Clock(), tmp_path / "audit.jsonl"
+    policy = _policy(return_to_service=True)
+    with receiver(SlurmIsolator(), dry_run=False, clock=clock, audit_log=log, policy=policy) as (base, rem):
+        post(f"{base}/alerts", notification(fault("GPURowRemapFailed", "rma")))
+        post(f"{base}/alerts", notification(fault("GPURowRemapFailed", "rma", status="resolved")))
+        for _ in range(3):
+            clock.now += HOLD_DOWN
+            rem.reconciler.tick()
+        _, asked = post(f"{base}/-/return", {"node": "gpu-17"})
+        _, forced = post(f"{base}/-/return", {"node": "gpu-17", "force": True})
+        left = episodes(rem)
+    (episode,) = left.values()
+    assert episode["state"] == "rma"
+    assert episode["detail"].startswith("RMA ticket: GPURowRemapFailed on node gpu-17 gpu 3")
+    assert [json.loads(a)["result"] for a in (asked, forced)] == ["rejected", "rejected"]
+    assert [c[0] for c in scontrol_calls(slurm) if c[0] != "show"] == ["update"]  # the drain only
+    assert audit_events(log)[0] == ("ticket", "rma")
+
+
+def test_a_flapping_node_is_not_returned_twice_within_the_window(slurm, tmp_path):
+    clock = Clock()
+    policy = _policy(return_to_service=True, flap_window_s=86_400)
+    with receiver(SlurmIsolator(), dry_run=False, clock=clock, policy=policy) as (base, rem):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        rem.reconciler.tick()
+        rem.reconciler.tick()
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node", status="resolved")))
+        rem.reconciler.tick()
+        clock.now += HOLD_DOWN + 1
+        rem.reconciler.tick()  # returned once
+        clock.now += 3600  # faulty again an hour later
+        again = fault("GPUXidFallenOffBus", "reboot_node", starts_at="2026-12-01T12:00:00Z")
+        post(f"{base}/alerts", notification(again))
+        post(f"{base}/alerts", notification({**again, "status": "resolved"}))
+        for _ in range(3):
+            clock.now += HOLD_DOWN + 1
+            rem.reconciler.tick()
+        left = episodes(rem)
+        metrics = get(f"{base}/metrics")[1]
+    (episode,) = left.values()
+    assert episode["state"] == "escalated"
+    assert "faulty again 3" in episode["detail"]
+    resumes = [c for c in scontrol_calls(slurm) if c[:1] == ["update"] and "State=RESUME" in c]
+    reboots = [c for c in scontrol_calls(slurm) if c[:1] == ["reboot"]]
+    assert (len(resumes), len(reboots)) == (1, 1)
+    assert 'gpulens_remediate_episodes_total{outcome="escalated",recovery="reboot_node"} 1.0' in metrics
+    assert "gpulens_remediate_isolated_nodes 1.0" in metrics
+
+
+def test_the_breaker_applies_to_reboots_as_to_isolations(slurm):
+    with receiver(SlurmIsolator(), dry_run=False, max_nodes=1, clock=Clock(), policy=_policy()) as (
+        base,
+        rem,
+    ):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node", instance="gpu-1:1")))
+        post(f"{base}/alerts", notification(fault("GPULost", "reboot_node", instance="gpu-2:1")))  # opens it
+        rem.breaker.reset()
+        rem.breaker.commit(rem.breaker.reserve("gpu-9"))  # another node fills the fresh window
+        rem.reconciler.tick()
+        left = episodes(rem)
+    assert [c for c in scontrol_calls(slurm) if c[:1] == ["reboot"]] == []
+    (episode,) = left.values()
+    assert (episode["node"], episode["state"]) == ("gpu-1", "isolated")
+    assert episode["detail"].startswith("circuit breaker open")
+
+
+def test_dry_run_is_the_default_and_only_describes_the_recovery(slurm):
+    with receiver(SlurmIsolator(), clock=Clock(), policy=_policy(return_to_service=True)) as (base, rem):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        for _ in range(3):
+            rem.reconciler.tick()
+        left = episodes(rem)
+    assert scontrol_calls(slurm) == []
+    (episode,) = left.values()
+    assert episode["state"] == "dry_run"
+    assert "then reboot_node: scontrol reboot ASAP nextstate=DOWN" in episode["detail"]
+
+
+def test_a_restarted_receiver_resumes_its_episodes_from_the_audit_log(slurm, tmp_path):
+    clock, log = Clock(), tmp_path / "audit.jsonl"
+    with receiver(SlurmIsolator(), dry_run=False, clock=clock, audit_log=log, policy=_policy()) as (
+        base,
+        rem,
+    ):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        rem.reconciler.tick()  # reboot started, then the receiver stops
+    with receiver(SlurmIsolator(), dry_run=False, clock=clock, audit_log=log, policy=_policy()) as (
+        base,
+        rem,
+    ):
+        resumed = [e["state"] for e in episodes(rem).values()]
+        _, repeat = post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        rem.reconciler.tick()
+        after = [e["state"] for e in episodes(rem).values()]
+    assert resumed == ["recovering"]
+    assert json.loads(repeat)["handled"][0]["result"] == "duplicate"
+    assert after == ["recovered"]
+    assert len([c for c in scontrol_calls(slurm) if c[:1] == ["reboot"]]) == 1
+
+
+def test_return_command_asks_the_receiver(slurm, tmp_path):
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    clock = Clock()
+    with receiver(SlurmIsolator(), dry_run=False, clock=clock, policy=_policy()) as (base, rem):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        command = [sys.executable, "-m", "gpulens.cli", "remediate", "return", "gpu-17"]
+        command += ["--url", base, "--token-file", str(token)]
+        early = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        rem.reconciler.tick()
+        rem.reconciler.tick()
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node", status="resolved")))
+        rem.reconciler.tick()
+        clock.now += HOLD_DOWN + 1
+        rem.reconciler.tick()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert early.returncode == 1
+    assert early.stdout == "rejected: node gpu-17 is not ready to return (isolated); --force overrides\n"
+    assert (done.returncode, done.stdout) == (0, "applied: scontrol update NodeName=gpu-17 State=RESUME\n")
+
+
+def test_an_unknown_recovery_label_is_rejected(slurm):
+    with receiver(SlurmIsolator(), dry_run=False) as (base, _):
+        _, body = post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "format_disk")))
+    assert json.loads(body)["handled"][0]["result"] == "rejected"
+    assert scontrol_calls(slurm) == []
