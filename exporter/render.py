@@ -52,6 +52,10 @@ def registry_for(families: Iterable[Metric]) -> CollectorRegistry:
     return registry
 
 
+# zlib level 1: on the `large` node's 320 KB page it compresses in 1.5 ms instead of 3.5 ms (level 5)
+# for a body 16 % larger (28.6 KB instead of 24.7 KB); both formats are compressed every cycle
+GZIP_LEVEL = 1
+
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
@@ -120,9 +124,9 @@ def render(families: Iterable[Metric]) -> Rendered:
         openmetrics = generate_openmetrics(registry)
     return Rendered(
         text=text,
-        text_gzip=gzip.compress(text, compresslevel=5, mtime=0),
+        text_gzip=gzip.compress(text, compresslevel=GZIP_LEVEL, mtime=0),
         openmetrics=openmetrics,
-        openmetrics_gzip=gzip.compress(openmetrics, compresslevel=5, mtime=0),
+        openmetrics_gzip=gzip.compress(openmetrics, compresslevel=GZIP_LEVEL, mtime=0),
     )
 
 
