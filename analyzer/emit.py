@@ -93,6 +93,34 @@ def context_from_rows(
     return FleetContext(inventory, uuids, windows, mig_now)
 
 
+def context_from_fleet(fleet: Iterable[object], jobs: Iterable[Mapping[str, object]] = ()) -> FleetContext:
+    """A context from inventory objects (`uuid`, `model`, `node` or `instance`, and `index` or
+    `gpu` when known, e.g. the plan's FleetGpu) and profile-table rows."""
+    gpus = [
+        {
+            "uuid": getattr(g, "uuid", ""),
+            "model": getattr(g, "model", ""),
+            "instance": getattr(g, "node", None) or getattr(g, "instance", ""),
+            "gpu": getattr(g, "index", None)
+            if getattr(g, "index", None) is not None
+            else getattr(g, "gpu", None),
+        }
+        for g in fleet
+    ]
+    return context_from_rows(jobs, gpus)
+
+
+def context_from_plan(plan: Plan) -> FleetContext:
+    """The context a plan alone gives (its layout's `node`/`uuid` and its freed GPUs): indices are
+    then assumed, so pass a real context where the inventory is at hand."""
+    gpus = [
+        {"uuid": e.get("uuid", ""), "model": e.get("model", ""), "instance": e.get("node", "")}
+        for e in [*plan.layout, *getattr(plan, "freed", [])]
+        if e.get("uuid")
+    ]
+    return context_from_rows([], gpus)
+
+
 def config_name(prefix: str, host: str) -> str:
     """`prefix-host` as a valid label value (<= 63 characters, letters, digits, '-', '_', '.')."""
     text = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{prefix}-{host}").strip("-_.")
@@ -444,8 +472,13 @@ def _apply_steps(files: Mapping[str, str], mig_names: Mapping[str, str]) -> list
     return steps
 
 
-def emit(plan: Plan, context: FleetContext) -> Emitted:
-    """All configuration files for a plan on the real hosts, changed where a tool needs it, validated."""
+def emit(plan: Plan, context: FleetContext | None = None) -> Emitted:
+    """All configuration files for a plan on the real hosts, changed where a tool needs it, validated.
+
+    Without a context, the plan's own layout names the hosts and GPUs (`context_from_plan`).
+    """
+    if context is None:
+        context = context_from_plan(plan)
     placement = fleet.place(plan.layout, context.inventory, context.job_uuids, context.windows)
     spec, mig_names = mig_parted_spec(placement, set(context.mig_now))
     data, chosen, plugin_adjustments, notes = device_plugin_configs(placement, context.windows)

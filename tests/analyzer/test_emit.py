@@ -268,3 +268,23 @@ def test_a_layout_entry_that_names_its_gpu_lands_on_it():
     entry = {**whole_gpu("w", "x"), "uuid": "GPU-node-7-2"}
     out = em.emit(plan(entry), context({"node-7": 4}, jobs="x"))
     assert "# job x on node-7 /dev/nvidia2: --gres=gpu:" in out.files["gres.conf"]
+
+
+def test_without_a_context_the_plans_own_nodes_are_the_hosts():
+    entry = {**mps_gpu("g", ("a", 50), ("b", 40)), "node": "node-9", "uuid": "GPU-9-0"}
+    out = em.emit(plan(entry))
+    assert "NodeName=node-9 Name=mps Count=100 File=/dev/nvidia0" in out.files["gres.conf"]
+
+
+def test_a_fleet_of_inventory_objects_gives_the_context():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Gpu:
+        uuid: str
+        model: str
+        node: str
+        index: int
+
+    ctx = em.context_from_fleet([Gpu("GPU-1", A100, "n1", 3), Gpu("GPU-2", A100, "n1", 1)])
+    assert [(s.host, s.index, s.uuid) for s in ctx.inventory.gpus] == [("n1", 1, "GPU-2"), ("n1", 3, "GPU-1")]
