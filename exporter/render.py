@@ -85,7 +85,7 @@ def _fast_render(families: list[Metric]) -> tuple[bytes, bytes] | None:
         doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
         text.append(f"# HELP {text_name} {doc}\n# TYPE {text_name} {family.type}\n")
         om_doc = doc.replace('"', r"\"")
-        om.append(f"# HELP {family.name} {om_doc}\n# TYPE {family.name} {family.type}\n")
+        om.append(f"# HELP {family.name} {om_doc}\n# TYPE {family.name} {openmetrics_type(family)}\n")
         checked: frozenset[str] | None = None
         order: list[str] = []
         for sample in family.samples:
@@ -113,15 +113,33 @@ def _fast_render(families: list[Metric]) -> tuple[bytes, bytes] | None:
     return "".join(text).encode("utf-8"), "".join(om).encode("utf-8")
 
 
+def openmetrics_type(family: Metric) -> str:
+    """The family's OpenMetrics type. A counter whose samples lack `_total` (dcgm-exporter's names,
+    kept for compatibility) is not a valid OpenMetrics counter: OpenMetrics requires the suffix,
+    and a strict parser rejects the family ("Clashing name"). It is typed `unknown` there, which
+    keeps the name and the values; the Prometheus text format still says `counter`, as
+    dcgm-exporter does. PromQL treats both alike (rate() works on either)."""
+    if family.type == "counter" and any(not s.name.endswith(("_total", "_created")) for s in family.samples):
+        return "unknown"
+    return family.type
+
+
+def _openmetrics_safe(family: Metric) -> Metric:
+    if openmetrics_type(family) == family.type:
+        return family
+    copy = Metric(family.name, family.documentation, "unknown", family.unit)
+    copy.samples = list(family.samples)
+    return copy
+
+
 def render(families: Iterable[Metric]) -> Rendered:
     family_list = list(families)
     fast = _fast_render(family_list)
     if fast is not None:
         text, openmetrics = fast
     else:
-        registry = registry_for(family_list)
-        text = generate_latest(registry)
-        openmetrics = generate_openmetrics(registry)
+        text = generate_latest(registry_for(family_list))
+        openmetrics = generate_openmetrics(registry_for([_openmetrics_safe(f) for f in family_list]))
     return Rendered(
         text=text,
         text_gzip=gzip.compress(text, compresslevel=GZIP_LEVEL, mtime=0),

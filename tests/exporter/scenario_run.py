@@ -17,7 +17,9 @@ START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 STEP = 5.0
 
 
-def scenario_exposition(name: str, workdir: Path, samples: int = 2, openmetrics: bool = False) -> str:
+def scenario_exposition(
+    name: str, workdir: Path, samples: int = 2, openmetrics: bool = False, compat: str = ""
+) -> str:
     """Exposition after `samples` samples STEP seconds apart (the second gives GPM windows)."""
     dirs = {key: workdir / key for key in ("proc", "pods", "mapping")}
     for path in dirs.values():
@@ -39,6 +41,7 @@ def scenario_exposition(name: str, workdir: Path, samples: int = 2, openmetrics:
         pod_logs_dir=dirs["pods"],
         job_mapping_dir=dirs["mapping"],
         pod_resources_socket=None,
+        compat=compat,
     )
     exporter = Exporter(config, node=node)
     try:

@@ -60,13 +60,31 @@ def test_every_gpu_is_up_and_every_collector_succeeds(scenario: str, tmp_path: P
     assert not failed or down, failed
 
 
+@pytest.mark.parametrize("compat", ["", "dcgm,jobstats"], ids=["native", "compat"])
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_openmetrics_output_parses(scenario: str, tmp_path: Path) -> None:
+def test_openmetrics_output_passes_the_strict_parser(scenario: str, compat: str, tmp_path: Path) -> None:
+    """prometheus_client's OpenMetrics parser rejects what the spec forbids (a counter sample
+    without `_total` is "Clashing name"); every sample of the text format must come through it."""
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
+    from prometheus_client.parser import text_string_to_metric_families as text_families
 
-    text = scenario_exposition(scenario, tmp_path, openmetrics=True)
-    families = list(text_string_to_metric_families(text))
+    om = scenario_exposition(scenario, tmp_path / "om", openmetrics=True, compat=compat)
+    families = list(text_string_to_metric_families(om))
     assert any(f.name == "gpu_up" for f in families)
+    text = scenario_exposition(scenario, tmp_path / "text", compat=compat)
+
+    def names(fams: list) -> list:  # (sample name, labels); the text parser appends _total to counters
+        return sorted(
+            (s.name.removesuffix("_total"), tuple(sorted(s.labels.items()))) for f in fams for s in f.samples
+        )
+
+    volatile = ("gpulens_collector_duration_seconds", "gpulens_sample_duration_seconds")
+    om_samples = [s for s in names(families) if s[0] not in volatile]
+    text_samples = [s for s in names(list(text_families(text))) if s[0] not in volatile]
+    assert om_samples == text_samples
+    if compat:
+        assert any(f.name.startswith("DCGM_FI_") for f in families)
+        assert any(f.name == "nvidia_gpu_jobId" for f in families) == (scenario != "k8s-a100-mixed")
 
 
 def test_docs_metrics_md_lists_every_exported_family() -> None:
