@@ -151,8 +151,8 @@ def test_invalid_scenarios_are_reported_on_one_line(data: Any, message: str) -> 
 
 
 def test_unknown_model_names_the_catalog() -> None:
-    message = error_of({"gpus": [{"model": "V100"}]})
-    assert message.startswith("t.yaml: gpus[0].model: expected a catalog model, found 'V100'")
+    message = error_of({"gpus": [{"model": "K80"}]})
+    assert message.startswith("t.yaml: gpus[0].model: expected a catalog model, found 'K80'")
     assert "H100-80GB" in message
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,39 @@ class _Acc:
             nvlink_tx_bytes_per_second=self.nvlink_tx,
             nvlink_rx_bytes_per_second=self.nvlink_rx,
         )
+
+
+def _container_sums(
+    procs: Iterable[_Proc], r: float, instances: Container[int | None] | None = None
+) -> dict[int | None, _Acc]:
+    """The activity of the processes running at r, summed per container (a GPU instance id, or
+    None on a whole GPU), in process order; with `instances`, only processes in those instances.
+
+    The one summation the whole-GPU, per-instance and DCGM/GPM window readings share; `_snapshot`
+    sums its own samples (smoothed, MPS-aware) the same way before `_gpu_total`.
+    """
+    containers: dict[int | None, _Acc] = {}
+    for proc in procs:
+        spec = proc.spec
+        if spec.start <= r < spec.end and (instances is None or spec.instance in instances):
+            containers.setdefault(spec.instance, _Acc()).add(proc.workload.sample(r - spec.start))
+    return containers
+
+
+def _gpu_total(
+    g: GpuSpec, layout: Sequence[MigInstanceSpec], containers: dict[int | None, _Acc], *, concurrent: bool
+) -> tuple[_Acc, dict[int, _Acc]]:
+    """(the GPU's activity, each instance's) from container sums: a whole GPU clips its one
+    container (MPS clients run concurrently); a MIG GPU adds its instances weighted by SM share."""
+    if g.mig is None:
+        return containers.get(None, _Acc()).finish(concurrent), {}
+    total = _Acc()
+    instances: dict[int, _Acc] = {}
+    for inst in layout:
+        acc = containers.get(inst.gpu_instance_id, _Acc()).finish(False)
+        instances[inst.gpu_instance_id] = acc
+        acc.scaled_into(total, inst.profile.sm_count / g.model.sm_count)
+    return total, instances
 
 
 @dataclass
@@ -656,12 +690,8 @@ class ScenarioNode:
             return self._cached_snapshot(gpu, r).instances.get(gpu_instance_id)  # type: ignore[arg-type]
         if not any(i.gpu_instance_id == gpu_instance_id for i in self._layout(gpu, r)):
             return None
-        acc = _Acc()
-        for proc in procs:  # the order of _alive, so the sums are bit-identical to _snapshot's
-            spec = proc.spec
-            if spec.start <= r < spec.end:
-                acc.add(proc.workload.sample(r - spec.start))
-        return acc.finish(False)
+        # the order of _alive, so the sums are bit-identical to _snapshot's
+        return _container_sums(procs, r).get(gpu_instance_id, _Acc()).finish(False)
 
     def _gpu_activity(self, gpu: int, r: float) -> _Acc:
         """The whole GPU's activity at r: `_snapshot(gpu, r).gpu` without building the per-process
@@ -675,24 +705,10 @@ class ScenarioNode:
         if g.mps is not None:  # the server and client (re)starts: the general path
             return self._cached_snapshot(gpu, r).gpu
         if g.mig is None:
-            acc = _Acc()
-            for proc in procs:
-                spec = proc.spec
-                if spec.start <= r < spec.end:
-                    acc.add(proc.workload.sample(r - spec.start))
-            return acc.finish(False)
+            return _gpu_total(g, (), _container_sums(procs, r), concurrent=False)[0]
         layout = self._layout(gpu, r)
-        ids = {i.gpu_instance_id for i in layout}
-        containers: dict[int | None, _Acc] = {}
-        for proc in procs:
-            spec = proc.spec
-            if spec.start <= r < spec.end and spec.instance in ids:
-                containers.setdefault(spec.instance, _Acc()).add(proc.workload.sample(r - spec.start))
-        gpu_acc = _Acc()
-        for inst in layout:
-            inst_acc = containers.get(inst.gpu_instance_id, _Acc()).finish(False)
-            inst_acc.scaled_into(gpu_acc, inst.profile.sm_count / g.model.sm_count)
-        return gpu_acc
+        containers = _container_sums(procs, r, {i.gpu_instance_id for i in layout})
+        return _gpu_total(g, layout, containers, concurrent=False)[0]
 
     def _snapshot(self, gpu: int, r: float, smooth: bool) -> _Snapshot:
         g = self._gpus[gpu]
@@ -715,19 +731,9 @@ class ScenarioNode:
             sample = run.workload.expected(age) if smooth else run.workload.sample(age)
             running.append(_Running(run.spec, run.pid, sample, run.start_time, run.workload))
             containers.setdefault(run.spec.instance, _Acc()).add(sample)
-        concurrent = g.mps is not None
-        gpu_acc: _Acc
-        instances: dict[int, _Acc] = {}
-        if g.mig is None:
-            gpu_acc = containers.get(None, _Acc()).finish(concurrent)
-            if server is not None:
-                gpu_acc.memory += server.sample.memory
-        else:
-            gpu_acc = _Acc()
-            for inst in layout:
-                acc = containers.get(inst.gpu_instance_id, _Acc()).finish(False)
-                instances[inst.gpu_instance_id] = acc
-                acc.scaled_into(gpu_acc, inst.profile.sm_count / g.model.sm_count)
+        gpu_acc, instances = _gpu_total(g, layout, containers, concurrent=g.mps is not None)
+        if g.mig is None and server is not None:
+            gpu_acc.memory += server.sample.memory
         return _Snapshot(gpu_acc, instances, layout, running, server, faults)
 
     def _power_w(self, g: GpuSpec, acc: _Acc, reasons: int) -> tuple[float, bool]:
