@@ -16,6 +16,8 @@ from typing import Any
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.catalog import CatalogError
 
+DEFAULT_PROM_STEP_S = 60.0  # raw path without --step: the usual scrape interval
+
 PROFILE_TABLE = (
     "job_id",
     "gpu_model",
@@ -77,7 +79,17 @@ def _source_args(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--window", default=None, help="analysis window, e.g. 7d (required with --prometheus)")
     src.add_argument("--end", default=None, help="end of the window: RFC 3339, unix seconds or now")
     src.add_argument(
-        "--step", default="60s", help="PromQL aggregation step (default 60s: the scrape interval)"
+        "--step",
+        default=None,
+        help="PromQL aggregation step (default: the analyzer rules' interval, else 60s, the scrape interval)",
+    )
+    src.add_argument(
+        "--aggregation",
+        choices=("auto", "rules", "raw"),
+        default="auto",
+        help="per-step job aggregates from the analyzer recording rules (alerts/analyzer_rules.yml) when "
+        "they cover the window (auto, the default), only from them (rules), or joined from raw series at "
+        "query time (raw)",
     )
     src.add_argument("--bearer-token-file", help="file holding a bearer token for the API")
     src.add_argument("--basic-auth-user", help="basic auth user name")
@@ -95,7 +107,13 @@ def _source_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _prom_source(args: argparse.Namespace) -> Any:
-    from gpulens.analyzer.sources.prometheus import PromClient, PromConfig, PromSource, default_progress
+    from gpulens.analyzer.sources.prometheus import (
+        Aggregation,
+        PromClient,
+        PromConfig,
+        PromSource,
+        default_progress,
+    )
     from gpulens.analyzer.timeparse import parse_duration, parse_time
 
     if not args.window:
@@ -128,7 +146,9 @@ def _prom_source(args: argparse.Namespace) -> Any:
         client=PromClient(config),
         window_s=parse_duration(args.window, "--window"),
         end=parse_time(args.end),
-        step_s=parse_duration(args.step, "--step"),
+        step_s=parse_duration(args.step, "--step") if args.step else DEFAULT_PROM_STEP_S,
+        step_given=bool(args.step),
+        aggregation=Aggregation(args.aggregation),
         chunk_size=args.chunk_size,
         concurrency=args.concurrency,
         progress=sys.stderr if args.progress else default_progress(),
@@ -155,6 +175,9 @@ def _analysis(args: argparse.Namespace, with_archetypes: bool = True) -> Any:
             "url": args.prometheus,
             "window_s": source.window_s,
             "end": source.end,
+            "aggregation": str(source.used),
+            "aggregation_reason": source.used_reason,
+            "step_s": source.used_step_s,
         }
         return pipeline.analyze_profiles(profiles, th, args.prometheus, meta, with_archetypes)
     window = parse_duration(args.window, "--window") if args.window else None

@@ -16,6 +16,7 @@ redirect to another origin is refused, so the bearer token or basic auth never l
 from __future__ import annotations
 
 import base64
+import enum
 import json
 import math
 import ssl
@@ -23,7 +24,7 @@ import sys
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -33,6 +34,7 @@ from gpulens import httpclient
 from gpulens.analyzer import signals
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.profile import STAT_KEYS, Identity, JobStats, build_profiles, job_kinds
+from gpulens.analyzer.sources import rules
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.catalog import GpuModel
 
@@ -201,16 +203,18 @@ def chunk_jobs(
     return chunks
 
 
-def signal_expr(signal: signals.Signal, regex: str, how: str, uuid_regex: str | None = None) -> str:
+def signal_expr(signal: signals.Signal, regex: str | None, how: str, uuid_regex: str | None = None) -> str:
     """Per-step, per-job aggregate of one signal (mirrors `profile._signal_steps`).
 
+    `regex` selects the jobs; None means every non-system job (the recording rules, `rules.py`).
     `uuid_regex` (the chunk's GPUs) narrows the device side of the join to series that can match:
     the same result, but the store no longer evaluates every GPU of the cluster at every step.
     """
-    sel = f'job_id=~"{regex}"'
+    sel = f'job_id=~"{regex}"' if regex is not None else f'job_source!="{signals.SYSTEM_SOURCE}"'
     dev = f'{{uuid=~"{uuid_regex}"}}' if uuid_regex is not None else ""
     if signal.scope == "job":
-        return f"{how} by (job_id) ({signal.family}{{{sel}}} >= 0)"
+        own = f'{{job_id=~"{regex}"}}' if regex is not None else ""
+        return f"{how} by (job_id) ({signal.family}{own} >= 0)"
     if signal.scope == "gpu_share":
         on_gpus = f',uuid=~"{uuid_regex}"' if uuid_regex is not None else ""
         jobs_on_gpu = f'count by (uuid) (gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"{on_gpus}}})'
@@ -237,6 +241,14 @@ def _by_job(result: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+class Aggregation(enum.StrEnum):
+    """Where the per-step job aggregates come from."""
+
+    AUTO = "auto"  # the recording rules when they cover the window, else raw
+    RULES = "rules"  # `rules.py` series, reduced with *_over_time
+    RAW = "raw"  # joins of raw series evaluated in subqueries at query time
+
+
 @dataclass
 class PromSource:
     """Profiles for `window_s` seconds ending at `end`, aggregated at `step_s` resolution."""
@@ -247,7 +259,13 @@ class PromSource:
     step_s: float
     chunk_size: int = 200
     progress: TextIO | None = None
-    concurrency: int = 4  # chunks queried at once
+    concurrency: int = 4  # chunks (raw) or queries (rules) in flight at once
+    aggregation: Aggregation = Aggregation.AUTO
+    step_given: bool = True  # False: `step_s` is only the default, the rules' interval may replace it
+    log: TextIO | None = field(default_factory=lambda: sys.stderr)  # the one line saying which path ran
+    used: Aggregation | None = None  # the path the last `profiles` call took (RULES or RAW)
+    used_reason: str = ""
+    used_step_s: float = math.nan  # the step the last `profiles` call aggregated at
 
     @property
     def window(self) -> str:
@@ -399,8 +417,216 @@ class PromSource:
 
     def profiles(self, thresholds: Thresholds, gpu_model: GpuModel | None = None) -> pd.DataFrame:
         identity = self.identity()
-        stats = self.stats(identity, thresholds)
-        return build_profiles(identity, stats, self.step_s, thresholds, gpu_model)
+        coverage = self.choose_path()
+        if coverage is not None:
+            stats = RuleStats(self, coverage.interval_s).stats(identity, thresholds)
+            step = coverage.interval_s
+        else:
+            stats = self.stats(identity, thresholds)
+            step = self.step_s
+        self.used_step_s = step
+        return build_profiles(identity, stats, step, thresholds, gpu_model)
+
+    def choose_path(self) -> RuleCoverage | None:
+        """The recording rules' coverage when their path is taken, else None (raw); logs the choice."""
+        coverage: RuleCoverage | None = None
+        if self.aggregation is Aggregation.RAW:
+            reason = "--aggregation raw"
+        else:
+            coverage, reason = rule_coverage(self.client, self.window_s, self.end)
+            if coverage is not None and self.step_given and abs(coverage.interval_s - self.step_s) > 1e-6:
+                reason = (
+                    f"the analyzer rules evaluate every {coverage.interval_s:g} s but --step is "
+                    f"{self.step_s:g} s"
+                )
+                coverage = None
+            if coverage is None and self.aggregation is Aggregation.RULES:
+                raise AnalyzerError(f"{self.client.base}: --aggregation rules: {reason}")
+        self.used = Aggregation.RULES if coverage is not None else Aggregation.RAW
+        self.used_reason = reason
+        if coverage is not None:
+            message = (
+                f"prometheus: reading the analyzer recording rules ({reason}); step {coverage.interval_s:g} s"
+            )
+        else:
+            message = (
+                f"prometheus: joining raw series at query time (slower; {reason}); step {self.step_s:g} s"
+            )
+        if self.log is not None:
+            print(f"gpulens: {message}", file=self.log, flush=True)
+        return coverage
+
+
+@dataclass(frozen=True)
+class RuleCoverage:
+    """The heartbeat of the analyzer rules in a window: first and last evaluation, interval."""
+
+    first: float
+    last: float
+    interval_s: float
+
+
+def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[RuleCoverage | None, str]:
+    """Whether the analyzer rules ran over the whole window (and every job in it), with the reason.
+
+    The heartbeat (`rules.HEARTBEAT`, valued with its evaluation time) gives the first and last
+    evaluation in the window; the interval is the median spacing of two consecutive evaluations
+    (`idelta`, sampled hourly), so a missed evaluation, or a hand-over between two Prometheus
+    evaluating at different offsets, does not change it. The rules cover the window
+    when they ran from its first step to its last, or when no job existed before they started.
+    """
+    hb, w = rules.HEARTBEAT, f"{int(window_s)}s"
+    expr = " or ".join(
+        f'label_replace({e}, "stat", "{stat}", "", "")'
+        for stat, e in (
+            ("first", f"min(min_over_time({hb}[{w}]))"),
+            ("last", f"max(max_over_time({hb}[{w}]))"),
+            ("interval", f"min(quantile_over_time(0.5, idelta({hb}[1h])[{w}:1h]))"),
+        )
+    )
+    values = {item["metric"].get("stat", ""): _value(item) for item in client.query(expr, end)}
+    first, last, interval = (values.get(k, math.nan) for k in ("first", "last", "interval"))
+    if math.isnan(first) or math.isnan(last):
+        return (
+            None,
+            f"no {hb} series in the window: the analyzer rules (alerts/{rules.RULE_FILE}) are not deployed",
+        )
+    if math.isnan(interval) or interval <= 0:
+        return None, f"{hb} has fewer than two evaluations in any hour of the window"
+    interval = float(round(interval))
+    slack = 1.5 * interval
+    if end - last > slack:
+        return None, f"the analyzer rules stopped at {last:.0f}, {end - last:.0f} s before the window's end"
+    start = end - window_s
+    if first - start > slack:
+        # rules deployed inside the window: fine only if no job ran before they started
+        before = first - interval - start
+        jobs = client.query(
+            f'count(last_over_time(gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"}}[{int(before)}s]))',
+            first - interval,
+        )
+        if jobs and _value(jobs[0]) > 0:
+            return None, f"the analyzer rules start at {first:.0f}, after jobs in the window began"
+    return RuleCoverage(first, last, interval), f"heartbeat from {first:.0f} to {last:.0f}"
+
+
+@dataclass
+class RuleStats:
+    """Per-job aggregates from the analyzer's recording rules: `*_over_time` of recorded series.
+
+    A few queries over every job at once (no job matcher, so no chunks): per recorded signal its
+    sample count, which decides each job's signal exactly as the raw path's chain does (the first
+    signal of the job's chain with samples), then the reductions of the signals some job uses.
+    """
+
+    source: PromSource
+    step_s: float
+
+    def _query(self, expr: str) -> dict[str, float]:
+        return {
+            item["metric"].get("job_id", ""): _value(item)
+            for item in self.source.client.query(expr, self.source.end)
+        }
+
+    def stats(self, identity: Identity, thresholds: Thresholds) -> dict[str, JobStats]:
+        w = f"{int(self.source.window_s)}s"
+        sub = f"{w}:{int(self.step_s)}s"
+        idle = thresholds.get("activity", "idle_below")
+        kinds = job_kinds(identity.series)
+        present_kinds = set(kinds.values())
+        tables = (
+            ("activity", signals.ACTIVITY, "avg"),
+            ("memory", signals.MEMORY, "max"),
+            ("dram", signals.DRAM, "avg"),
+            ("tensor", signals.TENSOR, "avg"),
+        )
+        needed = {
+            rules.record_name(signal, how): None
+            for _, table, how in tables
+            for kind in present_kinds
+            for signal in table[kind]
+        }
+        queries: dict[tuple[str, str], str] = {
+            (rules.PRESENCE, "samples"): f"count_over_time({rules.PRESENCE}[{w}])",
+            (rules.PRESENCE, "gpus"): f"max_over_time({rules.PRESENCE}[{w}])",
+            (rules.PRESENCE_TIME, "start"): f"min_over_time({rules.PRESENCE_TIME}[{w}])",
+            (rules.PRESENCE_TIME, "end"): f"max_over_time({rules.PRESENCE_TIME}[{w}])",
+        }
+        queries.update({(name, "count"): f"count_over_time({name}[{w}])" for name in needed})
+        results = self._run(queries)
+        stats: dict[str, JobStats] = {}
+        for job, samples in results[(rules.PRESENCE, "samples")].items():
+            if job in kinds and samples > 0:
+                stats[job] = JobStats(
+                    start=results[(rules.PRESENCE_TIME, "start")].get(job, math.nan),
+                    end=results[(rules.PRESENCE_TIME, "end")].get(job, math.nan),
+                    samples=int(samples),
+                    gpus=int(results[(rules.PRESENCE, "gpus")].get(job, 0)),
+                )
+        # each job's signal per table: the first of its chain with samples (as `_chain`)
+        chosen: dict[tuple[str, str], tuple[str, str]] = {}  # (table, job) -> (signal name, record)
+        for table_name, table, how in tables:
+            for job in stats:
+                for signal in table[kinds[job]]:
+                    name = rules.record_name(signal, how)
+                    if results[(name, "count")].get(job, 0) > 0:
+                        chosen[(table_name, job)] = (signal.name, name)
+                        break
+        reductions = {
+            "activity": {
+                "mean": "avg_over_time({r}[{w}])",
+                "p50": "quantile_over_time(0.5, {r}[{w}])",
+                "p95": "quantile_over_time(0.95, {r}[{w}])",
+                "max": "max_over_time({r}[{w}])",
+                "stddev": "stddev_over_time({r}[{w}])",
+                # last_over_time over one interval takes each evaluation exactly once per step,
+                # whatever the group's evaluation offset and the store's lookback
+                "idle": f"avg_over_time((last_over_time({{r}}[{{i}}]) < bool {idle!r})[{{sub}}])",
+            },
+            "memory": {"max": "max_over_time({r}[{w}])", "p95": "quantile_over_time(0.95, {r}[{w}])"},
+            "dram": {"p95": "quantile_over_time(0.95, {r}[{w}])"},
+            "tensor": {"mean": "avg_over_time({r}[{w}])"},
+        }
+        used = {(t, record) for (t, _), (_, record) in chosen.items()}
+        second = {
+            (record, f"{t}.{stat}"): template.format(r=record, w=w, sub=sub, i=f"{int(self.step_s)}s")
+            for t, record in sorted(used)
+            for stat, template in reductions[t].items()
+        }
+        results.update(self._run(second))
+        for (table_name, job), (signal_name, record) in chosen.items():
+            st = stats[job]
+
+            def get(stat: str, record: str = record, job: str = job, table_name: str = table_name) -> float:
+                return results[(record, f"{table_name}.{stat}")].get(job, math.nan)
+
+            if table_name == "activity":
+                st.activity_signal = signal_name
+                st.activity = {k: get(k) for k in STAT_KEYS if k != "count"}
+                st.activity["count"] = results[(record, "count")][job]
+            elif table_name == "memory":
+                st.memory_signal = signal_name
+                st.memory_peak, st.memory_p95 = get("max"), get("p95")
+            elif table_name == "dram":
+                st.dram_p95 = get("p95")
+            else:
+                st.tensor_mean = get("mean")
+        return dict(sorted(stats.items()))
+
+    def _run(self, queries: dict[tuple[str, str], str]) -> dict[tuple[str, str], dict[str, float]]:
+        """Every query, `concurrency` at a time; per key, job -> value."""
+        out: dict[tuple[str, str], dict[str, float]] = {}
+        with ThreadPoolExecutor(max_workers=max(1, self.source.concurrency)) as pool:
+            futures = {pool.submit(self._query, expr): key for key, expr in queries.items()}
+            try:
+                for future in as_completed(futures):
+                    out[futures[future]] = future.result()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        self.source._say(f"prometheus: {len(queries)} recording-rule queries done")
+        return out
 
 
 def default_progress() -> TextIO | None:

@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 ALERTS_DIR = REPO / "alerts"
 ALERT_RULES = ALERTS_DIR / "gpu_alerts.yml"
 RECORDING_RULES = ALERTS_DIR / "recording_rules.yml"
+ANALYZER_RULES = ALERTS_DIR / "analyzer_rules.yml"  # generated: gpulens.analyzer.sources.rules
 RULE_TESTS = sorted((ALERTS_DIR / "tests").glob("*.yml"))
 RUNBOOKS = ALERTS_DIR / "runbooks"
 ALERTMANAGER_CONFIG = ALERTS_DIR / "alertmanager.yml"
@@ -58,7 +59,7 @@ def alerts() -> list[Rule]:
 
 
 def recordings() -> list[Rule]:
-    return load_rules(RECORDING_RULES)
+    return load_rules(RECORDING_RULES) + load_rules(ANALYZER_RULES)
 
 
 @dataclass(frozen=True)

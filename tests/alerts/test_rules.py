@@ -19,9 +19,10 @@ def _run(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=rulefiles.ALERTS_DIR, capture_output=True, text=True, timeout=120)
 
 
-def test_promtool_check_rules_accepts_both_rule_files():
+def test_promtool_check_rules_accepts_every_rule_file():
     promtool = find_binary("promtool")
-    result = _run(promtool, "check", "rules", str(rulefiles.RECORDING_RULES), str(rulefiles.ALERT_RULES))
+    files = (rulefiles.RECORDING_RULES, rulefiles.ANALYZER_RULES, rulefiles.ALERT_RULES)
+    result = _run(promtool, "check", "rules", *[str(p) for p in files])
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -1,0 +1,134 @@
+"""The analyzer's recording rules: each job's per-step usage, recorded once by Prometheus.
+
+The raw PromQL path (`prometheus.py`) evaluates, at every step of the window, a join of
+`gpu_job_info` with a device family, aggregated per job (`signal_expr`), inside a subquery, once
+per reduction. These rules record exactly that per-step aggregate as it happens, one series per
+job and signal, so the weekly query only reduces stored series with `*_over_time`.
+
+- Every rule expression is `signal_expr` itself (the raw path's inner expression) with the job
+  matcher replaced by "every non-system job": the two paths cannot drift apart, and with the
+  rule interval equal to the analysis step they reduce the very same numbers.
+- One series per (family, scope, per-step aggregation) that any signal chain uses, whatever the
+  job's kind: the analyzer picks the chain's first signal with samples, as the raw path does.
+- `job_id:gpu_job_info:count` (devices per step) and `job_id:gpu_job_info:timestamp_seconds`
+  (the evaluation time) give a job's samples, GPUs, first and last step.
+- `cluster:gpulens_analyzer_rules:timestamp_seconds` is a heartbeat (the evaluation time, with
+  or without jobs): the analyzer reads the rules only when it spans the whole window, and derives
+  the rule interval (= the analysis step) from it. Otherwise it falls back to the raw series.
+
+`alerts/analyzer_rules.yml` is generated from this module (`python -m
+gpulens.analyzer.sources.rules --out alerts/analyzer_rules.yml`); a test keeps it in sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gpulens.analyzer import signals
+
+GROUP = "gpulens.analyzer"
+RULE_FILE = "analyzer_rules.yml"  # in alerts/
+DEFAULT_INTERVAL = "1m"
+HEARTBEAT = "cluster:gpulens_analyzer_rules:timestamp_seconds"
+PRESENCE = "job_id:gpu_job_info:count"
+PRESENCE_TIME = "job_id:gpu_job_info:timestamp_seconds"
+JOBS = f'job_source!="{signals.SYSTEM_SOURCE}"'
+# per-step aggregation of each signal table (profile._chain_steps: activity averaged, memory peaked)
+TABLES: tuple[tuple[dict[str, tuple[signals.Signal, ...]], str], ...] = (
+    (signals.ACTIVITY, "avg"),
+    (signals.MEMORY, "max"),
+    (signals.DRAM, "avg"),
+    (signals.TENSOR, "avg"),
+)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One recorded per-job, per-step series."""
+
+    record: str
+    expr: str
+
+
+def record_name(signal: signals.Signal, how: str) -> str:
+    """`job_id:<family>:<how>` (`<how>_share` for the device value split among the GPU's jobs)."""
+    return (
+        f"job_id:{signal.family}:{how}_share"
+        if signal.scope == "gpu_share"
+        else f"job_id:{signal.family}:{how}"
+    )
+
+
+def signal_rules() -> list[Recorded]:
+    """One rule per distinct (family, scope, aggregation) of the signal tables, in table order."""
+    from gpulens.analyzer.sources.prometheus import signal_expr
+
+    out: dict[str, Recorded] = {}
+    for table, how in TABLES:
+        for chain in table.values():
+            for signal in chain:
+                name = record_name(signal, how)
+                out.setdefault(name, Recorded(name, signal_expr(signal, None, how)))
+    return list(out.values())
+
+
+def all_rules() -> list[Recorded]:
+    presence = f"count by (job_id) (gpu_job_info{{{JOBS}}})"
+    return [
+        Recorded(HEARTBEAT, "vector(time())"),
+        Recorded(PRESENCE, presence),
+        # the data's own timestamp, not the evaluation's: the raw path's steps are the data's
+        Recorded(PRESENCE_TIME, f"max by (job_id) (timestamp(gpu_job_info{{{JOBS}}}))"),
+        *signal_rules(),
+    ]
+
+
+HEADER = """\
+# gpulens analyzer recording rules: each job's usage per step, read by `gpulens recommend / report
+# --prometheus` (docs/analyzer.md, "Recording rules"). Do not edit: generated from the signal table
+# the analyzer's raw PromQL path uses (analyzer/signals.py) by
+#   python -m gpulens.analyzer.sources.rules --out alerts/analyzer_rules.yml [--interval 5m]
+# so the rules and the raw path compute the same per-step numbers.
+#
+# The group interval is the analysis step (the analyzer reads it from the heartbeat): 1m matches
+# the analyzer's default step; 5m stores a fifth of the samples. Every series but the heartbeat
+# carries only the job_id label:
+#   {heartbeat}  the evaluation time, jobs or not
+#   {presence}  devices (GPUs, MIG instances) the job holds
+#   {presence_time}  timestamp of the job's newest gpu_job_info sample
+#   job_id:<family>:avg | :max  mean (activity) / peak (memory) over the job's devices
+#   job_id:<family>:avg_share  the GPU's value divided by the jobs on it (MPS, time-slicing)
+"""
+
+
+def render(interval: str = DEFAULT_INTERVAL) -> str:
+    """The rule file (YAML) with a header; `interval` is the group's evaluation interval."""
+    group = {
+        "name": GROUP,
+        "interval": interval,
+        "rules": [{"record": r.record, "expr": r.expr} for r in all_rules()],
+    }
+    body = yaml.safe_dump({"groups": [group]}, sort_keys=False, width=200)
+    return HEADER.format(heartbeat=HEARTBEAT, presence=PRESENCE, presence_time=PRESENCE_TIME) + "\n" + body
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--interval", default=DEFAULT_INTERVAL, help="group evaluation interval (1m..5m)")
+    parser.add_argument("--out", type=Path, help="write here instead of stdout")
+    args = parser.parse_args(argv)
+    text = render(args.interval)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

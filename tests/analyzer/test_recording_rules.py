@@ -1,0 +1,175 @@
+"""The analyzer's recording rules: generated from the signal table, read instead of raw joins,
+with the same profiles and recommendations as the raw PromQL path on every shipped scenario.
+
+Data: the scenario simulated at the analysis step (`STEP`), backfilled with promtool and served by
+a real Prometheus whose lookback is just under the step (backfilled blocks have no staleness
+markers, and a lookback of a whole step would let every series linger a step). The rules are
+evaluated over it by `promtool tsdb create-blocks-from rules` at their group's own offset within
+each interval, as Prometheus evaluates them live: each evaluation sees its step's samples, as the
+raw path's subquery steps do, so the two paths reduce the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpulens.analyzer.pipeline import analyze_profiles
+from gpulens.analyzer.sources import rules
+from gpulens.analyzer.sources.prometheus import Aggregation, PromClient, PromConfig, PromSource
+from gpulens.cli import main
+from gpulens.devtools.bench import tsdb
+from gpulens.sim.history import simulate
+from gpulens.sim.scenario import list_builtin
+from tests.support.procs import REPO_ROOT, find_binary
+
+STEP = 120.0
+LOOKBACK = "119s999ms"  # just under the step
+START = 1_767_225_600.0  # a multiple of the step
+DURATION = 90 * 60.0
+END = START + DURATION + STEP  # the last step's evaluation lies before the end
+WINDOW = DURATION + 2 * 3600.0  # the whole history, with room on both sides
+RECOMMENDATION = (
+    "recommendation",
+    "mig_profile",
+    "mps_active_thread_percentage",
+    "mps_pinned_memory_limit_bytes",
+)
+
+
+def test_rule_file_is_generated_from_the_signal_table():
+    shipped = (REPO_ROOT / "alerts" / rules.RULE_FILE).read_text()
+    assert shipped == rules.render(), (
+        "run: python -m gpulens.analyzer.sources.rules --out alerts/analyzer_rules.yml"
+    )
+
+
+def test_every_signal_the_analyzer_can_pick_has_a_recorded_series():
+    recorded = {r.record for r in rules.all_rules()}
+    for table, how in rules.TABLES:
+        for chain in table.values():
+            for signal in chain:
+                assert rules.record_name(signal, how) in recorded, signal
+
+
+def test_interval_is_the_groups_evaluation_interval():
+    assert "interval: 5m\n" in rules.render("5m")
+
+
+@dataclass
+class Deployment:
+    """A TSDB with raw samples and, in other directories, rule blocks for all or half of the time."""
+
+    raw: Path
+    rule_blocks: list[Path]
+    late_rule_blocks: list[Path]  # rules that only started halfway through
+
+
+def deploy(tmp: Path, scenario: str, late_rules: bool = False) -> Deployment:
+    find_binary("promtool")
+    simulate(scenario, duration_s=DURATION, out=tmp / "h", step_s=STEP, seed=0, start=START)
+    tsdb.backfill_openmetrics(tmp / "h" / "metrics.om", tmp / "raw")
+    text = rules.render(f"{int(STEP)}s")
+    with tsdb.prometheus(tmp / "raw", LOOKBACK, tmp / "backfill.log", compaction=False) as base:
+        blocks = tsdb.backfill_rules(base, text, START, END, tmp / "rules", STEP)
+        late: list[Path] = []
+        if late_rules:
+            late = tsdb.backfill_rules(base, text, START + DURATION / 2, END, tmp / "late", STEP)
+    return Deployment(tmp / "raw", blocks, late)
+
+
+def with_blocks(deployment: Deployment, blocks: list[Path], out: Path) -> Path:
+    shutil.copytree(deployment.raw, out)
+    for block in blocks:
+        shutil.copytree(block, out / block.name)
+    return out
+
+
+def source(base: str, **kwargs) -> PromSource:
+    return PromSource(PromClient(PromConfig(base)), WINDOW, END, STEP, log=None, **kwargs)
+
+
+def assert_same_profiles(raw: pd.DataFrame, ruled: pd.DataFrame) -> None:
+    a, b = raw.set_index("job_id").sort_index(), ruled.set_index("job_id").sort_index()
+    assert list(a.index) == list(b.index)
+    for column in a.columns:
+        x, y = a[column], b[column]
+        if x.dtype.kind == "f":
+            # a job's first/last step is the data's timestamp seen by the evaluation (within a step)
+            atol = STEP if column in ("start", "end") else 0.0
+            assert np.allclose(x.astype(float), y.astype(float), rtol=1e-9, atol=atol, equal_nan=True), column
+        else:
+            assert list(x.astype(str)) == list(y.astype(str)), column
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", list_builtin())
+def test_rules_and_raw_series_give_the_same_recommendations(tmp_path, th, scenario):
+    deployment = deploy(tmp_path, scenario)
+    db = with_blocks(deployment, deployment.rule_blocks, tmp_path / "db")
+    with tsdb.prometheus(db, LOOKBACK, tmp_path / "prometheus.log", compaction=False) as base:
+        raw_source = source(base, aggregation=Aggregation.RAW)
+        raw = raw_source.profiles(th)
+        auto = source(base, step_given=False)
+        ruled = auto.profiles(th)
+    assert (raw_source.used, auto.used) == (Aggregation.RAW, Aggregation.RULES)
+    assert auto.used_step_s == STEP
+    assert_same_profiles(raw, ruled)
+    by_raw = analyze_profiles(raw, th, "raw", with_archetypes=False)
+    by_rules = analyze_profiles(ruled, th, "rules", with_archetypes=False)
+    assert by_raw.recs[["job_id", *RECOMMENDATION]].equals(by_rules.recs[["job_id", *RECOMMENDATION]])
+    assert by_raw.plan.as_dict() == by_rules.plan.as_dict()
+
+
+@pytest.fixture(scope="module")
+def seed_case(tmp_path_factory) -> Deployment:
+    return deploy(tmp_path_factory.mktemp("seed-case"), "seed-case", late_rules=True)
+
+
+@pytest.mark.slow
+def test_without_the_rules_the_raw_path_is_taken_and_said(tmp_path, th, seed_case, capsys):
+    with tsdb.prometheus(seed_case.raw, LOOKBACK, tmp_path / "prometheus.log", compaction=False) as base:
+        auto = PromSource(PromClient(PromConfig(base)), WINDOW, END, STEP, step_given=False)
+        profiles = auto.profiles(th)
+        forced = ["profile", "--prometheus", base, "--window", f"{int(WINDOW)}s", "--end", str(END)]
+        code = main([*forced, "--aggregation", "rules"])
+    assert auto.used is Aggregation.RAW and auto.used_step_s == STEP  # the default it was given
+    assert len(profiles) == 4
+    err = capsys.readouterr().err.splitlines()
+    assert "joining raw series at query time" in err[0] and rules.HEARTBEAT in err[0]
+    assert code == 2
+    assert len(err) == 2 and err[1].startswith("gpulens: error: ") and "--aggregation rules" in err[1]
+
+
+@pytest.mark.slow
+def test_rules_that_started_after_the_jobs_are_not_used(tmp_path, th, seed_case):
+    db = with_blocks(seed_case, seed_case.late_rule_blocks, tmp_path / "db")
+    with tsdb.prometheus(db, LOOKBACK, tmp_path / "prometheus.log", compaction=False) as base:
+        auto = source(base, step_given=False)
+        auto.profiles(th)
+    assert auto.used is Aggregation.RAW
+    assert "after jobs in the window began" in auto.used_reason
+
+
+@pytest.mark.slow
+def test_a_step_other_than_the_rule_interval_reads_raw_series(tmp_path, th, seed_case, capsys):
+    db = with_blocks(seed_case, seed_case.rule_blocks, tmp_path / "db")
+    with tsdb.prometheus(db, LOOKBACK, tmp_path / "prometheus.log", compaction=False) as base:
+        explicit = source(base, step_given=True)  # STEP itself: the rules' interval, so rules
+        explicit.profiles(th)
+        other = PromSource(PromClient(PromConfig(base)), WINDOW, END, 60.0, log=None)
+        other.profiles(th)
+        args = ["recommend", "--prometheus", base, "--window", f"{int(WINDOW)}s", "--end", str(END)]
+        code = main([*args, "--format", "json"])
+    assert explicit.used is Aggregation.RULES
+    assert other.used is Aggregation.RAW and "every 120 s but --step is 60 s" in other.used_reason
+    assert code == 0
+    out, err = capsys.readouterr()
+    assert "reading the analyzer recording rules" in err and "step 120 s" in err
+    assert {j["recommendation"] for j in json.loads(out)["jobs"]} == {"mps"}
