@@ -344,12 +344,14 @@ def build_plan(recs: pd.DataFrame, th: Thresholds) -> Plan:
     _mig_layouts(bins)
     pinned = recs[on_held & (recs["recommendation"] != "reclaim")]
     kept: dict[str, str] = {}
+    jobs_on: dict[
+        str, list
+    ] = {}  # uuid -> the pinned rows on it, in row order (one pass, not one scan per GPU)
     for row in pinned.itertuples(index=False):
-        for uuid in str(row.uuids).split(","):
-            if uuid:
-                kept[uuid] = str(row.gpu_model)
+        for uuid in dict.fromkeys(u for u in str(row.uuids).split(",") if u):
+            kept[uuid] = str(row.gpu_model)
+            jobs_on.setdefault(uuid, []).append(row)
     for uuid, model in sorted(kept.items()):
-        jobs = pinned[pinned["uuids"].str.contains(uuid, regex=False)]
         gpu = GpuBin(name=f"{model}@{uuid}", model=model, mode="unchanged", original_uuid=uuid)
         gpu.items = [
             Item(
@@ -364,7 +366,7 @@ def build_plan(recs: pd.DataFrame, th: Thresholds) -> Plan:
                 0.0,
                 0.0 if math.isnan(r.gpu_hours_used) else r.gpu_hours_used,
             )
-            for r in jobs.itertuples(index=False)
+            for r in jobs_on[uuid]
         ]
         bins.append(gpu)
     groups = _node_groups([b for b in bins if b.mode != "unchanged"], th)

@@ -31,7 +31,9 @@ Fractions of the GPU compare the basis as measured; headroom is added to limits 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import pandas as pd
 
@@ -93,7 +95,7 @@ def memory_need(peak: float, th: Thresholds) -> float:
     return max(peak * (1 + th.get("headroom", "memory_ratio")), peak + th.get("headroom", "memory_min_bytes"))
 
 
-def confidence(row: pd.Series, th: Thresholds) -> tuple[float, str]:
+def confidence(row: Mapping[str, Any], th: Thresholds) -> tuple[float, str]:
     """From coverage (how much of the lifetime was seen), sample count and variability (CV)."""
     coverage = float(row["coverage"]) if not math.isnan(row["coverage"]) else 0.0
     size = min(1.0, float(row["samples"]) / th.get("confidence", "full_samples"))
@@ -135,7 +137,7 @@ def pinned_limit(need: float) -> int:
 
 
 def _downsize(
-    row: pd.Series, model: GpuModel, need: float, demand_sms: float, fleet: list[GpuModel]
+    row: Mapping[str, Any], model: GpuModel, need: float, demand_sms: float, fleet: list[GpuModel]
 ) -> GpuModel | None:
     smaller = [
         m
@@ -145,7 +147,7 @@ def _downsize(
     return min(smaller, key=lambda m: (m.memory_bytes, m.sm_count)) if smaller else None
 
 
-def recommend_one(row: pd.Series, th: Thresholds, fleet: list[GpuModel]) -> Recommendation:
+def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: list[GpuModel]) -> Recommendation:
     """The decision for one profile row (see the module docstring for the order)."""
     conf, level = confidence(row, th)
     job = str(row["job_id"])
@@ -313,9 +315,10 @@ def fleet_models(profiles: pd.DataFrame) -> list[GpuModel]:
 def recommend(profiles: pd.DataFrame, th: Thresholds, fleet: list[GpuModel] | None = None) -> pd.DataFrame:
     """Profiles joined with one recommendation per job (columns of `Recommendation`, minus numbers)."""
     fleet = fleet_models(profiles) if fleet is None else fleet
-    recs = [recommend_one(row, th, fleet) for _, row in profiles.iterrows()]
-    rec_frame = pd.DataFrame([{k: v for k, v in asdict(r).items() if k != "numbers"} for r in recs])
-    if rec_frame.empty:
-        rec_frame = pd.DataFrame(columns=[f for f in Recommendation.__dataclass_fields__ if f != "numbers"])
+    # plain dict rows and attribute reads, not iterrows / asdict: a Series per row and a deep copy
+    # per recommendation were most of the time for 10,000 jobs
+    recs = [recommend_one(row, th, fleet) for row in profiles.to_dict("records")]
+    columns = [f.name for f in fields(Recommendation) if f.name != "numbers"]
+    rec_frame = pd.DataFrame([{k: getattr(r, k) for k in columns} for r in recs], columns=columns)
     rec_frame["numbers"] = [r.numbers for r in recs]
     return profiles.merge(rec_frame, on="job_id", how="left")
