@@ -166,6 +166,7 @@ def test_prometheus_loads_the_mounted_rule_files_and_the_compose_config():
         assert source is not None and source.is_file(), f"{rule_file} is not mounted from the repository"
     assert {p.name for p in map(lambda r: container_path_to_repo(prometheus, r), config["rule_files"])} == {
         "recording_rules.yml",
+        "analyzer_rules.yml",
         "gpu_alerts.yml",
     }
 
