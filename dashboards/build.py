@@ -19,8 +19,14 @@ from grafanalib.core import Dashboard
 from gpulens.dashboards import exporter, fleet, jobs, node, sharing
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-DEFAULT_JSON_DIR = PACKAGE_DIR / "json"
-DEFAULT_CONFIGMAP = PACKAGE_DIR.parent / "deploy" / "kubernetes" / "dashboards-configmap.yaml"
+# In a source checkout the build refreshes the committed files. Installed from the wheel there is no
+# deploy/ beside the package (and site-packages is no place to write): the defaults are then a
+# directory of the current one, holding the JSON and the ConfigMap.
+KUBERNETES_DIR = PACKAGE_DIR.parent / "deploy" / "kubernetes"
+IN_SOURCE_TREE = KUBERNETES_DIR.is_dir()
+INSTALLED_OUT = Path("gpulens-dashboards")
+DEFAULT_JSON_DIR = PACKAGE_DIR / "json" if IN_SOURCE_TREE else INSTALLED_OUT
+DEFAULT_CONFIGMAP = (KUBERNETES_DIR if IN_SOURCE_TREE else INSTALLED_OUT) / "dashboards-configmap.yaml"
 
 # every dashboard, in the order of the overview -> node -> sharing -> job -> exporter links
 BUILDERS: tuple[Callable[[], Dashboard], ...] = (

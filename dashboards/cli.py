@@ -40,7 +40,8 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def run_build(args: argparse.Namespace) -> int:
     configmap = None if args.no_configmap else args.configmap
-    if configmap is not None and not configmap.parent.is_dir():
+    beside_the_json = configmap is not None and configmap.parent == args.out  # created with it
+    if configmap is not None and not beside_the_json and not configmap.parent.is_dir():
         print(
             f"gpulens dashboards build: {configmap.parent} does not exist; "
             "pass --configmap PATH or --no-configmap",
