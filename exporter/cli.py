@@ -16,6 +16,7 @@ or file prints one line naming it and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -30,6 +31,7 @@ from gpulens import __version__
 from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY
 from gpulens.exporter.config import (
     DEFAULT_LISTEN,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REQUESTS,
     DEFAULT_TELEMETRY_PATH,
     LOG_FORMAT_ALIASES,
@@ -85,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help=f"most scrapes served at once, more get 503 (default {DEFAULT_MAX_REQUESTS}, 0: no limit)",
+    )
+    p.add_argument(
+        "--web.max-connections",
+        dest="max_connections",
+        type=int,
+        metavar="N",
+        help=f"most open connections; beyond it the one idle the longest is closed (default "
+        f"{DEFAULT_MAX_CONNECTIONS}, at most half the open-files limit)",
     )
     p.add_argument("--interval", type=float, metavar="SECONDS", help="sampling interval (default 5)")
     p.add_argument(
@@ -253,6 +263,7 @@ VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("--web.listen-address", "listen", str),
     ("--web.telemetry-path", "telemetry_path", str),
     ("--web.max-requests", "max_requests", int),
+    ("--web.max-connections", "max_connections", int),
     ("--interval", "interval", float),
     ("--nvml.timeout", "nvml_timeout", float),
     ("--simulate", "simulate", str),
@@ -322,10 +333,42 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> E
     return validate(ExporterConfig(**values))
 
 
+class Signals:
+    """SIGTERM, SIGINT and SIGHUP, recorded for the main loop.
+
+    Installed before anything is built, so a signal during start-up (or a SIGHUP at any time) never
+    takes the default action, which would kill the process and leave the simulator's files behind.
+    """
+
+    def __init__(self) -> None:
+        self._received: list[int] = []
+        self._wake = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._record)
+
+    def _record(self, signum: int, _frame: Any) -> None:
+        self._received.append(signum)
+        self._wake.set()
+
+    def next(self) -> int:
+        """Block until a signal arrives and return it (oldest first)."""
+        while not self._received:
+            # a timeout, not a plain wait: the main thread has to wake up to run Python's signal
+            # handlers when the kernel delivered the signal to one of the other threads
+            self._wake.wait(0.5)
+            self._wake.clear()
+        return self._received.pop(0)
+
+
 def run(config: ExporterConfig) -> int:
-    """Start sampling and serve until SIGTERM/SIGINT; with `--simulate`, on a simulated node."""
+    """Start sampling and serve until SIGTERM/SIGINT; with `--simulate`, on a simulated node.
+
+    SIGHUP re-reads `--web.config.file` (as Prometheus' exporters do); a file that no longer loads
+    is one error line and the running configuration stays.
+    """
+    signals = Signals()
     if not config.simulate:
-        return serve(config)
+        return serve(config, signals=signals)
     # the only place the exporter reaches for the simulator (DESIGN section 2: exporter/ holds only
     # what runs on a GPU node); the context manager removes the node and its files on every path
     from gpulens.sim.node import simulated_node
@@ -348,10 +391,10 @@ def run(config: ExporterConfig) -> int:
             job_mapping_dir=config.job_mapping_dir or paths.job_mapping,
             dcgm_bindings=config.dcgm_bindings or sim.dcgm_bindings,
         )
-        return serve(config, node=sim.node)
+        return serve(config, node=sim.node, signals=signals)
 
 
-def serve(config: ExporterConfig, node: Any = None) -> int:
+def serve(config: ExporterConfig, node: Any = None, signals: Signals | None = None) -> int:
     """Sample `node` (simulated) or the real NVML library and serve until SIGTERM/SIGINT."""
     from gpulens.exporter.app import Exporter
     from gpulens.exporter.logging_setup import setup_logging
@@ -359,41 +402,68 @@ def serve(config: ExporterConfig, node: Any = None) -> int:
     from gpulens.exporter.webconfig import WebConfig, load_web_config
 
     log = setup_logging(config.log_level, config.log_format)
+    signals = signals or Signals()
     web = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
     host, port = parse_listen(config.listen)
     exporter = Exporter(config, node=node, logger=log)
     try:
-        server = HttpServer(exporter, host, port, web)
-    except OSError as exc:
+        try:
+            server = HttpServer(
+                exporter,
+                host,
+                port,
+                web,
+                max_requests=config.max_requests,
+                max_connections=config.max_connections,
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"--web.listen-address {config.listen}: cannot listen: {exc.strerror or exc}"
+            ) from exc
+        exporter.start()
+        server.start()
+        log.info(
+            "gpulens-exporter %s listening on %s:%d (%s, interval %gs, collectors: %s, TLS %s, "
+            "basic auth %s, at most %d connections and %s requests at once)",
+            __version__,
+            host or "*",
+            server.port,
+            exporter.backend_name,
+            config.interval,
+            ",".join(exporter.enabled),
+            "on" if web.tls else "off",
+            "on" if web.basic_auth else "off",
+            server.server.max_connections,
+            config.max_requests or "unlimited",
+        )
+        while (signum := signals.next()) == signal.SIGHUP:
+            reload_web_config(server, config, log)
+        log.info("shutting down (%s)", signal.Signals(signum).name)
+        server.stop()
+        return 0
+    finally:
         exporter.close()
-        raise ConfigError(
-            f"--web.listen-address {config.listen}: cannot listen: {exc.strerror or exc}"
-        ) from exc
-    stop = threading.Event()
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    exporter.start()
-    server.start()
+def reload_web_config(server: Any, config: ExporterConfig, log: logging.Logger) -> None:
+    """SIGHUP: re-read --web.config.file; a bad file is one error line and changes nothing."""
+    from gpulens.exporter.webconfig import load_web_config
+
+    if config.web_config_file is None:
+        log.info("SIGHUP: no --web.config.file to reload; ignored")
+        return
+    try:
+        web = load_web_config(config.web_config_file)
+    except ConfigError as exc:
+        log.error("SIGHUP: keeping the previous web configuration: %s", exc)
+        return
+    server.reload(web)
     log.info(
-        "gpulens-exporter %s listening on %s:%d (%s, interval %gs, collectors: %s, TLS %s, basic auth %s)",
-        __version__,
-        host or "*",
-        server.port,
-        exporter.backend_name,
-        config.interval,
-        ",".join(exporter.enabled),
+        "SIGHUP: reloaded --web.config.file %s (TLS %s, basic auth %s)",
+        config.web_config_file,
         "on" if web.tls else "off",
         "on" if web.basic_auth else "off",
     )
-    stop.wait()
-    log.info("shutting down")
-    server.stop()
-    exporter.close()
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,6 +16,7 @@ DEFAULT_PORT = 9842
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
 DEFAULT_TELEMETRY_PATH = "/metrics"
 DEFAULT_MAX_REQUESTS = 40  # exporter-toolkit's default; 0 means no limit
+DEFAULT_MAX_CONNECTIONS = 512  # also capped at half the open-files limit (gpulens.httpd)
 RESERVED_PATHS = ("/", "/-/healthy", "/-/ready")
 LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
 LOG_FORMATS = ("logfmt", "json")
@@ -47,6 +48,7 @@ class ExporterConfig:
     web_config_file: Path | None = None
     telemetry_path: str = DEFAULT_TELEMETRY_PATH
     max_requests: int = DEFAULT_MAX_REQUESTS  # concurrent scrapes served; more get 503 (0: no limit)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # open connections; the oldest idle closed beyond
     collectors: frozenset[str] | None = None  # None: the defaults; empty: only the exporter's own metrics
     processes_max: int = 100
     profiling: str = "auto"
@@ -110,6 +112,8 @@ def validate(config: ExporterConfig) -> ExporterConfig:
     _check_telemetry_path(config.telemetry_path)
     if config.max_requests < 0:
         raise ConfigError(f"--web.max-requests: must be >= 0 (0: no limit), got {config.max_requests}")
+    if config.max_connections < 1:
+        raise ConfigError(f"--web.max-connections: must be >= 1, got {config.max_connections}")
     for flag, patterns in (
         ("--metrics.allow", config.metrics_allow),
         ("--metrics.deny", config.metrics_deny),

@@ -18,6 +18,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from gpulens.httpd.negotiate import Offer, accepts_coding, choose_media
+
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
@@ -148,33 +150,22 @@ def render(families: Iterable[Metric]) -> Rendered:
     )
 
 
+# what /metrics can send, in order of preference on a tie (the text format for */*)
+OFFERS = [
+    Offer("text", "plain", (("version", "0.0.4"),)),
+    Offer("application", "openmetrics-text", (("version", "1.0.0"),)),
+    Offer("application", "openmetrics-text", (("version", "0.0.1"),)),  # the same exposition
+]
+
+
 def wants_openmetrics(accept: str | None) -> bool:
-    """True when the Accept header asks for OpenMetrics 1.0 (or unversioned) with q > 0."""
-    for part in (accept or "").split(","):
-        media, *params = [p.strip() for p in part.split(";")]
-        if media.lower() != "application/openmetrics-text":
-            continue
-        options = dict(p.split("=", 1) for p in params if "=" in p)
-        if options.get("version", "1.0.0") not in ("1.0.0", "0.0.1"):
-            continue
-        try:
-            if float(options.get("q", "1")) <= 0:
-                continue
-        except ValueError:
-            continue
-        return True
-    return False
+    """True when Accept, negotiated per RFC 9110 (q-values, specificity), prefers OpenMetrics.
+
+    When nothing offered is acceptable the text format is sent anyway, as prometheus_client does.
+    """
+    chosen = choose_media(accept, OFFERS)
+    return chosen is not None and chosen.subtype == "openmetrics-text"
 
 
 def accepts_gzip(accept_encoding: str | None) -> bool:
-    for part in (accept_encoding or "").split(","):
-        coding, *params = [p.strip() for p in part.split(";")]
-        if coding.lower() not in ("gzip", "*"):
-            continue
-        q = next((p.split("=", 1)[1] for p in params if p.startswith("q=")), "1")
-        try:
-            if float(q) > 0:
-                return True
-        except ValueError:
-            continue
-    return False
+    return accepts_coding(accept_encoding, "gzip")

@@ -1,22 +1,21 @@
-"""HTTP(S) endpoints: `/` landing page, `/metrics`, `/-/healthy`, `/-/ready`.
+"""HTTP(S) endpoints: `/` landing page, `/metrics` (`--web.telemetry-path`), `/-/healthy`, `/-/ready`.
 
-A threaded `http.server`: each connection has its own thread, and `/metrics` only writes bytes the
-sampler already rendered, so scrapes never wait for NVML. TLS handshakes happen in the connection's
-thread (not in the accept loop), so a slow client cannot stall others.
+Served by `gpulens.httpd` (one event-loop thread, bounded connections and deadlines; its module
+docstring says why no server library is used). `/metrics` writes the bytes the sampler already
+rendered, so a scrape never waits for NVML and costs well under a millisecond of the loop's time.
+Only bcrypt checks that are not cached run on the worker pool, at most `MAX_PENDING_CHECKS` at once,
+so a flood of wrong passwords cannot hold the parallel-request slots that scrapes need.
 """
 
 from __future__ import annotations
 
 import html
 import logging
-import socket
-import ssl
-import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Awaitable
 from typing import Any
 
 from gpulens import __version__
+from gpulens.exporter.config import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUESTS
 from gpulens.exporter.render import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
@@ -24,126 +23,81 @@ from gpulens.exporter.render import (
     wants_openmetrics,
 )
 from gpulens.exporter.webconfig import WebConfig
+from gpulens.httpd.parse import Head
+from gpulens.httpd.server import Limits, Request, Response, Server, text
+
+MAX_PENDING_CHECKS = 4
+UNAUTHORIZED = Response(
+    401, b"Unauthorized\n", headers=(("WWW-Authenticate", 'Basic realm="gpulens-exporter"'),)
+)
+log = logging.getLogger("gpulens.exporter.http")
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+class ExporterApp:
+    """Routes and basic auth; the web config can be swapped at any time (SIGHUP reload)."""
 
-    def __init__(
-        self, address: tuple[str, int], handler: type, tls: ssl.SSLContext | None, family: int
-    ) -> None:
-        self.address_family = family
-        self.tls = tls
-        super().__init__(address, handler)
+    keep_body = False  # GET bodies are read and dropped, never parsed as a request
 
-    def server_bind(self) -> None:
-        if self.address_family == socket.AF_INET6:
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
+    def __init__(self, exporter: Any, web: WebConfig) -> None:
+        self.exporter = exporter
+        self.web = web
+        self._pending_checks = 0
 
-    def get_request(self) -> tuple[socket.socket, Any]:
-        conn, addr = super().get_request()
-        if self.tls is not None:
-            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
-        return conn, addr
+    def check_head(self, head: Head) -> Response | None:
+        if head.method not in ("GET", "HEAD"):
+            return text(501, f"method {head.method} is not served", close=True)
+        return None
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        logging.getLogger("gpulens.exporter.http").debug(
-            "connection from %s failed", client_address, exc_info=True
+    def handle(self, request: Request) -> Response | Awaitable[Response]:
+        auth = self.web.basic_auth
+        if auth is None:
+            return self._route(request)
+        header = request.head.header("authorization")
+        verdict = auth.cached(header)
+        if verdict is None:
+            return self._checked(request, header)
+        return self._route(request) if verdict else UNAUTHORIZED
+
+    async def _checked(self, request: Request, header: str | None) -> Response:
+        auth = self.web.basic_auth
+        if auth is None:
+            return self._route(request)
+        if self._pending_checks >= MAX_PENDING_CHECKS:
+            return text(503, "too many password checks in progress, try again later")
+        self._pending_checks += 1
+        try:
+            ok = await request.run_blocking(auth.verify, header)
+        finally:
+            self._pending_checks -= 1
+        return self._route(request) if ok else UNAUTHORIZED
+
+    def _route(self, request: Request) -> Response:
+        path = request.head.path
+        if path == self.exporter.config.telemetry_path:
+            return self._metrics(request.head)
+        if path == "/":
+            return Response(200, landing_page(self.exporter).encode(), "text/html; charset=utf-8")
+        if path == "/-/healthy":
+            return text(200, "OK")
+        if path == "/-/ready":
+            if self.exporter.current.ready:
+                return text(200, "Ready")
+            return text(503, "Not ready: no sample yet")
+        return text(404, "Not Found")
+
+    def _metrics(self, head: Head) -> Response:
+        rendered = self.exporter.current.rendered
+        openmetrics = wants_openmetrics(head.header("accept"))
+        gzipped = accepts_gzip(head.header("accept-encoding"))
+        headers: tuple[tuple[str, str], ...] = (("Vary", "Accept, Accept-Encoding"),)
+        if gzipped:
+            headers += (("Content-Encoding", "gzip"),)
+        return Response(
+            200,
+            rendered.body(openmetrics, gzipped),
+            OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE,
+            headers,
         )
-
-
-def make_handler(exporter: Any, web: WebConfig) -> type[BaseHTTPRequestHandler]:
-    """A handler class bound to one exporter (its `current` publication) and web config."""
-    log = logging.getLogger("gpulens.exporter.http")
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        # headers and body go out in separate writes; with Nagle on, a keep-alive client's delayed
-        # ACK stalls the body ~40 ms (seen with small gzip bodies)
-        disable_nagle_algorithm = True
-        server_version = f"gpulens-exporter/{__version__}"
-        timeout = 60
-
-        def setup(self) -> None:
-            super().setup()
-            if isinstance(self.connection, ssl.SSLSocket):
-                self.connection.settimeout(10)
-                self.connection.do_handshake()
-                self.connection.settimeout(self.timeout)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("%s %s", self.address_string(), format % args)
-
-        def _send(
-            self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
-        ) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def _authorised(self) -> bool:
-            if web.basic_auth is None or web.basic_auth.check(self.headers.get("Authorization")):
-                return True
-            self._send(
-                401,
-                b"Unauthorized\n",
-                "text/plain; charset=utf-8",
-                {"WWW-Authenticate": 'Basic realm="gpulens-exporter"'},
-            )
-            return False
-
-        def do_GET(self) -> None:
-            if not self._authorised():
-                return
-            path = self.path.split("?", 1)[0]
-            route: Callable[[], None] | None = {
-                exporter.config.telemetry_path: self._metrics,
-                "/": self._landing,
-                "/-/healthy": self._healthy,
-                "/-/ready": self._ready,
-            }.get(path)
-            if route is None:
-                self._send(404, b"Not Found\n", "text/plain; charset=utf-8")
-                return
-            route()
-
-        do_HEAD = do_GET
-
-        def _metrics(self) -> None:
-            rendered = exporter.current.rendered
-            openmetrics = wants_openmetrics(self.headers.get("Accept"))
-            gzipped = accepts_gzip(self.headers.get("Accept-Encoding"))
-            headers = {"Vary": "Accept, Accept-Encoding"}
-            if gzipped:
-                headers["Content-Encoding"] = "gzip"
-            self._send(
-                200,
-                rendered.body(openmetrics, gzipped),
-                OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE,
-                headers,
-            )
-
-        def _healthy(self) -> None:
-            self._send(200, b"OK\n", "text/plain; charset=utf-8")
-
-        def _ready(self) -> None:
-            if exporter.current.ready:
-                self._send(200, b"Ready\n", "text/plain; charset=utf-8")
-            else:
-                self._send(503, b"Not ready: no sample yet\n", "text/plain; charset=utf-8")
-
-        def _landing(self) -> None:
-            self._send(200, landing_page(exporter).encode(), "text/html; charset=utf-8")
-
-    return Handler
 
 
 def landing_page(exporter: Any) -> str:
@@ -181,34 +135,57 @@ def landing_page(exporter: Any) -> str:
 
 
 class HttpServer:
-    """The listening server, run on a background thread (`start`) or in the foreground."""
+    """The listening server, run on a background thread (`start`) or in the foreground.
 
-    def __init__(self, exporter: Any, host: str, port: int, web: WebConfig | None = None) -> None:
-        web = web or WebConfig()
-        tls = web.tls.context() if web.tls is not None else None
-        family = socket.AF_INET6 if (":" in host or host == "") and socket.has_ipv6 else socket.AF_INET
-        bind_host = host or ("::" if family == socket.AF_INET6 else "0.0.0.0")
-        try:
-            self._server = _Server((bind_host, port), make_handler(exporter, web), tls, family)
-        except OSError:
-            if host:
-                raise
-            self._server = _Server(("0.0.0.0", port), make_handler(exporter, web), tls, socket.AF_INET)
-        self._thread: threading.Thread | None = None
+    `reload(web)` swaps the web config (SIGHUP): new connections use its TLS context, every request
+    after the swap its users and headers; connections already open keep their TLS session.
+    """
+
+    def __init__(
+        self,
+        exporter: Any,
+        host: str,
+        port: int,
+        web: WebConfig | None = None,
+        *,
+        max_requests: int = DEFAULT_MAX_REQUESTS,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        limits: Limits | None = None,
+    ) -> None:
+        self.app = ExporterApp(exporter, web or WebConfig())
+        # one worker: bcrypt is CPU-bound by design, checks queue instead of competing for the cores
+        limits = limits or Limits(max_connections=max_connections, max_requests=max_requests, workers=1)
+        self._server = Server(
+            self.app,
+            host,
+            port,
+            limits=limits,
+            tls=lambda: self.app.web.tls_context,
+            extra_headers=lambda: self.app.web.headers,
+            server_name=f"gpulens-exporter/{__version__}",
+            logger=log,
+        )
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.port
+
+    @property
+    def server(self) -> Server:
+        return self._server
+
+    @property
+    def web(self) -> WebConfig:
+        return self.app.web
+
+    def reload(self, web: WebConfig) -> None:
+        self.app.web = web
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="gpulens-http", daemon=True)
-        self._thread.start()
+        self._server.start()
 
     def serve_forever(self) -> None:
         self._server.serve_forever()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._server.stop()

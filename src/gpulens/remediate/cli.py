@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -352,11 +353,19 @@ def run(args: argparse.Namespace) -> int:
         args.breaker_max_nodes,
         args.breaker_window,
     )
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if signum == signal.SIGHUP:
+            log.info("SIGHUP ignored: the receiver has nothing to reload (restart it to re-read secrets)")
+            return
+        log.info("shutting down (%s)", signal.Signals(signum).name)
+        server.request_stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     remediator.reconciler.start(args.reconcile_interval)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     finally:
         remediator.reconciler.stop()
         server.server_close()

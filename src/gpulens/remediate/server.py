@@ -1,13 +1,22 @@
 """HTTP front of the receiver: POST /alerts, GET /metrics, GET /-/healthy, GET /-/state,
-POST /-/breaker/reset. Write endpoints need the caller's credentials; errors are one line."""
+POST /-/breaker/reset, POST /-/return. Write endpoints need the caller's credentials; errors are
+one line.
+
+Served by `gpulens.httpd` (bounded connections, deadlines, strict framing; see its docstring).
+Credentials are checked on the request head, before any body is read, so only an authenticated
+caller can make the receiver buffer a body, and at most `Limits.max_requests` bodies at once.
+Handling a notification (the isolation backends) runs on the server's worker pool.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from gpulens.httpd.parse import Head
+from gpulens.httpd.server import Limits, Request, Response, Server
 from gpulens.remediate.auth import Authenticator
 from gpulens.remediate.payload import PayloadError, parse_webhook
 from gpulens.remediate.service import Remediator
@@ -16,130 +25,149 @@ MAX_BODY = 1 << 20  # Alertmanager notifications are small; refuse anything larg
 # A refused body is still read (and dropped) up to this much, so a client that sends it anyway
 # gets to read the 413 instead of a broken pipe; beyond it the connection is just closed.
 DRAIN_LIMIT = 4 << 20
-DRAIN_SECONDS = 2.0
+LIMITS = Limits(
+    max_connections=256,
+    max_requests=16,
+    max_body=MAX_BODY,
+    drain_limit=DRAIN_LIMIT,
+    workers=8,
+)
+WRITE_PATHS = ("/alerts", "/-/breaker/reset", "/-/return")
+SIZED_PATHS = ("/alerts", "/-/return")  # these read a body
+UNAUTHORIZED_CHALLENGE = (
+    ("WWW-Authenticate", 'Bearer realm="gpulens-remediate", Basic realm="gpulens-remediate"'),
+)
 log = logging.getLogger("gpulens.remediate")
 
 
-class RemediateServer(ThreadingHTTPServer):
-    daemon_threads = True
+def _text(status: int, line: str, close: bool = False) -> Response:
+    headers = UNAUTHORIZED_CHALLENGE if status == HTTPStatus.UNAUTHORIZED else ()
+    return Response(status, (line + "\n").encode(), headers=headers, close=close)
 
-    def __init__(self, address: tuple[str, int], remediator: Remediator, auth: Authenticator) -> None:
-        super().__init__(address, RemediateHandler)
+
+def _json(status: int, doc: object) -> Response:
+    return Response(status, (json.dumps(doc, indent=1) + "\n").encode(), "application/json")
+
+
+class ReceiverApp:
+    keep_body = True
+
+    def __init__(self, remediator: Remediator, auth: Authenticator) -> None:
         self.remediator = remediator
         self.auth = auth
 
+    def _counted(self, head: Head, response: Response) -> Response:
+        if head.path == "/alerts":
+            self.remediator.metrics.requests.labels(code=str(response.status)).inc()
+        return response
 
-class RemediateHandler(BaseHTTPRequestHandler):
-    server: RemediateServer
-    server_version = "gpulens-remediate"
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        if status == HTTPStatus.UNAUTHORIZED:
-            self.send_header(
-                "WWW-Authenticate", 'Bearer realm="gpulens-remediate", Basic realm="gpulens-remediate"'
+    def check_head(self, head: Head) -> Response | None:
+        """Answers that need no body: unknown paths and methods, credentials, missing lengths."""
+        if head.method in ("GET", "HEAD"):
+            return None
+        if head.method in ("PUT", "DELETE", "PATCH"):
+            return self._counted(head, _text(405, "method not allowed"))
+        if head.method != "POST":
+            return self._counted(head, _text(501, f"method {head.method} is not served", close=True))
+        if head.path not in WRITE_PATHS:
+            return _text(404, f"not found: {head.path}")
+        if not self.auth.allows(head.header("authorization")):
+            return self._counted(
+                head, _text(401, "unauthorized: send the shared bearer token or basic auth credentials")
             )
-        self.end_headers()
-        self.wfile.write(body)
-        if self.path.split("?")[0] == "/alerts":
-            self.server.remediator.metrics.requests.labels(code=str(status)).inc()
+        if head.path in SIZED_PATHS:
+            if head.header("content-length") is None:
+                return self._counted(head, _text(411, "Content-Length required"))
+            if head.content_length > MAX_BODY:
+                return self._counted(head, _text(413, f"body larger than {MAX_BODY} bytes", close=True))
+        return None
 
-    def _discard(self, length: int) -> None:
-        """Read and drop a refused body, bounded in size and time (see DRAIN_LIMIT)."""
-        if length > DRAIN_LIMIT:
-            return
-        self.connection.settimeout(DRAIN_SECONDS)
-        try:
-            while length > 0:
-                chunk = self.rfile.read(min(length, 64 << 10))
-                if not chunk:
-                    return
-                length -= len(chunk)
-        except OSError:
-            return
-
-    def _text(self, status: int, line: str) -> None:
-        self._send(status, (line + "\n").encode())
-
-    def _json(self, status: int, doc: object) -> None:
-        self._send(status, (json.dumps(doc, indent=1) + "\n").encode(), "application/json")
-
-    def do_GET(self) -> None:
-        path = self.path.split("?")[0]
+    def handle(self, request: Request) -> Response | Awaitable[Response]:
+        head = request.head
+        if head.method == "POST":
+            return self._post(request)
+        path = head.path
         if path == "/metrics":
-            self._send(200, self.server.remediator.metrics.render(), "text/plain; version=0.0.4")
-        elif path == "/-/healthy":
-            self._text(200, "OK")
-        elif path == "/-/state":
-            self._json(200, self.server.remediator.state())
-        elif path == "/":
-            self._text(
+            return Response(200, self.remediator.metrics.render(), "text/plain; version=0.0.4")
+        if path == "/-/healthy":
+            return _text(200, "OK")
+        if path == "/-/state":
+            return self._state(request)
+        if path == "/":
+            return _text(
                 200, "gpulens remediate: POST Alertmanager webhooks to /alerts; see /-/state and /metrics"
             )
-        else:
-            self._text(404, f"not found: {path}")
+        return _text(404, f"not found: {path}")
 
-    def do_POST(self) -> None:
-        path = self.path.split("?")[0]
-        if path not in ("/alerts", "/-/breaker/reset", "/-/return"):
-            self._text(404, f"not found: {path}")
-            return
-        if not self.server.auth.allows(self.headers.get("Authorization")):
-            self._text(401, "unauthorized: send the shared bearer token or basic auth credentials")
-            return
-        if path == "/-/breaker/reset":
-            self.server.remediator.breaker.reset()
-            log.warning("circuit breaker reset by %s", self.address_string())
-            self._text(200, "circuit breaker closed")
-            return
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            self._text(411, "Content-Length required")
-            return
-        if int(length) > MAX_BODY:
-            self._discard(int(length))
-            self.close_connection = True
-            self._text(413, f"body larger than {MAX_BODY} bytes")
-            return
-        if path == "/-/return":
-            self._return(self.rfile.read(int(length)))
-            return
+    async def _state(self, request: Request) -> Response:
+        return _json(200, await request.run_blocking(self.remediator.state))  # takes the handling lock
+
+    async def _post(self, request: Request) -> Response:
+        head = request.head
+        if head.path == "/-/breaker/reset":
+            await request.run_blocking(self.remediator.breaker.reset)
+            log.warning("circuit breaker reset by %s", request.peer)
+            return _text(200, "circuit breaker closed")
+        if head.path == "/-/return":
+            return await self._return(request)
         try:
-            alerts = parse_webhook(self.rfile.read(int(length)))
+            alerts = parse_webhook(request.body)
         except PayloadError as exc:
-            self._text(400, f"bad payload: {exc}")
-            return
+            return self._counted(head, _text(400, f"bad payload: {exc}"))
         try:
-            records = self.server.remediator.handle(alerts)
+            records = await request.run_blocking(self.remediator.handle, alerts)
         except Exception as exc:  # a bug must answer 500, not drop the connection
             log.exception("handling %d alerts failed", len(alerts))
-            self._text(500, f"internal error: {type(exc).__name__}: {exc}")
-            return
-        self._json(
-            200,
-            {"handled": [{"alertname": r.alertname, "node": r.node, "result": r.result} for r in records]},
-        )
+            return self._counted(head, _text(500, f"internal error: {type(exc).__name__}: {exc}"))
+        doc = {"handled": [{"alertname": r.alertname, "node": r.node, "result": r.result} for r in records]}
+        return self._counted(head, _json(200, doc))
 
-    def _return(self, body: bytes) -> None:
+    async def _return(self, request: Request) -> Response:
         """POST /-/return {"node": ..., "force": false}: what `gpulens remediate return` sends."""
         try:
-            doc = json.loads(body)
+            doc = json.loads(request.body)
             node, force = doc["node"], doc.get("force", False)
             if not isinstance(node, str) or not isinstance(force, bool):
                 raise TypeError
         except (ValueError, KeyError, TypeError, RecursionError):
-            self._text(400, 'bad request: expected {"node": NAME, "force": false}')
-            return
-        outcome = self.server.remediator.return_node(node, force)
-        self._json(200, {"node": node, "result": outcome.result, "detail": outcome.detail})
+            return _text(400, 'bad request: expected {"node": NAME, "force": false}')
+        outcome = await request.run_blocking(self.remediator.return_node, node, force)
+        return _json(200, {"node": node, "result": outcome.result, "detail": outcome.detail})
 
-    def do_PUT(self) -> None:
-        self._text(405, "method not allowed")
 
-    do_DELETE = do_PUT
-    do_PATCH = do_PUT
+class RemediateServer:
+    """The receiver's listener; keeps socketserver's interface (serve_forever, shutdown,
+    server_close, server_address) that the CLI and the tests drive."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        remediator: Remediator,
+        auth: Authenticator,
+        limits: Limits = LIMITS,
+    ) -> None:
+        self.remediator = remediator
+        self.auth = auth
+        self.app = ReceiverApp(remediator, auth)
+        self._server = Server(
+            self.app, address[0], address[1], limits=limits, server_name="gpulens-remediate", logger=log
+        )
+        self.server_address = self._server.address
+
+    @property
+    def server(self) -> Server:
+        return self._server
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until `shutdown()`; `poll_interval` is accepted for socketserver compatibility."""
+        self._server.serve_forever()
+
+    def shutdown(self) -> None:
+        self._server.shutdown()
+
+    def request_stop(self) -> None:
+        """Make `serve_forever` return soon; for signal handlers running on the serving thread."""
+        self._server.request_stop()
+
+    def server_close(self) -> None:
+        self._server.close()
