@@ -3,9 +3,9 @@
 
 The alert and recording rules are written and unit-tested (promtool) once, in `alerts/`; the
 Prometheus Operator wants them wrapped in a `PrometheusRule` object. Generating the wrapper keeps one
-source of truth: `python deploy/kubernetes/generate.py` rewrites it (and the Helm chart's copy of
-the rules, through deploy/helm/generate.py), `--check` fails (exit 1) when the committed file is
-stale, which the tests and CI use.
+source of truth: `python deploy/kubernetes/generate.py` rewrites it, `--check` fails (exit 1) when
+the committed file is stale, which the tests and CI use. Both also cover the Helm chart's copy of
+the rules (through deploy/helm/generate.py), so editing alerts/ needs this one command.
 
 Rule files are every `alerts/*.yml` whose top level has a `groups` list (so `alertmanager.yml` and
 the promtool test files are skipped). Each rule file becomes one PrometheusRule object
@@ -147,16 +147,19 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
+        if args.alerts == REPO / "alerts" and args.output == OUTPUT:
+            return helm_chart_files(["--check"])
         return 0
     args.output.write_text(text)
     print(f"wrote {args.output}")
     if args.alerts == REPO / "alerts" and args.output == OUTPUT:
-        return regenerate_helm_chart_files()
+        return helm_chart_files([])
     return 0
 
 
-def regenerate_helm_chart_files() -> int:
-    """The Helm chart embeds the same rules (deploy/helm/generate.py): refresh them in the same run."""
+def helm_chart_files(argv: list[str]) -> int:
+    """The Helm chart embeds the same rules (deploy/helm/generate.py): refresh (or check) them in the
+    same run, so editing alerts/ needs this one command."""
     path = REPO / "deploy" / "helm" / "generate.py"
     spec = importlib.util.spec_from_file_location("gpulens_helm_generate", path)
     if spec is None or spec.loader is None:
@@ -165,7 +168,7 @@ def regenerate_helm_chart_files() -> int:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
-    return int(module.main([]))
+    return int(module.main(argv))
 
 
 if __name__ == "__main__":
