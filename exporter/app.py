@@ -45,7 +45,7 @@ from gpulens.exporter.collectors import exporter as meta
 from gpulens.exporter.config import ExporterConfig
 from gpulens.exporter.render import Rendered, render
 from gpulens.exporter.sampler import Sampler, SamplerSettings
-from gpulens.exporter.snapshot import Area, AreaTiming, NodeSnapshot
+from gpulens.exporter.snapshot import Area, AreaTiming, NodeSnapshot, sm_figure
 
 SWITCH_INTERVAL = 0.0005  # seconds a thread may hold the GIL while others wait (CPython default 0.005)
 
@@ -163,6 +163,7 @@ class Exporter:
 
         refs: list[ProcessRef] = []
         devices: list[DeviceRef] = []
+        duty: dict[int, float] = {}
         sm_active: dict[tuple[int, int | None], float] = {}
         for gpu in snapshot.gpus:
             if not gpu.up:
@@ -186,14 +187,16 @@ class Exporter:
                         sm_util_ratio=p.sm_util_ratio,
                     )
                 )
-            gpu_sm = dict(gpu.profiling).get("sm", gpu.utilization_ratio)
+            gpu_sm = sm_figure(gpu)
             if gpu_sm is not None:
                 sm_active[(gpu.identity.index, None)] = gpu_sm
+            if gpu.utilization_ratio is not None:
+                duty[gpu.identity.index] = gpu.utilization_ratio
             for m in gpu.mig_instances:
-                mig_sm = dict(m.profiling).get("sm")
+                mig_sm = sm_figure(m)
                 if mig_sm is not None:
                     sm_active[(gpu.identity.index, m.gpu_instance)] = mig_sm
-        usages = self._attributor.attribute(refs, sm_active)
+        usages = self._attributor.attribute(refs, sm_active, duty)
         holders = self._attributor.holders(devices, usages) if self.compat_spec else []
         return usages, "", holders
 

@@ -223,3 +223,13 @@ class NodeSnapshot:
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
+
+
+def sm_figure(sample: GpuSample | MigSample) -> float | None:
+    """The device figure per-job SM shares divide: a GPU's SM activity (`gpu_sm_active_ratio`, from
+    GPM or DCGM), else its NVML utilization (`gpu_utilization_ratio`); a MIG instance's SM activity
+    (`gpu_mig_sm_active_ratio`). None when the device reports neither."""
+    value = dict(sample.profiling).get("sm")
+    if value is None and isinstance(sample, GpuSample):
+        value = sample.utilization_ratio
+    return value

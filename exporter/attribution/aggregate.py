@@ -4,8 +4,11 @@ Kept apart from identity lookup so that the arithmetic rules (sums, sharing mode
 and tested on their own:
 
 * memory of a job = sum of its processes' NVML used memory (None counts as 0);
-* SM utilisation = sum of its processes' per-process SM ratio, capped at 1, None when no process has
-  one; on a MIG instance owned by a single job, the instance's own SM activity;
+* SM utilisation = the job's share of the device's SM figure (shares.py: its processes' per-process
+  SM time over the device's busy time, times the device figure), so jobs plus the unattributed
+  remainder add up to the device; None when no process of the job has a per-process figure; on a
+  MIG instance owned by a single job, the instance's own SM activity; without a device figure, the
+  sum of its processes' per-process SM ratios, capped at 1;
 * sharing per GPU / instance: `mig` on an instance, `mps` when MPS clients run, `time_slicing` when
   more than one job runs, else `exclusive` (the MPS server pseudo-job is not a job here);
 * more than `max_jobs` jobs on one device: the smallest (by memory) are summed into `job_id="other"`.
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 
 from gpulens.exporter.attribution.labels import sanitize_label_value
 from gpulens.exporter.attribution.model import JobIdentity, JobUsage, ProcessRef
+from gpulens.exporter.attribution.shares import sm_shares
 
 SOURCE_SYSTEM = "system"
 SOURCE_UNKNOWN = "unknown"
@@ -62,6 +66,10 @@ class _JobAccumulator:
 
     def sm_ratio(self) -> float | None:
         return min(sum(self.sm_values), 1.0) if self.sm_values else None
+
+    def sm_weight(self) -> float | None:
+        """The job's summed per-process SM time (uncapped), None when no process reports one."""
+        return sum(self.sm_values) if self.sm_values else None
 
 
 def _merge_field(values: Sequence[str]) -> str:
@@ -126,8 +134,14 @@ def aggregate(
     pairs: Sequence[tuple[ProcessRef, JobIdentity]],
     instance_sm_active: Mapping[tuple[int, int | None], float],
     max_jobs: int,
+    device_duty: Mapping[int, float] | None = None,
 ) -> tuple[list[JobUsage], list[DeviceOverflow]]:
-    """Per (GPU, GPU instance, job) usage, sorted by GPU, instance, job id."""
+    """Per (GPU, GPU instance, job) usage, sorted by GPU, instance, job id.
+
+    `instance_sm_active[(gpu, gi)]` is the device's SM figure (a GPU's SM activity, else its
+    utilization; an instance's SM activity) that the jobs' SM shares divide; `device_duty[gpu]` the
+    GPU's NVML utilization, the scale of the per-process figures (shares.py)."""
+    duty = device_duty or {}
     devices: dict[tuple[int, int | None], dict[str, _JobAccumulator]] = {}
     uuids: dict[int, str] = {}
     for proc, identity in pairs:
@@ -147,9 +161,14 @@ def aggregate(
             identities[OTHER_JOB_ID] = merge_identities(capped[OTHER_JOB_ID].identities)
         owners = [job_id for job_id, ident in identities.items() if ident.source != SOURCE_SYSTEM]
         instance_value = instance_sm_active.get((gpu, gi)) if gi is not None and len(owners) == 1 else None
+        figure = instance_sm_active.get((gpu, gi))
+        shares = None
+        if figure is not None and instance_value is None:  # a lone MIG owner takes the instance's figure
+            weights = {job_id: acc.sm_weight() for job_id, acc in capped.items()}
+            shares = sm_shares(weights, figure, duty.get(gpu) if gi is None else None)
         for job_id in sorted(capped):
             acc, identity = capped[job_id], identities[job_id]
-            sm = acc.sm_ratio()
+            sm = acc.sm_ratio() if shares is None else shares[job_id]
             if instance_value is not None:
                 sm = min(max(float(instance_value), 0.0), 1.0) if identity.source != SOURCE_SYSTEM else None
             usages.append(

@@ -204,6 +204,7 @@ class Attributor:
         self,
         processes: Sequence[ProcessRef],
         instance_sm_active: Mapping[tuple[int, int | None], float] = _EMPTY,
+        device_duty: Mapping[int, float] | None = None,
     ) -> list[JobUsage]:
         """Per-job usage for this sample's processes (jobs with no process left are simply absent)."""
         unique = dedupe_processes(processes)
@@ -237,7 +238,7 @@ class Attributor:
                 "they count as 0 bytes",
                 gpu,
             )
-        usages, overflows = aggregate(pairs, instance_sm_active, self._max_jobs)
+        usages, overflows = aggregate(pairs, instance_sm_active, self._max_jobs, device_duty)
         for overflow in overflows:
             where = f"GPU {overflow.gpu}" + (
                 f" instance {overflow.gpu_instance}" if overflow.gpu_instance is not None else ""

@@ -2,6 +2,9 @@
 
 Jobs are keyed by (GPU, GPU instance, job id). `gpu_instance` is empty on GPUs without MIG. The
 values of `gpu_job_memory_used_bytes` on a GPU add up to the memory NVML reports for its processes.
+`gpu_job_sm_utilization_ratio` is each job's share of the device's SM figure (attribution/shares.py)
+and `gpu_job_sm_unattributed_ratio` the rest, so the two add up to `snapshot.sm_figure` of every GPU
+(every MIG instance on a MIG GPU); the remainder is left out when attribution failed this sample.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from gpulens.exporter.collectors.base import GPU_LABELS, CollectorOptions, CollectorSpec, gauge, non_empty
-from gpulens.exporter.snapshot import Area, NodeSnapshot
+from gpulens.exporter.snapshot import Area, NodeSnapshot, sm_figure
 
 USAGE_LABELS = [*GPU_LABELS, "gpu_instance", "job_id"]
 
@@ -40,8 +43,15 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     )
     sm = gauge(
         "gpu_job_sm_utilization_ratio",
-        "SM utilization of the job (NVML process utilization summed; on MIG the instance's SM activity).",
+        "The job's share of the device's SM figure (gpu_sm_active_ratio, else gpu_utilization_ratio; on"
+        " MIG gpu_mig_sm_active_ratio), split by the processes' NVML utilization.",
         USAGE_LABELS,
+    )
+    unattributed = gauge(
+        "gpu_job_sm_unattributed_ratio",
+        "The part of the device's SM figure no job's processes account for: with the jobs'"
+        " gpu_job_sm_utilization_ratio it adds up to the figure.",
+        [*GPU_LABELS, "gpu_instance"],
     )
     procs = gauge("gpu_job_processes", "Processes of the job on the GPU or MIG instance.", USAGE_LABELS)
     usage: dict[tuple[str, ...], list[float | None]] = {}
@@ -76,7 +86,21 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         if ratio is not None:
             sm.add_metric(labels, ratio)
         procs.add_metric(labels, float(count or 0))
-    yield from non_empty(info, mem, sm, procs)
+    shared: dict[tuple[str, str], float] = {}
+    for (gpu, _uuid, gi, _job), (_mem, ratio, _count) in usage.items():
+        shared[(gpu, gi)] = shared.get((gpu, gi), 0.0) + float(ratio or 0.0)
+    for gpu_sample in snapshot.gpus if not snapshot.jobs_error else ():
+        if not gpu_sample.up:
+            continue
+        ident = gpu_sample.identity
+        devices = [(str(m.gpu_instance), sm_figure(m)) for m in gpu_sample.mig_instances] or [
+            ("", sm_figure(gpu_sample))
+        ]
+        for gi, figure in devices:
+            if figure is not None:
+                rest = max(0.0, min(figure, 1.0) - shared.get((str(ident.index), gi), 0.0))
+                unattributed.add_metric([str(ident.index), ident.uuid, gi], rest)
+    yield from non_empty(info, mem, sm, procs, unattributed)
 
 
 SPEC = CollectorSpec(Area.JOBS, True, "per-job identity, memory, SM utilization and process count", collect)

@@ -237,7 +237,7 @@ def test_job_sm_utilization_with_the_default_collectors(node: StaticNode) -> Non
         text = text_of(exporter)
     finally:
         exporter.close()
-    assert value(text, "gpu_job_sm_utilization_ratio", gpu="2") == 0.37  # per-process utilization
+    assert value(text, "gpu_job_sm_utilization_ratio", gpu="2") == 0.37  # an exclusive job: the whole figure
 
 
 def test_profiling_family_names_follow_the_contract(exporter: Exporter, node: StaticNode) -> None:

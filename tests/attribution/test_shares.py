@@ -1,0 +1,48 @@
+"""Per-job SM figures are shares of the device's figure: the jobs plus the remainder add up to it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpulens.exporter.attribution.shares import remainder, sm_shares
+
+_weights = st.dictionaries(st.sampled_from("abcdef"), st.one_of(st.none(), st.floats(0, 1.5)), max_size=6)
+_ratio = st.floats(0, 1)
+
+
+@given(_weights, _ratio, st.one_of(st.none(), _ratio))
+def test_shares_and_remainder_add_up_to_the_device_figure(weights, device, duty) -> None:  # type: ignore[no-untyped-def]
+    shares = sm_shares(weights, device, duty)
+    known = [s for s in shares.values() if s is not None]
+    assert all(s >= 0 for s in known)
+    assert sum(known) + remainder(device, shares) == pytest.approx(device, abs=1e-9)
+    assert {k for k, s in shares.items() if s is None} == {k for k, w in weights.items() if w is None}
+
+
+@given(_weights, _ratio, st.one_of(st.none(), _ratio))
+def test_shares_keep_the_jobs_order(weights, device, duty) -> None:  # type: ignore[no-untyped-def]
+    shares = sm_shares(weights, device, duty)
+    known = [(w, shares[k]) for k, w in weights.items() if w is not None]
+    for w1, s1 in known:
+        for w2, s2 in known:
+            if w1 < w2:
+                assert s1 <= s2  # type: ignore[operator]
+
+
+def test_overlapping_mps_clients_are_scaled_down_to_the_device() -> None:
+    # dgx-h100 GPU 2: clients' per-process times sum past the device's busy time
+    shares = sm_shares({"a": 0.7, "b": 0.5, "c": 0.34}, device=0.88, duty=0.9)
+    assert sum(shares.values()) == pytest.approx(0.88)  # type: ignore[arg-type]
+    assert shares["a"] == pytest.approx(0.88 * 0.7 / 1.54)
+
+
+def test_processes_that_account_for_part_of_the_busy_time_leave_a_remainder() -> None:
+    shares = sm_shares({"a": 0.2, "b": 0.2}, device=0.6, duty=0.8)
+    assert shares == {"a": pytest.approx(0.15), "b": pytest.approx(0.15)}
+    assert remainder(0.6, shares) == pytest.approx(0.3)
+
+
+def test_an_exclusive_job_gets_the_whole_device_figure() -> None:
+    assert sm_shares({"a": 0.9}, device=0.55, duty=0.9) == {"a": pytest.approx(0.55)}
