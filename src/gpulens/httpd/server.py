@@ -55,6 +55,7 @@ T = TypeVar("T")
 RECV_SIZE = 64 << 10
 ACCEPT_BATCH = 64
 LINGER_SECONDS = 1.0
+HEARTBEAT_SECONDS = 0.5
 # accept(2) errors that mean "out of descriptors or memory": retrying at once would spin
 _EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 # descriptors left to the rest of the process (files, NVML, sockets of its own clients)
@@ -206,6 +207,7 @@ class Server:
         self._backoff = 0.0
         self._accepting = False
         self._last_exhausted_log = -1e9
+        self._last_evicted_log = -1e9
         self._dates = _DateCache()
         self._started = threading.Event()
         self._finished = threading.Event()
@@ -222,6 +224,7 @@ class Server:
         self._finished.clear()
         try:
             self._resume_accept()
+            self._heartbeat()
             self._started.set()
             loop.run_forever()
         finally:
@@ -237,6 +240,16 @@ class Server:
             loop.close()
             self._loop = None
             self._finished.set()
+
+    def _heartbeat(self) -> None:
+        """Wake the loop twice a second even when idle.
+
+        When the loop runs on the main thread (the receiver), Python runs signal handlers only
+        there, and a signal the kernel delivered to another thread does not interrupt epoll_wait:
+        without a wake-up, SIGTERM could wait for the next connection.
+        """
+        assert self._loop is not None
+        self._loop.call_later(HEARTBEAT_SECONDS, self._heartbeat)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve_forever, name=self.server_name, daemon=True)
@@ -346,6 +359,16 @@ class Server:
         conn, _ = idle.popitem(last=False)
         self.stats.evicted += 1
         conn.abort()
+        now = time.monotonic()
+        if now - self._last_evicted_log >= 60:  # an attack is one line a minute, not one per socket
+            self.log.warning(
+                "%s:%d: %d connections open (limit %d): closing the oldest idle ones; %d closed so far",
+                *self.address,
+                len(self._conns) + 1,
+                self.max_connections,
+                self.stats.evicted,
+            )
+            self._last_evicted_log = now
         return True
 
     def open_connections(self) -> int:
