@@ -256,9 +256,14 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 @_guard
 def cmd_report(args: argparse.Namespace) -> int:
     from gpulens.analyzer.report import write_report
+    from gpulens.analyzer.report_model import parse_prices
 
+    try:
+        prices = parse_prices(args.gpu_price)
+    except ValueError as exc:
+        raise AnalyzerError(str(exc)) from exc
     analysis = _analysis(args)
-    written = write_report(analysis, args.out)
+    written = write_report(analysis, args.out, prices)
     if args.textfile:
         from gpulens.analyzer.publish import write_textfile
 
@@ -318,6 +323,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _source_args(p)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--textfile", metavar="FILE", help="also write recommendations as Prometheus text")
+    p.add_argument(
+        "--gpu-price",
+        action="append",
+        metavar="MODEL=PRICE",
+        help="price per GPU-hour of a model for the cost recovered (repeatable; default=PRICE for the "
+        "rest; without any, 2.00 is assumed and the report says so)",
+    )
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser("import-trace", help="convert a public GPU trace into a history")

@@ -287,6 +287,8 @@ def place(
                     f"no {model} GPU of the fleet is left for this planned GPU: its jobs stay where they are",
                 )
             )
+            for slot in sorted({s for s in current if s in free[s.host]}, key=lambda s: (s.host, s.index)):
+                take(slot, {**entry, "sharing": "unchanged", "uuid": slot.uuid}, Family.UNCHANGED)
             continue
 
         def rank(host: str, fam: Family = family, near: Counter[str] = preferred) -> tuple:

@@ -1,8 +1,11 @@
-"""The weekly report: one self-contained HTML file, a Markdown summary, CSV and JSON of every job.
+"""The weekly report: one self-contained HTML file an SRE reads in two minutes, a Markdown summary,
+CSV and JSON of every job, the plan and the emitted configuration.
 
-Header numbers come first (GPU-hours allocated / used / idle, GPUs that could be freed, top
-actions) because that is what a reader acts on; plots (PNG, base64-embedded so the HTML travels
-as one file) and the per-job table follow.
+Order is what a reader acts on (`report_model`): the first screen holds the window, GPUs
+reclaimable now and where, GPU-hours and cost recovered, energy per team and the ranked actions
+(current -> proposed); then what emit changed for the tools, the layout per host now and
+proposed, how to apply each file, plots labelled with the signal they show, and every job in
+a collapsible table. Human units throughout (`units`): GiB, %, hours, never 3.3e+10.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import base64
 import html
 import io
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import matplotlib
@@ -19,26 +23,39 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from gpulens.analyzer import units
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.pipeline import Analysis, jsonable
+from gpulens.analyzer.report_model import Prices, ReportModel, build
+from gpulens.analyzer.signals import DUTY_CYCLE
 
-TABLE_COLUMNS = (
-    "job_id",
-    "team",
-    "gpu_model",
-    "gpus",
-    "sharing",
-    "sm_active_mean",
-    "sm_active_p95",
-    "idle_fraction",
-    "memory_peak_bytes",
-    "gpu_hours_allocated",
-    "gpu_hours_idle",
-    "recommendation",
-    "mig_profile",
-    "confidence",
-    "reason",
-)
+CSS = """
+body{font-family:system-ui,sans-serif;max-width:1180px;margin:1.2em auto;padding:0 1em;color:#1d2330}
+h1{font-size:1.5em;margin:.2em 0}h2{font-size:1.15em;margin:1.4em 0 .4em;border-bottom:1px solid #dde}
+.sub{color:#556;margin:0 0 .8em}
+.kpis{display:grid;grid-template-columns:repeat(auto-fit,minmax(200px,1fr));gap:.6em}
+.kpi{background:#f3f5fa;border-radius:6px;padding:.5em .8em}.kpi b{font-size:1.5em;display:block}
+.kpi small{color:#556}
+table{border-collapse:collapse;width:100%;font-size:13px;table-layout:auto}
+td,th{border:1px solid #d5d9e2;padding:3px 6px;vertical-align:top;text-align:left}
+th{background:#eef1f7}td.num{text-align:right;white-space:nowrap}
+td.wrap{white-space:normal;overflow-wrap:anywhere;min-width:14em}
+table.jobs{table-layout:fixed;font-size:11.5px}table.jobs td{overflow-wrap:anywhere;min-width:0}
+table.jobs td.num{white-space:normal}
+.flag{background:#ffe7c2;border-radius:3px;padding:0 4px;font-size:12px;white-space:nowrap}
+.free{color:#2e7d32;font-weight:600}
+code{background:#f3f5fa;padding:1px 4px;border-radius:3px;overflow-wrap:anywhere}
+details summary{cursor:pointer;font-weight:600;margin:.6em 0}
+.plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:.6em}
+img{max-width:100%}
+"""
+
+SM_ACTIVITY = "SM activity (DCGM / NVML GPM)"
+DUTY = "duty cycle (GPU-Util: share of time a kernel ran)"
+
+
+def _e(value: object) -> str:
+    return html.escape("" if value is None else str(value))
 
 
 def _png(fig: plt.Figure) -> str:
@@ -48,10 +65,23 @@ def _png(fig: plt.Figure) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def signal_label(recs: pd.DataFrame) -> str:
+    """What the activity numbers are: SM activity, or the coarser duty cycle (`signals.DUTY_CYCLE`)."""
+    found = {str(s) for s in recs.get("activity_signal", pd.Series(dtype=str)).dropna()} - {"none"}
+    if not found:
+        return "activity"
+    duty = {s for s in found if s in DUTY_CYCLE}
+    if not duty:
+        return SM_ACTIVITY
+    if duty == found:
+        return DUTY
+    return "SM activity or duty cycle (per job: see the signal column)"
+
+
 def plot_utilization(recs: pd.DataFrame) -> str:
+    label = signal_label(recs)
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    data = recs["sm_active_mean"].dropna() * 100
-    ax.hist(data, bins=20, range=(0, 100), color="#4c72b0", label="mean")
+    ax.hist(recs["sm_active_mean"].dropna() * 100, bins=20, range=(0, 100), color="#4c72b0", label="mean")
     ax.hist(
         recs["sm_active_p95"].dropna() * 100,
         bins=20,
@@ -60,9 +90,9 @@ def plot_utilization(recs: pd.DataFrame) -> str:
         color="#dd8452",
         label="p95",
     )
-    ax.set_xlabel("SM activity per job (%)")
+    ax.set_xlabel(f"{label} per job (%)")
     ax.set_ylabel("jobs")
-    ax.set_title("Utilisation distribution")
+    ax.set_title(f"Jobs by {label}")
     ax.legend()
     return _png(fig)
 
@@ -72,7 +102,7 @@ def plot_waste(recs: pd.DataFrame) -> str:
     fig, ax = plt.subplots(figsize=(6, 0.35 * max(3, len(by_team)) + 1))
     ax.barh(by_team.index.astype(str), by_team.to_numpy(), color="#c44e52")
     ax.set_xlabel("GPU-hours allocated but idle")
-    ax.set_title("GPU-hours wasted by team / user")
+    ax.set_title("Idle GPU-hours by team / user")
     return _png(fig)
 
 
@@ -82,11 +112,11 @@ def plot_packing(analysis: Analysis) -> str:
     after = [analysis.plan.by_model[m]["gpus_after"] for m in models]
     fig, ax = plt.subplots(figsize=(6, 3.2))
     x = range(len(models))
-    ax.bar([i - 0.2 for i in x], before, width=0.4, label="before", color="#8c8c8c")
-    ax.bar([i + 0.2 for i in x], after, width=0.4, label="after", color="#55a868")
+    ax.bar([i - 0.2 for i in x], before, width=0.4, label="now", color="#8c8c8c")
+    ax.bar([i + 0.2 for i in x], after, width=0.4, label="proposed", color="#55a868")
     ax.set_xticks(list(x), models, rotation=15)
     ax.set_ylabel("GPUs")
-    ax.set_title("GPUs before / after packing")
+    ax.set_title("GPUs per model, now and proposed")
     ax.legend()
     return _png(fig)
 
@@ -98,7 +128,7 @@ def plot_archetypes(analysis: Analysis) -> str | None:
     recs = analysis.recs.set_index("job_id")
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for name in sorted(set(arch.labels)):
-        jobs = arch.labels[arch.labels == name].index
+        jobs = [j for j in arch.labels[arch.labels == name].index if j in recs.index]
         sub = recs.loc[jobs]
         ax.scatter(
             sub["sm_active_mean"] * 100,
@@ -106,132 +136,302 @@ def plot_archetypes(analysis: Analysis) -> str | None:
             s=14,
             label=name,
         )
-    ax.set_xlabel("mean SM activity (%)")
-    ax.set_ylabel("peak memory (% of device)")
+    ax.set_xlabel(f"mean {signal_label(analysis.recs)} (%)")
+    ax.set_ylabel("peak memory (% of the GPU)")
     ax.set_title("Workload archetypes")
     ax.legend(fontsize=7)
     return _png(fig)
 
 
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        if value != value:
-            return ""
-        return f"{value:.3g}" if abs(value) < 1e6 else f"{value:.3e}"
-    return "" if value is None else str(value)
-
-
-def markdown(analysis: Analysis) -> str:
-    h = analysis.headline()
-    lines = [f"# GPU rightsizing report ({analysis.kind})", "", f"Source: `{analysis.source}`", ""]
-    if analysis.kind == "usage":
-        lines += [
-            f"- **GPU-hours**: {h['gpu_hours_allocated']:.1f} allocated, {h['gpu_hours_used']:.1f} used, "
-            f"**{h['gpu_hours_idle']:.1f} idle**",
-            (
-                f"- **GPUs that could be freed**: {h['gpus_freed']} ({h['gpus_before']} -> {h['gpus_after']})"
-                if h["gpus_freed"] >= 0
-                else f"- **More GPUs needed**: {-h['gpus_freed']} ({h['gpus_before']} -> {h['gpus_after']}): "
-                "slices or GPUs are too small for the observed demand"
-            ),
-            f"- Utilisation: {100 * h['utilization_before']:.1f} % now, "
-            f"{100 * h['utilization_after']:.1f} % projected after consolidation",
-        ]
-    else:
-        lines += [
-            f"- Requests only: {h['jobs']} pods asking for {h['gpus_requested']:.1f} GPUs",
-            f"- **GPUs that could be freed** by packing fractional requests: {h['gpus_freed']} "
-            f"({h['gpus_before']} -> {h['gpus_after']})",
-        ]
-    counts = analysis.recs["recommendation"].value_counts()
-    lines += ["", "## Recommendations", ""] + [f"- {k}: {v}" for k, v in counts.items()]
-    actions = analysis.top_actions()
-    if actions:
-        lines += [
-            "",
-            "## Top actions",
-            "",
-            "| job | team | action | idle GPU-h | why |",
-            "|---|---|---|---|---|",
-        ]
-        for a in actions:
-            action = a["recommendation"] + (f" {a['detail']}" if a["detail"] else "")
-            lines.append(
-                f"| {a['job_id']} | {a['team']} | {action} | {a['gpu_hours_idle']:.1f} | {a['reason']} |"
-            )
-    if analysis.archetypes is not None:
-        lines += ["", "## Archetypes", ""]
-        if analysis.archetypes.skipped_reason:
-            lines.append(analysis.archetypes.skipped_reason)
-        for row in analysis.archetypes.summary.itertuples(index=False):
-            lines.append(f"- {row.archetype}: {row.jobs} jobs, {row.gpu_hours:.1f} GPU-hours")
-    if analysis.plan.notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in analysis.plan.notes]
-    if analysis.emitted and analysis.emitted.notes:
-        lines += [f"- {n}" for n in analysis.emitted.notes]
-    return "\n".join(lines) + "\n"
-
-
-def html_report(analysis: Analysis) -> str:
-    h = analysis.headline()
+def _where(model: ReportModel) -> str:
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>gpulens rightsizing report</title>",
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
-        ".kpi{display:inline-block;margin:0 1.5em 1em 0}.kpi b{font-size:1.6em;display:block}"
-        "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 5px}"
-        "img{max-width:100%}</style></head><body>",
-        f"<h1>GPU rightsizing report</h1><p>Source: <code>{html.escape(analysis.source)}</code></p>",
-        "<div>",
+        f"{host}: GPU {', '.join(str(i) for i in idx)}" for host, idx in sorted(model.reclaimable.items())
     ]
-    for key, value in h.items():
-        shown = f"{100 * value:.1f} %" if key.startswith("utilization") else f"{value:g}"
+    return "; ".join(parts) if parts else "none"
+
+
+def _action_text(action: dict) -> str:
+    if action.get("change"):
+        return str(action["change"])
+    detail = f" {action['detail']}" if action.get("detail") else ""
+    return f"{action.get('recommendation', '')}{detail}"
+
+
+def _table(headers: Iterable[str], rows: Iterable[Iterable[tuple[str, str]]], css: str = "") -> str:
+    """rows of (css class, already-escaped html) cells."""
+    opening = f"<table class='{css}'>" if css else "<table>"
+    out = [opening + "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"]
+    for row in rows:
+        out.append(
+            "<tr>" + "".join(f"<td class='{c}'>{v}</td>" if c else f"<td>{v}</td>" for c, v in row) + "</tr>"
+        )
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _limits(row: pd.Series) -> str:
+    parts = []
+    if isinstance(row.get("mig_profile"), str) and row.get("mig_profile"):
+        parts.append(f"MIG {row['mig_profile']}")
+    threads = row.get("mps_active_thread_percentage")
+    if threads is not None and threads == threads:
+        parts.append(f"MPS {int(threads)} % threads")
+    limit = row.get("mps_pinned_memory_limit_bytes")
+    if limit is not None and limit == limit:
+        parts.append(f"{units.gib(limit)} pinned")
+    return ", ".join(parts)
+
+
+def _flags(row: pd.Series) -> str:
+    flags = []
+    if bool(row.get("false_saturation", False)):
+        flags.append("<span class='flag' title='memory held, compute idle'>false saturation</span>")
+    finding = row.get("finding")
+    if isinstance(finding, str) and finding and not finding.startswith("false saturation"):
+        flags.append(f"<span class='flag'>{_e(finding.split(':', 1)[0])}</span>")
+    return " ".join(flags)
+
+
+def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
+    h = analysis.headline()
+    price = (
+        f"at {model.prices.default:.2f} {model.prices.currency} per GPU-hour "
+        "(assumed; set --gpu-price MODEL=PRICE)"
+        if model.prices.assumed
+        else "at the --gpu-price prices"
+    )
+    teams = list(model.energy_kwh_by_team.items())
+    energy = ", ".join(f"{_e(t)} {units.kwh(v)}" for t, v in teams[:4]) + (" …" if len(teams) > 4 else "")
+    parts = [
+        "<h1>GPU rightsizing report</h1>",
+        f"<p class='sub'>{_e(units.when(model.window_start))} → {_e(units.when(model.window_end))} "
+        f"({units.hours(model.window_hours).removesuffix(' h')} hours) · {model.gpus_total} GPUs · "
+        f"{h.get('jobs', 0)} jobs · source <code>{_e(analysis.source)}</code></p>",
+        "<div class='kpis'>",
+        f"<div class='kpi'><b>{model.gpus_reclaimable} of {model.gpus_total} GPUs</b>reclaimable now"
+        f"<br><small>{_e(_where(model))}</small></div>",
+        f"<div class='kpi'><b>{units.hours(model.gpu_hours_recovered)}</b>GPU-hours recovered this window"
+        f"<br><small>{_e(units.money(model.cost_recovered, model.prices.currency))} "
+        f"{_e(price)}</small></div>",
+    ]
+    if analysis.kind == "usage":
         parts.append(
-            f"<div class='kpi'><b>{html.escape(shown)}</b>{html.escape(key.replace('_', ' '))}</div>"
+            f"<div class='kpi'><b>{units.pct(h['utilization_before'])} → "
+            f"{units.pct(h['utilization_after'])}</b>"
+            f"GPU utilisation now → proposed<br><small>{units.hours(h['gpu_hours_idle'])} of "
+            f"{units.hours(h['gpu_hours_allocated'])} allocated were idle</small></div>"
+        )
+        parts.append(
+            f"<div class='kpi'><b>{units.kwh(sum(model.energy_kwh_by_team.values()))}</b>energy by team "
+            f"(estimated)<br><small>{energy}</small></div>"
         )
     parts.append("</div>")
-    actions = analysis.top_actions()
-    if actions:
+    parts.append("<h2>Actions, largest GPU-hours recovered first</h2>")
+    if model.actions:
+        rows = [
+            [
+                ("num", str(i)),
+                ("", _e(a["job_id"])),
+                ("", _e(a.get("team", ""))),
+                ("", _e(a.get("action", a.get("recommendation", "")))),
+                ("wrap", _e(_action_text(a))),
+                ("num", _e(units.hours(a.get("gpu_hours_recovered", a.get("gpu_hours_idle"))))),
+                ("wrap", _e(a.get("what_to_do") or a.get("reason", ""))),
+            ]
+            for i, a in enumerate(model.actions, start=1)
+        ]
         parts.append(
-            "<h2>Top actions</h2><table><tr><th>job</th><th>team</th><th>action</th>"
-            "<th>idle GPU-h</th><th>why</th></tr>"
+            _table(["#", "job", "team", "action", "current → proposed", "GPU-h", "why / what to do"], rows)
         )
-        for a in actions:
-            action = a["recommendation"] + (f" {a['detail']}" if a["detail"] else "")
-            cells = [a["job_id"], a["team"], action, f"{a['gpu_hours_idle']:.1f}", a["reason"]]
-            parts.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-        parts.append("</table>")
+    else:
+        parts.append("<p>No change to make: every job is already placed well.</p>")
+    return parts
+
+
+def _layout(model: ReportModel) -> list[str]:
+    if not model.layout:
+        return []
+    parts = ["<h2>Layout per host: now and proposed</h2>"]
+    for host, rows in sorted(model.layout.items()):
+        parts.append(f"<h3>{_e(host)}</h3>")
+        parts.append(
+            _table(
+                ["GPU", "model", "now", "proposed"],
+                [
+                    [
+                        ("num", str(r.index)),
+                        ("", _e(r.model)),
+                        ("wrap", _e(r.current)),
+                        ("wrap free" if r.free else "wrap", _e(r.proposed)),
+                    ]
+                    for r in rows
+                ],
+            )
+        )
+    return parts
+
+
+def _apply(model: ReportModel) -> list[str]:
+    if not model.apply:
+        return []
+    rows = [
+        [
+            ("", f"<a href='config/{_e(s.file)}'>{_e(s.file)}</a>"),
+            ("wrap", f"<code>{_e(s.command)}</code>"),
+            ("wrap", _e(s.purpose)),
+        ]
+        for s in model.apply
+    ]
+    return ["<h2>How to apply</h2>", _table(["file", "command", "what it does"], rows)]
+
+
+def _adjustments(model: ReportModel) -> list[str]:
+    if not model.adjustments and not model.notes:
+        return []
+    parts = ["<h2>What the tools cannot express, and what changed</h2><ul>"]
+    parts += [f"<li><b>{_e(a.what)}</b> ({_e(a.where)}): {_e(a.message)}</li>" for a in model.adjustments]
+    parts += [f"<li>{_e(n)}</li>" for n in model.notes]
+    parts.append("</ul>")
+    return parts
+
+
+JOB_COLUMNS = (  # (header, width %)
+    ("job", 7),
+    ("team", 6),
+    ("model", 7),
+    ("GPUs", 3),
+    ("now", 6),
+    ("signal", 7),
+    ("activity mean / p95 / idle", 9),
+    ("peak memory", 6),
+    ("GPU-h allocated / idle", 8),
+    ("proposed", 7),
+    ("limits", 8),
+    ("flags", 5),
+    ("confidence", 5),
+    ("reason", 16),
+)
+
+
+def _cell(value: object, fmt: Callable[[object], str]) -> str:
+    return "" if value is None or (isinstance(value, float) and value != value) else fmt(value)
+
+
+def _jobs(analysis: Analysis) -> list[str]:
+    recs = analysis.recs.sort_values("job_id")
+    rows = []
+    for _, row in recs.iterrows():
+        activity = " / ".join(
+            _cell(row.get(c), units.pct) for c in ("sm_active_mean", "sm_active_p95", "idle_fraction")
+        )
+        hours = " / ".join(_cell(row.get(c), units.hours) for c in ("gpu_hours_allocated", "gpu_hours_idle"))
+        rows.append(
+            [
+                ("", _e(row.get("job_id"))),
+                ("", _e(row.get("team"))),
+                ("", _e(row.get("gpu_model"))),
+                ("num", _e(_cell(row.get("gpus"), units.number))),
+                ("", _e(row.get("sharing"))),
+                ("", _e(row.get("activity_signal"))),
+                ("num", _e(activity)),
+                ("num", _e(_cell(row.get("memory_peak_bytes"), units.gib))),
+                ("num", _e(hours)),
+                ("", _e(row.get("recommendation"))),
+                ("", _e(_limits(row))),
+                ("", _flags(row)),
+                ("", _e(row.get("confidence", ""))),
+                ("wrap", _e(row.get("reason", ""))),
+            ]
+        )
+    widths = "".join(f"<col style='width:{w}%'>" for _, w in JOB_COLUMNS)
+    table = _table([h for h, _ in JOB_COLUMNS], rows, "jobs").replace(
+        "<tr>", f"<colgroup>{widths}</colgroup><tr>", 1
+    )
+    return [
+        f"<details><summary>Every job ({len(recs)}), with the figures behind each decision</summary>",
+        table,
+        "</details>",
+    ]
+
+
+def html_report(analysis: Analysis, prices: Prices | None = None) -> str:
+    model = build(analysis, prices)
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>gpulens rightsizing report</title><style>{CSS}</style></head><body>",
+    ]
+    parts += _first_screen(analysis, model)
+    parts += _adjustments(model)
+    parts += _layout(model)
+    parts += _apply(model)
     plots = []
     if analysis.kind == "usage":
-        plots += [
-            ("Utilisation distribution", plot_utilization(analysis.recs)),
-            ("GPU-hours wasted by team / user", plot_waste(analysis.recs)),
-        ]
-    plots.append(("Before / after packing", plot_packing(analysis)))
+        plots += [(f"Jobs by {signal_label(analysis.recs)}", plot_utilization(analysis.recs))]
+        plots += [("Idle GPU-hours by team", plot_waste(analysis.recs))]
+    plots.append(("GPUs per model, now and proposed", plot_packing(analysis)))
     arch = plot_archetypes(analysis)
     if arch:
-        plots.append(("Archetypes", arch))
-    for title, png in plots:
-        parts.append(
-            f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{png}'>"
-        )
+        plots.append(("Workload archetypes", arch))
+    parts.append("<h2>Plots</h2><div class='plots'>")
+    parts += [f"<img alt='{_e(t)}' title='{_e(t)}' src='data:image/png;base64,{png}'>" for t, png in plots]
+    parts.append("</div>")
     if analysis.archetypes is not None and analysis.archetypes.skipped_reason:
-        parts.append(f"<p>{html.escape(analysis.archetypes.skipped_reason)}</p>")
-    if analysis.archetypes is not None and len(analysis.archetypes.summary):
-        parts.append(
-            "<h2>Archetype sizes</h2>" + analysis.archetypes.summary.to_html(index=False, float_format="%.3g")
-        )
-    columns = [c for c in TABLE_COLUMNS if c in analysis.recs]
-    table = analysis.recs[columns].sort_values(columns[0])
-    parts.append(
-        f"<h2>All jobs ({len(table)})</h2><table><tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"
-    )
-    for row in table.itertuples(index=False):
-        parts.append("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>")
-    parts.append("</table></body></html>")
+        parts.append(f"<p>{_e(analysis.archetypes.skipped_reason)}</p>")
+    if analysis.kind == "usage":
+        parts += _jobs(analysis)
+    parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def write_report(analysis: Analysis, out: str | Path) -> dict[str, Path]:
+def markdown(analysis: Analysis, prices: Prices | None = None) -> str:
+    model = build(analysis, prices)
+    h = analysis.headline()
+    lines = [
+        f"# GPU rightsizing report ({analysis.kind})",
+        "",
+        f"{units.when(model.window_start)} → {units.when(model.window_end)} · source `{analysis.source}`",
+        "",
+        f"- **GPUs reclaimable now**: {model.gpus_reclaimable} of {model.gpus_total} ({_where(model)})",
+    ]
+    if analysis.kind == "usage":
+        lines += [
+            f"- **GPU-hours recovered**: {units.hours(model.gpu_hours_recovered)} "
+            f"({units.money(model.cost_recovered, model.prices.currency)}"
+            + (f" at an assumed {model.prices.default:.2f} per GPU-hour)" if model.prices.assumed else ")"),
+            f"- GPU-hours: {units.hours(h['gpu_hours_allocated'])} allocated, "
+            f"{units.hours(h['gpu_hours_used'])} used, **{units.hours(h['gpu_hours_idle'])} idle**",
+            f"- Utilisation: {units.pct(h['utilization_before'], 1)} now, "
+            f"{units.pct(h['utilization_after'], 1)} proposed",
+            "- Energy by team (estimated): "
+            + ", ".join(f"{t} {units.kwh(v)}" for t, v in model.energy_kwh_by_team.items()),
+        ]
+    else:
+        lines += [f"- Requests only: {h['jobs']} pods asking for {h['gpus_requested']:.1f} GPUs"]
+    if model.actions:
+        lines += [
+            "",
+            "## Actions",
+            "",
+            "| # | job | team | current → proposed | GPU-h | why |",
+            "|---|---|---|---|---|---|",
+        ]
+        for i, a in enumerate(model.actions, start=1):
+            why = str(a.get("what_to_do") or a.get("reason", "")).replace("|", "/")
+            hours = units.hours(a.get("gpu_hours_recovered", a.get("gpu_hours_idle")))
+            lines.append(
+                f"| {i} | {a['job_id']} | {a.get('team', '')} | {_action_text(a)} | {hours} | {why} |"
+            )
+    if model.adjustments or model.notes:
+        lines += ["", "## Changed for the tools, and notes", ""]
+        lines += [f"- {a.what} ({a.where}): {a.message}" for a in model.adjustments]
+        lines += [f"- {n}" for n in model.notes]
+    if model.apply:
+        lines += ["", "## How to apply", ""] + [f"- `{s.file}`: `{s.command}`" for s in model.apply]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(analysis: Analysis, out: str | Path, prices: Prices | None = None) -> dict[str, Path]:
     """report.html, summary.md, jobs.csv, jobs.json, plan.json and config/* under `out`."""
     root = Path(out)
     try:
@@ -243,8 +443,8 @@ def write_report(analysis: Analysis, out: str | Path) -> dict[str, Path]:
             "json": root / "jobs.json",
             "plan": root / "plan.json",
         }
-        written["html"].write_text(html_report(analysis))
-        written["markdown"].write_text(markdown(analysis))
+        written["html"].write_text(html_report(analysis, prices))
+        written["markdown"].write_text(markdown(analysis, prices))
         frame = analysis.recs.drop(columns=["numbers"], errors="ignore")
         frame.to_csv(written["csv"], index=False)
         written["json"].write_text(json.dumps({"jobs": analysis.job_records()}, indent=1, default=str))

@@ -1,0 +1,146 @@
+"""The report an SRE reads: first screen with the window, reclaimable GPUs and where, recovered
+GPU-hours and cost, energy per team and the actions; layout per host; how to apply; human units."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpulens.analyzer import units
+from gpulens.analyzer.history import read_history
+from gpulens.analyzer.pipeline import analyze_history
+from gpulens.analyzer.report import html_report, markdown, signal_label, write_report
+from gpulens.analyzer.report_model import Prices, build, parse_prices
+from gpulens.sim.history import simulate
+
+
+@pytest.fixture(scope="module")
+def dgx(tmp_path_factory):
+    from gpulens.analyzer.thresholds import load_thresholds
+
+    path = tmp_path_factory.mktemp("report") / "dgx"
+    simulate("dgx-h100", duration_s=2 * 3600, out=path, step_s=120, seed=1)
+    return analyze_history(read_history(path), load_thresholds())
+
+
+@pytest.fixture(scope="module")
+def page(dgx):
+    return html_report(dgx)
+
+
+def visible_text(page: str) -> str:
+    """The page without embedded images, tags and CSS: what a reader sees."""
+    page = re.sub(r"src='data:image/png;base64,[^']*'", "", page)
+    page = re.sub(r"<style>.*?</style>", "", page, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", page)
+
+
+@given(st.floats(min_value=0, max_value=1e15, allow_nan=False))
+def test_byte_figures_are_never_in_scientific_notation(value):
+    assert "e+" not in units.gib(value) and "e-" not in units.gib(value)
+
+
+@given(st.floats(min_value=0, max_value=1e7, allow_nan=False))
+def test_hours_are_never_in_scientific_notation(value):
+    assert "e" not in units.hours(value)
+
+
+def test_small_shares_are_not_rounded_to_zero():
+    assert units.pct(0.00238) == "0.2 %"
+    assert units.pct(0.42) == "42 %"
+
+
+def test_the_first_screen_has_the_window_the_reclaimable_gpus_and_where(dgx, page):
+    text = visible_text(page)
+    first = text[: text.index("Layout per host")]
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC → \d{4}-\d\d-\d\d \d\d:\d\d UTC", first)
+    model = build(dgx)
+    assert f"{model.gpus_reclaimable} of {model.gpus_total} GPUs" in first
+    assert "dgx-h100-01: GPU 7" in first  # the GPU no job used all window
+    assert "GPU-hours recovered" in first and "USD" in first and "kWh" in first
+
+
+def test_there_is_no_scientific_notation_anywhere_a_reader_looks(page):
+    text = visible_text(page)
+    assert not re.search(r"\d\.\d+e[+-]\d", text)
+
+
+def test_actions_are_changes_with_current_and_proposed(dgx):
+    model = build(dgx)
+    assert model.actions
+    for action in model.actions:
+        before, _, after = action["change"].partition(" → ")
+        assert before and after and before.split(",")[0] != after.split(",")[0]
+
+
+def test_every_gpu_of_every_host_is_in_the_layout_now_and_proposed(dgx):
+    model = build(dgx)
+    assert [r.index for r in model.layout["dgx-h100-01"]] == list(range(8))
+    free = [r.index for r in model.layout["dgx-h100-01"] if r.free]
+    assert free == model.reclaimable["dgx-h100-01"]
+
+
+def test_how_to_apply_links_each_emitted_file_that_is_written(dgx, tmp_path):
+    written = write_report(dgx, tmp_path / "r")
+    page = written["html"].read_text()
+    for step in dgx.emitted.apply:
+        assert f"href='config/{step.file}'" in page
+        assert (tmp_path / "r" / "config" / step.file).exists()
+
+
+def test_per_job_detail_is_collapsible_and_reasons_wrap(page):
+    assert "<details><summary>Every job (13)" in page
+    assert "<td class='wrap'>" in page
+
+
+def test_plots_are_labelled_with_the_signal_they_show(dgx, page):
+    assert signal_label(dgx.recs) == "SM activity (DCGM / NVML GPM)"
+    duty = dgx.recs.assign(activity_signal="utilization")
+    assert signal_label(duty).startswith("duty cycle")
+    assert "Jobs by SM activity (DCGM / NVML GPM)" in page
+
+
+def test_a_false_saturation_flag_is_visible(dgx):
+    flagged = dgx.recs.assign(false_saturation=dgx.recs["job_id"] == "5101")
+    page = html_report(
+        type(dgx)(dgx.kind, dgx.source, flagged, dgx.plan, dgx.archetypes, dgx.emitted, dgx.meta)
+    )
+    assert page.count(">false saturation</span>") == 1
+
+
+def test_mig_and_mps_limits_are_visible_per_job(page):
+    text = visible_text(page)
+    assert re.search(r"MIG \dg\.\d+gb", text) and re.search(r"MPS \d+ % threads", text)
+
+
+def test_prices_per_model_and_a_default():
+    prices = parse_prices(["H100=3.5", "default=1.25"])
+    assert prices.of("NVIDIA H100 80GB HBM3") == 3.5 and prices.of("A100-80GB") == 1.25
+    assert not prices.assumed and Prices().assumed
+
+
+@pytest.mark.parametrize("bad", ["H100", "H100=abc", "=3", "H100=-1"])
+def test_a_bad_price_is_one_clear_error(bad):
+    with pytest.raises(ValueError, match="expected MODEL=PRICE"):
+        parse_prices([bad])
+
+
+def test_the_cost_follows_the_price(dgx):
+    cheap, dear = build(dgx, parse_prices(["default=1"])), build(dgx, parse_prices(["default=3"]))
+    assert dear.cost_recovered == pytest.approx(3 * cheap.cost_recovered)
+
+
+def test_energy_is_counted_for_every_team(dgx):
+    model = build(dgx)
+    assert set(model.energy_kwh_by_team) == set(dgx.recs["team"])
+    assert all(v > 0 for v in model.energy_kwh_by_team.values())
+
+
+def test_the_markdown_summary_leads_with_the_same_numbers(dgx):
+    text = markdown(dgx)
+    model = build(dgx)
+    assert f"**GPUs reclaimable now**: {model.gpus_reclaimable} of {model.gpus_total}" in text
+    assert "## How to apply" in text
