@@ -60,6 +60,11 @@ class Published:
     ready: bool
 
 
+def _exposed_name(family: Metric) -> str:
+    """The name a family's samples carry on the wire (`<name>_total` for a counter)."""
+    return family.samples[0].name if family.samples else family.name
+
+
 class Exporter:
     """Sampler, collectors and renderer for one node; see the module docstring for the entry points.
 
@@ -92,7 +97,9 @@ class Exporter:
 
         wanted = DEFAULT_ENABLED if config.collectors is None else config.collectors
         self.enabled = tuple(name for name in REGISTRY if name in wanted)
-        self.options = CollectorOptions(processes_max=config.processes_max)
+        self.options = CollectorOptions(
+            processes_max=config.processes_max, nvlink_per_link=config.nvlink_per_link
+        )
         areas = frozenset(Area(n) for n in self.enabled if REGISTRY[n].reads_nvml)
         if config.profiling == "off":
             areas -= {Area.PROFILING}
@@ -242,6 +249,8 @@ class Exporter:
                 self.log.error("collector %s failed: %s", name, error_text(exc))
             statuses[name] = AreaTiming(seconds=time.perf_counter() - started, success=ok)
         families.extend(meta.collect(snapshot, statuses))
+        if self.config.metrics_allow or self.config.metrics_deny:  # --metrics.allow / --metrics.deny
+            families = [f for f in families if self.config.serves_family(f.name, _exposed_name(f))]
         return families, statuses
 
     def families(self, snapshot: NodeSnapshot) -> list[Metric]:

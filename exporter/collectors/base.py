@@ -22,6 +22,7 @@ class CollectorOptions:
     """Per-collector knobs from the command line."""
 
     processes_max: int = 100
+    nvlink_per_link: bool = False  # NVLink byte/error counters per link instead of summed per GPU
 
 
 CollectFn = Callable[[NodeSnapshot, CollectorOptions], Iterable[Metric]]

@@ -18,7 +18,12 @@ STEP = 5.0
 
 
 def scenario_exposition(
-    name: str, workdir: Path, samples: int = 2, openmetrics: bool = False, compat: str = ""
+    name: str,
+    workdir: Path,
+    samples: int = 2,
+    openmetrics: bool = False,
+    compat: str = "",
+    nvlink_per_link: bool = False,
 ) -> str:
     """Exposition after `samples` samples STEP seconds apart (the second gives GPM windows)."""
     dirs = {key: workdir / key for key in ("proc", "pods", "mapping")}
@@ -42,6 +47,7 @@ def scenario_exposition(
         job_mapping_dir=dirs["mapping"],
         pod_resources_socket=None,
         compat=compat,
+        nvlink_per_link=nvlink_per_link,
     )
     exporter = Exporter(config, node=node)
     try:
