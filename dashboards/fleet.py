@@ -1,8 +1,10 @@
 """Fleet overview: how many GPUs are busy, idle, broken or shared, and where the waste is.
 
 The entry point for an SRE: state counts, activity and memory heat maps across every GPU, idle
-GPU-hours and the jobs that hold GPUs without using them, open critical alerts and Xids by code.
-Every node and job links to its detail dashboard.
+GPU-hours and the jobs that hold GPUs without using them, open critical alerts and Xids by code,
+and the fleet's health: fault rate per 1,000 GPU-days, recovery time and isolated nodes (from the
+`gpulens remediate` receiver), the nodes and GPU models that fail most. Every node and job links
+to its detail dashboard.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from gpulens.dashboards.common import (
     IDLE_LOW,
     NONE,
     PERCENTUNIT,
+    SECONDS,
     UID_FLEET,
     WATT,
     Layout,
@@ -315,12 +318,99 @@ def _alerts_row(layout: Layout) -> None:
     )
 
 
+def _health_row(layout: Layout) -> None:
+    layout.row("Health: fault rate and recovery")
+    layout.add(
+        stat(
+            "Fault rate (per 1,000 GPU-days, last day)",
+            [("fleet:gpu_faults_per_1000_gpu_days:ratio1d", "")],
+            NONE,
+            thresholds=steps("green", (1.0, "orange"), (5.0, "red")),
+            description="Fault-class Xid events (reset, reboot, NVLink, double-bit ECC; not application "
+            "Xids) in the last day per 1,000 GPU-days of the fleet (recording rule "
+            "fleet:gpu_faults_per_1000_gpu_days:ratio1d).",
+        ),
+        w=6,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "MTTR (last 7 days)",
+            [("fleet:gpulens_remediate_time_to_recover_seconds:mean7d", "")],
+            SECONDS,
+            no_value="no recovery yet",
+            description="Mean time from detection (the alert's start) to healthy through the hold-down "
+            "after the recovery action, from the gpulens remediate receiver's histogram.",
+        ),
+        w=6,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "Isolated nodes now",
+            [("sum(gpulens_remediate_isolated_nodes)", "")],
+            COUNT,
+            thresholds=ANY_IS_BAD,
+            no_value="receiver not scraped",
+            description="Nodes held out of service by open fault episodes of gpulens remediate "
+            "(isolated, recovering, in hold-down, ready to return, RMA or escalated).",
+        ),
+        w=6,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "Episodes by outcome (time range)",
+            [("sum by (outcome) (increase(gpulens_remediate_episodes_total[$__range]))", "{{outcome}}")],
+            COUNT,
+            no_value="0",
+            description="Fault episodes of gpulens remediate that reached each outcome: returned to "
+            "service, RMA (kept out), escalated (flapping or recovery failed).",
+        ),
+        w=6,
+        h=4,
+    )
+    layout.add(
+        table(
+            "Top failing nodes (last day)",
+            [
+                (
+                    "topk(10, instance:gpu_faults_per_1000_gpu_days:ratio1d)",
+                    "",
+                )
+            ],
+            NONE,
+            rename={"Value": "faults per 1,000 GPU-days"},
+            thresholds=ANY_IS_BAD,
+            sort_by="faults per 1,000 GPU-days",
+            overrides=[column_links("instance", node_link("${__data.fields.instance}"))],
+            description="Nodes with fault-class Xids in the last day; click one for its history.",
+        ),
+        w=12,
+        h=7,
+    )
+    layout.add(
+        table(
+            "Fault rate by GPU model (last day)",
+            [("model:gpu_faults_per_1000_gpu_days:ratio1d", "")],
+            NONE,
+            rename={"Value": "faults per 1,000 GPU-days"},
+            thresholds=ANY_IS_BAD,
+            sort_by="faults per 1,000 GPU-days",
+            description="Fault-class Xids in the last day per 1,000 GPU-days of each GPU model.",
+        ),
+        w=12,
+        h=7,
+    )
+
+
 def build() -> Dashboard:
     layout = Layout()
     _state_row(layout)
     _activity_row(layout)
     _waste_row(layout)
     _alerts_row(layout)
+    _health_row(layout)
     return dashboard(
         UID_FLEET,
         "gpulens: state, activity, waste and faults across every GPU.",

@@ -16,7 +16,7 @@ CASES = rulefiles.alert_cases()
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=rulefiles.ALERTS_DIR, capture_output=True, text=True, timeout=120)
+    return subprocess.run(cmd, cwd=rulefiles.ALERTS_DIR, capture_output=True, text=True, timeout=300)
 
 
 def test_promtool_check_rules_accepts_every_rule_file():

@@ -58,6 +58,18 @@ ELSEWHERE: dict[tuple[str, str], tuple[str, str]] = {
     ("gpulens-sharing", "Time-sliced jobs per GPU"): ("k8s-a100-mixed", "dgx-h100 has no time-sliced GPU"),
     ("gpulens-sharing", "SM utilization per time-sliced job"): ("k8s-a100-mixed", "no time-sliced GPU"),
     ("gpulens-sharing", "Memory per time-sliced job"): ("k8s-a100-mixed", "no time-sliced GPU"),
+    ("gpulens-fleet", "Top failing nodes (last day)"): (
+        "faults",
+        "fault-class Xids happen on the faults node",
+    ),
+    ("gpulens-fleet", "Fault rate by GPU model (last day)"): ("faults", "recorded from fault-class Xids"),
+}
+# panels fed by the `gpulens remediate` receiver, which this stack does not run (its metrics are
+# checked end to end in tests/alerts/test_e2e_remediation.py)
+FROM_RECEIVER: dict[tuple[str, str], str] = {
+    ("gpulens-fleet", "MTTR (last 7 days)"): "the receiver's time-to-recover histogram",
+    ("gpulens-fleet", "Isolated nodes now"): "the receiver's gauge",
+    ("gpulens-fleet", "Episodes by outcome (time range)"): "the receiver's episode counter",
 }
 # metric names that the healthy node legitimately never exports
 ABSENT_ON_HEALTHY_NODE: dict[str, str] = {
@@ -66,6 +78,11 @@ ABSENT_ON_HEALTHY_NODE: dict[str, str] = {
     "instance_gpu_xid:gpu_xid_errors:increase10m": "recorded from the Xid counter",
     "ALERTS": "no alert fires on a healthy node",
     "gpu_retired_pages_pending": "pre-Ampere only (page retirement became row remapping)",
+    "instance:gpu_faults_per_1000_gpu_days:ratio1d": "recorded from fault-class Xids",
+    "model:gpu_faults_per_1000_gpu_days:ratio1d": "recorded from fault-class Xids",
+    "gpulens_remediate_isolated_nodes": "served by gpulens remediate (FROM_RECEIVER)",
+    "gpulens_remediate_episodes_total": "served by gpulens remediate (FROM_RECEIVER)",
+    "fleet:gpulens_remediate_time_to_recover_seconds:mean7d": "recorded from gpulens remediate's histogram",
 }
 # names published by the analyzer (`gpulens recommend --textfile`), scraped from the textfile target
 EXTERNAL: dict[str, str] = {
@@ -244,7 +261,7 @@ def empty_panels(stack: Stack, uid: str, values: dict[str, str]) -> list[str]:
     empty = []
     for ref in panels_of(uid):
         counts = evaluate_targets(stack, ref, values)
-        if (uid, ref.title) in ELSEWHERE:
+        if (uid, ref.title) in ELSEWHERE or (uid, ref.title) in FROM_RECEIVER:
             continue
         empty += [
             f"{ref.title} [{ref_id}]"
@@ -266,6 +283,7 @@ def jobs_by_sharing(stack: Stack, node: str) -> dict[str, str]:
 def test_listed_panels_exist_and_name_a_started_scenario() -> None:
     titles = {(ref.dashboard, ref.title) for ref in data_panels()}
     assert set(ELSEWHERE) <= titles
+    assert set(FROM_RECEIVER) <= titles
     targets = {(ref.dashboard, ref.title, t["refId"]) for ref in data_panels() for t in ref.panel["targets"]}
     assert set(EMPTY_TARGETS) <= targets
     assert {scenario for scenario, _ in ELSEWHERE.values()} <= set(SCENARIOS)
