@@ -169,3 +169,10 @@ def test_every_remediation_alert_names_its_recovery_class():
     assert classes["GPUXidFallenOffBus"] == classes["GPULost"] == "reboot_node"
     assert classes["GPURowRemapFailed"] == classes["GPURetiredPagesLimitReached"] == "rma"
     assert all("recovery" not in a.labels for a in ALERTS if "remediate" not in a.labels)
+
+
+@pytest.mark.parametrize("rule", [a for a in ALERTS if "remediate" in a.labels], ids=lambda r: r.name)
+def test_runbooks_of_remediated_alerts_say_which_steps_are_automatic(rule):
+    text = (rulefiles.RUNBOOKS / f"{rule.name}.md").read_text()
+    assert "## Automatic steps (`gpulens remediate`)" in text
+    assert f"`recovery={rule.labels['recovery']}`" in text
