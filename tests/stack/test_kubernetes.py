@@ -380,6 +380,29 @@ def test_remediate_rbac_grants_only_cordon_taint_and_eviction_to_its_own_account
     account = remediate_one("ServiceAccount")["metadata"]["name"]
     assert subject == {"kind": "ServiceAccount", "name": account, "namespace": "gpulens"}
     assert remediate_one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account
+    # in its own namespace only: the recovery Jobs and the breaker's ConfigMap
+    local = remediate_one("Role")
+    assert local["metadata"]["namespace"] == "gpulens"
+    assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in local["rules"]} == {
+        (("jobs",), ("create", "get")),
+        (("configmaps",), ("get", "create", "patch")),
+    }
+    role_binding = remediate_one("RoleBinding")
+    assert role_binding["roleRef"]["name"] == local["metadata"]["name"]
+    assert role_binding["subjects"] == [subject]
+
+
+def test_remediate_keeps_its_breaker_in_a_configmap_and_its_audit_log_in_a_volume():
+    from gpulens.cli import build_parser
+
+    spec = remediate_one("Deployment")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    args = build_parser("remediate").parse_args(container["args"])
+    assert args.breaker_state_configmap.startswith("gpulens/")
+    assert args.job_namespace == remediate_one("Role")["metadata"]["namespace"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(args.state_dir)]
+    assert not mount.get("readOnly")
+    assert any(v["name"] == mount["name"] and "emptyDir" in v for v in spec["volumes"])
 
 
 def test_remediation_taint_is_tolerated_by_the_exporter():
