@@ -263,7 +263,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise AnalyzerError(str(exc)) from exc
     analysis = _analysis(args)
-    written = write_report(analysis, args.out, prices)
+    previous = None
+    if args.previous:
+        from gpulens.analyzer.weekly import compare, load_previous
+
+        jobs, plan = load_previous(args.previous)
+        previous = compare(analysis, jobs, plan, args.previous)
+    written = write_report(analysis, args.out, prices, previous)
     if args.textfile:
         from gpulens.analyzer.publish import write_textfile
 
@@ -329,6 +335,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="MODEL=PRICE",
         help="price per GPU-hour of a model for the cost recovered (repeatable; default=PRICE for the "
         "rest; without any, 2.00 is assumed and the report says so)",
+    )
+    p.add_argument(
+        "--previous",
+        metavar="DIR",
+        help="last week's report directory: say which of its recommendations were applied and what they did",
     )
     p.set_defaults(func=cmd_report)
 

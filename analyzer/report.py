@@ -28,6 +28,7 @@ from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.pipeline import Analysis, jsonable
 from gpulens.analyzer.report_model import Prices, ReportModel, build
 from gpulens.analyzer.signals import DUTY_CYCLE
+from gpulens.analyzer.weekly import WeekOverWeek
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:1180px;margin:1.2em auto;padding:0 1em;color:#1d2330}
@@ -248,6 +249,46 @@ def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
     return parts
 
 
+def _since_last_week(week: WeekOverWeek | None) -> list[str]:
+    if week is None:
+        return []
+    parts = [
+        "<h2>Since last week</h2>",
+        f"<p>GPUs in use {week.gpus_then} → {week.gpus_now} ({week.gpus_released:+d} released) · utilisation "
+        f"{units.pct(week.utilization_then)} → {units.pct(week.utilization_now)} · last week's report: "
+        f"<code>{_e(week.previous_source)}</code></p>",
+    ]
+    rows = [
+        [
+            ("", _e(o.job_id)),
+            ("", "applied"),
+            ("wrap", _e(f"{o.was} → {o.told}")),
+            ("wrap", _e(o.now)),
+            ("wrap", f"<span class='flag'>{_e(o.warning)}</span>" if o.warning else ""),
+        ]
+        for o in week.applied
+    ] + [
+        [
+            ("", _e(o.job_id)),
+            ("", "not applied"),
+            ("wrap", _e(f"{o.was} → {o.told}")),
+            ("wrap", _e(o.now)),
+            ("", ""),
+        ]
+        for o in week.not_applied
+    ]
+    if rows:
+        parts.append(_table(["job", "status", "last week: was → proposed", "now", "watch"], rows))
+    if week.ended:
+        parts.append(
+            f"<p>{len(week.ended)} job(s) with a recommendation have ended: "
+            f"{_e(', '.join(week.ended[:10]))}</p>"
+        )
+    if not rows and not week.ended:
+        parts.append("<p>Last week's report recommended no change.</p>")
+    return parts
+
+
 def _layout(model: ReportModel) -> list[str]:
     if not model.layout:
         return []
@@ -354,7 +395,9 @@ def _jobs(analysis: Analysis) -> list[str]:
     ]
 
 
-def html_report(analysis: Analysis, prices: Prices | None = None) -> str:
+def html_report(
+    analysis: Analysis, prices: Prices | None = None, previous: WeekOverWeek | None = None
+) -> str:
     model = build(analysis, prices)
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
@@ -362,6 +405,7 @@ def html_report(analysis: Analysis, prices: Prices | None = None) -> str:
         f"<title>gpulens rightsizing report</title><style>{CSS}</style></head><body>",
     ]
     parts += _first_screen(analysis, model)
+    parts += _since_last_week(previous)
     parts += _adjustments(model)
     parts += _layout(model)
     parts += _apply(model)
@@ -384,7 +428,7 @@ def html_report(analysis: Analysis, prices: Prices | None = None) -> str:
     return "\n".join(parts)
 
 
-def markdown(analysis: Analysis, prices: Prices | None = None) -> str:
+def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOverWeek | None = None) -> str:
     model = build(analysis, prices)
     h = analysis.headline()
     lines = [
@@ -422,6 +466,21 @@ def markdown(analysis: Analysis, prices: Prices | None = None) -> str:
             lines.append(
                 f"| {i} | {a['job_id']} | {a.get('team', '')} | {_action_text(a)} | {hours} | {why} |"
             )
+    if previous is not None:
+        lines += [
+            "",
+            "## Since last week",
+            "",
+            f"- GPUs in use {previous.gpus_then} → {previous.gpus_now}; utilisation "
+            f"{units.pct(previous.utilization_then)} → {units.pct(previous.utilization_now)}",
+        ]
+        lines += [
+            f"- applied: {o.job_id}: {o.was} → {o.now}" + (f" ({o.warning})" if o.warning else "")
+            for o in previous.applied
+        ]
+        lines += [
+            f"- not applied: {o.job_id}: still {o.now} (proposed {o.told})" for o in previous.not_applied
+        ]
     if model.adjustments or model.notes:
         lines += ["", "## Changed for the tools, and notes", ""]
         lines += [f"- {a.what} ({a.where}): {a.message}" for a in model.adjustments]
@@ -431,7 +490,9 @@ def markdown(analysis: Analysis, prices: Prices | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(analysis: Analysis, out: str | Path, prices: Prices | None = None) -> dict[str, Path]:
+def write_report(
+    analysis: Analysis, out: str | Path, prices: Prices | None = None, previous: WeekOverWeek | None = None
+) -> dict[str, Path]:
     """report.html, summary.md, jobs.csv, jobs.json, plan.json and config/* under `out`."""
     root = Path(out)
     try:
@@ -443,8 +504,8 @@ def write_report(analysis: Analysis, out: str | Path, prices: Prices | None = No
             "json": root / "jobs.json",
             "plan": root / "plan.json",
         }
-        written["html"].write_text(html_report(analysis, prices))
-        written["markdown"].write_text(markdown(analysis, prices))
+        written["html"].write_text(html_report(analysis, prices, previous))
+        written["markdown"].write_text(markdown(analysis, prices, previous))
         frame = analysis.recs.drop(columns=["numbers"], errors="ignore")
         frame.to_csv(written["csv"], index=False)
         written["json"].write_text(json.dumps({"jobs": analysis.job_records()}, indent=1, default=str))

@@ -1,0 +1,141 @@
+"""Week over week: last week's report (its `jobs.json` and `plan.json`) against this week's analysis.
+
+For each action last week recommended, on a job that still runs this week:
+- *applied* when the job now runs the way it was told to (its sharing mode, and the MIG profile
+  or model it was given); then what it realised: a job at its cap (p95 activity >= 95 % of its
+  slice or share) may be slower than before, a job whose peak memory reaches 98 % of what it now
+  has risks out-of-memory errors;
+- *not applied* when it still runs as it did.
+Jobs that ended are counted apart (a batch job's successor has another id). Fleet level: GPUs in
+use then and now, and utilisation then and now.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer.pipeline import Analysis
+
+AT_CAP = 0.95
+MEMORY_FULL = 0.98
+UNCHANGED = frozenset({"insufficient-data", "keep"})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job_id: str
+    was: str  # how it ran last week
+    told: str  # what last week's report proposed
+    now: str  # how it runs this week
+    warning: str = ""
+
+
+@dataclass
+class WeekOverWeek:
+    previous_source: str
+    gpus_then: int
+    gpus_now: int
+    utilization_then: float
+    utilization_now: float
+    applied: list[Outcome] = field(default_factory=list)
+    not_applied: list[Outcome] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
+
+    @property
+    def gpus_released(self) -> int:
+        return self.gpus_then - self.gpus_now
+
+
+def _text(value: object) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def _how(mode: str, mig: str, model: str) -> str:
+    return " ".join(p for p in (mode, mig, f"on {model}" if model else "") if p)
+
+
+def load_previous(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(jobs, plan) of a previous report directory; one clear error when it is not one."""
+    root = Path(path)
+    try:
+        jobs = json.loads((root / "jobs.json").read_text())["jobs"]
+        plan = json.loads((root / "plan.json").read_text())
+    except FileNotFoundError as exc:
+        raise AnalyzerError(
+            f"--previous {root}: no {Path(str(exc.filename)).name} (a report directory?)"
+        ) from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise AnalyzerError(f"--previous {root}: not a gpulens report: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(jobs, list) or not isinstance(plan, dict):
+        raise AnalyzerError(f"--previous {root}: jobs.json or plan.json has an unexpected shape")
+    return jobs, plan
+
+
+def _warning(row: Any) -> str:
+    warnings = []
+    p95 = float(row.get("sm_active_p95") or 0.0)
+    if p95 >= AT_CAP:
+        warnings.append(f"at its cap (p95 activity {p95:.0%}): may be slower than before")
+    peak = float(row.get("memory_peak_bytes") or 0.0)
+    limit = float(row.get("mps_pinned_memory_limit_bytes") or 0.0) or float(
+        row.get("device_memory_bytes") or 0.0
+    )
+    if limit and peak >= MEMORY_FULL * limit:
+        warnings.append(f"peak memory {peak / limit:.0%} of what it has: out-of-memory risk")
+    return "; ".join(warnings)
+
+
+def compare(
+    analysis: Analysis, jobs: list[dict[str, Any]], plan: dict[str, Any], source: str
+) -> WeekOverWeek:
+    now = {str(r["job_id"]): r for r in analysis.recs.to_dict("records")}
+    out = WeekOverWeek(
+        previous_source=source,
+        gpus_then=int(plan.get("gpus_before") or 0),
+        gpus_now=int(analysis.plan.gpus_before),
+        utilization_then=float(plan.get("utilization_before") or 0.0),
+        utilization_now=float(analysis.plan.utilization_before),
+    )
+    for job in jobs:
+        job_id = str(job.get("job_id", ""))
+        told_mode = _text(job.get("recommendation"))
+        was_mode = _text(job.get("sharing")) or "exclusive"
+        told_mig, was_mig = _text(job.get("mig_profile")), _text(job.get("mig_profile_now"))
+        told_model = _text(job.get("target_gpu_model")) or _text(job.get("gpu_model"))
+        if not told_mode or told_mode in UNCHANGED or _text(job.get("action")) == "keep":
+            continue
+        if told_mode == was_mode and told_mig == was_mig and told_model == _text(job.get("gpu_model")):
+            continue  # last week's report asked for no change here
+        row = now.get(job_id)
+        if row is None and told_mode == "reclaim":
+            was = _how(was_mode, was_mig, _text(job.get("gpu_model")))
+            out.applied.append(Outcome(job_id, was, "released", "released (no longer holds a GPU)"))
+            continue
+        if row is None:
+            out.ended.append(job_id)
+            continue
+        is_mode = _text(row.get("sharing")) or "exclusive"
+        is_mig, is_model = _text(row.get("mig_profile_now")), _text(row.get("gpu_model"))
+        outcome_args = (
+            job_id,
+            _how(was_mode, was_mig, _text(job.get("gpu_model"))),
+            _how(told_mode, told_mig, told_model),
+            _how(is_mode, is_mig, is_model),
+        )
+        reclaimed = told_mode == "reclaim"
+        applied = (
+            not reclaimed
+            and is_mode == ("exclusive" if told_mode == "downsize-model" else told_mode)
+            and (told_mode != "mig" or is_mig == told_mig)
+            and is_model == told_model
+        )
+        if applied:
+            out.applied.append(Outcome(*outcome_args, warning=_warning(row)))
+        else:
+            out.not_applied.append(Outcome(*outcome_args))
+    return out

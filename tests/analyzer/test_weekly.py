@@ -1,0 +1,105 @@
+"""Week over week: which of last week's recommendations were applied, and what they did."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer.history import read_history
+from gpulens.analyzer.pipeline import analyze_history
+from gpulens.analyzer.report import html_report, markdown, write_report
+from gpulens.analyzer.thresholds import load_thresholds
+from gpulens.analyzer.weekly import compare, load_previous
+from gpulens.sim.history import simulate
+
+
+@pytest.fixture(scope="module")
+def week(tmp_path_factory):
+    """This week's analysis and last week's report written from it, then edited per test."""
+    root = tmp_path_factory.mktemp("weekly")
+    simulate("dgx-h100", duration_s=2 * 3600, out=root / "h", step_s=120, seed=1)
+    analysis = analyze_history(read_history(root / "h"), load_thresholds(), with_archetypes=False)
+    write_report(analysis, root / "last")
+    return analysis, root / "last"
+
+
+def previous(week_dir, edits):
+    jobs, plan = load_previous(week_dir)
+    by_id = {j["job_id"]: j for j in jobs}
+    for job_id, fields in edits.items():
+        if job_id in by_id:
+            by_id[job_id].update(fields)
+        else:
+            jobs.append({"job_id": job_id, **fields})
+    return jobs, plan
+
+
+def test_a_recommendation_the_job_now_runs_is_applied(week):
+    analysis, last = week
+    jobs, plan = previous(last, {"5101": {"sharing": "exclusive", "mig_profile_now": None}})
+    result = compare(analysis, jobs, plan, str(last))
+    applied = {o.job_id: o for o in result.applied}
+    assert "5101" in applied
+    assert applied["5101"].was.startswith("exclusive") and applied["5101"].now.startswith("mig 3g.40gb")
+
+
+def test_a_recommendation_the_job_does_not_run_is_not_applied(week):
+    analysis, last = week
+    jobs, plan = previous(last, {"5110": {"recommendation": "mps", "mps_active_thread_percentage": 40}})
+    result = compare(analysis, jobs, plan, str(last))
+    assert "5110" in {o.job_id for o in result.not_applied}
+
+
+def test_a_reclaimed_job_that_is_gone_is_applied_and_an_ended_job_is_counted_apart(week):
+    analysis, last = week
+    jobs, plan = previous(
+        last,
+        {
+            "old-idle": {"recommendation": "reclaim", "sharing": "exclusive", "gpu_model": "H100-80GB"},
+            "old-batch": {"recommendation": "mps", "sharing": "exclusive", "gpu_model": "H100-80GB"},
+        },
+    )
+    result = compare(analysis, jobs, plan, str(last))
+    assert "old-idle" in {o.job_id for o in result.applied}
+    assert result.ended == ["old-batch"]
+
+
+def test_a_job_that_runs_at_its_cap_after_the_move_is_flagged(week):
+    analysis, last = week
+    hot = analysis.recs.assign(
+        sm_active_p95=analysis.recs["sm_active_p95"].where(analysis.recs["job_id"] != "5101", 0.99)
+    )
+    changed = type(analysis)(
+        analysis.kind, analysis.source, hot, analysis.plan, None, analysis.emitted, analysis.meta
+    )
+    jobs, plan = previous(last, {"5101": {"sharing": "exclusive", "mig_profile_now": None}})
+    outcome = next(o for o in compare(changed, jobs, plan, str(last)).applied if o.job_id == "5101")
+    assert "may be slower" in outcome.warning
+
+
+def test_no_change_asked_is_neither_applied_nor_not_applied(week):
+    analysis, last = week
+    result = compare(analysis, *load_previous(last), str(last))
+    asked = {o.job_id for o in result.applied + result.not_applied}
+    unchanged = analysis.recs[analysis.recs["recommendation"] == analysis.recs["sharing"]]
+    assert not asked & set(unchanged.loc[unchanged["mig_profile"].isna(), "job_id"])
+
+
+def test_the_report_says_what_happened_since_last_week(week):
+    analysis, last = week
+    jobs, plan = previous(last, {"5101": {"sharing": "exclusive", "mig_profile_now": None}})
+    result = compare(analysis, jobs, plan, str(last))
+    page = html_report(analysis, previous=result)
+    assert "<h2>Since last week</h2>" in page and ">applied<" in page
+    assert "## Since last week" in markdown(analysis, previous=result)
+
+
+def test_a_directory_that_is_not_a_report_is_one_clear_error(tmp_path):
+    with pytest.raises(AnalyzerError, match=r"no jobs\.json"):
+        load_previous(tmp_path)
+    (tmp_path / "jobs.json").write_text("{not json")
+    (tmp_path / "plan.json").write_text(json.dumps({}))
+    with pytest.raises(AnalyzerError, match="not a gpulens report"):
+        load_previous(tmp_path)
