@@ -127,5 +127,5 @@ def test_environment_example_is_understood_by_the_exporter():
         if line and not line.startswith("#")
     )
     config = parse_config([], env=env)
-    assert config.listen == env["GPULENS_LISTEN"]
+    assert config.listen == env["GPULENS_WEB_LISTEN_ADDRESS"]
     assert str(config.job_mapping_dir) == env["GPULENS_JOB_MAPPING_DIR"] == "/run/gpulens/jobs"
