@@ -300,3 +300,38 @@ def test_an_unknown_recovery_label_is_rejected(slurm):
         _, body = post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "format_disk")))
     assert json.loads(body)["handled"][0]["result"] == "rejected"
     assert scontrol_calls(slurm) == []
+
+
+def test_enough_faulty_gpus_take_the_node_out_whole_and_one_reboot_recovers_them(tmp_path):
+    clock = Clock()
+    node = {"metadata": {"name": "gpu-17", "resourceVersion": "1"}, "spec": {}, "status": {"nodeInfo": {}}}
+    stand_in = KubeStandIn(nodes={"gpu-17": node})
+    policy = _policy(return_to_service=True, node_gpu_threshold=2)
+    with kube_api(stand_in):
+        isolator = KubernetesIsolator(KubernetesClient(stand_in.url), drain=True)
+        with receiver(isolator, dry_run=False, clock=clock, policy=policy) as (base, rem):
+            first = fault("GPUXidResetRequired", "reset_gpu", gpu="1")
+            second = fault("GPUXidDoubleBitEccError", "reset_gpu", gpu="5")
+            post(f"{base}/alerts", notification(first))
+            post(f"{base}/alerts", notification(second))
+            opened = sorted((e["alertname"], e["kind"], e["recovery"]) for e in episodes(rem).values())
+            for _ in range(3):
+                rem.reconciler.tick()
+            recovered = sorted(e["state"] for e in episodes(rem).values())
+            for raw in (first, second):
+                post(f"{base}/alerts", notification({**raw, "status": "resolved"}))
+            rem.reconciler.tick()
+            rem.reconciler.tick()
+            clock.now += HOLD_DOWN + 1
+            rem.reconciler.tick()
+            left = episodes(rem)
+    assert opened == [
+        ("GPUNodeFaultyGpus", "isolate_node", "reboot_node"),
+        ("GPUXidDoubleBitEccError", "isolate_gpu", "reset_gpu"),
+        ("GPUXidResetRequired", "isolate_gpu", "reset_gpu"),
+    ]
+    (job,) = stand_in.jobs.values()  # one reboot, no reset Jobs
+    assert job["metadata"]["labels"]["gpulens.io/action"] == "reboot_node"
+    assert recovered == ["recovered", "recovered", "recovered"]
+    assert left == {}
+    assert stand_in.nodes["gpu-17"]["spec"]["unschedulable"] is False

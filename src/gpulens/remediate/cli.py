@@ -182,6 +182,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a node faulty again this soon after its return stays out and is escalated (default 1d)",
     )
     loop.add_argument(
+        "--node-gpu-threshold",
+        type=int,
+        default=2,
+        metavar="N",
+        help="this many faulty GPUs on one node take the whole node out (drain and reboot); 0: never "
+        "(default 2)",
+    )
+    loop.add_argument(
         "--recovery-attempts",
         type=int,
         default=3,
@@ -316,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
         return_to_service=args.return_to_service,
         max_attempts=args.recovery_attempts,
         action_timeout_s=args.action_timeout,
+        node_gpu_threshold=max(args.node_gpu_threshold, 0),
     )
     audit = None
     if args.state_dir:

@@ -33,6 +33,7 @@ class LoopPolicy:
     return_to_service: bool = False
     max_attempts: int = 3
     action_timeout_s: float = 60.0
+    node_gpu_threshold: int = 2  # faulty GPUs on one node that take the whole node out (0: never)
 
 
 class Reconciler:
@@ -115,6 +116,26 @@ class Reconciler:
             self._hold_down(episode, deadline, now)
 
     def _start(self, episode: Episode, deadline: Deadline, now: float) -> None:
+        if episode.recovery is Recovery.RESET_GPU:
+            reboot = [
+                e
+                for e in self.book.of_node(episode.node)
+                if e.recovery is Recovery.REBOOT_NODE
+                and e.state in (State.ISOLATED, State.RECOVERING, State.RECOVERED)
+            ]
+            if reboot:  # a reboot of the node resets this GPU too: wait for it instead of resetting
+                if reboot[0].state is State.RECOVERED:
+                    detail = f"reset by the node's reboot ({reboot[0].alertname})"
+                    self.book.save(
+                        "action_finished",
+                        episode.moved(State.RECOVERED, action_finished_at=now, detail=detail),
+                    )
+                elif not episode.detail.startswith("waiting for the node's reboot"):
+                    detail = (
+                        f"waiting for the node's reboot ({reboot[0].alertname}), which resets this GPU too"
+                    )
+                    self.book.save("waiting", episode.moved(State.ISOLATED, detail=detail))
+                return
         ready = self.backend.can_start(episode, deadline)
         if ready.step is not Step.DONE:
             if ready.detail != episode.detail:
@@ -150,6 +171,11 @@ class Reconciler:
 
     def _hold_down(self, episode: Episode, deadline: Deadline, now: float) -> None:
         if episode.resolved_at is None:
+            if episode.id.startswith("node:"):  # node-wide (GPU threshold): resolved with its GPUs' alerts
+                others = [e for e in self.book.of_node(episode.node) if e.id != episode.id]
+                if others and all(e.resolved_at is not None for e in others):
+                    resolved = max(e.resolved_at or 0.0 for e in others)
+                    self.book.save("resolved", episode.moved(episode.state, resolved_at=resolved))
             return  # the alert still fires: the fault is not gone
         since = episode.healthy_since
         if since is None:

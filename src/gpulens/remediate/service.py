@@ -215,8 +215,58 @@ class Remediator:
             episode = self.book.save("escalated", episode.moved(State.ESCALATED, detail=detail))
         else:
             self.book.save("isolated", episode)
+            self._maybe_take_node_out(episode, now, deadline)
             return  # the isolation itself annotated the node; later steps add the episode record
         self.isolator.record(episode, deadline)
+
+    def _maybe_take_node_out(self, episode: Episode, now: float, deadline: Deadline) -> None:
+        """Enough faulty GPUs on one node: isolate the node whole (drain) and reboot it.
+
+        Runs under the node's lock. The node-wide episode is an ordinary reboot_node episode
+        (`GPUNodeFaultyGpus`); the GPUs' own reset episodes then wait for its reboot instead of
+        resetting one by one."""
+        threshold = self.policy.node_gpu_threshold
+        if threshold < 1 or episode.kind != "isolate_gpu":
+            return
+        open_here = [e for e in self.book.of_node(episode.node) if e.state is not State.DRY_RUN]
+        if any(e.kind == "isolate_node" and e.recovery is Recovery.REBOOT_NODE for e in open_here):
+            return
+        gpus = sorted({e.gpu for e in open_here if e.kind == "isolate_gpu" and e.gpu})
+        if len(gpus) < threshold:
+            return
+        request = IsolationRequest(
+            kind="isolate_node",
+            node=episode.node,
+            alertname=NODE_ALERT,
+            fingerprint=f"node:{episode.node}",
+            episode=f"node:{episode.node}@{now:.0f}",
+            gpu="",
+            recovery=Recovery.REBOOT_NODE.value,
+            instance=episode.instance,
+        )
+        outcome = self._act(request, now, deadline)
+        detail = (
+            f"{len(gpus)} faulty GPUs ({', '.join(gpus)}) reach --node-gpu-threshold {threshold}: "
+            f"{outcome.detail}"
+        )
+        log.warning("node %s taken out whole: %s", episode.node, printable(detail, MAX_DETAIL))
+        if outcome.result not in ("applied", "already"):
+            return  # retried when the next GPU episode opens on this node
+        whole = Episode(
+            id=request.episode,
+            node=episode.node,
+            alertname=NODE_ALERT,
+            kind="isolate_node",
+            recovery=Recovery.REBOOT_NODE,
+            state=State.ISOLATED,
+            instance=episode.instance,
+            detected_at=now,
+            isolated_at=now,
+            # no alert of its own resolves it: it counts as resolved once every GPU episode's alert has
+            resolved_at=None,
+            detail=printable(detail, MAX_DETAIL),
+        )
+        self.book.save("isolated", whole)
 
     def _resolved(self, request: IsolationRequest, now: float) -> Outcome:
         episode = self.book.get(request.episode)
@@ -304,6 +354,7 @@ class Remediator:
 
 
 _ACTING = (Recovery.RESET_GPU, Recovery.REBOOT_NODE)
+NODE_ALERT = "GPUNodeFaultyGpus"  # the name of a node-wide episode opened by the GPU threshold
 
 
 def _kind_label(kind: str) -> str:
