@@ -209,6 +209,16 @@ def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
         f"({units.hours(model.window_hours).removesuffix(' h')} hours) · {model.gpus_total} GPUs · "
         f"{h.get('jobs', 0)} jobs · source <code>{_e(analysis.source)}</code></p>",
         "<div class='kpis'>",
+    ]
+    if analysis.kind == "requests":
+        parts += [
+            f"<div class='kpi'><b>{model.gpus_reclaimable} of {model.gpus_total} GPUs</b>saved by packing "
+            "fractional requests<br><small>requests only, not measured use: the value of fractional "
+            "requests, not savings seen on the GPUs</small></div></div>",
+            "<h2>Actions</h2><p>A requests-only trace carries no usage: there are no per-job actions.</p>",
+        ]
+        return parts
+    parts += [
         f"<div class='kpi'><b>{model.gpus_reclaimable} of {model.gpus_total} GPUs</b>reclaimable now"
         f"<br><small>{_e(_where(model))}</small></div>",
         f"<div class='kpi'><b>{units.hours(model.gpu_hours_recovered)}</b>GPU-hours recovered this window"
@@ -436,8 +446,16 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
         "",
         f"{units.when(model.window_start)} → {units.when(model.window_end)} · source `{analysis.source}`",
         "",
-        f"- **GPUs reclaimable now**: {model.gpus_reclaimable} of {model.gpus_total} ({_where(model)})",
     ]
+    if analysis.kind == "requests":
+        lines.append(
+            f"- **GPUs saved by packing fractional requests**: {model.gpus_reclaimable} of "
+            f"{model.gpus_total} (requests only, not measured use)"
+        )
+    else:
+        lines.append(
+            f"- **GPUs reclaimable now**: {model.gpus_reclaimable} of {model.gpus_total} ({_where(model)})"
+        )
     if analysis.kind == "usage":
         lines += [
             f"- **GPU-hours recovered**: {units.hours(model.gpu_hours_recovered)} "

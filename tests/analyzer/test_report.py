@@ -144,3 +144,18 @@ def test_the_markdown_summary_leads_with_the_same_numbers(dgx):
     model = build(dgx)
     assert f"**GPUs reclaimable now**: {model.gpus_reclaimable} of {model.gpus_total}" in text
     assert "## How to apply" in text
+
+
+def test_a_requests_only_trace_is_told_as_the_value_of_fractional_requests(tmp_path):
+    from gpulens.analyzer.importers import import_trace
+    from gpulens.analyzer.thresholds import load_thresholds
+
+    from tests.analyzer.test_traces import V2023
+
+    if not V2023.is_dir():
+        pytest.skip("shared traces not present")
+    import_trace("alibaba-gpu-v2023", V2023, tmp_path / "h", None)
+    analysis = analyze_history(read_history(tmp_path / "h"), load_thresholds())
+    text = visible_text(html_report(analysis))
+    assert "saved by packing fractional requests" in text and "not measured use" in text
+    assert "reclaimable now" not in text
