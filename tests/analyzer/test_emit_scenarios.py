@@ -92,7 +92,7 @@ def test_real_slurmd_reads_every_emitted_gres_conf(analyses, tmp_path):
         for host in analysis.emitted.placement.inventory.hosts():
             own = [line for line in files["gres.conf"].splitlines() if line.startswith(f"NodeName={host} ")]
             if not own or any("AutoDetect=nvml" in line for line in own):
-                continue  # MIG hosts need NVML for auto-detection: not on this machine
+                continue  # MIG hosts need AutoDetect=nvml: Debian's slurmd has no gpu/nvml plugin
             gpus = len(analysis.emitted.placement.inventory.on(host))
             work = tmp_path / f"{name}-{host}"
             work.mkdir()
