@@ -149,7 +149,6 @@ def test_the_markdown_summary_leads_with_the_same_numbers(dgx):
 def test_a_requests_only_trace_is_told_as_the_value_of_fractional_requests(tmp_path):
     from gpulens.analyzer.importers import import_trace
     from gpulens.analyzer.thresholds import load_thresholds
-
     from tests.analyzer.test_traces import V2023
 
     if not V2023.is_dir():
