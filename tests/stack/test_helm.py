@@ -642,6 +642,14 @@ def test_remediation_rbac_grants_only_cordon_taint_and_eviction_to_its_own_accou
     (subject,) = binding["subjects"]
     spec = only(objects, "Deployment")["spec"]["template"]["spec"]
     assert subject == {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": NAMESPACE}
+    # in the release namespace only: the recovery Jobs and the breaker's ConfigMap
+    local = only(objects, "Role")
+    assert local["metadata"]["namespace"] == NAMESPACE
+    assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in local["rules"]} == {
+        (("jobs",), ("create", "get")),
+        (("configmaps",), ("get", "create", "patch")),
+    }
+    assert only(objects, "RoleBinding")["subjects"] == [subject]
 
 
 def test_remediation_service_and_token_secret_line_up(helm):
