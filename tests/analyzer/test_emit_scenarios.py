@@ -67,7 +67,7 @@ def test_slurm_mps_shares_per_gpu_sum_to_at_most_100(analyses):
         sums: dict[str, int] = {}
         for line in analysis.emitted.files.get("gres.conf", "").splitlines():
             if "--gres=mps:" in line:
-                gpu = " ".join(line.split()[3:5])
+                gpu = " ".join(line.split()[4:6])  # "<node> /dev/nvidiaN:"
                 sums[gpu] = sums.get(gpu, 0) + int(line.rsplit("--gres=mps:", 1)[1].split()[0])
         assert all(total <= 100 for total in sums.values()), (name, sums)
 

@@ -72,8 +72,8 @@ def test_actions_are_changes_with_current_and_proposed(dgx):
     model = build(dgx)
     assert model.actions
     for action in model.actions:
-        before, _, after = action["change"].partition(" → ")
-        assert before and after and before.split(",")[0] != after.split(",")[0]
+        before, _, after = action["change"].replace(" -> ", " → ").partition(" → ")
+        assert before and after and before != after
 
 
 def test_every_gpu_of_every_host_is_in_the_layout_now_and_proposed(dgx):
