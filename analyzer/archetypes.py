@@ -14,16 +14,6 @@ import pandas as pd
 
 from gpulens.analyzer.thresholds import Thresholds
 
-FEATURES = (
-    "sm_active_mean",
-    "sm_active_p95",
-    "idle_fraction",
-    "burstiness",
-    "memory_fraction",
-    "dram_active_p95",
-    "tensor_active_mean",
-)
-
 
 @dataclass
 class Archetypes:
@@ -88,15 +78,15 @@ def cluster(profiles: pd.DataFrame, th: Thresholds) -> Archetypes:
     from sklearn.preprocessing import StandardScaler
 
     feats = features(profiles)
-    min_jobs = int(th.get("archetypes", "min_jobs"))
+    min_jobs = th.archetypes.min_jobs
     if len(feats) < min_jobs:
         reason = f"{len(feats)} jobs with complete profiles (< {min_jobs}): archetypes skipped"
         return Archetypes(pd.Series(dtype=str), pd.DataFrame(), reason)
     scaled = StandardScaler().fit_transform(feats.to_numpy())
-    seed = int(th.get("archetypes", "seed"))
+    seed = th.archetypes.seed
     best: tuple[float, np.ndarray] | None = None
     unique_rows = len(np.unique(np.round(scaled, 9), axis=0))
-    for k in range(2, int(th.get("archetypes", "max_clusters")) + 1):
+    for k in range(2, th.archetypes.max_clusters + 1):
         if k >= unique_rows:
             break
         labels = KMeans(n_clusters=k, random_state=seed, n_init=10).fit_predict(scaled)

@@ -179,7 +179,10 @@ def _analysis(args: argparse.Namespace, with_archetypes: bool = True) -> Any:
             "aggregation_reason": source.used_reason,
             "step_s": source.used_step_s,
         }
-        return pipeline.analyze_profiles(profiles, th, args.prometheus, meta, with_archetypes)
+        fleet = source.fleet(model)
+        return pipeline.analyze_profiles(
+            profiles, th, args.prometheus, meta, with_archetypes, fleet=fleet or None
+        )
     window = parse_duration(args.window, "--window") if args.window else None
     end = parse_time(args.end) if args.end else None
     history = files.load(args.history, window, end, sys.stderr if args.progress else None)

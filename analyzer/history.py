@@ -449,8 +449,3 @@ def read_history(
             if str(name) in families
         }
     return history
-
-
-def iter_family(samples: pd.DataFrame, families: Iterable[str]) -> pd.DataFrame:
-    """Rows of the given families (a view for joins)."""
-    return samples[samples["metric"].isin(list(families))]

@@ -166,7 +166,8 @@ def import_gpu_v2023(src: Path, out: Path) -> dict:
     if pods.empty:
         raise AnalyzerError(f"{pods_path}: no GPU pods (num_gpu > 0)")
     requested = pods["num_gpu"].where(pods["num_gpu"] != 1, pods["gpu_milli"].clip(upper=1000) / 1000.0)
-    end = pods["deletion_time"].fillna(pods["creation_time"])
+    # a pod without a deletion time still held its request when the trace ended
+    end = pods["deletion_time"].fillna(pods[["creation_time", "deletion_time"]].max().max())
     spec = pods["gpu_spec"].astype(object).where(pods["gpu_spec"].notna(), "").astype(str)
     labels = pd.DataFrame(
         {

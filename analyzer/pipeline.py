@@ -14,9 +14,11 @@ import pandas as pd
 
 from gpulens.analyzer import requests as request_trace
 from gpulens.analyzer.archetypes import Archetypes, cluster
-from gpulens.analyzer.emit import Emitted, context_from_rows, emit
+from gpulens.analyzer.changes import annotate, ranked_actions
+from gpulens.analyzer.emit import Emitted, FleetContext, context_from_fleet, context_from_rows, emit
 from gpulens.analyzer.history import History
 from gpulens.analyzer.plan import Plan, build_plan
+from gpulens.analyzer.profile import FleetGpu, fleet_catalog_models
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.thresholds import Thresholds
@@ -94,25 +96,10 @@ class Analysis:
         }
 
     def top_actions(self, n: int = 5) -> list[dict[str, Any]]:
-        """Biggest idle GPU-hours first among jobs whose recommendation changes something."""
-        r = self.recs
-        if self.kind == "requests":
+        """The ranked action list (`changes.ranked_actions`): GPU-hours recovered, largest first."""
+        if self.kind == "requests" or "action" not in self.recs:
             return []
-        act = r[~r["recommendation"].isin(["exclusive", "insufficient-data"])]
-        act = act.sort_values("gpu_hours_idle", ascending=False).head(n)
-        return [
-            {
-                "job_id": row.job_id,
-                "team": row.team,
-                "recommendation": row.recommendation,
-                "detail": next(
-                    (v for v in (row.mig_profile, row.target_gpu_model) if isinstance(v, str)), ""
-                ),
-                "gpu_hours_idle": round(float(row.gpu_hours_idle), 2),
-                "reason": row.reason,
-            }
-            for row in act.itertuples(index=False)
-        ]
+        return ranked_actions(self.recs, n)
 
 
 def jsonable(value: Any) -> Any:
@@ -130,24 +117,6 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def apply_plan_moves(recs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
-    """Jobs the plan moved (alone on a shared GPU, placed with others instead) say so."""
-    if not plan.moved:
-        return recs
-    recs = recs.copy()
-    for job, change in plan.moved.items():
-        at = recs.index[recs["job_id"] == job]
-        detail = change.get("mig_profile") or change["recommendation"]
-        recs.loc[at, "reason"] = (
-            recs.loc[at, "reason"] + f"; plan: alone on its GPU, so {detail} beside others"
-        )
-        if change["recommendation"] != "mps":
-            recs.loc[at, ["mps_active_thread_percentage", "mps_pinned_memory_limit_bytes"]] = None
-        for key, value in change.items():
-            recs.loc[at, key] = value
-    return recs
-
-
 def analyze_profiles(
     profiles: pd.DataFrame,
     th: Thresholds,
@@ -155,20 +124,35 @@ def analyze_profiles(
     meta: dict | None = None,
     with_archetypes: bool = True,
     gpus: list[dict] | None = None,
+    fleet: list[FleetGpu] | None = None,
 ) -> Analysis:
-    """Recommendations, plan, configuration and archetypes for a profile table."""
-    recs = recommend(profiles, th)
-    plan = build_plan(recs, th)
-    recs = apply_plan_moves(recs, plan)
+    """Recommendations, plan, configuration and archetypes for a profile table.
+
+    `fleet`: the inventory (`gpu_info` over the window) the plan counts and places jobs on;
+    without it, the GPUs the jobs used. `gpus`: the same as `gpu_info` rows (with the GPU index)
+    for emit.
+    """
+    models = None if fleet is None else fleet_catalog_models(fleet)
+    recs = recommend(profiles, th, models)
+    plan = build_plan(recs, th, fleet)
+    recs = annotate(recs, plan, th)
     return Analysis(
         kind="usage",
         source=source,
         recs=recs,
         plan=plan,
         archetypes=cluster(profiles, th) if with_archetypes else None,
-        emitted=emit(plan, context_from_rows(recs.to_dict("records"), gpus or [])),
+        emitted=emit(plan, _emit_context(recs, gpus, fleet)),
         meta=meta or {},
     )
+
+
+def _emit_context(recs: pd.DataFrame, gpus: list[dict] | None, fleet: list[FleetGpu] | None) -> FleetContext:
+    """The inventory emit places the plan on: `gpu_info` rows when given, else the fleet's GPUs."""
+    rows = recs.to_dict("records")
+    if gpus is None and fleet:
+        return context_from_fleet(fleet, rows)
+    return context_from_rows(rows, gpus or [])
 
 
 def analyze_history(
@@ -178,12 +162,17 @@ def analyze_history(
     if history.kind == "requests":
         table = request_trace.request_table(history)
         recs = request_trace.recommend_requests(table)
-        return Analysis(
-            "requests", str(history.path), recs, request_trace.plan_requests(recs), meta=history.meta
-        )
+        plan = request_trace.plan_requests(recs, cluster=request_trace.cluster_gpus(history))
+        return Analysis("requests", str(history.path), recs, plan, meta=history.meta)
     profiles = files.profiles(history, th, gpu_model)
     return analyze_profiles(
-        profiles, th, str(history.path), history.meta, with_archetypes, gpus=gpu_info_rows(history)
+        profiles,
+        th,
+        str(history.path),
+        history.meta,
+        with_archetypes,
+        gpus=gpu_info_rows(history),
+        fleet=files.fleet(history, gpu_model) or None,
     )
 
 

@@ -1,21 +1,37 @@
-"""Consolidation plan: pack recommended jobs onto as few GPUs as the rules allow.
+"""Consolidation plan: pack recommended jobs onto as few of the fleet's GPUs as the rules allow.
 
-First-fit decreasing per GPU model, time-aware: a job fits a GPU when, over the job's lifetime,
-the jobs already placed there leave enough memory, SM demand and client slots. GPUs are typed by
-how they are shared, because the NVIDIA device plugin applies MPS and time-slicing per node and
-MPS is not supported on MIG GPUs:
+`build_plan` runs four named steps:
 
-- `exclusive` / `downsize-model`: one job per GPU at a time (sequential jobs may reuse it);
+1. **hold**: a GPU hosting a job we cannot size (`insufficient-data`) stays as it is, with every
+   job on it (moving its neighbours would not free it).
+2. **pack**: first-fit decreasing per GPU model and sharing mode, time-aware (a job fits a GPU
+   when, over its lifetime, the jobs already there leave room), then lone sharers: a GPU shared by
+   one job saves nothing, so that job takes a partner from a fuller GPU of its mode, joins a GPU of
+   another mode (a free MIG slice, the other sharing mode) or stays on a whole GPU.
+3. **account**: GPUs before = every GPU of the inventory (`gpu_info` over the window, idle GPUs
+   included); the plan never uses more GPUs of a model than the fleet has: jobs moved to a model
+   without room go back to their own, and a model whose packing would need more GPUs than it has
+   keeps its jobs where they are. Freed per model is therefore never negative.
+4. **layout**: each packed GPU is put on a real GPU of the inventory (the one its largest job runs
+   on when it can), with its node, jobs, MIG placements, MPS client settings and the interference
+   risk of jobs that share it.
+
+Fit tests (evidence, not a "more than half a GPU" rule):
+
+- `exclusive` / `downsize-model`: one job at a time per GPU (sequential jobs may reuse it);
 - `mig`: a static geometry; a new slice fits only when `catalog.place_mig_layout` places the whole
   set (slices are not reused over time: reconfiguring needs an idle GPU);
-- `mps`: pinned memory limits sum to at most the GPU memory, SM demand to `mps.max_load`,
-  clients to the model's MPS client limit;
+- `mps`: pinned memory limits sum to at most the GPU memory, the thread caps of every job on the
+  GPU to 100 % (Slurm's MPS shares are per GPU, not per instant; on Kubernetes each client's cap
+  to 100 / clients, the device plugin's split),
+  compute demand to `mps.max_load`, p95 DRAM activity to `plan.max_dram_load`, clients to the
+  model's MPS client limit;
 - `time-slicing`: memory need sums to the GPU memory (no isolation), at most
-  `time_slicing.max_replicas` jobs, mean activity to `plan.max_gpu_load`.
+  `time_slicing.max_replicas` jobs, mean activity to `plan.max_gpu_load`, p95 activity to
+  `time_slicing.max_interference` and p95 DRAM activity to `plan.max_dram_load`.
 
-`reclaim` jobs free their GPUs; a GPU hosting an `insufficient-data` job stays as it is, with
-every job on it (moving its neighbours would not free it). GPUs are grouped into node groups of
-`plan.gpus_per_node` per model and sharing type, which is what `emit` turns into configuration.
+Interference risk of a shared GPU = the largest sum over time of the co-located jobs' p95 SM
+demand and p95 DRAM activity (MIG isolates both, MPS and time-slicing do not).
 """
 
 from __future__ import annotations
@@ -23,14 +39,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
 import pandas as pd
 
+from gpulens.analyzer.kinds import SHARED, WHOLE, Kind
+from gpulens.analyzer.profile import FleetGpu
+from gpulens.analyzer.recommend import mps_settings
 from gpulens.analyzer.thresholds import Thresholds
-from gpulens.catalog import MIB, CatalogError, GpuModel, model_for_nvml_name, place_mig_layout
+from gpulens.catalog import CatalogError, GpuModel, model_for_nvml_name, place_mig_layout
 
-SHARED_KINDS = ("mps", "time-slicing")
+UNCHANGED = "unchanged"  # the mode of a held GPU (or a model kept as it is)
+KUBERNETES = "kubernetes"
 
 
 @dataclass
@@ -44,16 +63,19 @@ class Item:
     end: float
     gpus: int
     memory: float  # bytes needed per GPU
-    sm: float  # SM demand as a fraction of the GPU
-    load: float  # mean activity as a fraction of the GPU (for projected utilisation)
+    sm: float  # compute demand at the sizing percentile, share of the GPU
+    load: float  # mean activity as a share of the GPU (projected utilisation)
     used_hours: float
+    p95: float = 0.0  # p95 compute demand, share of the GPU (interference)
+    dram: float = 0.0  # p95 DRAM activity, share of the GPU's bandwidth (0 when not measured)
+    source: str = ""  # job_source: Kubernetes MPS caps follow the device plugin's split
+    origin_model: str = ""  # the model the job runs on now
+    origin_mode: str = ""  # how it shares now (profile `sharing`)
+    origin_uuids: tuple[str, ...] = ()
     mig_profile: str | None = None
     mig_alternative: str | None = None
     thread_pct: int | None = None
     memory_limit: int | None = None
-
-    def overlaps(self, other: Item) -> bool:
-        return self.start <= other.end and other.start <= self.end
 
 
 @dataclass
@@ -62,49 +84,44 @@ class GpuBin:
 
     name: str
     model: str
-    mode: str  # exclusive | mig | mps | time-slicing | unchanged
+    mode: str  # a Kind value, or "unchanged"
     items: list[Item] = field(default_factory=list)
     node_group: str = ""
     mig_layout: list[dict] = field(default_factory=list)
     original_uuid: str = ""
+    node: str = ""
 
     def _overlapping(self, item: Item) -> list[Item]:
-        """Placed items overlapping `item` (inlined `Item.overlaps`: the packer's innermost loop)."""
+        """Placed items overlapping `item` (the packer's innermost loop)."""
         start, end = item.start, item.end
         return [o for o in self.items if o.start <= end and start <= o.end]
 
-    def peak(self, item: Item, attr: str) -> float:
-        """Largest sum of `attr` over time among placed items overlapping `item`, plus the item."""
-        others = self._overlapping(item)
-        points = [item.start] + [o.start for o in others if o.start > item.start]
-        best = 0.0
-        for t in points:
-            best = max(best, sum(getattr(o, attr) for o in others if o.start <= t <= o.end))
-        return best + (getattr(item, attr) if attr != "count" else 1)
-
     def peaks(self, item: Item, attrs: tuple[str, ...]) -> dict[str, float]:
-        """`peak` of several attributes (and "count", as `concurrent`) in one pass over the items."""
+        """Largest sum over time of each attribute (and "count") among overlapping items, plus `item`."""
         others = self._overlapping(item)
         points = [item.start] + [o.start for o in others if o.start > item.start]
         best = dict.fromkeys(attrs, 0.0)
         for t in points:
             active = [o for o in others if o.start <= t <= o.end]
             for attr in attrs:
-                value = len(active) if attr == "count" else sum(getattr(o, attr) for o in active)
+                value = len(active) if attr == "count" else sum(getattr(o, attr) or 0 for o in active)
                 best[attr] = max(best[attr], value)
-        return {a: best[a] + (1 if a == "count" else getattr(item, a)) for a in attrs}
+        return {a: best[a] + (1 if a == "count" else (getattr(item, a) or 0)) for a in attrs}
 
     def max_sum(self, attr: str) -> float:
-        """Largest sum of `attr` over time among the placed items (committed memory, load)."""
+        """Largest sum of `attr` over time among the placed items (committed memory, interference)."""
         return max(
-            (sum(getattr(o, attr) for o in self.items if o.start <= i.start <= o.end) for i in self.items),
+            (
+                sum(getattr(o, attr) or 0 for o in self.items if o.start <= i.start <= o.end)
+                for i in self.items
+            ),
             default=0.0,
         )
 
-    def concurrent(self, item: Item) -> int:
-        others = self._overlapping(item)
-        points = [item.start] + [o.start for o in others if o.start > item.start]
-        return max((sum(1 for o in others if o.start <= t <= o.end) for t in points), default=0) + 1
+    def concurrency(self) -> int:
+        return int(
+            max((sum(1 for o in self.items if o.start <= i.start <= o.end) for i in self.items), default=0)
+        )
 
 
 @dataclass
@@ -121,10 +138,24 @@ class Plan:
     layout: list[dict]
     node_groups: dict[str, dict]
     notes: list[str] = field(default_factory=list)
-    moved: dict[str, dict] = field(default_factory=dict)  # lone sharers placed elsewhere: new settings
+    moved: dict[str, dict] = field(default_factory=dict)  # jobs the plan changed: their new settings
+    freed: list[dict] = field(default_factory=list)  # GPUs the plan gives back: node, uuid, model, why
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def fleet_from_recs(recs: pd.DataFrame) -> list[FleetGpu]:
+    """The GPUs the jobs used, when no inventory is given (idle GPUs are then unknown)."""
+    seen: dict[str, FleetGpu] = {}
+    for row in recs.itertuples(index=False):
+        for uuid in _uuids(row.uuids):
+            seen.setdefault(uuid, FleetGpu(uuid, str(row.gpu_model), str(getattr(row, "instance", "") or "")))
+    return list(seen.values())
+
+
+def _uuids(value: object) -> list[str]:
+    return [u for u in str(value).split(",") if u and u != "nan"]
 
 
 def _first_fit(profiles: Iterable[str | None]) -> list[tuple[str, int | None]]:
@@ -139,29 +170,45 @@ def _int_or_none(value: object) -> int | None:
     return int(value)  # type: ignore[call-overload]
 
 
+def _num(value: object) -> float:
+    """A float from a column that may hold None/NaN (as 0)."""
+    if value is None:
+        return 0.0
+    number = float(value)  # type: ignore[arg-type]
+    return 0.0 if math.isnan(number) else number
+
+
 def _items(recs: pd.DataFrame) -> list[Item]:
     items = []
     for row in recs.itertuples(index=False):
         kind = row.recommendation
-        if kind in ("reclaim", "insufficient-data"):
+        if kind in (Kind.RECLAIM, Kind.INSUFFICIENT_DATA):
             continue
-        model = row.target_gpu_model if kind == "downsize-model" else row.gpu_model
-        gpus = int(row.gpus) if kind in ("exclusive", "downsize-model") else 1
-        sm = float(row.sm_fraction) if row.sm_fraction == row.sm_fraction and row.sm_fraction else 0.0
-        load = row.gpu_hours_used / (row.duration_s / 3600.0) / max(gpus, 1) if row.duration_s else 0.0
+        model = row.target_gpu_model if kind == Kind.DOWNSIZE else row.gpu_model
+        whole = kind in WHOLE
+        gpus = int(row.gpus) if whole else 1
+        load = _num(row.gpu_hours_used) / (row.duration_s / 3600.0) / max(gpus, 1) if row.duration_s else 0.0
+        known = model_for_nvml_name(str(row.gpu_model))
+        scale = _num(row.device_sms) / known.sm_count if known and _num(row.device_sms) else 1.0
         items.append(
             Item(
                 job_id=row.job_id,
-                kind="exclusive" if kind == "downsize-model" else kind,
+                kind=Kind.EXCLUSIVE.value if kind == Kind.DOWNSIZE else str(kind),
                 model=str(model),
                 start=float(row.start),
                 end=float(row.end),
                 gpus=gpus,
-                memory=float(row.memory_need_bytes or 0.0),
-                sm=float(min(sm, 1.0)),
+                memory=_num(row.memory_need_bytes),
+                sm=min(_num(row.sm_fraction), 1.0),
                 load=0.0 if math.isnan(load) else float(load),
-                used_hours=0.0 if math.isnan(row.gpu_hours_used) else float(row.gpu_hours_used),
-                mig_profile=row.mig_profile if kind == "mig" else None,
+                used_hours=_num(row.gpu_hours_used),
+                p95=min(1.0, _num(row.sm_active_p95) * scale),
+                dram=min(1.0, _num(getattr(row, "dram_active_p95", 0.0)) * scale),
+                source=str(getattr(row, "job_source", "") or ""),
+                origin_model=str(row.gpu_model),
+                origin_mode=str(row.sharing),
+                origin_uuids=tuple(_uuids(row.uuids)),
+                mig_profile=row.mig_profile if kind == Kind.MIG else None,
                 mig_alternative=row.mig_alternative if isinstance(row.mig_alternative, str) else None,
                 thread_pct=_int_or_none(row.mps_active_thread_percentage),
                 memory_limit=_int_or_none(row.mps_pinned_memory_limit_bytes),
@@ -170,13 +217,14 @@ def _items(recs: pd.DataFrame) -> list[Item]:
     return items
 
 
-def _fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> bool:
+def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> bool:
+    """Whether `item` can join `gpu` (the fit tests of the module docstring)."""
     if gpu.mode != item.kind or gpu.model != item.model:
         return False
     memory_total = model.memory_bytes if model else math.inf
-    if item.kind == "exclusive":
+    if item.kind == Kind.EXCLUSIVE:
         return not gpu._overlapping(item)
-    if item.kind == "mig":
+    if item.kind == Kind.MIG:
         if model is None:
             return False
         try:
@@ -184,43 +232,49 @@ def _fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> bo
         except CatalogError:
             return False
         return True
-    # one pass over the GPU's items for all three limits (the packer's hottest call)
-    peak = gpu.peaks(item, ("memory", "sm" if item.kind == "mps" else "load", "count"))
-    if peak["memory"] > memory_total:
+    # one pass over the GPU's items for every limit (the packer's hottest call)
+    peak = gpu.peaks(item, ("memory", "sm", "load", "p95", "dram", "thread_pct", "count"))
+    if peak["memory"] > memory_total or peak["dram"] > th.plan.max_dram_load + 1e-9:
         return False
-    if item.kind == "mps":
-        clients = th.get("mps", "max_clients") or (model.mps_max_clients if model else 48)
-        return peak["sm"] <= th.get("mps", "max_load") + 1e-9 and peak["count"] <= clients
-    # time-slicing
+    if item.kind == Kind.MPS:
+        clients = th.mps.max_clients or (model.mps_max_clients if model else 48)
+        # Slurm's MPS shares are configured per GPU, not per instant: every client's cap counts
+        shares = sum(o.thread_pct or 0 for o in gpu.items) + (item.thread_pct or 0)
+        if shares > 100 or peak["count"] > clients or peak["sm"] > th.mps.max_load + 1e-9:
+            return False
+        sharers = [*gpu._overlapping(item), item]
+        if any(o.source == KUBERNETES for o in sharers):
+            split = 100 // int(peak["count"])
+            return all((o.thread_pct or 0) <= split for o in sharers)
+        return True
     return (
-        peak["count"] <= th.get("time_slicing", "max_replicas")
-        and peak["load"] <= th.get("plan", "max_gpu_load") + 1e-9
+        peak["count"] <= th.time_slicing.max_replicas
+        and peak["load"] <= th.plan.max_gpu_load + 1e-9
+        and peak["p95"] <= th.time_slicing.max_interference + 1e-9
     )
 
 
-def _pack(items: list[Item], th: Thresholds) -> list[GpuBin]:
+def _size(item: Item) -> float:
+    model = model_for_nvml_name(item.model)
+    return max(item.memory / model.memory_bytes if model else 0.0, item.sm, item.load)
+
+
+def pack(items: list[Item], th: Thresholds) -> list[GpuBin]:
+    """First-fit decreasing among the GPUs an item can join at all (same mode and model)."""
     bins: list[GpuBin] = []
     counters: dict[str, int] = {}
-
-    def size(i: Item) -> float:
-        model = model_for_nvml_name(i.model)
-        return max(i.memory / model.memory_bytes if model else 0.0, i.sm, i.load)
-
-    order = sorted(items, key=lambda i: (i.model, i.kind, -size(i), i.start, i.job_id))
-    # first fit among the bins an item can join at all (same mode and model), in creation order:
-    # the same choice as scanning every bin, without touching thousands that cannot match
+    order = sorted(items, key=lambda i: (i.model, i.kind, -_size(i), i.start, i.job_id))
     compatible: dict[tuple[str, str], list[GpuBin]] = {}
     for item in order:
         model = model_for_nvml_name(item.model)
-        needed = item.gpus
         chosen: list[GpuBin] = []
         candidates = compatible.setdefault((item.kind, item.model), [])
         for gpu in candidates:
-            if len(chosen) == needed:
+            if len(chosen) == item.gpus:
                 break
-            if _fits(gpu, item, model, th):
+            if fits(gpu, item, model, th):
                 chosen.append(gpu)
-        while len(chosen) < needed:
+        while len(chosen) < item.gpus:
             counters[item.model] = counters.get(item.model, 0) + 1
             gpu = GpuBin(name=f"{item.model}#{counters[item.model]}", model=item.model, mode=item.kind)
             bins.append(gpu)
@@ -231,72 +285,245 @@ def _pack(items: list[Item], th: Thresholds) -> list[GpuBin]:
     return bins
 
 
-def _absorb_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBin], dict[str, dict]]:
-    """A job alone on a shared GPU joins another GPU where it fits, changing how it shares.
+def _as_mps(item: Item, th: Thresholds) -> Item:
+    settings = mps_settings(item.sm, item.memory, th)
+    return replace(
+        item,
+        kind=Kind.MPS.value,
+        thread_pct=settings.thread_percentage,
+        memory_limit=settings.pinned_memory_limit_bytes,
+    )
 
-    A GPU shared by nobody saves nothing. An MPS job takes a free slice of a MIG GPU of the same
-    model (the slice its recommendation sized); an MPS or time-sliced job joins a GPU of the other
-    sharing mode when the rules of that mode admit it. Returns the remaining bins and, per moved
-    job, its new sharing mode and settings.
-    """
+
+def _take_partner(gpu: GpuBin, bins: list[GpuBin], th: Thresholds) -> bool:
+    """A lone sharer takes a job from the fullest GPU of its mode and model that keeps two."""
+    model = model_for_nvml_name(gpu.model)
+    donors = [
+        b for b in bins if b is not gpu and b.mode == gpu.mode and b.model == gpu.model and len(b.items) > 2
+    ]
+    for donor in sorted(donors, key=lambda b: -len(b.items)):
+        for item in sorted(donor.items, key=_size):
+            if fits(gpu, item, model, th):
+                donor.items.remove(item)
+                gpu.items.append(item)
+                return True
+    return False
+
+
+def _join_other(gpu: GpuBin, bins: list[GpuBin], removed: set[int], th: Thresholds) -> dict | None:
+    """A lone sharer joins another GPU of its model in another mode; returns its new settings."""
+    item = gpu.items[0]
+    model = model_for_nvml_name(gpu.model)
+    if model is None:
+        return None
+    for other in bins:
+        if other is gpu or id(other) in removed or other.model != gpu.model or len(other.items) < 1:
+            continue
+        if other.mode == Kind.MIG and item.kind == Kind.MPS and item.mig_alternative:
+            wanted = _first_fit([*(o.mig_profile for o in other.items), item.mig_alternative])
+            try:
+                place_mig_layout(model, wanted)
+            except CatalogError:
+                continue
+            item.kind, item.mig_profile = Kind.MIG.value, item.mig_alternative
+            other.items.append(item)
+            return {"recommendation": Kind.MIG.value, "mig_profile": item.mig_alternative}
+        if other.mode in SHARED and other.mode != item.kind and len(other.items) > 1:
+            candidate = _as_mps(item, th) if other.mode == Kind.MPS else replace(item, kind=other.mode)
+            if not fits(other, candidate, model, th):
+                continue
+            item.kind, item.thread_pct, item.memory_limit = (
+                candidate.kind,
+                candidate.thread_pct,
+                candidate.memory_limit,
+            )
+            other.items.append(item)
+            change: dict = {"recommendation": other.mode}
+            if other.mode == Kind.MPS:
+                change.update(
+                    mps_active_thread_percentage=item.thread_pct,
+                    mps_pinned_memory_limit_bytes=item.memory_limit,
+                )
+            return change
+    return None
+
+
+def settle_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBin], dict[str, dict]]:
+    """No GPU is shared (MPS, time-slicing, MIG) by a single job: it takes a partner, joins another
+    GPU, or stays whole (a job already on a MIG slice keeps its slice)."""
     moved: dict[str, dict] = {}
     removed: set[int] = set()
     for gpu in bins:
-        if gpu.mode not in SHARED_KINDS or len(gpu.items) != 1:
+        if (gpu.mode not in SHARED and gpu.mode != Kind.MIG) or len(gpu.items) != 1 or id(gpu) in removed:
+            continue
+        if _take_partner(gpu, bins, th):
+            continue
+        change = _join_other(gpu, bins, removed, th) if gpu.mode in SHARED else None
+        if change is not None:
+            removed.add(id(gpu))
+            moved[gpu.items[0].job_id] = change
             continue
         item = gpu.items[0]
-        model = model_for_nvml_name(gpu.model)
-        if model is None:
-            continue
-        for other in bins:
-            if other is gpu or id(other) in removed or other.model != gpu.model:
-                continue
-            if other.mode == "mig" and item.kind == "mps" and item.mig_alternative:
-                wanted = _first_fit([*(o.mig_profile for o in other.items), item.mig_alternative])
-                try:
-                    place_mig_layout(model, wanted)
-                except CatalogError:
-                    continue
-                change: dict[str, Any] = {"recommendation": "mig", "mig_profile": item.mig_alternative}
-            elif other.mode in SHARED_KINDS and other.mode != item.kind and len(other.items) > 1:
-                candidate = replace(item, kind=other.mode)
-                if other.mode == "mps":
-                    candidate.thread_pct = _thread_pct(item.sm, th)
-                    candidate.memory_limit = int(math.ceil(item.memory / MIB) * MIB)
-                if not _fits(other, candidate, model, th):
-                    continue
-                item.kind, item.thread_pct, item.memory_limit = (
-                    candidate.kind,
-                    candidate.thread_pct,
-                    candidate.memory_limit,
-                )
-                change = {"recommendation": other.mode}
-                if other.mode == "mps":
-                    change.update(
-                        mps_active_thread_percentage=item.thread_pct,
-                        mps_pinned_memory_limit_bytes=item.memory_limit,
-                    )
-            else:
-                continue
-            if change["recommendation"] == "mig":
-                item.kind, item.mig_profile = "mig", item.mig_alternative
-            other.items.append(item)
-            removed.add(id(gpu))
-            moved[item.job_id] = change
-            break
+        if gpu.mode == Kind.MIG and item.origin_mode == Kind.MIG:
+            continue  # already on a slice: it keeps one (the GPU's other slices stay free)
+        item.kind, item.thread_pct, item.memory_limit = Kind.EXCLUSIVE.value, None, None
+        gpu.mode = Kind.EXCLUSIVE.value
+        moved[item.job_id] = {
+            "recommendation": Kind.EXCLUSIVE.value,
+            "note": "no other job fits beside it and a GPU shared by one job saves nothing: "
+            "it keeps a whole GPU",
+        }
     return [b for b in bins if id(b) not in removed], moved
 
 
-def _thread_pct(sm_fraction: float, th: Thresholds) -> int:
-    """MPS thread percentage for a job that joins an MPS GPU from the packer (as recommend sizes it)."""
-    demand = sm_fraction * (1 + th.get("headroom", "compute_ratio"))
-    pct = math.ceil(demand * 100 / 5 - 1e-9) * 5
-    return int(min(100, max(th.get("mps", "min_thread_percentage"), pct)))
+def hold(recs: pd.DataFrame) -> tuple[pd.DataFrame, list[GpuBin]]:
+    """Step 1: GPUs with a job we cannot size stay as they are; returns the movable rows and them."""
+    unknown = recs[recs["recommendation"] == Kind.INSUFFICIENT_DATA]
+    held = {u for uuids in unknown["uuids"] for u in _uuids(uuids)}
+    on_held = recs["uuids"].map(lambda v: bool(held & set(_uuids(v))))
+    pinned = recs[on_held & (recs["recommendation"] != Kind.RECLAIM)]
+    return recs[~on_held], _kept_as_they_are(pinned)
+
+
+def held_changes(recs: pd.DataFrame) -> dict[str, dict]:
+    """Jobs on held GPUs that could have been sized: they stay as they run now."""
+    movable, _ = hold(recs)
+    stay = recs[~recs["job_id"].isin(movable["job_id"])]
+    stay = stay[~stay["recommendation"].isin([Kind.RECLAIM, Kind.INSUFFICIENT_DATA])]
+    return {
+        str(row.job_id): {**_as_now(row), "note": "shares a GPU with a job that has too little data"}
+        for row in stay.itertuples(index=False)
+    }
+
+
+def _kept_as_they_are(recs: pd.DataFrame) -> list[GpuBin]:
+    """One unchanged GPU per uuid the jobs use now, with those jobs."""
+    bins: dict[str, GpuBin] = {}
+    for row in recs.itertuples(index=False):
+        for uuid in _uuids(row.uuids):
+            gpu = bins.setdefault(
+                uuid,
+                GpuBin(
+                    name=f"{row.gpu_model}@{uuid}",
+                    model=str(row.gpu_model),
+                    mode=UNCHANGED,
+                    original_uuid=uuid,
+                ),
+            )
+            gpu.items.append(
+                Item(
+                    row.job_id,
+                    UNCHANGED,
+                    str(row.gpu_model),
+                    float(row.start),
+                    float(row.end),
+                    1,
+                    0.0,
+                    0.0,
+                    0.0,
+                    _num(row.gpu_hours_used) / max(1, len(_uuids(row.uuids))),
+                    origin_model=str(row.gpu_model),
+                    origin_uuids=tuple(_uuids(row.uuids)),
+                )
+            )
+    return list(bins.values())
+
+
+def _capacity(fleet: Iterable[FleetGpu]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for gpu in fleet:
+        out[gpu.model] = out.get(gpu.model, 0) + 1
+    return out
+
+
+def _as_now(row: object) -> dict:
+    """The settings of a job that stays exactly as it runs now."""
+    sharing = str(getattr(row, "sharing", "") or Kind.EXCLUSIVE.value)
+    change: dict = {"recommendation": sharing, "target_gpu_model": None, "kept": True}
+    change["mig_profile"] = (getattr(row, "mig_profile_now", "") or None) if sharing == Kind.MIG else None
+    if sharing != Kind.MPS:
+        change.update(mps_active_thread_percentage=None, mps_pinned_memory_limit_bytes=None)
+    return change
+
+
+def account(
+    movable: pd.DataFrame, held: list[GpuBin], fleet: list[FleetGpu], th: Thresholds
+) -> tuple[list[GpuBin], dict[str, dict], list[str]]:
+    """Steps 2-3: pack, settle lone sharers and keep every model within the fleet's count."""
+    capacity = _capacity(fleet)
+    for gpu in held:
+        capacity[gpu.model] = capacity.get(gpu.model, 0) - 1
+    items = _items(movable)
+    notes: list[str] = []
+    kept_models: set[str] = set()
+    reverted: dict[str, dict] = {}
+    while True:
+        bins, moved = settle_lone_sharers(pack([i for i in items if i.model not in kept_models], th), th)
+        used = _capacity(FleetGpu("", b.model, "") for b in bins)
+        over = sorted(m for m, n in used.items() if n > capacity.get(m, 0))
+        if not over:
+            break
+        model = over[0]
+        incoming = [i for i in items if i.model == model and i.origin_model != model]
+        if incoming:  # downsized onto a model without room: the excess goes back to its own model
+            incoming.sort(key=lambda i: (i.start, i.job_id))
+            incoming = incoming[-max(1, used[model] - capacity.get(model, 0)) :]
+            for i in incoming:
+                reverted[i.job_id] = {
+                    "recommendation": Kind.EXCLUSIVE.value,
+                    "target_gpu_model": None,
+                    "note": f"the fleet has no {model} left for it: it keeps its {i.origin_model}",
+                }
+                i.model, i.kind = i.origin_model, Kind.EXCLUSIVE.value
+            notes.append(
+                f"{len(incoming)} job(s) stay on their model: the fleet has {capacity.get(model, 0)} {model}"
+            )
+            continue
+        kept_models.add(model)
+        notes.append(
+            f"{model}: the packing would need {used[model]} GPUs, the fleet has {capacity.get(model, 0)}; "
+            "its jobs stay as they are"
+        )
+    moved.update(reverted)
+    kept = movable[movable["gpu_model"].isin(kept_models) & (movable["recommendation"] != Kind.RECLAIM)]
+    for row in kept.itertuples(index=False):
+        moved[str(row.job_id)] = _as_now(row)
+    return bins + _kept_as_they_are(kept) + held, moved, notes
+
+
+def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu]) -> None:
+    """Step 4a: every bin onto a real GPU of its model, the one its largest job uses when free."""
+    free: dict[str, list[FleetGpu]] = {}
+    by_uuid = {g.uuid: g for g in fleet}
+    for card in fleet:
+        free.setdefault(card.model, []).append(card)
+    taken: set[str] = set()
+    for gpu in bins:  # held and kept GPUs keep their own uuid
+        if gpu.original_uuid:
+            taken.add(gpu.original_uuid)
+    ordered = sorted(bins, key=lambda b: -max((i.used_hours for i in b.items), default=0.0))
+    for gpu in ordered:
+        if gpu.original_uuid:
+            gpu.node = by_uuid[gpu.original_uuid].node if gpu.original_uuid in by_uuid else ""
+            continue
+        wanted = [u for i in sorted(gpu.items, key=lambda i: -i.used_hours) for u in i.origin_uuids]
+        pick = next(
+            (u for u in wanted if u not in taken and by_uuid.get(u, FleetGpu("", "", "")).model == gpu.model),
+            None,
+        )
+        if pick is None:
+            nodes = {by_uuid[u].node for u in wanted if u in by_uuid}
+            pool = [g for g in free.get(gpu.model, []) if g.uuid not in taken]
+            pool.sort(key=lambda g: (g.node not in nodes, g.node, g.uuid))
+            pick = pool[0].uuid if pool else None
+        if pick is not None:
+            taken.add(pick)
+            gpu.original_uuid, gpu.node = pick, by_uuid[pick].node
 
 
 def _mig_layouts(bins: list[GpuBin]) -> None:
     for gpu in bins:
-        if gpu.mode != "mig":
+        if gpu.mode != Kind.MIG:
             continue
         model = model_for_nvml_name(gpu.model)
         assert model is not None
@@ -309,10 +536,10 @@ def _mig_layouts(bins: list[GpuBin]) -> None:
 
 def _node_groups(bins: list[GpuBin], th: Thresholds) -> dict[str, dict]:
     """Group GPUs into nodes per (model, sharing family): device-plugin sharing is per node."""
-    per_node = int(th.get("plan", "gpus_per_node"))
+    per_node = th.plan.gpus_per_node
     families: dict[tuple[str, str], list[GpuBin]] = {}
     for gpu in bins:
-        family = gpu.mode if gpu.mode in SHARED_KINDS else "whole"
+        family = gpu.mode if gpu.mode in SHARED else "whole"
         families.setdefault((gpu.model, family), []).append(gpu)
     groups: dict[str, dict] = {}
     for (model, family), members in sorted(families.items()):
@@ -326,101 +553,101 @@ def _node_groups(bins: list[GpuBin], th: Thresholds) -> dict[str, dict]:
     return groups
 
 
-def build_plan(recs: pd.DataFrame, th: Thresholds) -> Plan:
-    """Pack the recommended jobs; see the module docstring for the rules."""
-    if recs.empty:
-        return Plan(0, 0, 0, {}, 0.0, 0.0, 0.0, [], {})
-    start, end = float(recs["start"].min()), float(recs["end"].max())
-    window_hours = max((end - start) / 3600.0, 1e-9)
-    if "duration_s" in recs and len(recs):
-        window_hours = max(window_hours, float(recs["duration_s"].max()) / 3600.0)
-    # a GPU hosting a job we cannot size stays as it is, with every job on it: moving its
-    # neighbours away would not free it
-    unknown = recs[recs["recommendation"] == "insufficient-data"]
-    held = {u for uuids in unknown["uuids"] for u in str(uuids).split(",") if u}
-    on_held = recs["uuids"].map(lambda v: bool(held & set(str(v).split(","))))
-    items = _items(recs[~on_held])
-    bins, moved = _absorb_lone_sharers(_pack(items, th), th)
-    _mig_layouts(bins)
-    pinned = recs[on_held & (recs["recommendation"] != "reclaim")]
-    kept: dict[str, str] = {}
-    jobs_on: dict[
-        str, list
-    ] = {}  # uuid -> the pinned rows on it, in row order (one pass, not one scan per GPU)
-    for row in pinned.itertuples(index=False):
-        for uuid in dict.fromkeys(u for u in str(row.uuids).split(",") if u):
-            kept[uuid] = str(row.gpu_model)
-            jobs_on.setdefault(uuid, []).append(row)
-    for uuid, model in sorted(kept.items()):
-        gpu = GpuBin(name=f"{model}@{uuid}", model=model, mode="unchanged", original_uuid=uuid)
-        gpu.items = [
-            Item(
-                r.job_id,
-                "unchanged",
-                model,
-                r.start,
-                r.end,
-                1,
-                0.0,
-                0.0,
-                0.0,
-                0.0 if math.isnan(r.gpu_hours_used) else r.gpu_hours_used,
-            )
-            for r in jobs_on[uuid]
+def interference(gpu: GpuBin) -> dict[str, float | str]:
+    """Sum over time of co-located p95 SM demand and p95 DRAM activity, and a level."""
+    sm, dram = gpu.max_sum("p95"), gpu.max_sum("dram")
+    worst = max(sm, dram)
+    level = "high" if worst > 1.0 else "medium" if worst > 0.7 else "low"
+    return {"sm_p95_sum": round(sm, 3), "dram_p95_sum": round(dram, 3), "risk": level}
+
+
+def _entry(gpu: GpuBin, window_hours: float) -> dict:
+    used_hours = sum(i.used_hours / max(i.gpus, 1) for i in gpu.items)
+    entry: dict = {
+        "gpu": gpu.name,
+        "model": gpu.model,
+        "node_group": gpu.node_group,
+        "node": gpu.node,
+        "sharing": gpu.mode,
+        "jobs": [i.job_id for i in gpu.items],
+        "projected_utilization": round(used_hours / window_hours, 4),
+        "memory_committed_bytes": int(gpu.max_sum("memory")) if gpu.mode in SHARED else None,
+    }
+    if gpu.mode in SHARED:
+        entry["interference"] = interference(gpu)
+    if gpu.mode == Kind.MIG:
+        entry["mig_layout"] = gpu.mig_layout
+    if gpu.mode == Kind.MPS:
+        entry["mps_clients"] = [
+            {
+                "job_id": i.job_id,
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": i.thread_pct,
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": i.memory_limit,
+            }
+            for i in gpu.items
         ]
-        bins.append(gpu)
-    groups = _node_groups([b for b in bins if b.mode != "unchanged"], th)
-    before: dict[str, set[str]] = {}
-    for row in recs.itertuples(index=False):
-        for uuid in str(row.uuids).split(","):
-            if uuid:
-                before.setdefault(str(row.gpu_model), set()).add(uuid)
-    after: dict[str, int] = {}
-    for gpu in bins:
-        after[gpu.model] = after.get(gpu.model, 0) + 1
-    by_model: dict[str, dict[str, float]] = {}
-    for model in sorted(set(before) | set(after)):
-        b, a = len(before.get(model, ())), after.get(model, 0)
-        by_model[model] = {"gpus_before": b, "gpus_after": a, "gpus_freed": b - a}
-    used = float(recs["gpu_hours_used"].fillna(0.0).sum())
-    gpus_before = sum(len(v) for v in before.values())
-    gpus_after = len(bins)
-    layout = []
-    for gpu in bins:
-        used_hours = sum(i.used_hours / max(i.gpus, 1) for i in gpu.items)
-        entry = {
-            "gpu": gpu.name,
-            "model": gpu.model,
-            "node_group": gpu.node_group,
-            "sharing": gpu.mode,
-            "jobs": [i.job_id for i in gpu.items],
-            "projected_utilization": round(used_hours / window_hours, 4),
-            "memory_committed_bytes": int(gpu.max_sum("memory")) if gpu.mode in SHARED_KINDS else None,
+    if gpu.mode == Kind.TIME_SLICING:
+        entry["replicas"] = gpu.concurrency()
+    if gpu.original_uuid:
+        entry["uuid"] = gpu.original_uuid
+    return entry
+
+
+def _freed(fleet: list[FleetGpu], bins: list[GpuBin], recs: pd.DataFrame) -> list[dict]:
+    """Inventory GPUs no packed GPU uses, and why they are free."""
+    used = {b.original_uuid for b in bins}
+    had_jobs = {u for v in recs["uuids"] for u in _uuids(v)}
+    idle_only = {u for v in recs.loc[recs["recommendation"] == Kind.RECLAIM, "uuids"] for u in _uuids(v)}
+    busy = {u for v in recs.loc[recs["recommendation"] != Kind.RECLAIM, "uuids"] for u in _uuids(v)}
+    out = []
+    for gpu in sorted(fleet, key=lambda g: (g.node, g.model, g.uuid)):
+        if gpu.uuid in used:
+            continue
+        if gpu.uuid not in had_jobs:
+            why = "no job in the window"
+        elif gpu.uuid in idle_only and gpu.uuid not in busy:
+            why = "its jobs allocated it and did nothing"
+        else:
+            why = "freed by consolidation"
+        out.append({"node": gpu.node, "uuid": gpu.uuid, "model": gpu.model, "why": why})
+    return out
+
+
+def build_plan(recs: pd.DataFrame, th: Thresholds, fleet: list[FleetGpu] | None = None) -> Plan:
+    """Hold, pack and account, then lay the result out on the fleet's GPUs (module docstring)."""
+    fleet = fleet_from_recs(recs) if fleet is None else _with_job_gpus(fleet, recs)
+    if recs.empty and not fleet:
+        return Plan(0, 0, 0, {}, 0.0, 0.0, 0.0, [], {})
+    window_hours = _window_hours(recs)
+    movable, held = hold(recs) if len(recs) else (recs, [])
+    bins, moved, notes = account(movable, held, fleet, th) if len(recs) else ([], {}, [])
+    if len(recs):
+        moved.update(held_changes(recs))
+    _assign_gpus(bins, fleet)
+    _mig_layouts(bins)
+    groups = _node_groups([b for b in bins if b.mode != UNCHANGED], th)
+    before = _capacity(fleet)
+    after = _capacity(FleetGpu("", b.model, "") for b in bins)
+    by_model: dict[str, dict[str, float]] = {
+        model: {
+            "gpus_before": before.get(model, 0),
+            "gpus_after": after.get(model, 0),
+            "gpus_freed": before.get(model, 0) - after.get(model, 0),
         }
-        if gpu.mode == "mig":
-            entry["mig_layout"] = gpu.mig_layout
-        if gpu.mode == "mps":
-            entry["mps_clients"] = [
-                {
-                    "job_id": i.job_id,
-                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": i.thread_pct,
-                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": i.memory_limit,
-                }
-                for i in gpu.items
-            ]
-        if gpu.mode == "time-slicing":
-            entry["replicas"] = int(
-                max((sum(1 for o in gpu.items if o.start <= i.start <= o.end) for i in gpu.items), default=0)
-            )
-        if gpu.original_uuid:
-            entry["uuid"] = gpu.original_uuid
-        layout.append(entry)
-    notes = []
-    downsized = recs[recs["recommendation"] == "downsize-model"]
-    if len(downsized):
-        notes.append(
-            f"{len(downsized)} job(s) move to a smaller GPU model; per-model counts show where GPUs go"
-        )
+        for model in sorted(set(before) | set(after))
+    }
+    used = float(recs["gpu_hours_used"].fillna(0.0).sum()) if len(recs) else 0.0
+    gpus_before, gpus_after = sum(before.values()), len(bins)
+    idle = (
+        sum(1 for g in _freed(fleet, bins, recs) if g["why"] == "no job in the window")
+        if len(recs)
+        else len(fleet)
+    )
+    if idle:
+        notes.append(f"{idle} GPU(s) ran no job in the window: reclaimable as they are")
+    downsized = int((recs["recommendation"] == Kind.DOWNSIZE).sum()) if len(recs) else 0
+    if downsized:
+        notes.append(f"{downsized} job(s) move to a smaller GPU model; per-model counts show where GPUs go")
     return Plan(
         gpus_before=gpus_before,
         gpus_after=gpus_after,
@@ -429,8 +656,29 @@ def build_plan(recs: pd.DataFrame, th: Thresholds) -> Plan:
         utilization_before=round(used / (gpus_before * window_hours), 4) if gpus_before else 0.0,
         utilization_after=round(used / (gpus_after * window_hours), 4) if gpus_after else 0.0,
         window_hours=round(window_hours, 3),
-        layout=layout,
+        layout=[_entry(b, window_hours) for b in bins],
         node_groups=groups,
         notes=notes,
         moved=moved,
+        freed=_freed(fleet, bins, recs)
+        if len(recs)
+        else [
+            {"node": g.node, "uuid": g.uuid, "model": g.model, "why": "no job in the window"} for g in fleet
+        ],
     )
+
+
+def _with_job_gpus(fleet: list[FleetGpu], recs: pd.DataFrame) -> list[FleetGpu]:
+    """The inventory plus any GPU a job used that `gpu_info` did not list (never fewer GPUs)."""
+    known = {g.uuid for g in fleet}
+    return list(fleet) + [g for g in fleet_from_recs(recs) if g.uuid not in known]
+
+
+def _window_hours(recs: pd.DataFrame) -> float:
+    if recs.empty:
+        return 1e-9
+    start, end = float(recs["start"].min()), float(recs["end"].max())
+    hours = max((end - start) / 3600.0, 1e-9)
+    if "duration_s" in recs:
+        hours = max(hours, float(recs["duration_s"].max()) / 3600.0)
+    return hours

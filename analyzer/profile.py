@@ -28,7 +28,7 @@ from gpulens.analyzer.history import LABELS
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.catalog import CatalogError, GpuModel, get_model, model_for_nvml_name
 
-STAT_KEYS = ("mean", "p50", "p95", "max", "count", "stddev", "idle")
+STAT_KEYS = ("mean", "p50", "p95", "p99", "max", "count", "stddev", "idle")
 
 PROFILE_COLUMNS = (
     "job_id",
@@ -57,6 +57,7 @@ PROFILE_COLUMNS = (
     "sm_active_mean",
     "sm_active_p50",
     "sm_active_p95",
+    "sm_active_p99",
     "sm_active_max",
     "idle_fraction",
     "burstiness",
@@ -88,6 +89,15 @@ class JobStats:
     tensor_mean: float = math.nan
 
 
+@dataclass(frozen=True)
+class FleetGpu:
+    """One GPU of the inventory (`gpu_info` over the window), whether or not a job ran on it."""
+
+    uuid: str
+    model: str  # catalog key (or the reported name when the catalog does not know it)
+    node: str
+
+
 @dataclass
 class Identity:
     """The small label tables both sources produce."""
@@ -101,11 +111,12 @@ def reduce_series(values: np.ndarray, idle_below: float) -> dict[str, float]:
     """The activity reductions, defined as PromQL defines them (linear quantiles, population stddev)."""
     if values.size == 0:
         return {}
-    p50, p95 = np.quantile(values, [0.5, 0.95])
+    p50, p95, p99 = np.quantile(values, [0.5, 0.95, 0.99])
     return {
         "mean": float(values.mean()),
         "p50": float(p50),
         "p95": float(p95),
+        "p99": float(p99),
         "max": float(values.max()),
         "count": float(values.size),
         "stddev": float(values.std()),
@@ -250,7 +261,7 @@ def stats_from_families(
         raise AnalyzerError("no gpu_job_info samples in the window: there are no jobs to profile")
     identity = _identity_from_samples(fams, samples)
     kinds = job_kinds(identity.series)
-    idle_below = thresholds.get("activity", "idle_below")
+    idle_below = thresholds.activity.idle_below
     stats: dict[str, JobStats] = {}
     per_step = info.groupby(["job_id", "timestamp"], observed=True).size().rename("n").reset_index()
     per_job = per_step.groupby("job_id", sort=False, observed=True).agg(
@@ -270,6 +281,35 @@ def stats_from_families(
     for job, (_, values) in _chain_steps(fams, info, signals.TENSOR, kinds, "mean").items():
         stats[job].tensor_mean = float(values.mean())
     return identity, stats
+
+
+def fleet_from_gpus(gpus: pd.DataFrame, gpu_model: GpuModel | None = None) -> list[FleetGpu]:
+    """The inventory from a uuid/model/instance table (`Identity.gpus`), one entry per uuid."""
+    out: dict[str, FleetGpu] = {}
+    for uuid, name, node in gpus[["uuid", "model", "instance"]].astype(str).itertuples(index=False):
+        if uuid and uuid not in out:
+            out[uuid] = FleetGpu(uuid, resolve_model(name, gpu_model)[0], node)
+    return sorted(out.values(), key=lambda g: (g.node, g.uuid))
+
+
+def fleet_catalog_models(fleet: list[FleetGpu]) -> list[GpuModel]:
+    """Catalog models of the inventory (downsize targets: idle models included)."""
+    models = {m for m in (model_for_nvml_name(g.model) for g in fleet) if m is not None}
+    return sorted(models, key=lambda m: m.key)
+
+
+def fleet_from_families(fams: dict[str, pd.DataFrame], gpu_model: GpuModel | None = None) -> list[FleetGpu]:
+    """The inventory of a history: every GPU with a `gpu_info` sample in the window."""
+    info = fams.get("gpu_info")
+    if info is None or info.empty:
+        return []
+    latest = info.sort_values("timestamp").drop_duplicates("uuid", keep="last")
+    return fleet_from_gpus(latest, gpu_model)
+
+
+def fleet_from_samples(samples: pd.DataFrame, gpu_model: GpuModel | None = None) -> list[FleetGpu]:
+    """The same from a long sample table."""
+    return fleet_from_families({"gpu_info": samples[samples["metric"] == "gpu_info"]}, gpu_model)
 
 
 def resolve_model(name: str, override: GpuModel | None) -> tuple[str, GpuModel | None]:
@@ -372,6 +412,7 @@ def build_profiles(
                 "sm_active_mean": mean,
                 "sm_active_p50": act.get("p50", math.nan),
                 "sm_active_p95": act.get("p95", math.nan),
+                "sm_active_p99": act.get("p99", math.nan),
                 "sm_active_max": act.get("max", math.nan),
                 "idle_fraction": act.get("idle", math.nan),
                 "burstiness": burst,

@@ -1,55 +1,49 @@
-"""One explainable recommendation per job profile.
+"""One explainable recommendation per job profile: an ordered list of rules.
 
-Decision order (each step names the numbers that decided it; thresholds come from YAML):
+`recommend_one` tries `RULES` in order; each rule returns a `Recommendation` or `None` (not
+mine), and the last one always answers. Every reason names the numbers (and the percentile)
+that decided it; thresholds come from `thresholds.yaml`.
 
-1. `insufficient-data`: too few samples or too little coverage to say anything.
+1. `insufficient-data`: no activity signal, too few samples or too little coverage, a GPU model
+   the catalog does not know, or no memory samples.
 2. `reclaim`: allocated and idle (p95 activity and idle fraction both say nothing ran).
-3. `exclusive`: busy (activity at or above `exclusive.min_activity`), multi-GPU, or needing more
-   than half a GPU.
-   In a heterogeneous fleet such a job may instead get `downsize-model` when a smaller model in
-   the fleet holds its peak memory and SM demand with headroom.
-4. `time-slicing`: idle-dominated single-GPU work with bursts (notebooks, interactive), small
-   memory; checked before "busy" because its bursts are what time-slicing serves.
-5. `mig` or `mps`: the job fits a fraction of the GPU. The MIG profile is chosen memory first
-   (smallest with memory >= need) then compute (SMs >= demand scaled to the slice's SM count);
-   MPS gets an active-thread percentage from SM demand and a pinned memory limit from memory
-   need. MIG wins when it packs at least `mig.min_density_ratio` as many such jobs per GPU as
-   MPS would (isolation of memory bandwidth, faults and SMs for a small loss in density);
-   otherwise MPS packs tighter and wins.
+3. `time-slicing`: idle-dominated single-GPU work with bursts (notebooks, interactive), whose
+   memory need leaves room on the GPU; time-slicing caps nothing, so bursts keep the whole GPU.
+4. `exclusive` (or `downsize-model`): compute demand at the sizing percentile at or above
+   `exclusive.min_activity` (a cap would throttle it), multi-GPU, or memory need over the GPU.
+   A smaller model of the fleet (fewer SMs x clock and less memory) that holds the job's memory
+   need and compute demand with headroom makes it `downsize-model` instead.
+5. `mig` or `mps`: the job fits a fraction of the GPU. The MIG profile is the smallest whose
+   memory holds the need and whose SMs hold the demand; MPS gets a thread cap and a pinned
+   memory limit from `mps_settings`. MIG wins when the job is on a slice already, when it packs
+   more such jobs per GPU than MPS, or at least `mig.min_density_ratio` as many with a geometry
+   that uses every compute slice (3g+3g leaves one idle: MPS then uses all SMs as densely).
+   Whether a partner really fits is the plan's fit test (memory, compute caps, DRAM bandwidth);
+   a job that no partner fits stays where it is.
+
+**Burst-aware compute.** Demand is a per-sample high percentile of the activity series, never a
+mean: duty cycle (NVML utilization) overstates SM demand, so sizing from it errs on the safe side.
+A batch job is sized at the lowest of p95 / p99 / max whose share of samples above it (5 %, 1 %,
+0 %) is at most `compute.max_bind_fraction`: that share is how often the cap would bind. A
+latency-sensitive job (bursty: activity stddev >= `compute.latency_min_burstiness` x mean, or
+p99 >= `compute.latency_peak_ratio` x mean) is never sized below its p99.
 
 Memory need is never below peak + headroom: `max(peak * (1 + ratio), peak + min_bytes)`.
-
-Compute demand is measured on the "activity basis": p95 of SM activity when the signal is SM
-activity (GPM/DCGM, or per-process SM utilization), but the MEAN when only NVML utilization
-(duty cycle) is available: duty cycle is the fraction of time any kernel ran, whatever number of
-SMs it used, and its per-sample value is close to 0 or 1 for jobs that launch kernels in bursts,
-so its p95 says nothing about SM demand while its mean bounds mean SM activity from above.
-Fractions of the GPU compare the basis as measured; headroom is added to limits and slice sizes.
-
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pandas as pd
 
+from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.signals import DUTY_CYCLE
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.catalog import GIB, MIB, GpuModel, MigProfile, model_for_nvml_name
-
-RECOMMENDATIONS = (
-    "exclusive",
-    "mig",
-    "mps",
-    "time-slicing",
-    "reclaim",
-    "downsize-model",
-    "insufficient-data",
-)
 
 ALLOCATOR_HINT = (
     "memory looks pre-allocated: check TF_FORCE_GPU_ALLOW_GROWTH=true (TensorFlow), "
@@ -57,6 +51,9 @@ ALLOCATOR_HINT = (
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and torch.cuda.memory_reserved() vs "
     "memory_allocated() (PyTorch), vLLM --gpu-memory-utilization; memory, not compute, blocks sharing"
 )
+
+# (percentile column, its name, share of samples above it): the candidates for the sizing basis
+PERCENTILES = (("sm_active_p95", "p95", 0.05), ("sm_active_p99", "p99", 0.01), ("sm_active_max", "max", 0.0))
 
 
 @dataclass
@@ -75,11 +72,31 @@ class Recommendation:
     mig_alternative: str | None = None  # MPS jobs: the slice that would fit (the plan may use it)
     memory_need_bytes: float | None = None
     sm_demand_sms: float | None = None
-    sm_fraction: float | None = None  # activity basis as a fraction of the whole GPU (packing)
+    sm_fraction: float | None = None  # compute demand at the sizing percentile, share of the GPU
     gpu_fraction: float | None = None  # fraction of one GPU the recommendation occupies
+    sizing_percentile: str | None = None  # "p95", "p99" or "max"
+    cap_binds_at_most: float | None = None  # share of samples above the demand the cap is sized from
+    latency_sensitive: bool = False
     false_saturation: bool = False
     false_saturation_hint: str = ""
     numbers: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MpsSettings:
+    """What one MPS client gets: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and the pinned memory limit."""
+
+    thread_percentage: int
+    pinned_memory_limit_bytes: int
+
+
+def mps_settings(demand_fraction: float, need_bytes: float, th: Thresholds) -> MpsSettings:
+    """The one MPS sizing rule (recommend and plan): demand + headroom rounded up to 5 %, memory need
+    rounded up to a MiB; at least `mps.min_thread_percentage`, at most 100."""
+    demand = demand_fraction * (1 + th.headroom.compute_ratio)
+    pct = math.ceil(demand * 100 / 5 - 1e-9) * 5
+    threads = int(min(100, max(th.mps.min_thread_percentage, pct)))
+    return MpsSettings(threads, int(math.ceil(need_bytes / MIB) * MIB))
 
 
 def _pct(x: float) -> str:
@@ -92,18 +109,23 @@ def _gib(x: float) -> str:
 
 def memory_need(peak: float, th: Thresholds) -> float:
     """Peak plus headroom: the floor for any slice or MPS memory limit."""
-    return max(peak * (1 + th.get("headroom", "memory_ratio")), peak + th.get("headroom", "memory_min_bytes"))
+    return max(peak * (1 + th.headroom.memory_ratio), peak + th.headroom.memory_min_bytes)
+
+
+def capability(model: GpuModel) -> float:
+    """Compute capability as SMs x max SM clock (MHz): what "smaller" means for compute."""
+    return float(model.sm_count * model.max_sm_clock_mhz)
 
 
 def confidence(row: Mapping[str, Any], th: Thresholds) -> tuple[float, str]:
     """From coverage (how much of the lifetime was seen), sample count and variability (CV)."""
     coverage = float(row["coverage"]) if not math.isnan(row["coverage"]) else 0.0
-    size = min(1.0, float(row["samples"]) / th.get("confidence", "full_samples"))
+    size = min(1.0, float(row["samples"]) / th.confidence.full_samples)
     burst = row["burstiness"]
     stability = 1.0 / (1.0 + 0.5 * (0.0 if math.isnan(burst) else float(burst)))
     value = round(min(1.0, coverage) * math.sqrt(size) * stability, 2)
-    level = "high" if value >= th.get("confidence", "high") else "medium"
-    if value < th.get("confidence", "medium"):
+    level = "high" if value >= th.confidence.high else "medium"
+    if value < th.confidence.medium:
         level = "low"
     return value, level
 
@@ -125,195 +147,367 @@ def mig_fraction(model: GpuModel, profile: MigProfile) -> float:
     return max(profile.memory_slices / model.memory_slices, profile.compute_slices / model.compute_slices)
 
 
-def thread_percentage(sm_fraction: float, th: Thresholds) -> int:
-    """MPS active-thread percentage: SM demand rounded up to 5 %, at least the configured floor."""
-    pct = math.ceil(sm_fraction * 100 / 5 - 1e-9) * 5
-    return int(min(100, max(th.get("mps", "min_thread_percentage"), pct)))
-
-
-def pinned_limit(need: float) -> int:
-    """MPS pinned memory limit in bytes, rounded up to a whole MiB (never below need)."""
-    return int(math.ceil(need / MIB) * MIB)
-
-
-def _downsize(
-    row: Mapping[str, Any], model: GpuModel, need: float, demand_sms: float, fleet: list[GpuModel]
+def smaller_model(
+    model: GpuModel, need: float, demand_fraction: float, th: Thresholds, fleet: Sequence[GpuModel]
 ) -> GpuModel | None:
+    """The smallest fleet model that is smaller than `model` in compute and memory and still holds
+    the memory need and the compute demand (share of `model`, plus headroom)."""
+    demand = demand_fraction * (1 + th.headroom.compute_ratio) * capability(model)
     smaller = [
         m
         for m in fleet
-        if m.memory_bytes < model.memory_bytes and m.memory_bytes >= need and m.sm_count >= demand_sms
+        if capability(m) <= capability(model)
+        and m.memory_bytes <= model.memory_bytes
+        and (capability(m), m.memory_bytes) != (capability(model), model.memory_bytes)
+        and m.memory_bytes >= need
+        and capability(m) >= demand
     ]
-    return min(smaller, key=lambda m: (m.memory_bytes, m.sm_count)) if smaller else None
+    return min(smaller, key=lambda m: (capability(m), m.memory_bytes, m.key)) if smaller else None
 
 
-def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: list[GpuModel]) -> Recommendation:
-    """The decision for one profile row (see the module docstring for the order)."""
-    conf, level = confidence(row, th)
-    job = str(row["job_id"])
-    samples, coverage = int(row["samples"]), float(row["coverage"])
-    p95, mean, idle = float(row["sm_active_p95"]), float(row["sm_active_mean"]), float(row["idle_fraction"])
-    peak = float(row["memory_peak_bytes"])
-    numbers = {
-        "samples": samples,
-        "coverage": round(coverage, 3),
-        "sm_active_mean": mean,
-        "sm_active_p95": p95,
-        "idle_fraction": idle,
-        "memory_peak_bytes": peak,
-    }
+@dataclass(frozen=True)
+class Sizing:
+    """Memory need and compute demand of one job on its model (the numbers sized rules read)."""
 
-    def rec(kind: str, reason: str, **kw: object) -> Recommendation:
-        return Recommendation(job, kind, reason, conf, level, numbers=numbers, **kw)  # type: ignore[arg-type]
+    model: GpuModel
+    need: float  # bytes
+    mem_fraction: float
+    percentile: str  # the sizing percentile's name
+    binds: float  # share of samples above it
+    demand: float  # activity at the percentile, as the job's device measured it
+    demand_fraction: float  # the same as a share of the whole GPU
+    demand_sms: float  # SMs with headroom
+    device_sms: float
+    latency_sensitive: bool
+    basis_name: str  # "p99 duty cycle of its 1g.10gb slice", for reasons
+    burst_note: str  # why the job is latency-sensitive ("" when it is not)
 
-    min_samples, min_cov = th.get("data", "min_samples"), th.get("data", "min_coverage")
 
-    def no_data(reason: str) -> Recommendation:
-        return Recommendation(job, "insufficient-data", reason, 0.0, "low", numbers=numbers)
+@dataclass
+class JobView:
+    """One profile row as the rules read it."""
 
-    if row["activity_signal"] == "none":
-        return no_data(
-            f"no activity samples in {samples} samples: the exporter reported neither SM activity nor "
-            "utilization for this job (e.g. MIG on a pre-Hopper GPU without DCGM)"
-        )
-    if samples < min_samples or coverage < min_cov or math.isnan(p95):
-        return no_data(
-            f"{samples} samples, {_pct(coverage)} coverage ({row['activity_signal']}); "
-            f"need >= {min_samples:.0f} samples and >= {_pct(min_cov)} coverage"
-        )
-    hours = float(row["gpu_hours_allocated"])
-    if p95 < th.get("reclaim", "max_p95") and idle >= th.get("reclaim", "min_idle_fraction"):
-        return rec(
-            "reclaim",
-            f"allocated and idle: idle in {_pct(idle)} of samples, p95 activity {_pct(p95)}, "
-            f"{hours:.1f} GPU-hours allocated, {float(row['gpu_hours_used']):.2f} used",
-            gpu_fraction=0.0,
-        )
-    model = model_for_nvml_name(str(row["gpu_model"]))
-    if model is None:
-        return no_data(f"GPU model {row['gpu_model']!r} is not in the catalog; pass --gpu-model")
-    if math.isnan(peak):
+    row: Mapping[str, Any]
+    th: Thresholds
+    fleet: Sequence[GpuModel]
+    job: str
+    conf: float
+    level: str
+    numbers: dict[str, float]
+    sizing: Sizing | None = None
+
+    def f(self, column: str) -> float:
+        value = self.row[column]
+        return math.nan if value is None else float(value)
+
+    def rec(self, kind: Kind, reason: str, **kw: object) -> Recommendation:
+        return Recommendation(self.job, kind.value, reason, self.conf, self.level, numbers=self.numbers, **kw)  # type: ignore[arg-type]
+
+    def no_data(self, reason: str) -> Recommendation:
         return Recommendation(
-            job,
-            "insufficient-data",
-            "no GPU memory samples: cannot size a slice safely",
-            0.0,
-            "low",
-            numbers=numbers,
+            self.job, Kind.INSUFFICIENT_DATA.value, reason, 0.0, "low", numbers=self.numbers
         )
+
+
+Rule = Callable[[JobView], Recommendation | None]
+
+
+def _no_activity(v: JobView) -> Recommendation | None:
+    if v.row["activity_signal"] != "none":
+        return None
+    return v.no_data(
+        f"no activity samples in {int(v.row['samples'])} samples: the exporter reported neither SM "
+        "activity nor utilization for this job (e.g. MIG on a pre-Hopper GPU without DCGM)"
+    )
+
+
+def _too_little_data(v: JobView) -> Recommendation | None:
+    samples, coverage = int(v.row["samples"]), v.f("coverage")
+    min_samples, min_cov = v.th.data.min_samples, v.th.data.min_coverage
+    if samples >= min_samples and coverage >= min_cov and not math.isnan(v.f("sm_active_p95")):
+        return None
+    return v.no_data(
+        f"{samples} samples, {_pct(coverage)} coverage ({v.row['activity_signal']}); "
+        f"need >= {min_samples} samples and >= {_pct(min_cov)} coverage"
+    )
+
+
+def _idle(v: JobView) -> Recommendation | None:
+    p95, idle = v.f("sm_active_p95"), v.f("idle_fraction")
+    if p95 >= v.th.reclaim.max_p95 or idle < v.th.reclaim.min_idle_fraction:
+        return None
+    return v.rec(
+        Kind.RECLAIM,
+        f"allocated and idle: idle in {_pct(idle)} of samples, p95 activity {_pct(p95)}, "
+        f"{v.f('gpu_hours_allocated'):.1f} GPU-hours allocated, {v.f('gpu_hours_used'):.2f} used",
+        gpu_fraction=0.0,
+    )
+
+
+def _unknown_model(v: JobView) -> Recommendation | None:
+    if model_for_nvml_name(str(v.row["gpu_model"])) is not None:
+        return None
+    return v.no_data(f"GPU model {v.row['gpu_model']!r} is not in the catalog; pass --gpu-model")
+
+
+def _no_memory(v: JobView) -> Recommendation | None:
+    if not math.isnan(v.f("memory_peak_bytes")):
+        return None
+    return v.no_data("no GPU memory samples: cannot size a slice safely")
+
+
+PRE_RULES: tuple[Rule, ...] = (_no_activity, _too_little_data, _idle, _unknown_model, _no_memory)
+
+
+def size(v: JobView) -> Sizing:
+    """Memory need and burst-aware compute demand (see the module docstring)."""
+    row, th = v.row, v.th
+    model = model_for_nvml_name(str(row["gpu_model"]))
+    assert model is not None  # _unknown_model ran first
+    peak, mean = v.f("memory_peak_bytes"), v.f("sm_active_mean")
     need = memory_need(peak, th)
-    duty_only = row["activity_signal"] in DUTY_CYCLE
-    basis = mean if duty_only else p95
-    basis_name = "mean duty cycle" if duty_only else "p95 SM activity"
+    burstiness, p99 = v.f("burstiness"), v.f("sm_active_p99")
+    if math.isnan(p99):
+        p99 = v.f("sm_active_max")
+    bursty = not math.isnan(burstiness) and burstiness >= th.compute.latency_min_burstiness
+    peaky = mean > 0 and p99 >= th.compute.latency_peak_ratio * mean
+    latency = bursty or peaky
+    burst_note = ""
+    if latency:
+        burst_note = (
+            f"bursty (stddev {burstiness:.1f} x mean)" if bursty else f"bursts to {p99 / mean:.1f} x its mean"
+        )
+    candidates = PERCENTILES[1:] if latency else PERCENTILES
+    column, name, binds = next(
+        (
+            (c, n, b)
+            for c, n, b in candidates
+            if b <= th.compute.max_bind_fraction + 1e-12 and not math.isnan(v.f(c))
+        ),
+        candidates[-1],
+    )
+    demand = v.f(column)
+    if math.isnan(demand):
+        demand = v.f("sm_active_max")
+    signal = "duty cycle" if row["activity_signal"] in DUTY_CYCLE else "SM activity"
+    basis_name = f"{name} {signal}"
     if row["sharing"] == "mig" and row["mig_profile_now"]:
         basis_name += f" of its {row['mig_profile_now']} slice"
     if str(row["activity_signal"]).endswith("_share"):
-        basis_name += " (device activity split among the GPU's jobs)"
-    device_sms = float(row["device_sms"]) if not math.isnan(row["device_sms"]) else float(model.sm_count)
-    demand_sms = basis * device_sms * (1 + th.get("headroom", "compute_ratio"))
-    sm_fraction = min(1.0, basis * device_sms / model.sm_count)
-    mem_fraction = need / model.memory_bytes
-    numbers.update(
-        memory_need_bytes=need,
-        sm_demand_sms=round(demand_sms, 2),
-        sm_fraction=sm_fraction,
-        mem_fraction=mem_fraction,
+        basis_name += " (its share of the device's activity)"
+    device_sms = v.f("device_sms") if not math.isnan(v.f("device_sms")) else float(model.sm_count)
+    demand_fraction = min(1.0, demand * device_sms / model.sm_count)
+    demand_sms = demand * device_sms * (1 + th.headroom.compute_ratio)
+    return Sizing(
+        model=model,
+        need=need,
+        mem_fraction=need / model.memory_bytes,
+        percentile=name,
+        binds=binds,
+        demand=demand,
+        demand_fraction=demand_fraction,
+        demand_sms=demand_sms,
+        device_sms=device_sms,
+        latency_sensitive=latency,
+        basis_name=basis_name,
+        burst_note=burst_note,
     )
-    saturated = peak / float(row["device_memory_bytes"] or model.memory_bytes) >= th.get(
-        "false_saturation", "min_memory_fraction"
-    ) and mean < th.get("false_saturation", "max_mean_activity")
-    flags = {"false_saturation": saturated, "false_saturation_hint": ALLOCATOR_HINT if saturated else ""}
-    sizing = {"memory_need_bytes": need, "sm_demand_sms": demand_sms, "sm_fraction": sm_fraction}
 
-    def exclusive(reason: str) -> Recommendation:
-        busy = sm_fraction >= th.get("exclusive", "min_activity")
-        if th.get("downsize", "enabled") and not busy:
-            target = _downsize(row, model, need, demand_sms, fleet)
-            if target is not None:
-                return rec(
-                    "downsize-model",
-                    f"{reason}; a {target.key} ({_gib(target.memory_bytes)}, {target.sm_count} SMs) holds "
-                    f"peak {_gib(peak)} + headroom and {demand_sms:.0f} SMs of demand",
-                    target_gpu_model=target.key,
-                    gpu_fraction=1.0,
-                    **sizing,
-                    **flags,
-                )
-        return rec("exclusive", reason, gpu_fraction=1.0, **sizing, **flags)
 
-    gpus = int(row["gpus"])
-    ts_idle = th.get("time_slicing", "min_idle_fraction")
-    if gpus == 1 and idle >= ts_idle and mem_fraction <= th.get("time_slicing", "max_memory_fraction"):
-        return rec(
-            "time-slicing",
-            f"idle-dominated: idle in {_pct(idle)} of samples (>= {_pct(ts_idle)}) with bursts to "
-            f"{_pct(float(row['sm_active_max']))}, memory need {_gib(need)}",
-            gpu_fraction=mem_fraction,
-            **sizing,
-            **flags,
-        )
-    if sm_fraction >= th.get("exclusive", "min_activity"):
-        limit = th.get("exclusive", "min_activity")
-        return exclusive(
-            f"busy: {basis_name} {_pct(basis)} = {_pct(sm_fraction)} of the GPU >= {_pct(limit)}"
-        )
-    if gpus > 1:
-        return exclusive(f"multi-GPU job ({gpus} GPUs) at p95 {_pct(p95)}: keep whole GPUs")
-    if need > model.memory_bytes:
-        return exclusive(f"peak memory {_gib(peak)} + headroom exceeds a {model.key}")
-    mps_fraction = max(mem_fraction, sm_fraction)
-    profile = choose_mig_profile(model, need, demand_sms) if model.mig_capable else None
+def _sized(v: JobView, s: Sizing) -> dict[str, object]:
+    """The sizing columns every sized recommendation carries, and the false-saturation flag."""
+    peak = v.f("memory_peak_bytes")
+    device_memory = v.f("device_memory_bytes")
+    if math.isnan(device_memory) or not device_memory:
+        device_memory = float(s.model.memory_bytes)
+    saturated = (
+        peak / device_memory >= v.th.false_saturation.min_memory_fraction
+        and v.f("sm_active_mean") < v.th.false_saturation.max_mean_activity
+    )
+    return {
+        "memory_need_bytes": s.need,
+        "sm_demand_sms": s.demand_sms,
+        "sm_fraction": s.demand_fraction,
+        "sizing_percentile": s.percentile,
+        "cap_binds_at_most": s.binds,
+        "latency_sensitive": s.latency_sensitive,
+        "false_saturation": saturated,
+        "false_saturation_hint": ALLOCATOR_HINT if saturated else "",
+    }
+
+
+def _demand_text(s: Sizing) -> str:
+    """ "p99 SM activity 34 % (latency-sensitive: bursty ...)" for reasons."""
+    note = f" (latency-sensitive: {s.burst_note})" if s.latency_sensitive else ""
+    return f"{s.basis_name} {_pct(s.demand)}{note}"
+
+
+def _whole_gpu(v: JobView, s: Sizing, reason: str) -> Recommendation:
+    """Exclusive, or a smaller fleet model that still holds the job."""
+    if v.th.downsize.enabled:
+        target = smaller_model(s.model, s.need, s.demand_fraction, v.th, v.fleet)
+        if target is not None:
+            return v.rec(
+                Kind.DOWNSIZE,
+                f"{reason}; a {target.key} ({_gib(target.memory_bytes)}, {target.sm_count} SMs at "
+                f"{target.max_sm_clock_mhz} MHz = {capability(target) / capability(s.model):.0%} of a "
+                f"{s.model.key}) holds memory need {_gib(s.need)} and {_pct(s.demand_fraction)} of a "
+                f"{s.model.key} + headroom",
+                target_gpu_model=target.key,
+                gpu_fraction=1.0,
+                **_sized(v, s),
+            )
+    return v.rec(Kind.EXCLUSIVE, reason, gpu_fraction=1.0, **_sized(v, s))
+
+
+def _idle_dominated(v: JobView, s: Sizing) -> Recommendation | None:
+    idle = v.f("idle_fraction")
+    min_idle = v.th.time_slicing.min_idle_fraction
+    if int(v.row["gpus"]) != 1 or idle < min_idle or s.need >= s.model.memory_bytes:
+        return None
+    return v.rec(
+        Kind.TIME_SLICING,
+        f"idle-dominated: idle in {_pct(idle)} of samples (>= {_pct(min_idle)}) with bursts to "
+        f"{_pct(v.f('sm_active_max'))} ({_demand_text(s)}); time-slicing caps nothing, so bursts keep "
+        f"the whole GPU; memory need {_gib(s.need)}",
+        gpu_fraction=s.mem_fraction,
+        **_sized(v, s),
+    )
+
+
+def _busy(v: JobView, s: Sizing) -> Recommendation | None:
+    limit = v.th.exclusive.min_activity
+    if s.demand_fraction < limit:
+        return None
+    return _whole_gpu(
+        v,
+        s,
+        f"busy: {_demand_text(s)} = {_pct(s.demand_fraction)} of the GPU >= {_pct(limit)}; "
+        f"a cap would throttle it in more than {_pct(s.binds)} of samples",
+    )
+
+
+def _multi_gpu(v: JobView, s: Sizing) -> Recommendation | None:
+    gpus = int(v.row["gpus"])
+    if gpus <= 1:
+        return None
+    return _whole_gpu(v, s, f"multi-GPU job ({gpus} GPUs) at {_demand_text(s)}: keep whole GPUs")
+
+
+def _too_big(v: JobView, s: Sizing) -> Recommendation | None:
+    if s.need <= s.model.memory_bytes:
+        return None
+    peak = v.f("memory_peak_bytes")
+    return v.rec(
+        Kind.EXCLUSIVE,
+        f"peak memory {_gib(peak)} + headroom exceeds a {s.model.key}",
+        gpu_fraction=1.0,
+        **_sized(v, s),
+    )
+
+
+def _fraction(v: JobView, s: Sizing) -> Recommendation | None:
+    """MIG when it packs about as densely as MPS, else MPS (always answers)."""
+    th, model = v.th, s.model
+    peak = v.f("memory_peak_bytes")
+    settings = mps_settings(s.demand_fraction, s.need, th)
+    mps_fraction = max(s.mem_fraction, settings.thread_percentage / 100)
+    profile = choose_mig_profile(model, s.need, s.demand_sms) if model.mig_capable else None
     if profile is not None and profile.compute_slices == model.compute_slices:
         profile = None  # the full-GPU instance is a whole GPU: no sharing to recommend
-    mig_frac = mig_fraction(model, profile) if profile else math.inf
-    numbers.update(mps_gpu_fraction=mps_fraction, mig_gpu_fraction=mig_frac if profile else math.nan)
-    if min(mps_fraction, mig_frac) > 0.5:
-        return exclusive(
-            f"needs more than half a {model.key}: memory {_gib(need)} ({_pct(mem_fraction)}), "
-            f"SM demand {_pct(sm_fraction)}"
-        )
-    clients = th.get("mps", "max_clients") or model.mps_max_clients
+    mig_frac = mig_fraction(model, profile) if profile else math.nan
+    clients = th.mps.max_clients or model.mps_max_clients
     mps_density = min(clients, math.floor(1.0 / max(mps_fraction, 1e-6)))
     mig_density = profile.max_instances if profile else 0
-    numbers.update(mps_jobs_per_gpu=mps_density, mig_jobs_per_gpu=mig_density)
-    on_mig = row["sharing"] == "mig"
-    if profile is not None and (on_mig or mig_density >= th.get("mig", "min_density_ratio") * mps_density):
-        return rec(
-            "mig",
+    v.numbers.update(
+        mps_gpu_fraction=mps_fraction,
+        mig_gpu_fraction=mig_frac,
+        mps_jobs_per_gpu=mps_density,
+        mig_jobs_per_gpu=mig_density,
+    )
+    binds = f"binds in at most {_pct(s.binds)} of samples"
+    on_mig = v.row["sharing"] == "mig"
+    # a geometry of this profile alone that leaves compute slices idle (3g+3g) wins only if denser
+    strands = profile is not None and profile.max_instances * profile.compute_slices < model.compute_slices
+    denser = mig_density > mps_density or (
+        mig_density >= th.mig.min_density_ratio * mps_density and not strands
+    )
+    if profile is not None and (on_mig or denser):
+        return v.rec(
+            Kind.MIG,
             f"fits {profile.name}: peak {_gib(peak)} + headroom <= {_gib(profile.memory_bytes)}, "
-            f"{basis_name} {_pct(basis)} of {device_sms:.0f} SMs + headroom = {demand_sms:.0f} SMs "
-            f"<= {profile.sm_count}; {mig_density} per GPU ({mps_density} with MPS)",
+            f"{_demand_text(s)} of {s.device_sms:.0f} SMs + headroom = {s.demand_sms:.0f} SMs "
+            f"<= {profile.sm_count} ({binds}); {mig_density} per GPU ({mps_density} with MPS)",
             mig_profile=profile.name,
             gpu_fraction=mig_frac,
-            **sizing,
-            **flags,
+            **_sized(v, s),
         )
-    pct = thread_percentage(demand_sms / model.sm_count, th)
-    limit = pinned_limit(need)
     why_not_mig = (
         f"; MIG {profile.name} fits {mig_density} per GPU vs {mps_density} with MPS" if profile else ""
     )
-    return rec(
-        "mps",
-        f"light: {basis_name} {_pct(basis)} -> {pct} % threads, "
-        f"peak {_gib(peak)} -> {_gib(limit)} pinned limit" + why_not_mig,
-        mps_active_thread_percentage=pct,
-        mps_pinned_memory_limit_bytes=limit,
+    return v.rec(
+        Kind.MPS,
+        f"light: {_demand_text(s)} = {_pct(s.demand_fraction)} of the GPU + headroom -> "
+        f"{settings.thread_percentage} % threads ({binds}), peak {_gib(peak)} -> "
+        f"{_gib(settings.pinned_memory_limit_bytes)} pinned limit" + why_not_mig,
+        mps_active_thread_percentage=settings.thread_percentage,
+        mps_pinned_memory_limit_bytes=settings.pinned_memory_limit_bytes,
         mig_alternative=profile.name if profile else None,
         gpu_fraction=mps_fraction,
-        **sizing,
-        **flags,
+        **_sized(v, s),
     )
 
 
+SizedRule = Callable[[JobView, Sizing], Recommendation | None]
+SIZED_RULES: tuple[SizedRule, ...] = (_idle_dominated, _busy, _multi_gpu, _too_big, _fraction)
+
+
+def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuModel]) -> Recommendation:
+    """The first rule that answers, `PRE_RULES` then (once the job is sized) `SIZED_RULES`."""
+    conf, level = confidence(row, th)
+    numbers = {
+        "samples": int(row["samples"]),
+        "coverage": round(float(row["coverage"]), 3),
+        "sm_active_mean": float(row["sm_active_mean"]),
+        "sm_active_p95": float(row["sm_active_p95"]),
+        "sm_active_p99": float(row["sm_active_p99"]),
+        "idle_fraction": float(row["idle_fraction"]),
+        "memory_peak_bytes": float(row["memory_peak_bytes"]),
+    }
+    view = JobView(row, th, fleet, str(row["job_id"]), conf, level, numbers)
+    for rule in PRE_RULES:
+        found = rule(view)
+        if found is not None:
+            return found
+    sizing = size(view)
+    view.sizing = sizing
+    numbers.update(
+        memory_need_bytes=sizing.need,
+        compute_demand=sizing.demand_fraction,
+        sm_demand_sms=round(sizing.demand_sms, 2),
+        mem_fraction=sizing.mem_fraction,
+    )
+    for sized_rule in SIZED_RULES:
+        found = sized_rule(view, sizing)
+        if found is not None:
+            return found
+    raise AssertionError("the last rule always answers")  # pragma: no cover
+
+
 def fleet_models(profiles: pd.DataFrame) -> list[GpuModel]:
-    """Catalog models present in the data: downsize targets only come from the fleet itself."""
+    """Catalog models present in the profiles (when no inventory is given)."""
     models = {model_for_nvml_name(str(name)) for name in profiles["gpu_model"].unique()}
     return sorted((m for m in models if m is not None), key=lambda m: m.key)
 
 
-def recommend(profiles: pd.DataFrame, th: Thresholds, fleet: list[GpuModel] | None = None) -> pd.DataFrame:
-    """Profiles joined with one recommendation per job (columns of `Recommendation`, minus numbers)."""
+def recommend(
+    profiles: pd.DataFrame, th: Thresholds, fleet: Sequence[GpuModel] | None = None
+) -> pd.DataFrame:
+    """Profiles joined with one recommendation per job (columns of `Recommendation`, minus numbers).
+
+    `fleet`: the models downsizing may pick (the inventory's, idle GPUs included); by default the
+    models the profiled jobs ran on.
+    """
     fleet = fleet_models(profiles) if fleet is None else fleet
     # plain dict rows and attribute reads, not iterrows / asdict: a Series per row and a deep copy
     # per recommendation were most of the time for 10,000 jobs

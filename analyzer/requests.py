@@ -1,13 +1,13 @@
-"""Requests-only histories (the v2023 trace): packing arithmetic without usage.
+"""Requests-only histories (the v2023 trace): the value of fractional requests, not usage savings.
 
-Without measured use, the only question is how many GPUs the requested shares need. The v2023
-pod list is a workload to place (the ATC '23 simulator places all of it on the 6,212-GPU
-cluster; most pods live minutes, so wall-clock concurrency is not what it models), so we place
-all pods: GPUs counted as if every pod got whole GPUs (no sharing) versus fractional requests
-packed best-fit decreasing onto shared GPUs (whole-GPU pods keep whole GPUs). `at` restricts
-the placement to pods alive at one instant instead. Recommendations say so plainly and carry low
-confidence: `mps` for fractional requests (space sharing with a thread share), `exclusive` for
-whole GPUs.
+Without measured use, the only question is how many GPUs the requested shares need. Pods that
+never ran (`Pending`) or failed (`Failed`) are left out. Pods hold their request from creation
+to deletion, so the figure is taken at the instant of peak concurrency (the most whole GPUs the
+live pods would need if each got whole GPUs): GPUs needed then without sharing versus with the
+fractional requests packed best-fit decreasing onto shared GPUs (whole-GPU pods keep whole GPUs).
+That is the value of fractional requests at peak concurrency, not a usage-based saving, and the
+plan's notes say so. Recommendations restate the requests with low confidence: `mps` for
+fractional requests (space sharing with a thread share), `exclusive` for whole GPUs.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from gpulens.analyzer.history import History
 from gpulens.analyzer.plan import Plan
 
 CONFIDENCE = 0.2
+# pod phases that held no GPU for their lifetime: never scheduled, or failed
+EXCLUDED_PHASES = frozenset({"Pending", "Failed"})
 
 
 def request_table(history: History) -> pd.DataFrame:
@@ -47,7 +49,30 @@ def request_table(history: History) -> pd.DataFrame:
     )
     table["duration_s"] = table["job_id"].map(life_by_job).fillna(0.0)
     table["end"] = table["start"] + table["duration_s"]
-    return table
+    return table[~table["phase"].isin(EXCLUDED_PHASES)].reset_index(drop=True)
+
+
+def peak_concurrency(table: pd.DataFrame) -> tuple[float, int]:
+    """(instant, whole GPUs) where the live pods' requests, each rounded up to whole GPUs, peak.
+
+    A pod is live on [start, end); at equal times a deletion comes before a creation.
+    """
+    if table.empty:
+        return 0.0, 0
+    whole = np.ceil(table["requested_gpus"].to_numpy(dtype=float))
+    times = np.concatenate([table["start"].to_numpy(dtype=float), table["end"].to_numpy(dtype=float)])
+    deltas = np.concatenate([whole, -whole])
+    order = np.lexsort((deltas, times))  # by time, deletions (negative) first
+    running = np.cumsum(deltas[order])
+    best = int(np.argmax(running))
+    return float(times[order][best]), round(float(running[best]))
+
+
+def cluster_gpus(history: History) -> int:
+    """GPUs of the trace's node list (0 when the history has none)."""
+    s = history.samples
+    nodes = s[s["metric"] == "gpulens_trace_node_gpus"]
+    return int(nodes["value"].sum()) if len(nodes) else 0
 
 
 def recommend_requests(table: pd.DataFrame) -> pd.DataFrame:
@@ -76,9 +101,12 @@ def recommend_requests(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def plan_requests(recs: pd.DataFrame, at: float | None = None) -> Plan:
-    """Whole GPUs needed without sharing vs with fractional requests packed, at the peak instant."""
-    live = recs if at is None else recs[(recs["start"] <= at) & (recs["end"] > at)]
+def plan_requests(recs: pd.DataFrame, at: float | None = None, cluster: int = 0) -> Plan:
+    """Whole GPUs needed without sharing vs with fractional requests packed, at `at` (by default
+    the instant of peak concurrency); `cluster` = GPUs of the trace's node list, for the notes."""
+    if at is None:
+        at, _ = peak_concurrency(recs)
+    live = recs[(recs["start"] <= at) & (recs["end"] > at)]
     by_model: dict[str, dict[str, float]] = {}
     layout: list[dict] = []
     for model, group in live.groupby("gpu_model", sort=True):
@@ -118,6 +146,15 @@ def plan_requests(recs: pd.DataFrame, at: float | None = None) -> Plan:
     before = int(sum(v["gpus_before"] for v in by_model.values()))
     after = int(sum(v["gpus_after"] for v in by_model.values()))
     requested = float(live["requested_gpus"].sum())
+    notes = [
+        f"value of fractional requests at peak concurrency: {len(live)} pods alive at t={at:.0f} s "
+        f"(Pending and Failed pods excluded) need {before} whole GPUs, {after} with fractional "
+        "requests packed; these are requests, not measured use, so this is not a usage-based saving"
+    ]
+    if cluster:
+        notes.append(
+            f"the cluster has {cluster} GPUs; {max(0, cluster - before)} were not requested at that instant"
+        )
     return Plan(
         gpus_before=before,
         gpus_after=after,
@@ -128,9 +165,5 @@ def plan_requests(recs: pd.DataFrame, at: float | None = None) -> Plan:
         window_hours=0.0,
         layout=layout,
         node_groups={},
-        notes=[
-            f"requests only: {len(live)} pods placed"
-            + ("" if at is None else f" (alive at t={at:.0f})")
-            + "; utilisation figures are requested shares, not measured use"
-        ],
+        notes=notes,
     )

@@ -1,15 +1,19 @@
-"""Thresholds that decide recommendations, loaded from YAML over documented defaults.
+"""Thresholds that decide recommendations: one frozen dataclass per section, read once from YAML.
 
 The defaults live in `thresholds.yaml` next to this module (the documented reference file); a
-user file only needs the keys it changes. Unknown keys are an error so that typos are not
-silently ignored.
+user file only needs the keys it changes. Both files are checked when they are read, against the
+dataclasses below: an unknown section or key, a value of the wrong type or out of its range is one
+line naming the file and the field (`thresholds.yaml: mps.max_load must be a number in [0, 1]`).
+Everything downstream reads typed attributes (`th.mps.max_load`), never strings.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import yaml
 
@@ -17,19 +21,128 @@ from gpulens.analyzer.errors import AnalyzerError
 
 DEFAULTS_PATH = Path(__file__).with_name("thresholds.yaml")
 
+# fields whose value is a ratio of something (0..1); every other number only has to be >= 0
+_RATIO = "ratio"
+RATIO = {_RATIO: True}
+
+
+@dataclass(frozen=True)
+class Data:
+    min_samples: int
+    min_coverage: float = dataclasses.field(metadata=RATIO)
+
+
+@dataclass(frozen=True)
+class Activity:
+    idle_below: float = dataclasses.field(metadata=RATIO)
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    max_p95: float = dataclasses.field(metadata=RATIO)
+    min_idle_fraction: float = dataclasses.field(metadata=RATIO)
+
+
+@dataclass(frozen=True)
+class Exclusive:
+    min_activity: float = dataclasses.field(metadata=RATIO)
+
+
+@dataclass(frozen=True)
+class Headroom:
+    memory_ratio: float
+    memory_min_bytes: int
+    compute_ratio: float
+
+
+@dataclass(frozen=True)
+class Compute:
+    max_bind_fraction: float = dataclasses.field(metadata=RATIO)
+    latency_min_burstiness: float
+    latency_peak_ratio: float
+
+
+@dataclass(frozen=True)
+class TimeSlicing:
+    min_idle_fraction: float = dataclasses.field(metadata=RATIO)
+    max_replicas: int
+    max_interference: float
+
+
+@dataclass(frozen=True)
+class Mig:
+    min_density_ratio: float = dataclasses.field(metadata=RATIO)
+
+
+@dataclass(frozen=True)
+class Mps:
+    max_load: float = dataclasses.field(metadata=RATIO)
+    max_clients: int
+    min_thread_percentage: int
+
+
+@dataclass(frozen=True)
+class Downsize:
+    enabled: bool
+
+
+@dataclass(frozen=True)
+class FalseSaturation:
+    min_memory_fraction: float = dataclasses.field(metadata=RATIO)
+    max_mean_activity: float = dataclasses.field(metadata=RATIO)
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    max_gpu_load: float = dataclasses.field(metadata=RATIO)
+    max_dram_load: float = dataclasses.field(metadata=RATIO)
+    gpus_per_node: int
+
+
+@dataclass(frozen=True)
+class ArchetypeSettings:
+    min_jobs: int
+    max_clusters: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Confidence:
+    full_samples: int
+    high: float = dataclasses.field(metadata=RATIO)
+    medium: float = dataclasses.field(metadata=RATIO)
+
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Nested mapping section -> key -> number, with attribute-style access by `get`."""
+    """Every section, typed; `source` is the file the values came from (defaults or the user's)."""
 
-    values: dict[str, dict[str, float]] = field(default_factory=dict)
+    data: Data
+    activity: Activity
+    reclaim: Reclaim
+    exclusive: Exclusive
+    headroom: Headroom
+    compute: Compute
+    time_slicing: TimeSlicing
+    mig: Mig
+    mps: Mps
+    downsize: Downsize
+    false_saturation: FalseSaturation
+    plan: PlanLimits
+    archetypes: ArchetypeSettings
+    confidence: Confidence
     source: str = str(DEFAULTS_PATH)
 
-    def get(self, section: str, key: str) -> float:
-        return self.values[section][key]
-
     def as_dict(self) -> dict[str, dict[str, float]]:
-        return {s: dict(v) for s, v in self.values.items()}
+        """section -> key -> value (the YAML shape), e.g. for documentation checks."""
+        out = dataclasses.asdict(self)
+        out.pop("source")
+        return out
+
+
+def _sections() -> dict[str, type]:
+    hints = get_type_hints(Thresholds)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Thresholds) if f.name != "source"}
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -46,23 +159,59 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_thresholds(path: str | Path | None = None) -> Thresholds:
-    """Defaults, overridden by `path` when given; every value must be a number (or boolean)."""
-    merged: dict[str, dict[str, float]] = {k: dict(v) for k, v in _read(DEFAULTS_PATH).items()}
-    if path is None:
-        return Thresholds(merged)
-    user_path = Path(path)
-    for section, entries in _read(user_path).items():
-        if section not in merged:
-            raise AnalyzerError(f"{user_path}: unknown section {section!r}; known: {', '.join(merged)}")
+def _check(path: Path, section: str, field: dataclasses.Field, kind: type, value: object) -> object:
+    """The value converted to the field's type, or one error line naming file and field."""
+    name = f"{path}: {section}.{field.name}"
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise AnalyzerError(f"{name} must be true or false, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise AnalyzerError(f"{name} must be a number, got {value!r}")
+    if kind is int:
+        if float(value) != int(value):
+            raise AnalyzerError(f"{name} must be a whole number, got {value!r}")
+        value = int(value)
+    if value < 0 or math.isinf(value):
+        raise AnalyzerError(f"{name} must be a finite number >= 0, got {value!r}")
+    if field.metadata.get(_RATIO) and value > 1:
+        raise AnalyzerError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value) if kind is float else value
+
+
+def _merge(into: dict[str, dict[str, object]], path: Path, data: dict[str, Any], complete: bool) -> None:
+    """Validate `data` (one file) and write it over `into`; `complete` = every field must be set."""
+    sections = _sections()
+    for section, entries in data.items():
+        if section not in sections:
+            raise AnalyzerError(f"{path}: unknown section {section!r}; known: {', '.join(sections)}")
         if not isinstance(entries, dict):
-            raise AnalyzerError(f"{user_path}: section {section!r} must be a mapping")
+            raise AnalyzerError(f"{path}: section {section!r} must be a mapping of keys to values")
+        cls = sections[section]
+        hints = get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
         for key, value in entries.items():
-            if key not in merged[section]:
-                known = ", ".join(merged[section])
-                raise AnalyzerError(f"{user_path}: unknown key {section}.{key}; known: {known}")
-            numeric = isinstance(value, int | float) and not isinstance(value, bool)
-            if not numeric and not isinstance(merged[section][key], bool):
-                raise AnalyzerError(f"{user_path}: {section}.{key} must be a number, got {value!r}")
-            merged[section][key] = value
-    return Thresholds(merged, source=str(user_path))
+            if key not in fields:
+                raise AnalyzerError(f"{path}: unknown key {section}.{key}; known: {', '.join(fields)}")
+            into.setdefault(section, {})[key] = _check(path, section, fields[key], hints[key], value)
+    if complete:
+        for section, cls in sections.items():
+            for f in dataclasses.fields(cls):
+                if f.name not in into.get(section, {}):
+                    raise AnalyzerError(f"{path}: {section}.{f.name} is missing")
+
+
+def load_thresholds(path: str | Path | None = None) -> Thresholds:
+    """Defaults, overridden by `path` when given; both files validated as they are read."""
+    values: dict[str, dict[str, object]] = {}
+    _merge(values, DEFAULTS_PATH, _read(DEFAULTS_PATH), complete=True)
+    source = DEFAULTS_PATH
+    if path is not None:
+        source = Path(path)
+        _merge(values, source, _read(source), complete=False)
+    sections = _sections()
+    built = {name: cls(**values[name]) for name, cls in sections.items()}
+    th = Thresholds(**built, source=str(source))
+    if th.confidence.medium > th.confidence.high:
+        raise AnalyzerError(f"{source}: confidence.medium must not exceed confidence.high")
+    return th

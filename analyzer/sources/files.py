@@ -13,7 +13,14 @@ import pandas as pd
 
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import History, read_history, read_meta
-from gpulens.analyzer.profile import family_columns, profiles_from_families, profiles_from_samples
+from gpulens.analyzer.profile import (
+    FleetGpu,
+    family_columns,
+    fleet_from_families,
+    fleet_from_samples,
+    profiles_from_families,
+    profiles_from_samples,
+)
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.catalog import GpuModel
 
@@ -39,3 +46,10 @@ def profiles(history: History, thresholds: Thresholds, gpu_model: GpuModel | Non
     if history.samples.empty:
         raise AnalyzerError(f"{history.path}: no samples in the window")
     return profiles_from_samples(history.samples, history.step_s, thresholds, gpu_model)
+
+
+def fleet(history: History, gpu_model: GpuModel | None = None) -> list[FleetGpu]:
+    """Every GPU of a usage history's window (`gpu_info`), idle ones included."""
+    if history.families is not None:
+        return fleet_from_families(history.families, gpu_model)
+    return fleet_from_samples(history.samples, gpu_model)

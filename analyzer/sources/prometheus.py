@@ -33,7 +33,15 @@ import pandas as pd
 from gpulens import httpclient
 from gpulens.analyzer import signals
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.analyzer.profile import STAT_KEYS, Identity, JobStats, build_profiles, job_kinds
+from gpulens.analyzer.profile import (
+    STAT_KEYS,
+    FleetGpu,
+    Identity,
+    JobStats,
+    build_profiles,
+    fleet_from_gpus,
+    job_kinds,
+)
 from gpulens.analyzer.sources import rules
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.catalog import GpuModel
@@ -327,6 +335,7 @@ class PromSource:
             "mean": "avg_over_time({sub})",
             "p50": "quantile_over_time(0.5, {sub})",
             "p95": "quantile_over_time(0.95, {sub})",
+            "p99": "quantile_over_time(0.99, {sub})",
             "max": "max_over_time({sub})",
             "count": "count_over_time({sub})",
             "stddev": "stddev_over_time({sub})",
@@ -385,7 +394,7 @@ class PromSource:
         the device side of each join (selected by uuid) stays small.
         """
         kinds = job_kinds(identity.series)
-        idle = thresholds.get("activity", "idle_below")
+        idle = thresholds.activity.idle_below
         ordered = identity.series.sort_values(["uuid", "gpu_instance", "job_id"])
         gpus_of: dict[str, list[str]] = {}
         for job, uuid in ordered[["job_id", "uuid"]].itertuples(index=False):
@@ -414,6 +423,10 @@ class PromSource:
                     future.cancel()
                 raise
         return dict(sorted(stats.items()))
+
+    def fleet(self, gpu_model: GpuModel | None = None) -> list[FleetGpu]:
+        """Every GPU with a `gpu_info` series in the window, idle ones included."""
+        return fleet_from_gpus(self._labels("gpu_info", ["uuid", "model", "instance"]), gpu_model)
 
     def profiles(self, thresholds: Thresholds, gpu_model: GpuModel | None = None) -> pd.DataFrame:
         identity = self.identity()
@@ -531,7 +544,7 @@ class RuleStats:
     def stats(self, identity: Identity, thresholds: Thresholds) -> dict[str, JobStats]:
         w = f"{int(self.source.window_s)}s"
         sub = f"{w}:{int(self.step_s)}s"
-        idle = thresholds.get("activity", "idle_below")
+        idle = thresholds.activity.idle_below
         kinds = job_kinds(identity.series)
         present_kinds = set(kinds.values())
         tables = (
@@ -577,6 +590,7 @@ class RuleStats:
                 "mean": "avg_over_time({r}[{w}])",
                 "p50": "quantile_over_time(0.5, {r}[{w}])",
                 "p95": "quantile_over_time(0.95, {r}[{w}])",
+                "p99": "quantile_over_time(0.99, {r}[{w}])",
                 "max": "max_over_time({r}[{w}])",
                 "stddev": "stddev_over_time({r}[{w}])",
                 # last_over_time over one interval takes each evaluation exactly once per step,

@@ -32,6 +32,8 @@ class SynthJob:
     node: str = "node-1"
     extra_uuids: list[str] = field(default_factory=list)
     activity_family: str | None = None  # override the family the activity is written to
+    dram: np.ndarray | None = None  # DRAM activity per step (exclusive jobs: gpu_dram_active_ratio)
+    source: str = "slurm"
 
 
 def steady(n: int, level: float, jitter: float = 0.02, seed: int = 0) -> np.ndarray:
@@ -43,10 +45,24 @@ def flat(n: int, value: float) -> np.ndarray:
     return np.full(n, float(value))
 
 
-def frame(jobs: list[SynthJob], step: float = STEP, start: float = START) -> pd.DataFrame:
-    """Long sample table (history schema) for the jobs."""
+@dataclass
+class IdleGpu:
+    """A GPU that reports `gpu_info` for `steps` steps and runs no job."""
+
+    uuid: str
+    model: str = "NVIDIA A100-SXM4-40GB"
+    node: str = "node-1"
+    steps: int = 60
+
+
+def frame(
+    jobs: list[SynthJob], step: float = STEP, start: float = START, idle: list[IdleGpu] | None = None
+) -> pd.DataFrame:
+    """Long sample table (history schema) for the jobs (and GPUs that ran none)."""
     rows: list[dict] = []
-    gpus_seen: dict[str, tuple[str, str, set[int]]] = {}
+    gpus_seen: dict[str, tuple[str, str, set[int]]] = {
+        gpu.uuid: (gpu.model, gpu.node, set(range(gpu.steps))) for gpu in idle or []
+    }
     for job in jobs:
         n = len(job.activity)
         for k in range(n):
@@ -61,7 +77,7 @@ def frame(jobs: list[SynthJob], step: float = STEP, start: float = START) -> pd.
                         "value": 1.0,
                         "gpu_instance": job.gpu_instance,
                         "job_id": job.job_id,
-                        "job_source": "slurm",
+                        "job_source": job.source,
                         "job_user": job.user,
                         "job_namespace": job.namespace,
                         "sharing": job.sharing,
@@ -88,6 +104,8 @@ def frame(jobs: list[SynthJob], step: float = STEP, start: float = START) -> pd.
                     rows.append(
                         {**base, "metric": job.activity_family or "gpu_sm_active_ratio", "value": act}
                     )
+                    if job.dram is not None:
+                        rows.append({**base, "metric": "gpu_dram_active_ratio", "value": float(job.dram[k])})
                 rows.append(
                     {
                         **base,

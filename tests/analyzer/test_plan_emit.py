@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpulens.analyzer.emit import context_from_rows, emit
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.plan import build_plan
-from gpulens.analyzer.profile import profiles_from_samples
+from gpulens.analyzer.profile import fleet_from_samples, profiles_from_samples
 from gpulens.analyzer.recommend import recommend
-from gpulens.catalog import get_model, place_mig_layout
+from gpulens.analyzer.thresholds import load_thresholds
+from gpulens.catalog import get_model, model_for_nvml_name, place_mig_layout
 from tests.analyzer import synth
+from tests.analyzer.invariants import violations
 from tests.analyzer.synth import SynthJob, flat, steady
 
 GIB = 1024**3
@@ -93,3 +97,148 @@ def test_a_job_alone_under_mps_takes_a_free_mig_slice_instead(th):
     assert row["recommendation"] == "mig" and row["mig_profile"] == "2g.20gb"
     assert "plan:" in row["reason"]
     assert (analysis.plan.gpus_before, analysis.plan.gpus_after) == (4, 1)
+
+
+def analysis_for(jobs, th, idle=()):
+    """The whole pipeline on synthetic jobs, with the inventory `gpu_info` reports (idle GPUs too)."""
+    samples = synth.frame(jobs, idle=list(idle))
+    profiles = profiles_from_samples(samples, synth.STEP, th)
+    return analyze_profiles(profiles, th, "test", with_archetypes=False, fleet=fleet_from_samples(samples))
+
+
+def test_a_gpu_that_ran_no_job_is_counted_and_freed(th):
+    analysis = analysis_for(synth.seed_case(), th, idle=[synth.IdleGpu("GPU-seed-idle")])
+    plan = analysis.plan
+    assert (plan.gpus_before, plan.gpus_after, plan.gpus_freed) == (5, 2, 3)
+    assert {
+        "node": "node-1",
+        "uuid": "GPU-seed-idle",
+        "model": "A100-SXM4-40GB",
+        "why": "no job in the window",
+    } in (plan.freed)
+    assert plan.by_model["A100-SXM4-40GB"] == {"gpus_before": 5, "gpus_after": 2, "gpus_freed": 3}
+
+
+def test_shared_gpus_carry_their_interference_risk(th):
+    analysis = analysis_for(synth.seed_case(), th)
+    recs = analysis.recs.set_index("job_id")
+    for entry in analysis.plan.layout:
+        p95 = sum(recs.loc[j, "sm_active_p95"] for j in entry["jobs"])
+        assert entry["interference"]["sm_p95_sum"] == pytest.approx(p95, abs=0.01)
+        assert entry["interference"]["risk"] == "low"
+
+
+def test_jobs_that_stream_memory_do_not_share_a_gpu(th):
+    jobs = [
+        SynthJob(f"s{i}", f"GPU-s{i}", steady(60, 0.1, 0.01), flat(60, 5 * GIB), dram=flat(60, 0.5))
+        for i in range(2)
+    ]
+    analysis = analysis_for(jobs, th)
+    assert all(len(entry["jobs"]) == 1 for entry in analysis.plan.layout)
+    assert analysis.plan.gpus_freed == 0
+    assert set(analysis.recs["action"]) == {"keep"}
+
+
+def test_memory_heavy_compute_light_jobs_pair_when_they_fit(th):
+    jobs = [
+        SynthJob("big", "GPU-h1", steady(60, 0.06, 0.005), flat(60, 45 * GIB), model=H100),
+        SynthJob("small", "GPU-h2", steady(60, 0.06, 0.005), flat(60, 25 * GIB), model=H100),
+    ]
+    plan = analysis_for(jobs, th).plan
+    assert (plan.gpus_before, plan.gpus_after) == (2, 1)
+    (entry,) = plan.layout
+    assert entry["memory_committed_bytes"] <= get_model("H100-80GB").memory_bytes
+
+
+def test_a_job_no_partner_fits_keeps_its_whole_gpu(th):
+    jobs = [
+        SynthJob("big", "GPU-h1", steady(60, 0.06, 0.005), flat(60, 35 * GIB), model=H100),
+        SynthJob("busy", "GPU-h2", steady(60, 0.9, 0.01), flat(60, 40 * GIB), model=H100),
+    ]
+    analysis = analysis_for(jobs, th)
+    row = analysis.recs.set_index("job_id").loc["big"]
+    assert row["recommendation"] == "exclusive" and row["action"] == "keep"
+    assert "saves nothing" in row["reason"]
+    assert not any(e["sharing"] in ("mps", "time-slicing") for e in analysis.plan.layout)
+
+
+def test_every_job_says_current_and_proposed_and_keep_is_never_an_action(th):
+    jobs = [*synth.seed_case(), SynthJob("busy", "GPU-b", steady(120, 0.9, 0.01), flat(120, 20 * GIB))]
+    jobs.append(SynthJob("idle", "GPU-i", flat(120, 0.0), flat(120, 2 * GIB)))
+    analysis = analysis_for(jobs, th)
+    recs = analysis.recs.set_index("job_id")
+    assert recs.loc["busy", "action"] == "keep"
+    assert recs.loc["busy", "proposed_gpu"] == "GPU-b"
+    seed = recs.loc["seed-0"]
+    assert seed["action"] == "change"
+    assert seed["change"].startswith("exclusive, A100-SXM4-40GB on node-1/GPU-seed-0000 -> mps ")
+    assert seed["proposed_node"] == "node-1"
+    actions = analysis.top_actions(n=10)
+    assert [a["job_id"] for a in actions if a["action"] == "keep"] == []
+    assert "busy" not in [a["job_id"] for a in actions]
+    assert actions[0]["job_id"] == "idle" and actions[0]["action"] == "reclaim"
+    hours = [a["gpu_hours_recovered"] for a in actions]
+    assert hours == sorted(hours, reverse=True)
+
+
+def test_an_exclusive_job_that_pre_allocates_memory_is_an_action_to_fix(th):
+    job = SynthJob("tf", "GPU-a", steady(120, 0.08, 0.01), flat(120, 38.5 * GIB))
+    analysis = analysis_for([job], th)
+    row = analysis.recs.iloc[0]
+    assert row["action"] == "fix" and "TF_FORCE_GPU_ALLOW_GROWTH" in row["finding"]
+    assert analysis.top_actions()[0]["what_to_do"].startswith("false saturation")
+
+
+def test_downsizing_never_uses_more_gpus_of_a_model_than_the_fleet_has(th):
+    jobs = [
+        SynthJob(f"w{i}", f"GPU-w{i}", steady(60, 0.62, 0.01), flat(60, 68 * GIB), model="NVIDIA H200")
+        for i in range(3)
+    ]
+    analysis = analysis_for(jobs, th, idle=[synth.IdleGpu("GPU-spare", model=H100)])
+    by_model = analysis.plan.by_model
+    assert by_model["H100-80GB"]["gpus_after"] <= 1
+    assert all(v["gpus_freed"] >= 0 for v in by_model.values())
+    assert (analysis.recs["recommendation"] == "downsize-model").sum() == 1
+
+
+MODELS_FOR_PLANS = ["NVIDIA A100-SXM4-40GB", H100, "NVIDIA H200"]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(MODELS_FOR_PLANS),
+            st.floats(0.0, 1.0),  # activity level
+            st.floats(0.01, 0.97),  # peak memory as a share of the GPU
+            st.integers(0, 30),  # first step
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(0, 2),
+)
+def test_a_plan_fits_every_gpu_and_the_fleet(jobs, idle):
+    th = load_thresholds()
+    synth_jobs = []
+    for k, (model, level, share, first) in enumerate(jobs):
+        memory = share * model_for_nvml_name(model).memory_bytes
+        synth_jobs.append(
+            SynthJob(
+                f"j{k}",
+                f"GPU-{k}",
+                steady(30, level, 0.05, seed=k),
+                flat(30, memory),
+                model=model,
+                first_step=first,
+            )
+        )
+    spare = [synth.IdleGpu(f"GPU-idle-{k}", model=MODELS_FOR_PLANS[k]) for k in range(idle)]
+    analysis = analysis_for(synth_jobs, th, idle=spare)
+    assert violations(analysis, inventory=len(jobs) + idle) == []
+    fleet = {}
+    for model in [*(m for m, *_ in jobs), *(g.model for g in spare)]:
+        key = model_for_nvml_name(model).key
+        fleet[key] = fleet.get(key, 0) + 1
+    for key, counts in analysis.plan.by_model.items():
+        assert counts["gpus_after"] <= fleet.get(key, 0)

@@ -47,7 +47,9 @@ def test_a_recommendation_the_job_now_runs_is_applied(week):
 
 def test_a_recommendation_the_job_does_not_run_is_not_applied(week):
     analysis, last = week
-    jobs, plan = previous(last, {"5110": {"recommendation": "mps", "mps_active_thread_percentage": 40}})
+    jobs, plan = previous(
+        last, {"5110": {"recommendation": "mps", "action": "change", "mps_active_thread_percentage": 40}}
+    )
     result = compare(analysis, jobs, plan, str(last))
     assert "5110" in {o.job_id for o in result.not_applied}
 

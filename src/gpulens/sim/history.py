@@ -47,11 +47,17 @@ def simulate(
     seed: int = 0,
     start: float | None = None,
     progress: TextIO | None = None,
+    dcgm: bool = True,
 ) -> dict:
-    """Run `scenario` for `duration_s` of simulated time, sampling every `step_s`; returns meta."""
+    """Run `scenario` for `duration_s` of simulated time, sampling every `step_s`; returns meta.
+
+    `dcgm`: serve the node through the simulated DCGM host engine too, as a monitored fleet runs
+    dcgm-exporter's profiling fields: SM and DRAM activity on GPUs without NVML GPM (Ampere).
+    """
     from gpulens.exporter.app import Exporter
     from gpulens.exporter.config import ExporterConfig
     from gpulens.sim.clock import ManualClock
+    from gpulens.sim.dcgm import BINDINGS_DIR, hostengine
     from gpulens.sim.engine import build_node
     from gpulens.sim.install import install as install_node
     from gpulens.sim.install import uninstall
@@ -96,7 +102,10 @@ def simulate(
         except (OSError, ValueError) as exc:
             raise AnalyzerError(f"scenario {spec.name}: {str(exc).splitlines()[0]}") from exc
         install_node(node)
+        if dcgm:
+            hostengine.install(node)
         config = ExporterConfig(
+            dcgm_bindings=BINDINGS_DIR if dcgm else None,
             interval=step_s,
             procfs=paths["proc"],
             pod_logs_dir=paths["pods"],
@@ -127,5 +136,7 @@ def simulate(
         finally:
             exporter.close()
             uninstall()
+            if dcgm:
+                hostengine.uninstall()
     meta_out.update(samples=writer.rows)
     return meta_out

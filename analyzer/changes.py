@@ -1,0 +1,216 @@
+"""Current -> proposed per job, what the SRE is asked to do, and the actions ranked by GPU-hours.
+
+After the plan, every job carries what it runs on now (`current_*`: mode, MIG profile, model,
+node, GPU) and what it should run on (`proposed_*`, the same plus MPS limits), an `action`
+(`kinds.Action`: keep, change, reclaim, fix, review), the `gpu_hours_recovered` if it is done
+and, for jobs that stay but waste memory, a `finding` (false saturation, memory hog) with what
+to do. A job whose proposal equals what it has is `keep`, never an action.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from gpulens.analyzer.kinds import ACTIONS, Action, Kind
+from gpulens.analyzer.plan import Plan
+from gpulens.analyzer.recommend import capability
+from gpulens.analyzer.thresholds import Thresholds
+from gpulens.catalog import GIB, model_for_nvml_name
+
+# plan bookkeeping keys that are not recommendation columns
+_PLAN_KEYS = ("note", "kept")
+MPS_COLUMNS = ["mps_active_thread_percentage", "mps_pinned_memory_limit_bytes"]
+
+
+def _text(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value)
+
+
+def apply_moves(recs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
+    """Jobs the plan changed (lone sharers, no room on a model, held GPUs) say so and how."""
+    recs = recs.assign(kept_by_plan=False)
+    for job, change in plan.moved.items():
+        at = recs.index[recs["job_id"] == job]
+        if not len(at):
+            continue
+        kind = change["recommendation"]
+        detail = change.get("mig_profile") or kind
+        note = change.get("note") or (
+            "it stays as it runs now"
+            if change.get("kept")
+            else f"alone on its GPU, so {detail} beside others"
+        )
+        recs.loc[at, "reason"] = recs.loc[at, "reason"] + f"; plan: {note}"
+        if kind != Kind.MPS:
+            recs.loc[at, MPS_COLUMNS] = None
+        if kind != Kind.MIG:
+            recs.loc[at, "mig_profile"] = None
+        for key, value in change.items():
+            if key not in _PLAN_KEYS:
+                recs.loc[at, key] = value
+        recs.loc[at, "kept_by_plan"] = bool(change.get("kept"))
+    return recs
+
+
+def _placement(plan: Plan) -> dict[str, tuple[str, str]]:
+    """job_id -> (node, GPU uuid) of the first GPU the plan puts it on."""
+    out: dict[str, tuple[str, str]] = {}
+    for entry in plan.layout:
+        for job in entry["jobs"]:
+            out.setdefault(job, (str(entry.get("node", "")), str(entry.get("uuid", ""))))
+    return out
+
+
+def finding(row: Any, th: Thresholds) -> str:
+    """Memory a job holds without using it: false saturation or a memory hog ("" when neither)."""
+    if bool(getattr(row, "false_saturation", False)):
+        return "false saturation: " + _text(row.false_saturation_hint)
+    peak, device = float(row.memory_peak_bytes), float(row.device_memory_bytes)
+    mean = float(row.sm_active_mean)
+    if device > 0 and peak / device >= 0.5 and mean < th.false_saturation.max_mean_activity:
+        return (
+            f"memory hog: holds {peak / GIB:.1f} GiB ({peak / device:.0%} of the GPU) at {mean:.0%} mean "
+            "activity; cap the framework's memory pool so it can share"
+        )
+    return ""
+
+
+def describe(mode: str, mig: str, threads: object, limit: object, model: str, node: str, gpu: str) -> str:
+    """One side of "current -> proposed", e.g. "mps 25 % threads / 11.0 GiB, A100-40GB on n1 GPU-1"."""
+    what = mode
+    if mode == Kind.MIG and mig:
+        what = f"mig {mig}"
+    if mode == Kind.MPS and _text(threads):
+        what = f"mps {int(float(str(threads)))} % threads"
+        if _text(limit):
+            what += f" / {float(str(limit)) / GIB:.1f} GiB"
+    where = " on ".join(p for p in (model, "/".join(x for x in (node, gpu) if x)) if p)
+    return f"{what}, {where}" if where else what
+
+
+def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
+    """The plan's moves applied, then current/proposed, action, finding and GPU-hours recovered."""
+    recs = apply_moves(recs, plan)
+    placed = _placement(plan)
+    rows = []
+    for row in recs.itertuples(index=False):
+        kind = str(row.recommendation)
+        now_mode = _text(row.sharing) or Kind.EXCLUSIVE.value
+        now_mig = _text(row.mig_profile_now)
+        now_gpu = _text(row.uuids)
+        node, gpu = placed.get(str(row.job_id), ("", ""))
+        proposed_model = _text(row.target_gpu_model) or str(row.gpu_model)
+        found = finding(row, th) if kind not in (Kind.RECLAIM, Kind.INSUFFICIENT_DATA) else ""
+        same = (
+            kind == now_mode
+            and proposed_model == str(row.gpu_model)
+            and (kind != Kind.MIG or _text(row.mig_profile) == now_mig)
+            and (not gpu or gpu in now_gpu.split(","))
+        )
+        kept = bool(row.kept_by_plan)
+        if kind == Kind.INSUFFICIENT_DATA:
+            action = Action.REVIEW
+        elif kind == Kind.RECLAIM:
+            action = Action.RECLAIM
+        elif same or kept:
+            action = Action.FIX if found else Action.KEEP
+        else:
+            action = Action.CHANGE
+        rows.append(
+            {
+                "current_mode": now_mode,
+                "current_mig_profile": now_mig or None,
+                "current_model": str(row.gpu_model),
+                "current_node": _text(row.instance),
+                "current_gpu": now_gpu,
+                "proposed_mode": "released" if kind == Kind.RECLAIM else kind,
+                "proposed_mig_profile": _text(row.mig_profile) or None,
+                "proposed_mps_active_thread_percentage": row.mps_active_thread_percentage,
+                "proposed_mps_pinned_memory_limit_bytes": row.mps_pinned_memory_limit_bytes,
+                "proposed_model": proposed_model,
+                "proposed_node": node,
+                "proposed_gpu": gpu,
+                "action": action.value,
+                "finding": found,
+                "change": (
+                    describe(now_mode, now_mig, None, None, str(row.gpu_model), _text(row.instance), now_gpu)
+                    + " -> "
+                    + (
+                        "released (give the GPU back)"
+                        if kind == Kind.RECLAIM
+                        else describe(
+                            kind,
+                            _text(row.mig_profile),
+                            row.mps_active_thread_percentage,
+                            row.mps_pinned_memory_limit_bytes,
+                            proposed_model,
+                            node,
+                            gpu,
+                        )
+                        + (f", once its {found.split(':')[0]} is fixed" if action == Action.FIX else "")
+                    )
+                ),
+                "gpu_hours_recovered": round(_recovered(row, action, kind), 3),
+            }
+        )
+    extra = pd.DataFrame(rows, index=recs.index)
+    return pd.concat(
+        [recs.drop(columns=[c for c in extra if c in recs] + ["kept_by_plan"], errors="ignore"), extra],
+        axis=1,
+    )
+
+
+def _recovered(row: Any, action: Action, kind: str) -> float:
+    """GPU-hours the action gives back: all of an idle allocation, the unused share of a move, the
+    idle hours of a job that wastes memory (what fixing it makes shareable)."""
+    allocated = float(row.gpu_hours_allocated) if not math.isnan(row.gpu_hours_allocated) else 0.0
+    idle = float(row.gpu_hours_idle) if not math.isnan(row.gpu_hours_idle) else 0.0
+    if action == Action.RECLAIM:
+        return allocated
+    if action == Action.FIX:
+        return idle
+    if action != Action.CHANGE:
+        return 0.0
+    if kind == Kind.DOWNSIZE:
+        now, target = model_for_nvml_name(str(row.gpu_model)), model_for_nvml_name(str(row.target_gpu_model))
+        if now is None or target is None:
+            return 0.0
+        return allocated * max(0.0, 1 - capability(target) / capability(now))
+    fraction = (
+        row.gpu_fraction if row.gpu_fraction == row.gpu_fraction and row.gpu_fraction is not None else 1.0
+    )
+    share = float(row.gpu_share) if row.gpu_share == row.gpu_share else 1.0
+    return max(0.0, allocated * (1 - min(1.0, float(fraction)) / max(share, 1e-9)))
+
+
+def ranked_actions(recs: pd.DataFrame, n: int | None = None) -> list[dict[str, Any]]:
+    """Actions (change, reclaim, fix) by GPU-hours recovered, largest first, with what to do."""
+    act = recs[recs["action"].isin([a.value for a in ACTIONS])]
+    act = act.sort_values(["gpu_hours_recovered", "job_id"], ascending=[False, True])
+    if n is not None:
+        act = act.head(n)
+    out = []
+    for row in act.itertuples(index=False):
+        todo = row.finding if row.action == Action.FIX else row.change
+        out.append(
+            {
+                "job_id": row.job_id,
+                "team": row.team,
+                "action": row.action,
+                "recommendation": row.recommendation,
+                "detail": next(
+                    (v for v in (row.mig_profile, row.target_gpu_model) if isinstance(v, str)), ""
+                ),
+                "change": row.change,
+                "what_to_do": todo,
+                "gpu_hours_recovered": round(float(row.gpu_hours_recovered), 2),
+                "gpu_hours_idle": round(float(row.gpu_hours_idle), 2),
+                "reason": row.reason,
+            }
+        )
+    return out
