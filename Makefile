@@ -103,10 +103,11 @@ demo: venv system-deps
 demo-stop: venv
 	$(BIN)/python -m gpulens.devtools.demo --stop
 
-# wrk (Debian) drives the scrape load from outside Python; nvitop-exporter is the peer
+# wrk (Debian) drives the scrape load from outside Python; nvitop-exporter is the peer.
+# BENCH_ARGS passes options through, e.g. make bench BENCH_ARGS=--no-analyzer
 bench: venv native
 	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
-	$(BIN)/gpulens bench
+	$(BIN)/gpulens bench $(BENCH_ARGS)
 
 dashboards: venv
 	$(BIN)/gpulens dashboards build

@@ -80,11 +80,19 @@ def test_the_breakdown_lists_where_the_remaining_time_goes():
         "nvml_binding_share": 0.2,
         "gpulens_share": 0.5,
         "other_share": 0.3,
-        "hotspots": [{**spot, "ms_per_cycle": 9.5, "calls_per_cycle": 1.0}],
+        "hotspots": [{**spot, "share": 0.25, "calls_per_cycle": 1.0}],
     }
     text = render_markdown({**DATA, "breakdown": breakdown})
-    assert "| `_fast_render` | exporter/render.py:64 | gpulens | 9.5 | 1 |" in text
+    assert "| `_fast_render` | exporter/render.py:64 | gpulens | 25.0 % | 7.5 | 1 |" in text
     assert "native simulated driver" in text
+
+
+def test_a_peer_that_completed_no_scrape_gets_no_ratio():
+    stuck = _exporter("nvitop-exporter", 60.0, 0.0)
+    stuck["latency"][0]["requests"] = 0
+    data = {**DATA, "exporters": [DATA["exporters"][0], stuck]}
+    assert any("nvitop-exporter completed no scrape in the window" in line for line in ratio_lines(data))
+    assert "no scrape completed in 1 s" in render_markdown(data)
 
 
 def test_markdown_names_the_command_and_both_exporters():

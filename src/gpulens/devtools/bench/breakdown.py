@@ -32,7 +32,7 @@ class Hotspot:
     where: str  # file relative to its package root, with the line
     function: str
     part: str  # gpulens | nvml | sim | other
-    ms_per_cycle: float
+    share: float  # of the profiled cycles' CPU (cProfile's own time of this function / all)
     calls_per_cycle: float
 
 
@@ -122,7 +122,7 @@ def measure_breakdown(
         spots.append((tottime, spot))
     whole = sum(totals.values()) or 1.0
     cpu.sort()
-    spots.sort(key=lambda pair: -pair[0])
+    spots.sort(key=lambda spot: -spot[0])
     return CycleBreakdown(
         scenario=scenario,
         cycles=cycles,
@@ -132,5 +132,8 @@ def measure_breakdown(
         gpulens_share=totals["gpulens"] / whole,
         other_share=totals["other"] / whole,
         driver=driver,
-        hotspots=tuple(spot for _, spot in spots[:top]),
+        hotspots=tuple(
+            Hotspot(where, name, part, tottime / whole, calls)
+            for tottime, where, name, part, calls in spots[:top]
+        ),
     )

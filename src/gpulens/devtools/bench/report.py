@@ -20,7 +20,18 @@ TARGET_ANALYZER_FILE_BYTES = 4e9
 
 
 def _latency(exporter: dict[str, Any], concurrency: int) -> dict[str, Any] | None:
-    return next((r for r in exporter["latency"] if r["concurrency"] == concurrency), None)
+    """The load result at `concurrency`; None when none was run or no scrape completed in it."""
+    found = next((r for r in exporter["latency"] if r["concurrency"] == concurrency), None)
+    return found if found is not None and found.get("requests", 1) > 0 else None
+
+
+def _latency_cell(exporter: dict[str, Any], concurrency: int) -> str:
+    ran = next((r for r in exporter["latency"] if r["concurrency"] == concurrency), None)
+    if ran is None:
+        return "-"
+    if ran.get("requests", 1) == 0:
+        return f"no scrape completed in {ran['wall_s']:g} s"
+    return f"{ran['median_ms']:.2f} / {ran['p99_ms']:.2f}"
 
 
 def _mb(value: int) -> str:
@@ -45,6 +56,11 @@ def ratio_lines(data: dict[str, Any]) -> list[str]:
             lines.append(
                 f"scrape median with {concurrency} scraper(s): nvitop-exporter / gpulens = {ratio:.1f}x "
                 f"(target >= {TARGET_SCRAPE_RATIO:g}x)"
+            )
+        elif o and any(r["concurrency"] == concurrency for r in peer["latency"]):
+            lines.append(
+                f"scrape median with {concurrency} scraper(s): nvitop-exporter completed no scrape in the "
+                f"window, gpulens {o['median_ms']:.2f} ms (target >= {TARGET_SCRAPE_RATIO:g}x): no ratio"
             )
     size = peer["response_bytes"] / max(ours["response_bytes"], 1)
     lines.append(f"response size: nvitop-exporter / gpulens = {size:.1f}x")
@@ -77,12 +93,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         rows.append(
             _row(
                 f"scrape median / p99, {concurrency} scraper(s) (ms)",
-                [
-                    f"{lat['median_ms']:.2f} / {lat['p99_ms']:.2f}"
-                    if (lat := _latency(e, concurrency))
-                    else "-"
-                    for e in exporters
-                ],
+                [_latency_cell(e, concurrency) for e in exporters],
             )
         )
         rows.append(
@@ -146,7 +157,14 @@ def render_markdown(data: dict[str, Any]) -> str:
             f"kernel {machine['kernel']}, {machine['date']}",
             "",
             *(exporter_part if exporters else []),
-            *analyzer,
+            *(
+                analyzer
+                or [
+                    "The analyzer was not measured in this run (`--no-analyzer`); `make bench` "
+                    "measures it too.",
+                    "",
+                ]
+            ),
         ]
     )
 
@@ -182,14 +200,15 @@ def breakdown_markdown(breakdown: dict[str, Any] | None) -> list[str]:
     spots = breakdown.get("hotspots") or []
     if spots:
         lines += [
-            "Where the remaining time goes: the functions with the most own time per cycle under the",
-            "profiler (their share of the profiled cycle; `other` = library code they call into).",
+            "Where the remaining time goes: the functions with the most own time under the profiler,",
+            "as a share of the profiled cycles and that share of the measured cycle (`other` is library",
+            "code: prometheus_client, dataclasses, builtins).",
             "",
-            "| function | where | part | ms per cycle (profiled) | calls per cycle |",
-            "|---|---|---|---|---|",
+            "| function | where | part | share | ≈ ms of the cycle | calls per cycle |",
+            "|---|---|---|---|---|---|",
             *[
-                f"| `{spot['function']}` | {spot['where']} | {spot['part']} | {spot['ms_per_cycle']:.1f} | "
-                f"{spot['calls_per_cycle']:.0f} |"
+                f"| `{spot['function']}` | {spot['where']} | {spot['part']} | {spot['share'] * 100:.1f} % | "
+                f"{spot['share'] * cycle:.1f} | {spot['calls_per_cycle']:.0f} |"
                 for spot in spots
             ],
             "",
