@@ -111,15 +111,14 @@ def measure_breakdown(
         exporter.close()
         simulated.close()
     totals = {"sim": 0.0, "nvml": 0.0, "gpulens": 0.0, "other": 0.0}
-    spots: list[tuple[float, Hotspot]] = []
+    spots: list[tuple[float, str, str, str, float]] = []
     raw_stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # undocumented, stable since 2.x
     for (filename, line, name), (_cc, calls, tottime, _ct, _callers) in raw_stats.items():
         category = _category(filename, name)
         if category is None:
             continue
         totals[category] += tottime
-        spot = Hotspot(_where(filename, line), name, category, tottime / cycles * 1e3, calls / cycles)
-        spots.append((tottime, spot))
+        spots.append((tottime, _where(filename, line), name, category, calls / cycles))
     whole = sum(totals.values()) or 1.0
     cpu.sort()
     spots.sort(key=lambda spot: -spot[0])
