@@ -92,14 +92,14 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     for gpu_sample in snapshot.gpus if not snapshot.jobs_error else ():
         if not gpu_sample.up:
             continue
-        ident = gpu_sample.identity
+        device = gpu_sample.identity
         devices = [(str(m.gpu_instance), sm_figure(m)) for m in gpu_sample.mig_instances] or [
             ("", sm_figure(gpu_sample))
         ]
         for gi, figure in devices:
             if figure is not None:
-                rest = max(0.0, min(figure, 1.0) - shared.get((str(ident.index), gi), 0.0))
-                unattributed.add_metric([str(ident.index), ident.uuid, gi], rest)
+                rest = max(0.0, min(figure, 1.0) - shared.get((str(device.index), gi), 0.0))
+                unattributed.add_metric([str(device.index), device.uuid, gi], rest)
     yield from non_empty(info, mem, sm, procs, unattributed)
 
 

@@ -106,8 +106,8 @@ def test_twenty_scrapers_through_a_fault_timeline(tmp_path: Path) -> None:
 
     lines = exporter_log.splitlines()
     mismatch = [line for line in lines if "Mismatch" in line]
-    assert len(mismatch) == 1 and " ERROR " in mismatch[0], mismatch
-    lost = [line for line in lines if "GPU 3" in line and " WARNING " in line and "lost" in line.lower()]
+    assert len(mismatch) == 1 and " level=error " in mismatch[0], mismatch  # logfmt, the default
+    lost = [line for line in lines if "GPU 3" in line and " level=warn" in line and "lost" in line.lower()]
     assert len(lost) == 1, lost
     assert sum("GPU 3: reads succeed again" in line for line in lines) >= 1
     assert sum("GPU 5: reads succeed again" in line for line in lines) >= 1
