@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv system-deps tools migcheck native test test-fast lint typecheck format demo demo-stop bench dashboards clean
+.PHONY: help venv system-deps tools migcheck native test test-fast lint typecheck format demo demo-stop bench dashboards rules clean
 
 help:
 	@echo "make demo       run the demo on the simulated node (no GPU needed)"
@@ -112,6 +112,12 @@ bench: venv native
 dashboards: venv
 	$(BIN)/gpulens dashboards build
 	$(BIN)/python deploy/helm/generate.py
+
+# alerts/{gpu_alerts,recording_rules}.yml and the runbooks' quoted rules from src/gpulens/mixin/rules,
+# then the PrometheusRule and the Helm chart's copies
+rules: venv
+	$(BIN)/gpulens mixin build
+	$(BIN)/python deploy/kubernetes/generate.py
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .ruff_cache

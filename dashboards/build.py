@@ -12,11 +12,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard
 
 from gpulens.dashboards import exporter, fleet, jobs, node, sharing
+from gpulens.dashboards.common import CLUSTER, SCRAPE_JOB
+from gpulens.mixin.config import DEFAULT, MixinConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # In a source checkout the build refreshes the committed files. Installed from the wheel there is no
@@ -56,14 +59,55 @@ class Rendered:
     text: str
 
 
-def render(board: Dashboard) -> Rendered:
-    data = board.to_json_data()
-    text = json.dumps(data, cls=DashboardEncoder, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+# the JSON fields holding PromQL: panel targets and variable queries
+QUERY_FIELDS = ("expr", "query", "definition")
+
+
+def _scoped(text: str, config: MixinConfig) -> str:
+    text = text.replace(CLUSTER, f'{config.cluster_label}=~"$cluster"')
+    if config.selector:
+        text = text.replace(SCRAPE_JOB, f"{config.selector}, {SCRAPE_JOB}")
+    return text
+
+
+def _apply(node: Any, config: MixinConfig) -> Any:
+    if isinstance(node, dict):
+        return {
+            key: _scoped(value, config)
+            if key in QUERY_FIELDS and isinstance(value, str)
+            else _apply(value, config)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_apply(item, config) for item in node]
+    return node
+
+
+def apply_config(data: dict[str, Any], config: MixinConfig) -> dict[str, Any]:
+    """The dashboard JSON scoped by the mixin config: every query's cluster matcher on the config's
+    cluster label and its `job=~"$job"` preceded by the selector; the cluster and scrape-job
+    variables list the values of gpulens series only (the selector's)."""
+    scoped = _apply(json.loads(json.dumps(data, cls=DashboardEncoder)), config)
+    gpulens = f"gpu_info{{{config.selector}}}" if config.selector else "gpu_info"
+    cluster = f'{config.cluster_label}=~"$cluster"'
+    queries = {
+        "cluster": f"label_values({gpulens}, {config.cluster_label})",
+        "job": f"label_values(gpu_info{{{', '.join(m for m in (config.selector, cluster) if m)}}}, job)",
+    }
+    for variable in scoped.get("templating", {}).get("list", []):
+        if variable.get("name") in queries:
+            variable["query"] = queries[variable["name"]]
+    return scoped
+
+
+def render(board: Dashboard, config: MixinConfig = DEFAULT) -> Rendered:
+    data = apply_config(board.to_json_data(), config)
+    text = json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
     return Rendered(uid=board.uid, title=board.title, filename=f"{board.uid}.json", text=text)
 
 
-def render_all() -> list[Rendered]:
-    rendered = [render(build()) for build in BUILDERS]
+def render_all(config: MixinConfig = DEFAULT) -> list[Rendered]:
+    rendered = [render(build(), config) for build in BUILDERS]
     uids = [r.uid for r in rendered]
     if len(set(uids)) != len(uids):
         raise ValueError(f"dashboard uids must be unique, got {uids}")
@@ -103,10 +147,13 @@ class Outcome:
 
 
 def build(
-    json_dir: Path = DEFAULT_JSON_DIR, configmap: Path | None = DEFAULT_CONFIGMAP, check: bool = False
+    json_dir: Path = DEFAULT_JSON_DIR,
+    configmap: Path | None = DEFAULT_CONFIGMAP,
+    check: bool = False,
+    config: MixinConfig = DEFAULT,
 ) -> Outcome:
     """Write (or with `check`, only compare) every generated file; stale *.json files are removed."""
-    rendered = render_all()
+    rendered = render_all(config)
     wanted: dict[Path, str] = {json_dir / r.filename: r.text for r in rendered}
     if configmap is not None:
         wanted[configmap] = render_configmap(rendered)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpulens.dashboards.build import DEFAULT_CONFIGMAP, DEFAULT_JSON_DIR, build
+from gpulens.mixin.config import DEFAULT, ConfigError, load
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +28,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     build_parser.add_argument("--no-configmap", action="store_true", help="do not write the ConfigMap")
     build_parser.add_argument(
+        "--config",
+        type=Path,
+        help="mixin config (selector, clusterLabel, runbookURLPattern; docs/alerts.md); default: built in",
+    )
+    build_parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if any generated file is out of date"
     )
     build_parser.set_defaults(func=run_build)
@@ -39,6 +45,20 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    try:
+        config = load(args.config) if args.config is not None else DEFAULT
+    except ConfigError as exc:
+        print(f"gpulens dashboards build: {exc}", file=sys.stderr)
+        return 2
+    if config != DEFAULT and (
+        args.out == DEFAULT_JSON_DIR or (not args.no_configmap and args.configmap == DEFAULT_CONFIGMAP)
+    ):
+        print(
+            "gpulens dashboards build: the committed dashboards use the default config: "
+            "pass --out DIR and --configmap PATH (or --no-configmap) for your own",
+            file=sys.stderr,
+        )
+        return 2
     configmap = None if args.no_configmap else args.configmap
     beside_the_json = configmap is not None and configmap.parent == args.out  # created with it
     if configmap is not None and not beside_the_json and not configmap.parent.is_dir():
@@ -48,7 +68,7 @@ def run_build(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    outcome = build(args.out, configmap, check=args.check)
+    outcome = build(args.out, configmap, check=args.check, config=config)
     if args.check:
         stale = [*outcome.changed, *outcome.removed]
         for path in stale:

@@ -81,9 +81,14 @@ CRITICAL_XIDS: tuple[int, ...] = (
 )  # fmt: skip
 CRITICAL_XID_REGEX = "|".join(str(x) for x in CRITICAL_XIDS)
 
-# Label selectors every per-GPU query starts from.
-NODE = 'instance=~"$node"'
-NODE_GPU = 'instance=~"$node", gpu=~"$gpu"'
+# Label selectors every query starts from. SCOPE is the mixin's part: the build
+# (gpulens.dashboards.build.apply_config) renames the `cluster` label to the config's cluster label
+# and puts the config's selector before `job=~"$job"`, so the Python here serves every config.
+CLUSTER = 'cluster=~"$cluster"'
+SCRAPE_JOB = 'job=~"$job"'
+SCOPE = f"{CLUSTER}, {SCRAPE_JOB}"
+NODE = f'{SCOPE}, instance=~"$node"'
+NODE_GPU = f'{NODE}, gpu=~"$gpu"'
 
 
 # --- thresholds -----------------------------------------------------------------------------------
@@ -129,12 +134,45 @@ def _select_all(variable: Template) -> Template:
     return variable
 
 
+def _all_variable(name: str, label: str, query: str) -> Template:
+    return _select_all(
+        Template(
+            name=name,
+            label=label,
+            query=query,
+            dataSource=DATASOURCE,
+            multi=True,
+            includeAll=True,
+            allValue=".*",
+            refresh=REFRESH_ON_TIME_RANGE_CHANGE,
+            sort=SORT_ALPHA_ASC,
+        )
+    )
+
+
+def cluster_variable() -> Template:
+    """Clusters in a global view (Thanos, Mimir): the mixin's cluster label of gpulens targets. The
+    build writes the config's selector and label into this query (apply_config); a Prometheus
+    without that label offers only "All", which matches every series."""
+    return _all_variable("cluster", "Cluster", "label_values(gpu_info, cluster)")
+
+
+def scrape_job_variable() -> Template:
+    """Prometheus scrape jobs of gpulens exporters (the `job` label, never a workload: see job_id)."""
+    return _all_variable("job", "Scrape job", f"label_values(gpu_info{{{CLUSTER}}}, job)")
+
+
+def scope_variables() -> list[Template]:
+    """Data source, cluster and scrape job: the variables every gpulens dashboard starts with."""
+    return [datasource_variable(), cluster_variable(), scrape_job_variable()]
+
+
 def node_variable(multi: bool = True) -> Template:
     """Nodes are Prometheus `instance` labels of targets that export `gpu_info`."""
     variable = Template(
         name="node",
         label="Node",
-        query="label_values(gpu_info, instance)",
+        query=f"label_values(gpu_info{{{SCOPE}}}, instance)",
         dataSource=DATASOURCE,
         multi=multi,
         includeAll=multi,
@@ -151,7 +189,7 @@ def gpu_variable() -> Template:
         Template(
             name="gpu",
             label="GPU",
-            query='label_values(gpu_info{instance=~"$node"}, gpu)',
+            query=f"label_values(gpu_info{{{NODE}}}, gpu)",
             dataSource=DATASOURCE,
             multi=True,
             includeAll=True,
@@ -167,7 +205,7 @@ def job_variable() -> Template:
     return Template(
         name="job_id",
         label="Job",
-        query='label_values(gpu_job_info{instance=~"$node", gpu=~"$gpu", job_source!="system"}, job_id)',
+        query=f'label_values(gpu_job_info{{{NODE_GPU}, job_source!="system"}}, job_id)',
         dataSource=DATASOURCE,
         multi=False,
         includeAll=False,

@@ -15,12 +15,14 @@ from gpulens.dashboards import queries as q
 from gpulens.dashboards.common import (
     ANY_IS_BAD,
     BYTES,
+    CLUSTER,
     COUNT,
     CRITICAL_XID_REGEX,
     HOURS,
     IDLE_LOW,
     NONE,
     PERCENTUNIT,
+    SCOPE,
     SECONDS,
     UID_FLEET,
     WATT,
@@ -28,13 +30,13 @@ from gpulens.dashboards.common import (
     column_links,
     column_unit,
     dashboard,
-    datasource_variable,
     gpu_link,
     gpu_variable,
     heatmap,
     job_link,
     node_link,
     node_variable,
+    scope_variables,
     stat,
     steps,
     table,
@@ -276,7 +278,7 @@ def _alerts_row(layout: Layout) -> None:
     layout.add(
         table(
             "Open critical alerts",
-            [('ALERTS{alertstate="firing", severity="critical", instance=~"$node|"}', "")],
+            [(f'ALERTS{{{SCOPE}, alertstate="firing", severity="critical", instance=~"$node|"}}', "")],
             NONE,
             hide=("Time", "__name__", "job", "Value", "alertstate"),
             order=("alertname", "instance", "gpu", "uuid"),
@@ -318,12 +320,17 @@ def _alerts_row(layout: Layout) -> None:
     )
 
 
+# Fleet-, model- and recovery-level series (one per cluster) and the remediation receiver's own
+# series (its own scrape job, not the exporters'): only the cluster applies.
+FLEETWIDE = CLUSTER
+
+
 def _health_row(layout: Layout) -> None:
     layout.row("Health: fault rate and recovery")
     layout.add(
         stat(
             "Fault rate (per 1,000 GPU-days, last day)",
-            [("fleet:gpu_faults_per_1000_gpu_days:ratio1d", "")],
+            [(sel("fleet:gpu_faults_per_1000_gpu_days:ratio1d", base=FLEETWIDE), "")],
             NONE,
             thresholds=steps("green", (1.0, "orange"), (5.0, "red")),
             description="Fault-class Xid events (reset, reboot, NVLink, double-bit ECC; not application "
@@ -336,7 +343,7 @@ def _health_row(layout: Layout) -> None:
     layout.add(
         stat(
             "MTTR (last 7 days)",
-            [("fleet:gpulens_remediate_time_to_recover_seconds:mean7d", "")],
+            [(sel("fleet:gpulens_remediate_time_to_recover_seconds:mean7d", base=FLEETWIDE), "")],
             SECONDS,
             no_value="no recovery yet",
             description="Mean time from detection (the alert's start) to healthy through the hold-down "
@@ -348,7 +355,7 @@ def _health_row(layout: Layout) -> None:
     layout.add(
         stat(
             "Isolated nodes now",
-            [("sum(gpulens_remediate_isolated_nodes)", "")],
+            [(f"sum({sel('gpulens_remediate_isolated_nodes', base=FLEETWIDE)})", "")],
             COUNT,
             thresholds=ANY_IS_BAD,
             no_value="receiver not scraped",
@@ -361,7 +368,13 @@ def _health_row(layout: Layout) -> None:
     layout.add(
         stat(
             "Episodes by outcome (time range)",
-            [("sum by (outcome) (increase(gpulens_remediate_episodes_total[$__range]))", "{{outcome}}")],
+            [
+                (
+                    "sum by (outcome) (increase("
+                    f"{sel('gpulens_remediate_episodes_total', base=FLEETWIDE)}[$__range]))",
+                    "{{outcome}}",
+                )
+            ],
             COUNT,
             no_value="0",
             description="Fault episodes of gpulens remediate that reached each outcome: returned to "
@@ -375,7 +388,7 @@ def _health_row(layout: Layout) -> None:
             "Top failing nodes (last day)",
             [
                 (
-                    "topk(10, instance:gpu_faults_per_1000_gpu_days:ratio1d)",
+                    f"topk(10, {sel('instance:gpu_faults_per_1000_gpu_days:ratio1d', base=SCOPE)})",
                     "",
                 )
             ],
@@ -392,7 +405,7 @@ def _health_row(layout: Layout) -> None:
     layout.add(
         table(
             "Fault rate by GPU model (last day)",
-            [("model:gpu_faults_per_1000_gpu_days:ratio1d", "")],
+            [(sel("model:gpu_faults_per_1000_gpu_days:ratio1d", base=FLEETWIDE), "")],
             NONE,
             rename={"Value": "faults per 1,000 GPU-days"},
             thresholds=ANY_IS_BAD,
@@ -415,5 +428,5 @@ def build() -> Dashboard:
         UID_FLEET,
         "gpulens: state, activity, waste and faults across every GPU.",
         layout,
-        [datasource_variable(), node_variable(), gpu_variable()],
+        [*scope_variables(), node_variable(), gpu_variable()],
     )

@@ -12,20 +12,22 @@ from grafanalib.core import Dashboard
 
 from gpulens.dashboards.common import (
     BYTES,
+    CLUSTER,
     COUNT,
     NONE,
     PERCENTUNIT,
     RATIO_HIGH,
+    SCOPE,
     UID_JOBS,
     Layout,
     column_links,
     column_unit,
     dashboard,
-    datasource_variable,
     gpu_link,
     gpu_variable,
     job_variable,
     node_variable,
+    scope_variables,
     stat,
     steps,
     table,
@@ -36,7 +38,12 @@ from gpulens.dashboards.queries import sel
 JOB = 'job_id="$job_id"'
 SLOT = "instance, gpu, gpu_instance"
 LEGEND = "{{instance}} GPU {{gpu}} {{gpu_instance}}"
-ANYWHERE = ""  # a job's GPUs are shown wherever they are, whatever node/gpu the variables say
+# a job's GPUs are shown wherever they are in the selected clusters and scrape jobs, whatever node
+# and GPU the variables say
+ANYWHERE = SCOPE
+# the analyzer's recommendations come from wherever its textfile is scraped (node_exporter's
+# textfile collector, typically), not from a gpulens scrape job: only the cluster applies
+RECOMMENDATIONS = CLUSTER
 
 INFO = sel("gpu_job_info", JOB, base=ANYWHERE)
 # recording rules (alerts/recording_rules.yml), one series per (device, job): a device is a whole GPU
@@ -106,10 +113,14 @@ def _identity(layout: Layout) -> None:
             [
                 (
                     "max by (job_id, recommendation, mig_profile, gpu_model, confidence_level) "
-                    f"({sel('gpulens_recommendation_info', JOB, base=ANYWHERE)})",
+                    f"({sel('gpulens_recommendation_info', JOB, base=RECOMMENDATIONS)})",
                     "",
                 ),
-                (f"max by (job_id) ({sel('gpulens_recommendation_confidence', JOB, base=ANYWHERE)})", ""),
+                (
+                    "max by (job_id) ("
+                    f"{sel('gpulens_recommendation_confidence', JOB, base=RECOMMENDATIONS)})",
+                    "",
+                ),
             ],
             NONE,
             merge=True,
@@ -209,6 +220,6 @@ def build() -> Dashboard:
         UID_JOBS,
         "gpulens: one job's GPUs, SM activity, memory against its slot and the rightsizing recommendation.",
         layout,
-        [datasource_variable(), node_variable(), gpu_variable(), job_variable()],
+        [*scope_variables(), node_variable(), gpu_variable(), job_variable()],
         time_from="now-24h",
     )

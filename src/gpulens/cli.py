@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "import-trace": "gpulens.analyzer.cli",
     "remediate": "gpulens.remediate.cli",
     "dashboards": "gpulens.dashboards.cli",
+    "mixin": "gpulens.mixin.cli",
     "bench": "gpulens.devtools.bench.cli",
     "conformance": "gpulens.devtools.conformance.cli",
 }

@@ -38,6 +38,8 @@ RULE_FILES = [REPO / "alerts" / "recording_rules.yml", REPO / "alerts" / "gpu_al
 RATE_INTERVAL = "10s"  # Grafana: max(4 x scrape interval, $__interval + scrape interval); scrape is 1 s
 INTERVAL = "2s"
 
+CLUSTER = "e2e"
+SCOPE = {"cluster": CLUSTER, "job": "gpulens"}  # tests.support.procs.prometheus: job "gpulens"
 HEALTHY = "dgx-h100"  # 8x H100: MIG, MPS, exclusive and idle GPUs
 SCENARIOS = {
     HEALTHY: "every panel must show data here unless listed below",
@@ -172,7 +174,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             )
         textfile = stack_.enter_context(TextfileServer(base / "recommendations.prom"))
         targets = [*nodes.values(), textfile]
-        prom = stack_.enter_context(prometheus(base, targets, rule_files=RULE_FILES))
+        # a cluster label on every target, as a global view (Thanos, Mimir) or external labels give
+        cluster = {"relabel_configs": [{"target_label": "cluster", "replacement": CLUSTER}]}
+        prom = stack_.enter_context(prometheus(base, targets, rule_files=RULE_FILES, scrape_config=cluster))
         started = time.time()
         healthy, faulty = nodes[HEALTHY], nodes["faults"]
 
@@ -225,7 +229,10 @@ def resolve_variables(uid: str, node: str, stack: Stack, job_id: str | None = No
             continue
         options = label_values(stack.prom, substitute(variable["query"], values, stack))
         assert options, f"{uid}: variable {name} has no values"
-        if name == "node":
+        if name in SCOPE:  # one cluster and one scrape job picked, not "All": the matchers must hold
+            assert SCOPE[name] in options, f"{uid}: {name} offers {options}"
+            values[name] = SCOPE[name]
+        elif name == "node":
             assert node in options
             values[name] = regex_escape(node) if variable["multi"] else node
         elif variable["includeAll"]:

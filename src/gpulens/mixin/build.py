@@ -1,0 +1,70 @@
+"""Write the mixin's files: the committed defaults in the source tree, or a config's own set.
+
+In a source checkout `build()` regenerates alerts/gpu_alerts.yml and alerts/recording_rules.yml
+with the default config and refreshes the rule quoted in each alerts/runbooks/<Alert>.md; with
+`check` it writes nothing and returns what is out of date (the tests and CI run that).
+`build_to(config, out)` writes a user's set: out/rules/*.yml and out/dashboards/*.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpulens.mixin import rules
+from gpulens.mixin.config import DEFAULT, MixinConfig
+
+REPO = Path(__file__).resolve().parents[3]
+ALERTS_DIR = REPO / "alerts"
+RUNBOOKS_DIR = ALERTS_DIR / "runbooks"
+IN_SOURCE_TREE = RUNBOOKS_DIR.is_dir() and (REPO / "src" / "gpulens" / "mixin").is_dir()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Files a build wrote, or with check, the files that differ from a fresh build."""
+
+    changed: list[Path]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def _write(wanted: dict[Path, str], check: bool) -> Outcome:
+    changed = [path for path, text in wanted.items() if _read(path) != text]
+    if not check:
+        for path in changed:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(wanted[path], encoding="utf-8")
+    return Outcome(changed)
+
+
+def default_files(alerts_dir: Path = ALERTS_DIR) -> dict[Path, str]:
+    """path -> text of every committed file the default config generates."""
+    rendered = rules.render_all(DEFAULT)
+    wanted = {alerts_dir / item.filename: item.text for item in rendered}
+    runbooks = alerts_dir / "runbooks"
+    for alert, expr in sorted(rules.alert_exprs(rendered).items()):
+        path = runbooks / f"{alert}.md"
+        current = _read(path)
+        if current is not None:  # a missing runbook is the rule tests' finding, not the build's
+            wanted[path] = rules.refresh_runbook(current, expr)
+    return wanted
+
+
+def build(check: bool = False, alerts_dir: Path = ALERTS_DIR) -> Outcome:
+    return _write(default_files(alerts_dir), check)
+
+
+def build_to(config: MixinConfig, out: Path, check: bool = False) -> Outcome:
+    """A config's rules and dashboards under `out` (rules/, dashboards/)."""
+    from gpulens.dashboards.build import render_all  # grafanalib only when dashboards are built
+
+    wanted = {out / "rules" / item.filename: item.text for item in rules.render_all(config)}
+    for board in render_all(config):
+        wanted[out / "dashboards" / board.filename] = board.text
+    return _write(wanted, check)
