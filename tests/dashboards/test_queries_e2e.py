@@ -90,12 +90,10 @@ ABSENT_ON_HEALTHY_NODE: dict[str, str] = {
     "gpulens_remediate_episodes_total": "served by gpulens remediate (FROM_RECEIVER)",
     "fleet:gpulens_remediate_time_to_recover_seconds:mean7d": "recorded from gpulens remediate's histogram",
 }
-# names without the healthy node's instance label: published by the analyzer (`gpulens recommend
-# --textfile`, scraped from the textfile target) or recorded fleet-wide
+# names published by the analyzer (`gpulens recommend --textfile`), scraped from the textfile target
 EXTERNAL: dict[str, str] = {
     "gpulens_recommendation_info": "the analyzer's latest recommendation per job",
     "gpulens_recommendation_confidence": "the analyzer's confidence per job",
-    "fleet:gpu_faults_per_1000_gpu_days:ratio1d": "fleet-wide (one series per cluster), no instance label",
 }
 # (dashboard uid, panel title, refId) -> why that one target of a multi-target panel is empty there
 EMPTY_TARGETS: dict[tuple[str, str, str], str] = {
