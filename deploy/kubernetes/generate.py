@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Generate `deploy/kubernetes/prometheusrule.yaml` from the shipped rule files in `alerts/`.
 
-The alert and recording rules are written and unit-tested (promtool) once, in `alerts/`; the
+The alert and recording rules are written once (sources in src/gpulens/mixin/rules, built into
+`alerts/` by `gpulens mixin build`) and unit-tested there (promtool); the
 Prometheus Operator wants them wrapped in a `PrometheusRule` object. Generating the wrapper keeps one
 source of truth: `python deploy/kubernetes/generate.py` rewrites it, `--check` fails (exit 1) when
 the committed file is stale, which the tests and CI use. Both also cover the Helm chart's copy of

@@ -34,6 +34,8 @@ def test_the_runbook_pattern_takes_the_alert_name():
         ("selector: 3\n", "selector: expected a string"),
         ("selector: up == 0\n", "selector: .*expected label matchers"),
         ('selector: job="a" namespace="b"\n', "matchers must be separated by commas"),
+        ("remediateSelector: up == 0\n", "remediateSelector: .*expected label matchers"),
+        ("clusterLabel: ''\n", "clusterLabel: expected a label name"),
         ("clusterLabel: __name__\n", "clusterLabel: label name"),
         ("clusterLabel: k8s-cluster\n", "clusterLabel: label name"),
         (
@@ -59,3 +61,16 @@ def test_an_oversized_config_is_refused_before_parsing(tmp_path):
 def test_a_missing_config_says_it_cannot_be_read(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load(tmp_path / "absent.yaml")
+
+
+def test_every_key_is_read_under_its_kube_prometheus_style_name(tmp_path):
+    text = (
+        "selector: 'job=\"e\"'\nremediateSelector: 'job=\"r\"'\nclusterLabel: k8s_cluster\n"
+        "runbookURLPattern: https://wiki/%s\n"
+    )
+    assert load(write(tmp_path, text)) == MixinConfig(
+        selector='job="e"',
+        remediate_selector='job="r"',
+        cluster_label="k8s_cluster",
+        runbook_url_pattern="https://wiki/%s",
+    )

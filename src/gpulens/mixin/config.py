@@ -27,6 +27,7 @@ MAX_CONFIG_BYTES = 64 * 1024  # a config is three short strings; anything larger
 
 KEYS = {
     "selector": 'label matchers every gpulens series matches, e.g. job="gpulens-exporter"',
+    "remediateSelector": 'label matchers of the remediation receiver\'s series, e.g. job="remediate"',
     "clusterLabel": "the label that names a cluster in a global view, e.g. cluster",
     "runbookURLPattern": "the runbook address with %s where the alert name goes",
 }
