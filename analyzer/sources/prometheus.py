@@ -432,7 +432,7 @@ class PromSource:
         identity = self.identity()
         coverage = self.choose_path()
         if coverage is not None:
-            stats = RuleStats(self, coverage.interval_s).stats(identity, thresholds)
+            stats = RuleStats(self, coverage).stats(identity, thresholds)
             step = coverage.interval_s
         else:
             stats = self.stats(identity, thresholds)
@@ -477,6 +477,23 @@ class RuleCoverage:
     first: float
     last: float
     interval_s: float
+
+    @property
+    def offset_s(self) -> float:
+        """Where in each interval the group evaluates (Prometheus: a hash of group name and file)."""
+        offset = round(self.last % self.interval_s, 3)
+        return 0.0 if offset >= self.interval_s else offset
+
+    def query_time(self, end: float) -> float:
+        """When to evaluate the rule-path queries so they take the evaluations of the raw path's steps.
+
+        The raw path reduces the steps (multiples of the interval) in (end - W, end]; the evaluation
+        for step t happens at t + offset. At the next multiple of the interval after the last step
+        (the last step itself when the offset is 0), a range of W holds exactly those evaluations,
+        and so do the one-interval windows of a subquery at that step.
+        """
+        last_step = math.floor(end / self.interval_s) * self.interval_s
+        return last_step + (self.interval_s if self.offset_s > 0 else 0.0)
 
 
 def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[RuleCoverage | None, str]:
@@ -533,12 +550,19 @@ class RuleStats:
     """
 
     source: PromSource
-    step_s: float
+    coverage: RuleCoverage
+
+    @property
+    def step_s(self) -> float:
+        return self.coverage.interval_s
+
+    @property
+    def at(self) -> float:
+        return self.coverage.query_time(self.source.end)
 
     def _query(self, expr: str) -> dict[str, float]:
         return {
-            item["metric"].get("job_id", ""): _value(item)
-            for item in self.source.client.query(expr, self.source.end)
+            item["metric"].get("job_id", ""): _value(item) for item in self.source.client.query(expr, self.at)
         }
 
     def stats(self, identity: Identity, thresholds: Thresholds) -> dict[str, JobStats]:

@@ -22,7 +22,7 @@ import pytest
 
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.sources import rules
-from gpulens.analyzer.sources.prometheus import Aggregation, PromClient, PromConfig, PromSource
+from gpulens.analyzer.sources.prometheus import Aggregation, PromClient, PromConfig, PromSource, RuleCoverage
 from gpulens.cli import main
 from gpulens.devtools.bench import tsdb
 from gpulens.sim.history import simulate
@@ -56,6 +56,18 @@ def test_every_signal_the_analyzer_can_pick_has_a_recorded_series():
         for chain in table.values():
             for signal in chain:
                 assert rules.record_name(signal, how) in recorded, signal
+
+
+def test_rule_queries_run_where_the_windows_hold_the_raw_paths_steps():
+    # the evaluation for step t runs at t + offset: a window ending at `end` would drop the last
+    # step's evaluation and take one from before the window
+    end = 1_767_830_400.0  # a multiple of 300
+    at_offset = RuleCoverage(first=0.0, last=end - 300 + 120.5, interval_s=300.0)
+    assert at_offset.offset_s == 120.5
+    assert at_offset.query_time(end) == end + 300
+    assert at_offset.query_time(end + 50) == end + 300  # the last step is still `end`
+    on_the_step = RuleCoverage(first=0.0, last=end - 300, interval_s=300.0)
+    assert on_the_step.offset_s == 0.0 and on_the_step.query_time(end) == end
 
 
 def test_interval_is_the_groups_evaluation_interval():

@@ -19,10 +19,12 @@ from gpulens.devtools.bench.analyzer_bench import (
     write_history,
     write_openmetrics_blocks,
 )
-from gpulens.devtools.bench.report import analyzer_target_lines, analyzer_why, render_markdown
+from gpulens.devtools.bench.analyzer_report import analyzer_target_lines, analyzer_why, cost_per_job
+from gpulens.devtools.bench.report import render_markdown
 
 
 def _path(name: str, wall_s: float, rss: int, jobs: int = 10_000, samples: int = 20_000_000) -> dict:
+    promql = name != "history"
     return {
         "path": name,
         "command": f"gpulens recommend --{name}",
@@ -37,19 +39,25 @@ def _path(name: str, wall_s: float, rss: int, jobs: int = 10_000, samples: int =
         "max_rss_bytes": rss,
         "jobs_profiled": jobs,
         "returncode": 0,
-        "queries": 5 if name == "prometheus" else None,
-        "chunks": 1 if name == "prometheus" else None,
+        "queries": 5 if promql else None,
+        "chunks": 1 if name == "raw" else None,
         "error": "",
-        "extra": {},
+        "extra": {"analyzer_cpu_s": wall_s / 2},
+        "aggregation": ("raw" if name == "raw" else "rules") if promql else "",
     }
 
 
-def _analyzer(prom_s: float, file_s: float, rss: int, jobs: int = 10_000) -> dict:
+def _analyzer(rules_s: float, file_s: float, rss: int, jobs: int = 10_000, raw_s: float = 45.0) -> dict:
     return {
         "cluster": "c",
         "families": list(FAMILIES),
         "prometheus_compaction": True,
-        "paths": [_path("prometheus", prom_s, 2**28, jobs), _path("history", file_s, rss, jobs)],
+        "paths": [
+            _path("rules", rules_s, 2**28, jobs),
+            _path("raw", raw_s, 2**28, jobs),
+            _path("history", file_s, rss, jobs),
+        ],
+        "agreement": [{"paths": ["rules", "raw"], "jobs": jobs, "equal": jobs, "differ": []}],
     }
 
 
@@ -90,20 +98,42 @@ def test_the_parquet_history_reads_back_with_every_sample(tmp_path):
 
 
 def test_targets_are_judged_only_at_full_size():
-    lines = analyzer_target_lines(_analyzer(45.0, 25.0, 2 * 10**9))
-    assert lines[0].endswith(": met")
-    assert "NOT met (over by 5.0, 1.25x the target)" in lines[1]
-    assert lines[2].endswith(": met")
-    close = analyzer_target_lines(_analyzer(57.0, 15.0, 10**9))
+    lines = analyzer_target_lines(_analyzer(8.0, 25.0, 2 * 10**9 - 1, raw_s=70.0))
+    assert lines[0].startswith("analyzer, recording-rule path: 10,000 jobs") and lines[0].endswith(": met")
+    assert "raw path" in lines[1] and "NOT met (over by 10.0, 1.17x the target)" in lines[1]
+    assert lines[2].endswith("the same recommendation for 10,000 of 10,000 jobs")
+    assert "NOT met (over by 5.0, 1.25x the target)" in lines[3]
+    assert lines[4].endswith("met, within 0 % of the target")
+    close = analyzer_target_lines(_analyzer(9.5, 15.0, 10**9))
     assert close[0].endswith(": met, within 5 % of the target")
-    small = analyzer_target_lines(_analyzer(45.0, 25.0, 2 * 10**9, jobs=50))
-    assert all("not judged (scaled-down run)" in line for line in small[:1])
+    small = analyzer_target_lines(_analyzer(8.0, 25.0, 2 * 10**9, jobs=50))
+    assert "not judged (scaled-down run)" in small[0] and "not judged" in small[1]
+
+
+def test_a_second_rule_run_gives_the_cost_per_job_and_the_estimate():
+    analyzer = _analyzer(6.0, 15.0, 10**9)
+    analyzer["paths"].append(_path("rules-large", 18.0, 2**28, 50_000))
+    cost = cost_per_job(analyzer)
+    assert cost is not None
+    assert cost["per_job_ms"] == pytest.approx(0.3) and cost["fixed_s"] == pytest.approx(3.0)
+    assert cost["estimate_s"] == pytest.approx(33.0)
+    line = next(x for x in analyzer_target_lines(analyzer) if "cost per job" in x)
+    assert "50,000 jobs in 18.0 s" in line and "100,000 jobs would take about 33 s" in line
+    assert cost_per_job(_analyzer(6.0, 15.0, 10**9)) is None
+
+
+def test_recommendations_that_differ_between_paths_are_named():
+    analyzer = _analyzer(6.0, 15.0, 10**9)
+    analyzer["agreement"] = [{"paths": ["thanos", "rules"], "jobs": 3, "equal": 2, "differ": ["job-000001"]}]
+    line = next(x for x in analyzer_target_lines(analyzer) if "Thanos" in x or "NOT the same" in x)
+    assert "NOT the same recommendation for 2 of 3 jobs (differ: job-000001 ...)" in line
 
 
 def test_a_missed_target_says_where_the_time_went():
-    assert analyzer_why(_analyzer(45.0, 15.0, 10**9)) == []
-    why = analyzer_why(_analyzer(100.0, 25.0, 10**9))
-    assert why[0].startswith("- PromQL path, why: 100.0 s against 60 s")
+    assert analyzer_why(_analyzer(8.0, 15.0, 10**9)) == []
+    why = analyzer_why(_analyzer(12.0, 25.0, 10**9, raw_s=100.0))
+    assert why[0].startswith("- Recording-rule path, why: 12.0 s against 10 s")
+    assert any(line.startswith("- Raw path, why: 100.0 s against 60 s") for line in why)
     assert any(line.startswith("- File path, why: 25.0 s against 20 s") for line in why)
 
 
@@ -113,15 +143,15 @@ def test_markdown_has_an_analyzer_section_without_exporters():
         "scenario": "large",
         "machine": {"cpu": "x", "cores": "2", "python": "3.11", "kernel": "k", "date": "d"},
         "exporters": [],
-        "analyzer": _analyzer(45.0, 15.0, 10**9),
+        "analyzer": _analyzer(8.0, 15.0, 10**9),
     }
     text = render_markdown(data)
     assert "## Analyzer" in text and "## Exporter" not in text
-    assert "`gpulens recommend --prometheus`" in text
+    assert "`gpulens recommend --rules`" in text and "| path the analyzer took | rules | raw | - |" in text
 
 
 @pytest.mark.slow
-def test_tiny_analyzer_bench_runs_both_paths_end_to_end(tmp_path):
+def test_tiny_analyzer_bench_runs_every_path_end_to_end(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
@@ -131,9 +161,12 @@ def test_tiny_analyzer_bench_runs_both_paths_end_to_end(tmp_path):
             "--no-exporter",
             "--analyzer-jobs",
             "50",
+            "--analyzer-large-jobs",
+            "0",  # a second week; the cost per job it gives is tested above
             "--analyzer-samples",
             "50000",
             "--no-analyzer-compaction",
+            "--no-analyzer-thanos",  # tests/analyzer/test_thanos.py covers Thanos
             "--out",
             str(tmp_path / "b.md"),
             "--json",
@@ -141,14 +174,19 @@ def test_tiny_analyzer_bench_runs_both_paths_end_to_end(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((tmp_path / "b.json").read_text())
     paths = {p["path"]: p for p in data["analyzer"]["paths"]}
-    assert paths["prometheus"]["returncode"] == 0 and paths["history"]["returncode"] == 0
-    assert paths["prometheus"]["jobs_profiled"] == 50 and paths["history"]["jobs_profiled"] == 50
-    assert paths["prometheus"]["queries"] >= 5 and paths["prometheus"]["chunks"] == 1
+    assert set(paths) == {"rules", "raw", "history"}
+    assert all(p["returncode"] == 0 for p in paths.values())
+    assert (paths["rules"]["aggregation"], paths["raw"]["aggregation"]) == ("rules", "raw")
+    assert paths["rules"]["jobs_profiled"] == paths["raw"]["jobs_profiled"] == 50
+    assert paths["raw"]["chunks"] == 1 and paths["rules"]["queries"] >= 5
+    assert data["analyzer"]["agreement"] == [
+        {"paths": ["rules", "raw"], "jobs": 50, "equal": 50, "differ": []}
+    ]
     assert abs(paths["history"]["samples"] - 50_000) < 1_000
     assert all(p["max_rss_bytes"] > 10 * 2**20 and p["wall_s"] > 0 for p in paths.values())
     assert "## Analyzer" in (tmp_path / "b.md").read_text()

@@ -29,7 +29,6 @@ as `samples.parquet` (the history format) a few GPUs at a time with pyarrow, the
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -40,7 +39,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +46,8 @@ from typing import TextIO
 
 import numpy as np
 
-from gpulens.devtools.ports import free_port
+from gpulens.analyzer.sources import rules
+from gpulens.devtools.bench import tsdb as tsdbs
 
 WEEK_S = 7 * 86400
 BLOCK_S = 2 * 3600  # promtool's block range
@@ -160,7 +159,7 @@ def _series(family: str, labels: dict[str, str]) -> str:
 
 
 def write_openmetrics_blocks(cluster: Cluster, out_dir: Path) -> list[Path]:
-    """One OpenMetrics file per 2 h block; within a file, series are contiguous and in time order."""
+    """OpenMetrics files of whole 2 h blocks; within a file, series are contiguous and in time order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     times = cluster.timestamps()
     ts_text = [f" {int(t)}\n" for t in times]
@@ -188,6 +187,10 @@ def write_openmetrics_blocks(cluster: Cluster, out_dir: Path) -> list[Path]:
         for fam in FAMILIES[3:]
     }
     block = (times // BLOCK_S).astype(np.int64)
+    # promtool 2.42 re-reads a whole file once per 2 h block in it: one block per file for a large
+    # cluster, the whole week in one file for a tiny one (about 200,000 samples per file at most)
+    per_block = cluster.gpus * SAMPLES_PER_GPU_STEP * max(1, BLOCK_S // cluster.step_s)
+    block = block // max(1, 200_000 // per_block)
     paths = []
     for b in np.unique(block):
         k = np.flatnonzero(block == b)
@@ -222,77 +225,14 @@ def write_openmetrics_blocks(cluster: Cluster, out_dir: Path) -> list[Path]:
 
 def backfill(paths: list[Path], tsdb: Path, workers: int = 2) -> None:
     """`promtool tsdb create-blocks-from openmetrics` per file, `workers` at a time; files removed."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        raise RuntimeError("promtool not found on PATH (apt install prometheus)")
     tsdb.mkdir(parents=True, exist_ok=True)
 
     def one(path: Path) -> None:
-        done = subprocess.run(
-            [promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(path), str(tsdb)],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"promtool failed on {path.name}: {done.stderr.strip()[-500:]}")
+        tsdbs.backfill_openmetrics(path, tsdb)
         path.unlink()
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(one, paths))
-
-
-@contextlib.contextmanager
-def prometheus(
-    tsdb: Path, lookback_s: int, log: Path, compaction: bool = True, timeout_s: float = 120.0
-) -> Iterator[str]:
-    """A real Prometheus on 127.0.0.1 serving `tsdb` (no scrape targets); yields its base URL.
-
-    With `compaction`, Prometheus compacts the 2 h backfilled blocks as it would after a week of
-    scraping (it starts about a minute after start-up) and the caller waits for it to settle;
-    without, compaction is off (min = max block duration) and queries read 2 h blocks.
-    """
-    binary = shutil.which("prometheus")
-    if binary is None:
-        raise RuntimeError("prometheus not found on PATH (apt install prometheus)")
-    config = tsdb.parent / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [
-        binary,
-        f"--config.file={config}",
-        f"--storage.tsdb.path={tsdb}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--storage.tsdb.retention.time=3650d",
-        # backfilled blocks carry no staleness markers: look back less than one step
-        f"--query.lookback-delta={lookback_s}s",
-    ]
-    if not compaction:
-        cmd += ["--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h"]
-    with log.open("w") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"prometheus exited with {proc.returncode}; see {log}")
-                try:
-                    with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as resp:
-                        if resp.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"prometheus not ready after {timeout_s:.0f} s; see {log}")
-                time.sleep(0.2)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def _self_metrics(base: str) -> str:
@@ -301,8 +241,10 @@ def _self_metrics(base: str) -> str:
 
 
 def query_requests(base: str) -> int:
-    """Instant queries Prometheus has served (its own `prometheus_http_requests_total`)."""
-    pattern = re.compile(r'^prometheus_http_requests_total\{[^}]*handler="/api/v1/query"[^}]*\} (\S+)$', re.M)
+    """Instant queries served, from the server's own metrics (Prometheus or a Thanos querier)."""
+    pattern = re.compile(
+        r'^(?:prometheus_)?http_requests_total\{[^}]*handler="(?:/api/v1/query|query)"[^}]*\} (\S+)$', re.M
+    )
     return int(sum(float(m) for m in pattern.findall(_self_metrics(base))))
 
 
@@ -452,6 +394,9 @@ class PathResult:
     chunks: int | None = None
     error: str = ""
     extra: dict[str, float] = field(default_factory=dict)
+    aggregation: str = ""  # rules | raw: what the analyzer said it read (PromQL paths)
+    # job_id -> recommendation (kind, MIG profile, MPS settings); compared across paths, not reported
+    recommendations: dict[str, list] = field(default_factory=dict, repr=False)
 
 
 def _say(progress: TextIO | None, message: str) -> None:
@@ -459,57 +404,97 @@ def _say(progress: TextIO | None, message: str) -> None:
         print(f"analyzer bench: {message}", file=progress, flush=True)
 
 
-def bench_prometheus(
-    jobs: int, step_s: int, workdir: Path, progress: TextIO | None, compaction: bool = True
-) -> PathResult:
-    """Backfill a week for `jobs` jobs and time `gpulens recommend --prometheus`."""
+@dataclass
+class Backfilled:
+    """A week for `jobs` jobs in 2 h blocks: raw samples, and the analyzer rules evaluated over them."""
+
+    cluster: Cluster
+    raw: Path  # raw blocks
+    rules: Path  # rule blocks
+    setup_s: dict[str, float]
+
+
+def backfill_week(jobs: int, step_s: int, workdir: Path, progress: TextIO | None) -> Backfilled:
+    """Generate, backfill, and evaluate the analyzer rules (interval = step) with promtool."""
     setup: dict[str, float] = {}
     began = time.monotonic()
     cluster = make_cluster(jobs, step_s)
     files = write_openmetrics_blocks(cluster, workdir / "om")
     setup["generate_openmetrics_s"] = time.monotonic() - began
-    _say(progress, f"prometheus path: {cluster.samples:,} samples in {len(files)} block files, backfilling")
+    _say(progress, f"{jobs:,} jobs: {cluster.samples:,} samples in {len(files)} block files, backfilling")
     began = time.monotonic()
-    tsdb = workdir / "tsdb"
-    backfill(files, tsdb)
+    raw = workdir / "raw"
+    backfill(files, raw)
     setup["backfill_s"] = time.monotonic() - began
-    series = cluster.gpus * 3 + cluster.jobs * 3
-    args = [
+    _say(progress, f"{jobs:,} jobs: evaluating the analyzer rules over the week (promtool, every {step_s} s)")
+    began = time.monotonic()
+    lookback = _lookback(step_s)
+    with tsdbs.prometheus(raw, lookback, workdir / "rules-backfill.log", compaction=False) as base:
+        blocks = tsdbs.backfill_rules(
+            base,
+            rules.render(f"{step_s}s"),
+            cluster.start,
+            cluster.end + step_s,
+            workdir / "rule-blocks",
+            step_s,
+        )
+    tsdbs.move_blocks(blocks, workdir / "rules")
+    setup["rule_backfill_s"] = time.monotonic() - began
+    return Backfilled(cluster, raw, workdir / "rules", {k: round(v, 2) for k, v in setup.items()})
+
+
+def _lookback(step_s: int) -> str:
+    """Just under the step: backfilled blocks have no staleness markers, and a whole step would let a
+    series linger one step; the rules' evaluation (at any offset within the step) sees its step."""
+    return f"{step_s - 1}s999ms"
+
+
+def _analyzer_args(base: str, cluster: Cluster, aggregation: str) -> list[str]:
+    return [
         "recommend",
         "--prometheus",
-        "URL",
+        base,
         "--window",
         "7d",
         "--end",
         str(int(cluster.end)),
-        "--step",
-        f"{step_s}s",
+        "--aggregation",
+        aggregation,
     ]
-    blocks = len(list(tsdb.glob("01*")))
-    with prometheus(tsdb, max(1, step_s // 2), workdir / "prometheus.log", compaction) as base:
-        args[2] = base
-        if compaction:
-            began = time.monotonic()
-            _say(progress, f"prometheus path: waiting for Prometheus to compact {blocks} blocks")
-            blocks = wait_for_compaction(base)
-            setup["compaction_s"] = time.monotonic() - began
-        before = query_requests(base)
-        load = os.getloadavg()[0]
-        _say(progress, f"prometheus path: gpulens {' '.join(args)}")
-        run = run_analyzer(args, workdir, "recommend-prometheus", progress)
-        queries = query_requests(base) - before
+
+
+def _measure(
+    name: str,
+    base: str,
+    args: list[str],
+    data: Backfilled,
+    workdir: Path,
+    progress: TextIO | None,
+    setup: dict[str, float],
+    extra: dict[str, float],
+) -> PathResult:
+    """One `gpulens recommend` against `base`, with the queries it cost the server."""
+    before = query_requests(base)
+    load = os.getloadavg()[0]
+    shown = ["gpulens", *args]
+    shown[shown.index(base)] = "URL"
+    _say(progress, f"{name}: {' '.join(shown)}")
+    run = run_analyzer(args, workdir, f"recommend-{name}", progress)
+    queries = query_requests(base) - before
     chunks = re.findall(r"chunk \d+/(\d+)", run.stderr)
-    args[2] = "URL"
+    cluster = data.cluster
+    step = re.search(r"step (\d+) s", run.stderr)
+    _say(progress, f"{name}: {run.wall_s:.1f} s, {run.max_rss_bytes / MIB:.0f} MiB")
     return PathResult(
-        path="prometheus",
-        command="gpulens " + " ".join(args),
+        path=name,
+        command=" ".join(shown),
         jobs=cluster.jobs,
         gpus=cluster.gpus,
         steps=cluster.steps,
-        step_s=step_s,
+        step_s=int(step.group(1)) if step else cluster.step_s,
         samples=cluster.samples,
-        series=series,
-        setup_s={k: round(v, 2) for k, v in setup.items()},
+        series=cluster.gpus * 3 + cluster.jobs * 3,
+        setup_s={**data.setup_s, **{k: round(v, 2) for k, v in setup.items()}},
         wall_s=round(run.wall_s, 2),
         max_rss_bytes=run.max_rss_bytes,
         jobs_profiled=run.jobs_out,
@@ -517,12 +502,79 @@ def bench_prometheus(
         queries=queries,
         chunks=int(chunks[-1]) if chunks else None,
         error=_error(run),
-        extra={
-            "tsdb_blocks": float(blocks),
-            "load_average_1m": round(load, 2),
-            "analyzer_cpu_s": round(run.cpu_s, 2),
-        },
+        extra={**extra, "load_average_1m": round(load, 2), "analyzer_cpu_s": round(run.cpu_s, 2)},
+        aggregation=_aggregation(run.stderr),
+        recommendations=_recommendations(workdir / f"recommend-{name}.json") if run.returncode == 0 else {},
     )
+
+
+def _aggregation(stderr: str) -> str:
+    if "reading the analyzer recording rules" in stderr:
+        return "rules"
+    return "raw" if "joining raw series" in stderr else "unknown"
+
+
+def _recommendations(path: Path) -> dict[str, list]:
+    """job_id -> what was recommended (kind, MIG profile, MPS settings), to compare runs."""
+    keys = ("recommendation", "mig_profile", "mps_active_thread_percentage", "mps_pinned_memory_limit_bytes")
+    return {j["job_id"]: [j.get(k) for k in keys] for j in json.loads(path.read_text())["jobs"]}
+
+
+def bench_single(
+    data: Backfilled, workdir: Path, progress: TextIO | None, paths: tuple[str, ...], compaction: bool = True
+) -> list[PathResult]:
+    """One Prometheus holding the whole week (raw + rule blocks): the rules path, and the raw path."""
+    tsdb = workdir / "tsdb"
+    for block in [*tsdbs.blocks(data.raw), *tsdbs.blocks(data.rules)]:
+        shutil.copytree(block, tsdb / block.name)
+    step = data.cluster.step_s
+    results = []
+    with tsdbs.prometheus(tsdb, _lookback(step), workdir / "prometheus.log", compaction) as base:
+        setup: dict[str, float] = {}
+        blocks = len(list(tsdb.glob("01*")))
+        if compaction:
+            began = time.monotonic()
+            _say(progress, f"waiting for Prometheus to compact {blocks} blocks")
+            blocks = wait_for_compaction(base)
+            setup["compaction_s"] = time.monotonic() - began
+        for path in paths:
+            aggregation = "auto" if path.startswith("rules") else "raw"
+            args = _analyzer_args(base, data.cluster, aggregation)
+            results.append(
+                _measure(path, base, args, data, workdir, progress, setup, {"tsdb_blocks": blocks})
+            )
+    shutil.rmtree(tsdb, ignore_errors=True)
+    return results
+
+
+def bench_thanos(data: Backfilled, workdir: Path, progress: TextIO | None) -> PathResult | None:
+    """Thanos: the week split at its middle into two Prometheus shards, each with a sidecar and the
+    rule blocks of its half; the analyzer asks the querier."""
+    if tsdbs.thanos_binary() is None:
+        _say(progress, "thanos: not built (make thanos): skipped")
+        return None
+    mid = (
+        int((data.cluster.start + (data.cluster.steps // 2) * data.cluster.step_s) // tsdbs.BLOCK_S)
+        * tsdbs.BLOCK_S
+    )
+    shards = [workdir / "shard-a", workdir / "shard-b"]
+    staging = workdir / "staging"
+    for block in [*tsdbs.blocks(data.raw), *tsdbs.blocks(data.rules)]:
+        shutil.copytree(block, staging / block.name)
+    tsdbs.split_blocks(staging, mid * 1000, shards[0], shards[1])
+    step = data.cluster.step_s
+    setup: dict[str, float] = {}
+    with tsdbs.thanos_cluster(shards, _lookback(step), workdir, compaction=True) as (base, members):
+        began = time.monotonic()
+        _say(progress, "thanos: waiting for both shards to compact their blocks")
+        blocks = sum(wait_for_compaction(m.prometheus_url) for m in members)
+        setup["compaction_s"] = time.monotonic() - began
+        args = _analyzer_args(base, data.cluster, "auto")
+        extra = {"tsdb_blocks": float(blocks), "shards": float(len(members)), "split_at": float(mid)}
+        result = _measure("thanos", base, args, data, workdir, progress, setup, extra)
+    for shard in shards:
+        shutil.rmtree(shard, ignore_errors=True)
+    return result
 
 
 def _error(run: Run) -> str:
@@ -572,6 +624,20 @@ def bench_history(jobs: int, samples: int, workdir: Path, progress: TextIO | Non
     )
 
 
+def agreement(a: PathResult | None, b: PathResult | None) -> dict[str, object] | None:
+    """How many jobs got the same recommendation from two runs (and a few that did not)."""
+    if a is None or b is None or a.returncode or b.returncode:
+        return None
+    jobs = sorted(set(a.recommendations) | set(b.recommendations))
+    differ = [j for j in jobs if a.recommendations.get(j) != b.recommendations.get(j)]
+    return {
+        "paths": [a.path, b.path],
+        "jobs": len(jobs),
+        "equal": len(jobs) - len(differ),
+        "differ": differ[:5],
+    }
+
+
 def run_analyzer_bench(
     jobs: int,
     samples: int,
@@ -579,15 +645,36 @@ def run_analyzer_bench(
     workdir: Path,
     progress: TextIO | None = sys.stderr,
     compaction: bool = True,
+    large_jobs: int = 50_000,
+    thanos: bool = True,
 ) -> dict:
-    """Both paths; returns the JSON-ready `analyzer` section of the benchmark results."""
+    """Every path; returns the JSON-ready `analyzer` section of the benchmark results.
+
+    One week for `jobs` jobs: the recording-rule and raw paths on one Prometheus, the rule path
+    through Thanos over two shards holding half the week each; the rule path again for
+    `large_jobs` (0: skipped); the file path on `samples` raw samples.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
-    prom = bench_prometheus(jobs, prom_step_s, workdir / "prometheus", progress, compaction)
-    _say(progress, f"prometheus path: {prom.wall_s:.1f} s, {prom.max_rss_bytes / MIB:.0f} MiB")
-    shutil.rmtree(workdir / "prometheus" / "tsdb", ignore_errors=True)
+    week = backfill_week(jobs, prom_step_s, workdir / "week", progress)
+    rules_run, raw_run = bench_single(week, workdir / "single", progress, ("rules", "raw"), compaction)
+    thanos_run = bench_thanos(week, workdir / "thanos", progress) if thanos else None
+    shutil.rmtree(workdir / "week", ignore_errors=True)
+    large_run = None
+    if large_jobs:
+        big = backfill_week(large_jobs, prom_step_s, workdir / "week-large", progress)
+        (large_run,) = bench_single(big, workdir / "single-large", progress, ("rules-large",), compaction)
+        shutil.rmtree(workdir / "week-large", ignore_errors=True)
     hist = bench_history(jobs, samples, workdir / "file", progress)
     _say(progress, f"file path: {hist.wall_s:.1f} s, {hist.max_rss_bytes / MIB:.0f} MiB")
     shutil.rmtree(workdir / "file" / "history", ignore_errors=True)
+    agreements = [
+        agreement(rules_run, raw_run),
+        agreement(thanos_run, rules_run),
+        agreement(thanos_run, raw_run),
+    ]
+    runs = [r for r in (rules_run, raw_run, thanos_run, large_run, hist) if r is not None]
+    for run in runs:
+        run.recommendations = {}
     return {
         "cluster": (
             f"ceil(jobs/{JOBS_PER_GPU}) H100 GPUs on nodes of 8, about {JOBS_PER_GPU} exclusive single-GPU "
@@ -595,5 +682,7 @@ def run_analyzer_bench(
         ),
         "families": list(FAMILIES),
         "prometheus_compaction": compaction,
-        "paths": [dataclasses.asdict(prom), dataclasses.asdict(hist)],
+        "thanos_version": tsdbs.THANOS_VERSION if thanos_run else None,
+        "paths": [dataclasses.asdict(r) for r in runs],
+        "agreement": [a for a in agreements if a is not None],
     }

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from gpulens import __version__
 from gpulens.devtools.bench.analyzer_bench import run_analyzer_bench
+from gpulens.devtools.bench.analyzer_report import analyzer_target_lines
 from gpulens.devtools.bench.measure import ExporterResult, measure_exporter
-from gpulens.devtools.bench.report import analyzer_target_lines, ratio_lines, render_markdown
+from gpulens.devtools.bench.report import ratio_lines, render_markdown
 from gpulens.devtools.ports import free_port
 
 
@@ -80,6 +81,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             workdir / "analyzer",
             sys.stderr,
             compaction=args.analyzer_compaction,
+            large_jobs=args.analyzer_large_jobs,
+            thanos=args.analyzer_thanos,
         )
         data["analyzer"]["cores"] = data["machine"]["cores"]
     shutil.rmtree(workdir, ignore_errors=True)
@@ -217,7 +220,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--analyzer",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="measure the analyzer at scale: PromQL and file paths (default: on)",
+        help="measure the analyzer at scale: recording-rule, raw, Thanos and file paths (default: on)",
     )
     parser.add_argument(
         "--analyzer-jobs", type=_positive, default=10_000, help="jobs over 7 days (default 10000)"
@@ -233,6 +236,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=_positive,
         default=300,
         help="seconds between samples of the backfilled TSDB (default 300)",
+    )
+    parser.add_argument(
+        "--analyzer-large-jobs",
+        type=int,
+        default=50_000,
+        help="jobs of the second recording-rule run, for the cost per job (default 50000; 0: skip)",
+    )
+    parser.add_argument(
+        "--analyzer-thanos",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also through a Thanos querier over two Prometheus shards (needs a working thanos binary: "
+        "$GPULENS_THANOS or ~/.cache/gpulens-tools/bin; default: off)",
     )
     parser.add_argument(
         "--analyzer-compaction",

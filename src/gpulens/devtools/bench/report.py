@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpulens.devtools.bench.analyzer_report import analyzer_markdown
+
 # DESIGN §8 targets
 TARGET_CPU_RATIO = 5.0
 TARGET_SCRAPE_RATIO = 10.0
@@ -12,11 +14,6 @@ TARGET_SCRAPE_P99_MS = 10.0
 TARGET_CYCLE_CPU_MS = 20.0
 TARGET_RSS_MB = 60.0
 TARGET_CORE_PERCENT = 1.0
-TARGET_ANALYZER_PROM_S = 60.0  # 10,000 jobs x 7 days through PromQL
-TARGET_ANALYZER_PROM_JOBS = 10_000
-TARGET_ANALYZER_FILE_S = 20.0  # 20 M raw samples through the file path
-TARGET_ANALYZER_FILE_SAMPLES = 20_000_000
-TARGET_ANALYZER_FILE_BYTES = 4e9
 
 
 def _latency(exporter: dict[str, Any], concurrency: int) -> dict[str, Any] | None:
@@ -244,178 +241,3 @@ def target_lines(data: dict[str, Any]) -> list[str]:
     check("RSS after the scrapes", ours["rss_after_bytes"] / 1024**2, TARGET_RSS_MB, "MiB")
     check("share of a core at 5 s", ours["core_percent_at_5s"], TARGET_CORE_PERCENT, "%")
     return lines
-
-
-def _gib(value: float) -> str:
-    return f"{value / 1024**3:.2f}"
-
-
-def _paths(analyzer: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {p["path"]: p for p in analyzer["paths"]}
-
-
-def analyzer_target_lines(analyzer: dict[str, Any]) -> list[str]:
-    """One line per DESIGN §8 analyzer target: measured value, target, met / NOT met (and the gap)."""
-    paths = _paths(analyzer)
-    lines = []
-
-    def verdict(value: float, target: float, full_size: bool, failed: bool) -> str:
-        if failed:
-            return "NOT met (the run failed)"
-        if not full_size:
-            return "not judged (scaled-down run)"
-        if value <= target:
-            # thin margins are said: the same run on a busier machine can miss
-            return (
-                "met"
-                if value <= 0.9 * target
-                else f"met, within {100 * (1 - value / target):.0f} % of the target"
-            )
-        return f"NOT met (over by {value - target:.1f}, {value / target:.2f}x the target)"
-
-    prom = paths.get("prometheus")
-    if prom:
-        full = prom["jobs"] >= TARGET_ANALYZER_PROM_JOBS
-        lines.append(
-            f"analyzer, PromQL path: {prom['jobs']:,} jobs x 7 days in {prom['wall_s']:.1f} s "
-            f"(target <= {TARGET_ANALYZER_PROM_S:g} s for {TARGET_ANALYZER_PROM_JOBS:,} jobs): "
-            + verdict(prom["wall_s"], TARGET_ANALYZER_PROM_S, full, prom["returncode"] != 0)
-        )
-    hist = paths.get("history")
-    if hist:
-        full = hist["samples"] >= TARGET_ANALYZER_FILE_SAMPLES * 0.99
-        failed = hist["returncode"] != 0
-        lines.append(
-            f"analyzer, file path: {hist['samples']:,} samples in {hist['wall_s']:.1f} s "
-            f"(target <= {TARGET_ANALYZER_FILE_S:g} s for 20 M samples): "
-            + verdict(hist["wall_s"], TARGET_ANALYZER_FILE_S, full, failed)
-        )
-        lines.append(
-            f"analyzer, file path: peak RSS {hist['max_rss_bytes'] / 1e9:.2f} GB "
-            f"(target <= {TARGET_ANALYZER_FILE_BYTES / 1e9:g} GB for 20 M samples): "
-            + verdict(hist["max_rss_bytes"] / 1e9, TARGET_ANALYZER_FILE_BYTES / 1e9, full, failed)
-        )
-    return lines
-
-
-def analyzer_markdown(analyzer: dict[str, Any]) -> list[str]:
-    """The Analyzer section: method, one table for both paths, targets."""
-    paths = analyzer["paths"]
-    label = {"prometheus": "PromQL (backfilled Prometheus)", "history": "file (samples.parquet)"}
-
-    def setup(p: dict[str, Any]) -> str:
-        return ", ".join(
-            f"{k.removesuffix('_s').replace('_', ' ')} {v:.0f} s" for k, v in p["setup_s"].items()
-        )
-
-    rows = [
-        "| measure | " + " | ".join(label.get(p["path"], p["path"]) for p in paths) + " |",
-        "|---|" + "---|" * len(paths),
-        _row("command", [f"`{p['command']}`" for p in paths]),
-        _row("jobs / GPUs", [f"{p['jobs']:,} / {p['gpus']:,}" for p in paths]),
-        _row("step (s) x steps", [f"{p['step_s']} x {p['steps']:,}" for p in paths]),
-        _row("raw samples", [f"{p['samples']:,}" for p in paths]),
-        _row("series", [f"{p['series']:,}" for p in paths]),
-        _row("setup (not timed)", [setup(p) for p in paths]),
-        _row("**wall time (s)**", [f"**{p['wall_s']:.1f}**" for p in paths]),
-        _row("**peak RSS of the analyzer (GiB)**", [f"**{_gib(p['max_rss_bytes'])}**" for p in paths]),
-        _row("jobs profiled", [f"{p['jobs_profiled']:,}" for p in paths]),
-        _row(
-            "PromQL queries / job chunks",
-            [f"{p['queries']} / {p['chunks']}" if p.get("queries") is not None else "-" for p in paths],
-        ),
-        _row(
-            "TSDB blocks queried",
-            [f"{p['extra']['tsdb_blocks']:.0f}" if "tsdb_blocks" in p["extra"] else "-" for p in paths],
-        ),
-        _row(
-            "load average (1 min) at start",
-            [f"{p['extra'].get('load_average_1m', float('nan')):.2f}" for p in paths],
-        ),
-    ]
-    rows.append(
-        _row(
-            "CPU of the analyzer process (s)",
-            [f"{p['extra']['analyzer_cpu_s']:.1f}" if "analyzer_cpu_s" in p["extra"] else "-" for p in paths],
-        )
-    )
-    errors = [f"- {p['path']}: {p['error']}" for p in paths if p.get("error")]
-    return [
-        "## Analyzer",
-        "",
-        f"Synthetic cluster: {analyzer['cluster']}. Families per GPU and step: "
-        + ", ".join(f"`{f}`" for f in analyzer["families"])
-        + ". Generated from a fixed seed, so every run sees the same data.",
-        "",
-        "- PromQL path: the week is written as OpenMetrics (one file per 2 h block), backfilled with",
-        "  `promtool tsdb create-blocks-from openmetrics` and served by a real Prometheus on 127.0.0.1",
-        "  (`--query.lookback-delta` half a step: backfilled blocks carry no staleness markers)"
-        + (
-            "; Prometheus compacts the blocks first, as a week of scraping would leave them."
-            if analyzer.get("prometheus_compaction")
-            else "; compaction off (2 h blocks)."
-        ),
-        "  The analyzer aggregates inside PromQL (subqueries at the step, per chunk of jobs). The",
-        "  TSDB holds one sample per series every `--analyzer-step` seconds (default 300 s, so the",
-        "  backfill takes about a minute on 2 cores) and the analyzer queries at that step; its own",
-        "  default `--step 60s` would mean 5x the samples and 5x the subquery steps.",
-        "- File path: the same cluster at the step that gives the requested raw samples, as the",
-        "  history format's `samples.parquet`.",
-        "- Each analyzer run is a child process (`gpulens recommend ... --format json --progress`);",
-        "  wall time from start to exit, peak RSS from `wait4`, queries from Prometheus' own",
-        "  `prometheus_http_requests_total`. Setup (generation, backfill, compaction) is not timed.",
-        "",
-        *rows,
-        "",
-        *(["Errors:", "", *errors, ""] if errors else []),
-        "### Analyzer targets (DESIGN §8)",
-        "",
-        *[f"- {line}" for line in analyzer_target_lines(analyzer)],
-        "",
-        *analyzer_why(analyzer),
-    ]
-
-
-def analyzer_why(analyzer: dict[str, Any]) -> list[str]:
-    """Where the time of a path that missed its target went, from what this run measured."""
-    out = []
-    paths = _paths(analyzer)
-    prom = paths.get("prometheus")
-    if prom and prom["jobs"] >= TARGET_ANALYZER_PROM_JOBS and prom["wall_s"] > TARGET_ANALYZER_PROM_S:
-        cpu = prom["extra"].get("analyzer_cpu_s")
-        share = f" The analyzer process itself used {cpu:.1f} s of CPU;" if cpu is not None else ""
-        load = prom["extra"].get("load_average_1m", float("nan"))
-        out += [
-            f"- PromQL path, why: {prom['wall_s']:.1f} s against {TARGET_ANALYZER_PROM_S:g} s.{share}",
-            "  the rest is Prometheus evaluating subqueries. Every reduction (mean, p50, p95, max, count,",
-            "  stddev and idle fraction for activity; peak, p95 and count for memory; start, end and",
-            "  samples of each job) re-evaluates its chunk's per-step join of `gpu_job_info` with the",
-            f"  device series over all {prom['steps']:,} steps of the window: {prom['queries']} queries for",
-            f"  {prom['chunks']} chunks. Chunks are grouped by GPU and the device side of the join is",
-            "  narrowed to the chunk's GPUs (one activity reduction for 160 jobs: 11.7 s before, 0.36 s",
-            "  after, on this data); what remains grows with jobs x steps inside Prometheus.",
-            f"  The run shared {analyzer.get('cores', 'its')} cores with other work (load average {load:.1f}",
-            "  at start). `--concurrency` (default 4) lets a Prometheus with more cores evaluate chunks",
-            "  in parallel, and a coarser `--step` divides the work.",
-            "",
-        ]
-    hist = paths.get("history")
-    if (
-        hist
-        and hist["samples"] >= TARGET_ANALYZER_FILE_SAMPLES * 0.99
-        and hist["wall_s"] > TARGET_ANALYZER_FILE_S
-    ):
-        cpu = hist["extra"].get("analyzer_cpu_s")
-        out += [
-            f"- File path, why: {hist['wall_s']:.1f} s against {TARGET_ANALYZER_FILE_S:g} s"
-            + (f" ({cpu:.1f} s CPU)" if cpu is not None else "")
-            + ". The samples are streamed",
-            "  from Parquet family by family with only the columns the profile needs (that brought the",
-            "  peak from about 6.9 GB to the figure above); what remains is the per-job reductions in",
-            "  pandas, the consolidation plan (first-fit packing of every job onto GPUs, checking time",
-            f"  overlaps against the jobs already placed: {hist['jobs']:,} jobs) and writing the JSON of",
-            f"  every job. The run shared the machine with other work (load average "
-            f"{hist['extra'].get('load_average_1m', float('nan')):.1f} at start).",
-            "",
-        ]
-    return out

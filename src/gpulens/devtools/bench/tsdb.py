@@ -153,7 +153,7 @@ def backfill_rules(
         # same file get the same offset, as Prometheus servers loading the same rule file do
         rule_file = out_dir.parent / f"analyzer_rules-{attempt}.yml"
         rule_file.write_text(rule_text)
-        blocks = out_dir / f"attempt-{attempt}"
+        attempt_dir = out_dir / f"attempt-{attempt}"
         done = subprocess.run(
             [
                 _binary("promtool"),
@@ -164,7 +164,7 @@ def backfill_rules(
                 f"--url={base_url}",
                 f"--start={int(start)}",
                 f"--end={int(end)}",
-                f"--output-dir={blocks}",
+                f"--output-dir={attempt_dir}",
                 str(rule_file),
             ],
             capture_output=True,
@@ -172,12 +172,12 @@ def backfill_rules(
         )
         if done.returncode != 0:
             raise TsdbError(f"promtool create-blocks-from rules failed: {done.stderr.strip()[-500:]}")
-        first = _first_block_min_ms(blocks)
+        first = _first_block_min_ms(attempt_dir)
         if first is None:
             raise TsdbError("promtool create-blocks-from rules wrote no block (no data in the range?)")
         if first % step_ms <= step_ms - 1000 or BLOCK_MS % step_ms:
-            return [b for b in sorted(blocks.iterdir()) if b.is_dir()]
-        shutil.rmtree(blocks)
+            return blocks(attempt_dir)
+        shutil.rmtree(attempt_dir)
     raise TsdbError("promtool: no rule file name gave an evaluation offset clear of the block boundaries")
 
 
@@ -186,6 +186,11 @@ def move_blocks(blocks: Sequence[Path], tsdb: Path) -> None:
     tsdb.mkdir(parents=True, exist_ok=True)
     for block in blocks:
         shutil.move(str(block), str(tsdb / block.name))
+
+
+def blocks(tsdb: Path) -> list[Path]:
+    """The finished blocks of a TSDB directory (not its WAL, head chunks or lock files)."""
+    return sorted(p for p in tsdb.iterdir() if (p / "meta.json").is_file()) if tsdb.is_dir() else []
 
 
 def block_range_ms(block: Path) -> tuple[int, int]:
