@@ -458,6 +458,8 @@ def _analyzer_args(base: str, cluster: Cluster, aggregation: str) -> list[str]:
         "7d",
         "--end",
         str(int(cluster.end)),
+        "--step",  # the TSDB's step (and the rules' interval): the raw path's default is 60 s
+        f"{cluster.step_s}s",
         "--aggregation",
         aggregation,
     ]
