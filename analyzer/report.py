@@ -14,6 +14,7 @@ import base64
 import html
 import io
 import json
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -41,7 +42,8 @@ table{border-collapse:collapse;width:100%;font-size:13px;table-layout:auto}
 td,th{border:1px solid #d5d9e2;padding:3px 6px;vertical-align:top;text-align:left}
 th{background:#eef1f7}td.num{text-align:right;white-space:nowrap}
 td.wrap{white-space:normal;overflow-wrap:anywhere;min-width:14em}
-table.jobs{table-layout:fixed;font-size:11.5px}table.jobs td{overflow-wrap:anywhere;min-width:0}
+table.jobs{table-layout:fixed;font-size:11.5px}table.jobs .flag{white-space:normal;display:inline-block}
+table.jobs td{overflow-wrap:anywhere;min-width:0}
 table.jobs td.num{white-space:normal}
 .flag{background:#ffe7c2;border-radius:3px;padding:0 4px;font-size:12px;white-space:nowrap}
 .free{color:#2e7d32;font-weight:600}
@@ -151,9 +153,17 @@ def _where(model: ReportModel) -> str:
     return "; ".join(parts) if parts else "none"
 
 
-def _action_text(action: dict) -> str:
+_UUID = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F-]{8,}")
+
+
+def _short(text: str, names: dict[str, str]) -> str:
+    """GPU UUIDs in a sentence as the GPU index a person looks for ("dgx-1/GPU 3")."""
+    return _UUID.sub(lambda m: names.get(m.group(0), m.group(0)), text)
+
+
+def _action_text(action: dict, names: dict[str, str] | None = None) -> str:
     if action.get("change"):
-        return str(action["change"])
+        return _short(str(action["change"]), names or {})
     detail = f" {action['detail']}" if action.get("detail") else ""
     return f"{action.get('recommendation', '')}{detail}"
 
@@ -191,6 +201,22 @@ def _flags(row: pd.Series) -> str:
     if isinstance(finding, str) and finding and not finding.startswith("false saturation"):
         flags.append(f"<span class='flag'>{_e(finding.split(':', 1)[0])}</span>")
     return " ".join(flags)
+
+
+def _gpu_names(analysis: Analysis) -> dict[str, str]:
+    """UUID -> "GPU <index>" for the inventory (the host is already in the sentence)."""
+    placement = analysis.emitted.placement if analysis.emitted is not None else None
+    if placement is None:
+        return {}
+    return {g.uuid: f"GPU {g.index}" for g in placement.inventory.gpus}
+
+
+def _why(action: dict, names: dict[str, str]) -> str:
+    """What to do when it says more than the change itself, else why."""
+    todo = str(action.get("what_to_do") or "")
+    if todo and todo != action.get("change"):
+        return _short(todo, names)
+    return _short(str(action.get("reason", "")), names)
 
 
 def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
@@ -237,6 +263,7 @@ def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
             f"(estimated)<br><small>{energy}</small></div>"
         )
     parts.append("</div>")
+    names = _gpu_names(analysis)
     parts.append("<h2>Actions, largest GPU-hours recovered first</h2>")
     if model.actions:
         rows = [
@@ -245,9 +272,9 @@ def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
                 ("", _e(a["job_id"])),
                 ("", _e(a.get("team", ""))),
                 ("", _e(a.get("action", a.get("recommendation", "")))),
-                ("wrap", _e(_action_text(a))),
+                ("wrap", _e(_action_text(a, names))),
                 ("num", _e(units.hours(a.get("gpu_hours_recovered", a.get("gpu_hours_idle"))))),
-                ("wrap", _e(a.get("what_to_do") or a.get("reason", ""))),
+                ("wrap", _e(_why(a, names))),
             ]
             for i, a in enumerate(model.actions, start=1)
         ]
