@@ -832,32 +832,28 @@ class ScenarioNode:
             start[4] + rate[4] * part,
         )
 
-    def _build_state(self, index: int, t: float) -> GpuState:
+    def _thermal(
+        self, index: int, r: float, acc: _Acc, throttle: int, energy_since_start_j: float
+    ) -> tuple[float, float, int, float]:
+        """(board power W, temperature C, clock event reasons, SM clock MHz) at r."""
         g = self._gpus[index]
         model = g.model
-        r = max(t - self.start_time, 0.0)  # the quantum may begin just before the node did
-        snap = self._cached_snapshot(index, r)
-        faults = snap.faults
-        acc = snap.gpu
-        busy = acc.busy
-        power_w, capped = self._power_w(g, acc, faults.throttle)
-        integrals = self._integrals(index, r)
-        energy_j = self._energy_base_j[index] + integrals[0]
+        power_w, capped = self._power_w(g, acc, throttle)
         # temperature follows recent average power
         window = min(TEMP_WINDOW, max(r, 0.0))
         if window >= 1.0:
             past = self._integrals(index, r - window)[0]
-            average_w = 0.4 * power_w + 0.6 * (integrals[0] - past) / window
+            average_w = 0.4 * power_w + 0.6 * (energy_since_start_j - past) / window
         else:
             average_w = power_w
         noise = hash_unit(self.seed, index, 77, math.floor(r))
         temperature = g.ambient_c + 47.0 * average_w / model.power_limit_watts + (noise - 0.5)
-        reasons = faults.throttle
+        reasons = throttle
         if reasons & _THERMAL:
             temperature = max(temperature, 87.0 + 3 * noise)
         if capped:
             reasons |= _REASON_POWER_CAP
-        idle = busy < _IDLE_BUSY and not (reasons & ~_REASON_IDLE)
+        idle = acc.busy < _IDLE_BUSY and not (reasons & ~_REASON_IDLE)
         if idle:
             reasons |= _REASON_IDLE
         fast = model.architecture != "ampere"
@@ -865,10 +861,14 @@ class ScenarioNode:
         for bits, factor in _CLOCK_FACTORS:
             if reasons & bits:
                 sm_clock = min(sm_clock, model.max_sm_clock_mhz * factor)
-        sm_clock_i = _round_clock(sm_clock)
-        # memory
-        reserved = gpu_reserved_bytes(model)
-        mig_states: list[MigInstanceState] = []
+        return power_w, temperature, reasons, sm_clock
+
+    def _process_states(
+        self, g: GpuSpec, snap: _Snapshot, reserved: int
+    ) -> tuple[list[ProcessState], list[ProcessState], dict[int | None, list[ProcessState]]]:
+        """(processes with the MPS server first, MPS clients, every process by GPU instance): each
+        process's memory is what it asked for, scaled down when its container is over-subscribed."""
+        model = g.model
         processes: list[ProcessState] = []
         clients: list[ProcessState] = []
         if snap.mps_server is not None:
@@ -911,9 +911,14 @@ class ScenarioNode:
                 clients.append(ps)
             else:
                 processes.append(ps)
-        used = reserved
-        if g.mig is None:
-            used += sum(p.used_memory_bytes or 0 for p in (*processes, *clients))
+        return processes, clients, by_instance
+
+    def _mig_states(
+        self, index: int, snap: _Snapshot, by_instance: dict[int | None, list[ProcessState]]
+    ) -> tuple[list[MigInstanceState], int]:
+        """Each MIG instance's state, and the memory all of them use (reserved included)."""
+        mig_states: list[MigInstanceState] = []
+        used = 0
         for inst in snap.layout:
             inst_acc = snap.instances[inst.gpu_instance_id]
             inst_procs = by_instance.get(inst.gpu_instance_id, [])
@@ -936,20 +941,29 @@ class ScenarioNode:
                     mps_clients=tuple(p for p in inst_procs if p.kind == "mps_client"),
                 )
             )
-        # counters
-        ecc_totals: dict[tuple[int, int], int] = {}
-        memory_errors: dict[tuple[int, int, int], int] = {}
-        if g.ecc:
-            for etype in (0, 1):
-                volatile = sum(n for (t_, _loc), n in faults.ecc.items() if t_ == etype)
-                total = sum(n for (t_, _loc), n in faults.ecc_total.items() if t_ == etype)
-                ecc_totals[(etype, 0)] = volatile
-                ecc_totals[(etype, 1)] = total + g.ecc_aggregate[etype]
-                for location in sorted({0, 1, 2, 3, 7} | {loc for (_t, loc) in faults.ecc_total}):
-                    memory_errors[(etype, 0, location)] = faults.ecc.get((etype, location), 0)
-                    memory_errors[(etype, 1, location)] = faults.ecc_total.get((etype, location), 0) + (
-                        g.ecc_aggregate[etype] if location == 2 else 0
-                    )
+        return mig_states, used
+
+    def _build_state(self, index: int, t: float) -> GpuState:
+        """The GPU's state at t, in named steps: activity (the cached snapshot), power, heat and
+        clocks, processes and memory, MIG instances, then the fault-driven health counters."""
+        g = self._gpus[index]
+        model = g.model
+        r = max(t - self.start_time, 0.0)  # the quantum may begin just before the node did
+        snap = self._cached_snapshot(index, r)
+        faults = snap.faults
+        acc = snap.gpu
+        busy = acc.busy
+        integrals = self._integrals(index, r)
+        energy_j = self._energy_base_j[index] + integrals[0]
+        power_w, temperature, reasons, sm_clock = self._thermal(index, r, acc, faults.throttle, integrals[0])
+        sm_clock_i = _round_clock(sm_clock)
+        reserved = gpu_reserved_bytes(model)
+        processes, clients, by_instance = self._process_states(g, snap, reserved)
+        mig_states, instances_used = self._mig_states(index, snap, by_instance)
+        used = reserved + instances_used
+        if g.mig is None:
+            used += sum(p.used_memory_bytes or 0 for p in (*processes, *clients))
+        ecc_totals, memory_errors = _ecc_counters(g, faults)
         remapped: tuple[int, int, bool, bool] | None = None
         if model.row_remapping and not snap.layout:
             remapped = (
@@ -1020,6 +1034,26 @@ class ScenarioNode:
             activity=acc.activity(),
             accounting_enabled=g.accounting and g.mig is None,
         )
+
+
+def _ecc_counters(
+    g: GpuSpec, faults: GpuFaults
+) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int, int], int]]:
+    """ECC totals (type, volatile/aggregate) and per-location memory error counters, when ECC is on."""
+    ecc_totals: dict[tuple[int, int], int] = {}
+    memory_errors: dict[tuple[int, int, int], int] = {}
+    if g.ecc:
+        for etype in (0, 1):
+            volatile = sum(n for (t_, _loc), n in faults.ecc.items() if t_ == etype)
+            total = sum(n for (t_, _loc), n in faults.ecc_total.items() if t_ == etype)
+            ecc_totals[(etype, 0)] = volatile
+            ecc_totals[(etype, 1)] = total + g.ecc_aggregate[etype]
+            for location in sorted({0, 1, 2, 3, 7} | {loc for (_t, loc) in faults.ecc_total}):
+                memory_errors[(etype, 0, location)] = faults.ecc.get((etype, location), 0)
+                memory_errors[(etype, 1, location)] = faults.ecc_total.get((etype, location), 0) + (
+                    g.ecc_aggregate[etype] if location == 2 else 0
+                )
+    return ecc_totals, memory_errors
 
 
 def build_node(
