@@ -19,19 +19,10 @@ from tests.alerts.remediate_support import (
     get,
     kube_api,
     notification,
-    path_with,
     post,
     receiver,
     scontrol_updates,
-    write_fake_scontrol,
 )
-
-
-@pytest.fixture
-def scontrol(tmp_path, monkeypatch):
-    bin_dir, record = write_fake_scontrol(tmp_path)
-    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
-    return record
 
 
 def test_a_caller_chosen_remediate_value_never_becomes_a_metric_label(scontrol):

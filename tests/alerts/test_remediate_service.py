@@ -31,14 +31,6 @@ from tests.alerts.remediate_support import (
 from tests.support.procs import free_port, wait_http
 
 
-@pytest.fixture
-def scontrol(tmp_path, monkeypatch):
-    """A recording scontrol first on PATH; yields its record file."""
-    bin_dir, record = write_fake_scontrol(tmp_path)
-    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
-    return record
-
-
 def _state(base: str) -> dict:
     return json.loads(get(f"{base}/-/state")[1])
 
