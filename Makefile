@@ -6,12 +6,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv system-deps tools migcheck native test test-fast lint typecheck format demo demo-stop bench dashboards rules clean
+.PHONY: help venv system-deps tools migcheck thanos native test test-fast lint typecheck format demo demo-stop bench dashboards rules clean
 
 help:
 	@echo "make demo       run the demo on the simulated node (no GPU needed)"
 	@echo "make test       install what the tests need and run the whole suite"
 	@echo "make tools      build helm (for the chart tests) into $(TOOLS_BIN)"
+	@echo "make thanos     build thanos (for the analyzer's distributed-TSDB test and bench) into $(TOOLS_BIN)"
 	@echo "make lint       ruff check + format check + mypy"
 	@echo "make bench      benchmarks (writes docs/benchmarks.md)"
 	@echo "make native     build the native simulated NVML library (libnvidia-ml.so.1) with the system cc"
@@ -60,6 +61,25 @@ tools: migcheck
 	echo "building helm $(HELM_VERSION) from its Go module into $(TOOLS_BIN) (a few minutes, once)"; \
 	mkdir -p $(TOOLS_BIN) && GOBIN=$(TOOLS_BIN) nice -n 10 go install -ldflags "$(HELM_LDFLAGS)" helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
+# Thanos (querier + sidecar: one binary) for the analyzer's distributed-TSDB test and bench
+# (tests/analyzer/test_thanos.py), built from its Go module into the same cache, once: skipped when
+# that version is there. Thanos' go.mod has replace directives, which `go install module@version`
+# refuses, so the module is fetched from the module proxy (`go mod download`) and built inside its
+# own directory, with its own go.mod and go.sum, and with the `slicelabels` build tag of its release
+# build (.promu.yml; its other tag, netgo, only picks the pure-Go DNS resolver): Thanos casts
+# Prometheus label slices in place, and without the tag the sidecar marshals garbage (a panic in
+# gRPC's buffer pool on the querier's first call). About 10 minutes of two cores the first time.
+THANOS_VERSION := v0.42.3
+THANOS := $(TOOLS_BIN)/thanos-$(THANOS_VERSION)
+THANOS_LDFLAGS := -X github.com/prometheus/common/version.Version=$(THANOS_VERSION:v%=%)
+thanos:
+	@[ -x $(THANOS) ] && exit 0; \
+	command -v go >/dev/null || { echo "make thanos: go is needed to build thanos $(THANOS_VERSION)" >&2; exit 1; }; \
+	echo "building thanos $(THANOS_VERSION) from its Go module into $(TOOLS_BIN) (about 10 minutes, once)"; \
+	dir=$$(go mod download -json github.com/thanos-io/thanos@$(THANOS_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p'); \
+	[ -d "$$dir" ] || { echo "make thanos: go mod download github.com/thanos-io/thanos@$(THANOS_VERSION) failed" >&2; exit 1; }; \
+	mkdir -p $(TOOLS_BIN) && cd "$$dir" && nice -n 10 go build -trimpath -tags slicelabels -ldflags "$(THANOS_LDFLAGS)" -o $(THANOS).tmp ./cmd/thanos && mv $(THANOS).tmp $(THANOS)
+
 # The simulated libnvidia-ml.so.1 (gpulens/sim/native/simnvml.c), built with the system C compiler
 # into the cache directory it prints; the package also builds it on first use.
 native: venv
@@ -74,8 +94,8 @@ $(MIGCHECK): tools/migcheck/main.go tools/migcheck/go.mod tools/migcheck/go.sum
 	@command -v go >/dev/null || { echo "make migcheck: go is needed to build tools/migcheck" >&2; exit 1; }
 	mkdir -p $(TOOLS_BIN) && cd tools/migcheck && CGO_CFLAGS=-w nice -n 10 go build -o $(MIGCHECK) .
 
-test: venv system-deps tools native
-	GPULENS_HELM=$(HELM) GPULENS_MIGCHECK=$(MIGCHECK) $(BIN)/python -m pytest -q
+test: venv system-deps tools native thanos
+	GPULENS_HELM=$(HELM) GPULENS_MIGCHECK=$(MIGCHECK) GPULENS_THANOS=$(THANOS) $(BIN)/python -m pytest -q
 
 test-fast: venv native
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -105,9 +125,9 @@ demo-stop: venv
 
 # wrk (Debian) drives the scrape load from outside Python; nvitop-exporter is the peer.
 # BENCH_ARGS passes options through, e.g. make bench BENCH_ARGS=--no-analyzer
-bench: venv native
+bench: venv native thanos
 	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
-	$(BIN)/gpulens bench $(BENCH_ARGS)
+	GPULENS_THANOS=$(THANOS) $(BIN)/gpulens bench $(BENCH_ARGS)
 
 dashboards: venv
 	$(BIN)/gpulens dashboards build

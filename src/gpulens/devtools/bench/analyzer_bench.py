@@ -659,7 +659,12 @@ def run_analyzer_bench(
     workdir.mkdir(parents=True, exist_ok=True)
     week = backfill_week(jobs, prom_step_s, workdir / "week", progress)
     rules_run, raw_run = bench_single(week, workdir / "single", progress, ("rules", "raw"), compaction)
-    thanos_run = bench_thanos(week, workdir / "thanos", progress) if thanos else None
+    thanos_run = None
+    if thanos:
+        try:
+            thanos_run = bench_thanos(week, workdir / "thanos", progress)
+        except tsdbs.TsdbError as exc:  # the other paths are still worth reporting
+            _say(progress, f"thanos: {exc}")
     shutil.rmtree(workdir / "week", ignore_errors=True)
     large_run = None
     if large_jobs:

@@ -246,9 +246,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--analyzer-thanos",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="also through a Thanos querier over two Prometheus shards (needs a working thanos binary: "
-        "$GPULENS_THANOS or ~/.cache/gpulens-tools/bin; default: off)",
+        default=True,
+        help="also through a Thanos querier over two Prometheus shards (default: on; `make thanos` builds "
+        "it, skipped without it)",
     )
     parser.add_argument(
         "--analyzer-compaction",
