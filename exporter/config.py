@@ -25,7 +25,17 @@ PROFILING_MODES = ("auto", "dcgm", "gpm", "off")
 
 
 class ConfigError(ValueError):
-    """A bad flag, variable or file; `str()` is one line naming it."""
+    """A bad flag, variable or file; `str()` is one line naming it.
+
+    Control characters are escaped here, once for every message: a value quoted into the message
+    (a path, an unparsed argument) can carry a newline, which must not split or forge log lines.
+    """
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if text.isprintable():
+            return text
+        return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 @dataclass(frozen=True)

@@ -285,3 +285,13 @@ def test_the_hint_names_the_built_in_scenarios() -> None:
 
     hint = no_gpu_hint("nvmlInit failed")
     assert all(name in hint for name in list_builtin())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--procfs", "/no\nsuch"], ["--web.config.file", "x\n"], ["--collector.mig", "a\rb"]],
+)
+def test_a_value_with_control_characters_is_escaped_in_the_one_line_error(argv: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(argv, env={})
+    assert str(info.value).isprintable() and "\\" in str(info.value)
