@@ -259,6 +259,14 @@ def column_unit(column: str, unit: str) -> dict[str, Any]:
     return {"matcher": {"id": "byName", "options": column}, "properties": [{"id": "unit", "value": unit}]}
 
 
+def dashed_series(name_regex: str) -> dict[str, Any]:
+    """Draw the series whose name matches as a dashed line: a limit or capacity, not a measurement."""
+    return {
+        "matcher": {"id": "byRegexp", "options": name_regex},
+        "properties": [{"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}}],
+    }
+
+
 def node_link(field_expr: str = "${__field.labels.instance}") -> dict[str, Any]:
     return data_link("Node detail", UID_NODE, node=field_expr)
 

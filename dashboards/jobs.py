@@ -23,6 +23,7 @@ from gpulens.dashboards.common import (
     column_links,
     column_unit,
     dashboard,
+    dashed_series,
     gpu_link,
     gpu_variable,
     job_variable,
@@ -173,12 +174,7 @@ def _usage(layout: Layout) -> None:
                 (CAPACITY, LEGEND + " capacity"),
             ],
             BYTES,
-            overrides=[
-                {
-                    "matcher": {"id": "byRegexp", "options": ".* capacity"},
-                    "properties": [{"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}}],
-                }
-            ],
+            overrides=[dashed_series(".* capacity")],
         ),
         w=12,
         h=8,

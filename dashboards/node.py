@@ -33,6 +33,7 @@ from gpulens.dashboards.common import (
     column_links,
     column_unit,
     dashboard,
+    dashed_series,
     data_link,
     gpu_link,
     gpu_variable,
@@ -204,12 +205,7 @@ def _memory(layout: Layout) -> None:
                 (sel("gpu_memory_total_bytes"), "GPU {{gpu}} total"),
             ],
             BYTES,
-            overrides=[
-                {
-                    "matcher": {"id": "byRegexp", "options": ".* total"},
-                    "properties": [{"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}}],
-                }
-            ],
+            overrides=[dashed_series(".* total")],
             description="Used (excluding driver-reserved memory) against the GPU's total.",
         ),
         w=8,
@@ -247,12 +243,7 @@ def _power_thermal(layout: Layout) -> None:
                 (sel("gpu_power_limit_watts"), "GPU {{gpu}} limit"),
             ],
             WATT,
-            overrides=[
-                {
-                    "matcher": {"id": "byRegexp", "options": ".* limit"},
-                    "properties": [{"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}}],
-                }
-            ],
+            overrides=[dashed_series(".* limit")],
             description="Board power from the parent GPU (MIG instances have no power of their own).",
         ),
         w=12,
