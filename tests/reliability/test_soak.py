@@ -100,6 +100,19 @@ def test_log_summary_groups_messages_by_shape(tmp_path: Path) -> None:
     ]
 
 
+def test_log_summary_groups_logfmt_lines_by_level_logger_and_message(tmp_path: Path) -> None:
+    log = tmp_path / "exporter.log"
+    log.write_text(
+        'time=2026-12-01T23:27:11.233Z level=warning logger=gpulens.exporter msg="xid 79 on GPU 2"\n'
+        'time=2026-12-01T23:27:12.001Z level=warning logger=gpulens.exporter msg="xid 13 on GPU 3"\n'
+        'time=2026-12-01T23:27:13.000Z level=error logger=gpulens.exporter msg="file \\"a b\\" refused"\n'
+    )
+    assert log_summary(log) == [
+        ("WARNING gpulens.exporter: xid N on GPU N", 2),
+        ('ERROR gpulens.exporter: file "a b" refused', 1),
+    ]
+
+
 def test_bad_arguments_exit_2_with_one_line() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "gpulens.devtools.reliability.soak", "--sim-hours", "-1"],

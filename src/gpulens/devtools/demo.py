@@ -622,7 +622,7 @@ def start_remediate(options: Options, ports: dict[str, int]) -> int:
 def start_exporter(options: Options, ports: dict[str, int]) -> int:
     cmd = [
         *Pieces(options.python).exporter,
-        "--listen",
+        "--web.listen-address",
         f"127.0.0.1:{ports['exporter']}",
         "--simulate",
         options.live_scenario,

@@ -83,7 +83,7 @@ def run_exporter_check(extra_args: list[str], seconds: float, hopper: bool, mig:
     port = free_port()
     # tools/gpu_conformance.py sets the command when gpulens runs from an uninstalled checkout
     base = os.environ.get("GPULENS_EXPORTER_COMMAND", f"{sys.executable} -m gpulens.exporter.cli").split()
-    cmd = [*base, "--listen", f"127.0.0.1:{port}", "--interval", "1", *extra_args]
+    cmd = [*base, "--web.listen-address", f"127.0.0.1:{port}", "--interval", "1", *extra_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     text = ""
     try:

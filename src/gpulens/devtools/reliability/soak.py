@@ -195,11 +195,28 @@ def log_summary(path: Path, top: int = 8) -> list[tuple[str, int]]:
     counts: dict[str, int] = {}
     with contextlib.suppress(OSError):
         for line in path.read_text(errors="replace").splitlines():
-            parts = line.split(" ", 2)  # "<date> <time> LEVEL logger: message"
-            message = parts[2] if len(parts) == 3 else line
-            key = re.sub(r"\d+(\.\d+)?", "N", message)
+            key = re.sub(r"\d+(\.\d+)?", "N", _log_message(line))
             counts[key] = counts.get(key, 0) + 1
     return sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+
+
+# one logfmt pair: key=bare or key="quoted with \" escapes"
+_LOGFMT_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)')
+
+
+def _log_message(line: str) -> str:
+    """`LEVEL logger: message` of one log line, logfmt (the exporter's default) or the old text format.
+
+    The timestamp is dropped so that lines group by what they say.
+    """
+    pairs = {key: value for key, value in _LOGFMT_PAIR.findall(line)}
+    if "msg" in pairs and "level" in pairs:
+        msg = pairs["msg"]
+        if msg.startswith('"'):
+            msg = msg[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        return f"{pairs['level'].upper()} {pairs.get('logger', '')}: {msg}"
+    parts = line.split(" ", 2)  # "<date> <time> LEVEL logger: message"
+    return parts[2] if len(parts) == 3 else line
 
 
 def markdown(
@@ -260,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         sys.executable,
         "-m",
         "gpulens.exporter.cli",
-        "--listen",
+        "--web.listen-address",
         f"127.0.0.1:{port}",
         "--simulate",
         args.scenario,
@@ -268,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         f"{args.sim_speed:g}",
         "--interval",
         f"{args.interval:g}",
-        "--log-level",
+        "--log.level",
         "warning",
     ]
     command = " ".join(["python -m gpulens.devtools.reliability.soak", *sys.argv[1:]])
