@@ -181,7 +181,7 @@ def _analysis(args: argparse.Namespace, with_archetypes: bool = True) -> Any:
         }
         fleet = source.fleet(model)
         return pipeline.analyze_profiles(
-            profiles, th, args.prometheus, meta, with_archetypes, fleet=fleet or None
+            profiles, th, args.prometheus, meta, with_archetypes, gpus=source.gpu_rows(), fleet=fleet or None
         )
     window = parse_duration(args.window, "--window") if args.window else None
     end = parse_time(args.end) if args.end else None

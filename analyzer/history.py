@@ -76,6 +76,7 @@ FAMILIES: tuple[str, ...] = (
     "gpu_job_info",
     "gpu_job_memory_used_bytes",
     "gpu_job_sm_utilization_ratio",
+    "gpu_job_sm_unattributed_ratio",
     "gpulens_trace_job_requested_gpus",
     "gpulens_trace_job_lifetime_seconds",
     "gpulens_trace_node_gpus",

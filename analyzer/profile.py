@@ -165,6 +165,8 @@ def _signal_steps(
     fam = fam[fam["value"] >= 0]
     if signal.scope == "job":
         rows = fam[fam["job_id"].isin(jobs)][["job_id", "timestamp", "value"]]
+    elif signal.scope == "job_share":
+        rows = _share_rows(samples, info, fam[fam["job_id"].isin(jobs)], signal.figure)
     elif signal.scope == "gpu_share":
         sharers = info.groupby(["uuid", "timestamp"], observed=True).size().rename("n").reset_index()
         device = fam[["uuid", "timestamp", "value"]].merge(sharers, on=["uuid", "timestamp"])
@@ -178,6 +180,30 @@ def _signal_steps(
     if rows.empty:
         return rows
     return rows.groupby(["job_id", "timestamp"], sort=True, observed=True)["value"].agg(how).reset_index()
+
+
+def _present(
+    samples: dict[str, pd.DataFrame], like: pd.DataFrame, family: str, keys: list[str]
+) -> pd.DataFrame:
+    """The distinct `keys` of a family's valid (non-negative) samples."""
+    fam = _family(samples, family, like)
+    return fam[fam["value"] >= 0][keys].drop_duplicates()
+
+
+def _share_rows(
+    samples: dict[str, pd.DataFrame], like: pd.DataFrame, shares: pd.DataFrame, figure: str
+) -> pd.DataFrame:
+    """Per-job shares at the steps whose GPU published the remainder (so they add up) and whose
+    figure is `figure`: SM activity where the GPU has it at that step, else its utilization."""
+    keys = ["uuid", "gpu_instance", "timestamp"]
+    rows = shares[["job_id", *keys, "value"]].merge(
+        _present(samples, like, signals.UNATTRIBUTED, keys), on=keys
+    )
+    profiled = _present(samples, like, signals.PROFILED_FIGURE, ["uuid", "timestamp"])
+    marked = rows.merge(profiled, on=["uuid", "timestamp"], how="left", indicator=True)
+    found = marked["_merge"] == "both"
+    keep = found if figure == signals.PROFILED_FIGURE else ~found
+    return marked[keep][["job_id", "timestamp", "value"]]
 
 
 def _split_by_job(steps: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
@@ -229,6 +255,9 @@ def family_columns() -> dict[str, list[str]]:
         for chain in table.values():
             for signal in chain:
                 out.setdefault(signal.family, signal_labels)
+                if signal.scope == "job_share":
+                    out.setdefault(signals.UNATTRIBUTED, signal_labels)
+                    out.setdefault(signals.PROFILED_FIGURE, signal_labels)
     return out
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import pandas as pd
 
 from gpulens.analyzer.kinds import Kind
-from gpulens.analyzer.signals import DUTY_CYCLE
+from gpulens.analyzer.signals import DUTY_CYCLE, EQUAL_SPLIT
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.catalog import GIB, MIB, GpuModel, MigProfile, model_for_nvml_name
 
@@ -97,6 +97,18 @@ def mps_settings(demand_fraction: float, need_bytes: float, th: Thresholds) -> M
     pct = math.ceil(demand * 100 / 5 - 1e-9) * 5
     threads = int(min(100, max(th.mps.min_thread_percentage, pct)))
     return MpsSettings(threads, int(math.ceil(need_bytes / MIB) * MIB))
+
+
+def signal_note(signal: str) -> str:
+    """What a shared GPU's activity figure is, for reasons ("" for a job's own device)."""
+    if signal in EQUAL_SPLIT:
+        return (
+            " (the GPU's activity split equally among its jobs: the data has no per-job shares, "
+            "gpu_job_sm_unattributed_ratio is missing, so jobs with different demand look alike)"
+        )
+    if signal.endswith("_share"):
+        return " (its share of the GPU's activity)"
+    return ""
 
 
 def _pct(x: float) -> str:
@@ -238,7 +250,8 @@ def _idle(v: JobView) -> Recommendation | None:
         return None
     return v.rec(
         Kind.RECLAIM,
-        f"allocated and idle: idle in {_pct(idle)} of samples, p95 activity {_pct(p95)}, "
+        f"allocated and idle: idle in {_pct(idle)} of samples, p95 activity {_pct(p95)}"
+        f"{signal_note(str(v.row['activity_signal']))}, "
         f"{v.f('gpu_hours_allocated'):.1f} GPU-hours allocated, {v.f('gpu_hours_used'):.2f} used",
         gpu_fraction=0.0,
     )
@@ -293,8 +306,7 @@ def size(v: JobView) -> Sizing:
     basis_name = f"{name} {signal}"
     if row["sharing"] == "mig" and row["mig_profile_now"]:
         basis_name += f" of its {row['mig_profile_now']} slice"
-    if str(row["activity_signal"]).endswith("_share"):
-        basis_name += " (its share of the device's activity)"
+    basis_name += signal_note(str(row["activity_signal"]))
     device_sms = v.f("device_sms") if not math.isnan(v.f("device_sms")) else float(model.sm_count)
     demand_fraction = min(1.0, demand * device_sms / model.sm_count)
     demand_sms = demand * device_sms * (1 + th.headroom.compute_ratio)

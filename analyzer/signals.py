@@ -5,10 +5,16 @@ table, so they pick the same signal for the same job and produce the same profil
 
 - `exclusive` jobs own the whole GPU: device-wide SM activity describes the job.
 - `mig` jobs own a GPU instance: per-instance activity (relative to the slice's SMs).
-- `shared` (MPS, time-slicing) jobs share the device. Device SM activity split evenly among the
-  jobs on the GPU at that step (`sm_active_share`) comes first: per-process utilization is a duty
-  cycle whose client times overlap under MPS, so it overstates demand; it is the fallback, then
-  the device duty cycle split the same way. The reason names the estimate used.
+- `shared` (MPS, time-slicing) jobs share the device. The exporter publishes each job's share of
+  the device's SM figure (`gpu_job_sm_utilization_ratio`) and the part no job accounts for
+  (`gpu_job_sm_unattributed_ratio`): per GPU they add up to the figure, SM activity where the GPU
+  is profiled, else NVML utilization (docs/attribution.md). Where a GPU publishes the remainder,
+  the job's own share is used (`sm_active_share`, or `utilization_share` on an unprofiled GPU), so
+  two jobs with different demand on one GPU get different sizes. Older data has no remainder:
+  the per-job family was then raw per-process utilization, whose client times overlap under MPS,
+  so the device's SM activity split equally among the GPU's jobs (`sm_active_equal_split`) comes
+  next, then per-process utilization, then the device duty cycle split equally. The reason says
+  when an equal split decided.
 
 Each chain is tried in order; the first signal with at least one sample for a job is used, and
 its name is reported as `activity_signal` so a reader knows whether SM activity or the coarser
@@ -20,8 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Scope = Literal["gpu", "mig", "job", "gpu_share"]
+Scope = Literal["gpu", "mig", "job", "job_share", "gpu_share"]
 Kind = Literal["exclusive", "mig", "shared"]
+
+# the exporter's remainder of the device SM figure: where a GPU publishes it, the per-job family
+# holds shares that add up (docs/attribution.md), not raw per-process utilization
+UNATTRIBUTED = "gpu_job_sm_unattributed_ratio"
+# the device's SM figure the shares divide when the GPU is profiled (else NVML utilization)
+PROFILED_FIGURE = "gpu_sm_active_ratio"
 
 
 @dataclass(frozen=True)
@@ -29,8 +41,12 @@ class Signal:
     name: str  # reported name
     family: str  # metric family (docs/metrics.md)
     # gpu: join on uuid; mig: join on uuid + gpu_instance; job: series carry job_id;
+    # job_share: series carry job_id, kept at steps where the job's GPU (and instance) publishes
+    #   UNATTRIBUTED and, by `figure`, has (gpu_sm_active_ratio) or lacks (gpu_utilization_ratio)
+    #   the profiled figure;
     # gpu_share: the device value divided by the number of jobs on that GPU at that step
     scope: Scope
+    figure: str = ""  # job_share: the device family the shares are of
 
 
 ACTIVITY: dict[str, tuple[Signal, ...]] = {
@@ -45,16 +61,20 @@ ACTIVITY: dict[str, tuple[Signal, ...]] = {
         Signal("instance_activity", "gpu_job_sm_utilization_ratio", "job"),
     ),
     "shared": (
-        Signal("sm_active_share", "gpu_sm_active_ratio", "gpu_share"),
+        Signal("sm_active_share", "gpu_job_sm_utilization_ratio", "job_share", PROFILED_FIGURE),
+        Signal("utilization_share", "gpu_job_sm_utilization_ratio", "job_share", "gpu_utilization_ratio"),
+        Signal("sm_active_equal_split", "gpu_sm_active_ratio", "gpu_share"),
         Signal("job_sm_utilization", "gpu_job_sm_utilization_ratio", "job"),
-        Signal("utilization_share", "gpu_utilization_ratio", "gpu_share"),
+        Signal("utilization_equal_split", "gpu_utilization_ratio", "gpu_share"),
     ),
 }
 
 # duty-cycle signals: fraction of time a kernel ran, not of SMs used (see recommend.py, "activity
 # basis"). NVML process utilization (`smUtil`) is time-based too, and under MPS the clients' times
 # overlap, so it cannot be summed as SM demand.
-DUTY_CYCLE = frozenset({"utilization", "utilization_share", "job_sm_utilization"})
+DUTY_CYCLE = frozenset({"utilization", "utilization_share", "utilization_equal_split", "job_sm_utilization"})
+# shared-GPU estimates that split the device's figure equally (data without per-job shares)
+EQUAL_SPLIT = frozenset({"sm_active_equal_split", "utilization_equal_split"})
 
 # job_source of pseudo-jobs that are infrastructure, not work (the MPS server); never profiled
 SYSTEM_SOURCE = "system"

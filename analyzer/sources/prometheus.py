@@ -223,6 +223,16 @@ def signal_expr(signal: signals.Signal, regex: str | None, how: str, uuid_regex:
     if signal.scope == "job":
         own = f'{{job_id=~"{regex}"}}' if regex is not None else ""
         return f"{how} by (job_id) ({signal.family}{own} >= 0)"
+    if signal.scope == "job_share":
+        own = f'{{job_id=~"{regex}"}}' if regex is not None else ""
+        # shares add up where the GPU publishes the remainder; they are of SM activity where the
+        # GPU has it at that step, else of its utilization (profile._share_rows)
+        profiled = "and" if signal.figure == signals.PROFILED_FIGURE else "unless"
+        return (
+            f"{how} by (job_id) (({signal.family}{own} >= 0)"
+            f" and on(uuid, gpu_instance) ({signals.UNATTRIBUTED}{dev} >= 0)"
+            f" {profiled} on(uuid) ({signals.PROFILED_FIGURE}{dev} >= 0))"
+        )
     if signal.scope == "gpu_share":
         on_gpus = f',uuid=~"{uuid_regex}"' if uuid_regex is not None else ""
         jobs_on_gpu = f'count by (uuid) (gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"{on_gpus}}})'
@@ -427,6 +437,13 @@ class PromSource:
     def fleet(self, gpu_model: GpuModel | None = None) -> list[FleetGpu]:
         """Every GPU with a `gpu_info` series in the window, idle ones included."""
         return fleet_from_gpus(self._labels("gpu_info", ["uuid", "model", "instance"]), gpu_model)
+
+    def gpu_rows(self) -> list[dict]:
+        """One row per GPU of `gpu_info` in the window (uuid, model, instance and the `gpu` index
+        label): the inventory emit and the report name node/GPU from, as the file path's rows."""
+        frame = self._labels("gpu_info", ["uuid", "model", "instance", "gpu"])
+        frame = frame[frame["uuid"] != ""].drop_duplicates("uuid", keep="last")
+        return frame.astype(str).to_dict("records")
 
     def profiles(self, thresholds: Thresholds, gpu_model: GpuModel | None = None) -> pd.DataFrame:
         identity = self.identity()

@@ -56,12 +56,14 @@ class Recorded:
 
 
 def record_name(signal: signals.Signal, how: str) -> str:
-    """`job_id:<family>:<how>` (`<how>_share` for the device value split among the GPU's jobs)."""
-    return (
-        f"job_id:{signal.family}:{how}_share"
-        if signal.scope == "gpu_share"
-        else f"job_id:{signal.family}:{how}"
-    )
+    """`job_id:<family>:<how>`: `<how>_share` for the device value split among the GPU's jobs,
+    `<how>_of_<figure>` for the per-job shares of a device figure (`sm_active`, `utilization`)."""
+    if signal.scope == "gpu_share":
+        return f"job_id:{signal.family}:{how}_share"
+    if signal.scope == "job_share":
+        figure = signal.figure.removeprefix("gpu_").removesuffix("_ratio")
+        return f"job_id:{signal.family}:{how}_of_{figure}"
+    return f"job_id:{signal.family}:{how}"
 
 
 def signal_rules() -> list[Recorded]:
@@ -102,7 +104,9 @@ HEADER = """\
 #   {presence}  devices (GPUs, MIG instances) the job holds
 #   {presence_time}  timestamp of the job's newest gpu_job_info sample
 #   job_id:<family>:avg | :max  mean (activity) / peak (memory) over the job's devices
-#   job_id:<family>:avg_share  the GPU's value divided by the jobs on it (MPS, time-slicing)
+#   job_id:gpu_job_sm_utilization_ratio:avg_of_sm_active | :avg_of_utilization  the job's share of
+#     its GPU's SM figure where the GPU publishes the unattributed remainder (MPS, time-slicing)
+#   job_id:<family>:avg_share  the GPU's value divided by the jobs on it (older data without shares)
 """
 
 

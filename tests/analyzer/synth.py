@@ -143,3 +143,15 @@ def seed_case(n: int = 120) -> list[SynthJob]:
         )
         for i in range(4)
     ]
+
+
+def with_device_shares(samples: pd.DataFrame, remainder: float = 0.05, profiled: bool = True) -> pd.DataFrame:
+    """What today's exporter adds for shared GPUs: per GPU and step, the device's SM figure (SM
+    activity when `profiled`, else NVML utilization) and the unattributed remainder, so that the
+    jobs' `gpu_job_sm_utilization_ratio` shares plus the remainder add up to the figure."""
+    jobs = samples[samples["metric"] == "gpu_job_sm_utilization_ratio"]
+    per_gpu = jobs.groupby(["timestamp", "instance", "uuid", "gpu"], as_index=False)["value"].sum()
+    rest = per_gpu.assign(metric="gpu_job_sm_unattributed_ratio", gpu_instance="", value=remainder)
+    figure = "gpu_sm_active_ratio" if profiled else "gpu_utilization_ratio"
+    device = per_gpu.assign(metric=figure, value=per_gpu["value"] + remainder)
+    return pd.concat([samples, rest, device], ignore_index=True).fillna("")

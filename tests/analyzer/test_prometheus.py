@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from gpulens.analyzer.history import write_history
+from gpulens.analyzer.pipeline import gpu_info_rows
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.signals import ACTIVITY
 from gpulens.analyzer.sources import files
@@ -71,7 +72,21 @@ def history_frame(start: float) -> pd.DataFrame:
         )
         for i in (1, 2)
     ]
-    frame = synth.frame(jobs, start=start)
+    # MPS clients of an older exporter: raw per-process utilization, no device figure nor remainder
+    old = [
+        SynthJob(
+            f"old-mps-{i}",
+            "GPU-old-0001",
+            steady(STEPS, 0.1 * i, 0.05, seed=i),
+            flat(STEPS, GIB),
+            sharing="mps",
+        )
+        for i in (1, 2)
+    ]
+    # mps-1 and mps-2 come with today's shares (device figure + remainder); the others without
+    frame = pd.concat(
+        [synth.with_device_shares(synth.frame(jobs, start=start)), synth.frame(old, start=start)]
+    )
     frame = frame[frame["metric"] != "x"]
     device = frame[(frame["metric"] == "gpu_info") & (frame["uuid"] == "GPU-share-0001")]
     device = device.assign(metric="gpu_sm_active_ratio", model="", value=np.linspace(0.2, 0.8, len(device)))
@@ -109,6 +124,7 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     with prometheus(tmp_path, [], storage=tmp_path / "db", extra_args=["--query.lookback-delta=30s"]) as api:
         source = PromSource(PromClient(PromConfig(api.base_url)), window, end, synth.STEP, chunk_size=3)
         from_prom = source.profiles(th).set_index("job_id").sort_index()
+        gpu_rows = source.gpu_rows()
         code = main(
             [
                 "recommend",
@@ -150,6 +166,13 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
         [j[k] for k in pick] for j in via_files["jobs"]
     ]
     assert via_cli["plan"]["gpus_freed"] == via_files["plan"]["gpus_freed"]
+    # gpu_info's `gpu` label reaches emit on both paths: the same inventory rows, the same files
+    assert sorted(gpu_rows, key=lambda r: r["uuid"]) == sorted(
+        gpu_info_rows(files.load(str(tmp_path / "h"), window, end)), key=lambda r: r["uuid"]
+    )
+    assert {r["gpu"] for r in gpu_rows} >= {"0", "1", "2", "3"}
+    assert via_cli["config"] == via_files["config"]
+    assert via_cli["notes"] == via_files["notes"]
     assert list(from_prom.index) == list(from_files.index)
     for column in from_files.columns:
         a, b = from_files[column], from_prom[column]
@@ -160,7 +183,9 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     assert from_prom.loc["seed-1", "coverage"] < 1.0
     assert from_prom.loc["util-1", "activity_signal"] == "utilization"
     assert from_prom.loc["mig-1", "mig_profile_now"] == "1g.10gb"
-    assert from_prom.loc["share-1", "activity_signal"] == "sm_active_share"
+    assert from_prom.loc["share-1", "activity_signal"] == "sm_active_equal_split"
+    assert from_prom.loc["mps-1", "activity_signal"] == "sm_active_share"
+    assert from_prom.loc["old-mps-1", "activity_signal"] == "job_sm_utilization"
     assert from_prom.loc["share-1", "sm_active_max"] == pytest.approx(0.4)
 
 

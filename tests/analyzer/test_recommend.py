@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -209,3 +210,38 @@ def test_memory_over_half_the_gpu_does_not_force_a_whole_gpu(th):
     row = recs_for([job], th).loc["heavy"]
     assert row["recommendation"] in ("mps", "mig")
     assert "half" not in row["reason"]
+
+
+def _two_mps_clients() -> list[SynthJob]:
+    return [
+        SynthJob("heavy", "GPU-m", steady(60, 0.45, 0.01, seed=1), flat(60, 8 * GIB), sharing="mps"),
+        SynthJob("light", "GPU-m", steady(60, 0.08, 0.01, seed=2), flat(60, 8 * GIB), sharing="mps"),
+    ]
+
+
+def _recs(samples: pd.DataFrame, th) -> pd.DataFrame:
+    return recommend(profiles_from_samples(samples, synth.STEP, th), th).set_index("job_id")
+
+
+def test_two_mps_clients_with_different_demand_get_different_sizes(th):
+    recs = _recs(synth.with_device_shares(synth.frame(_two_mps_clients())), th)
+    assert set(recs["activity_signal"]) == {"sm_active_share"}
+    assert recs.loc["heavy", "sm_active_p95"] > 0.44 and recs.loc["light", "sm_active_p95"] < 0.1
+    heavy, light = (recs.loc[j, "mps_active_thread_percentage"] for j in ("heavy", "light"))
+    assert heavy > light + 20
+    assert "its share of the GPU's activity" in recs.loc["heavy", "reason"]
+
+
+def test_shares_on_an_unprofiled_gpu_are_of_its_duty_cycle(th):
+    recs = _recs(synth.with_device_shares(synth.frame(_two_mps_clients()), profiled=False), th)
+    assert set(recs["activity_signal"]) == {"utilization_share"}
+    assert "duty cycle" in recs.loc["heavy", "reason"]
+
+
+def test_without_per_job_shares_the_gpu_is_split_equally_and_the_reason_says_so(th):
+    with_shares = synth.with_device_shares(synth.frame(_two_mps_clients()))
+    old = with_shares[with_shares["metric"] != "gpu_job_sm_unattributed_ratio"]  # an older exporter
+    recs = _recs(old, th)
+    assert set(recs["activity_signal"]) == {"sm_active_equal_split"}
+    assert recs.loc["heavy", "sm_active_mean"] == pytest.approx(recs.loc["light", "sm_active_mean"])
+    assert all("split equally" in reason and "no per-job shares" in reason for reason in recs["reason"])
