@@ -16,8 +16,10 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from gpulens.exporter.families import Row, rows_of
 from gpulens.httpd.negotiate import Offer, accepts_coding, choose_media
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -72,47 +74,118 @@ def _fast_render(families: list[Metric]) -> tuple[bytes, bytes] | None:
 
     prometheus_client's writers re-validate every label name of every sample, which costs more
     than the whole NVML sample on a large node; our families are known-good, so names are checked
-    once per family. Anything else (units, timestamps, exemplars, other types) returns None and the
-    library's writers are used.
+    once per family. Row families (`families.py`, what the collectors build) skip the per-sample
+    dicts: each label-value tuple's `name{labels} ` prefix is made once and cached across cycles.
+    Anything else (units, timestamps, exemplars, other types) returns None and the library's
+    writers are used.
     """
     text: list[str] = []
     om: list[str] = []
     for family in families:
         if family.type not in ("gauge", "counter") or family.unit or not _LEGACY_NAME.match(family.name):
             return None
-        # counters named like dcgm-exporter's (no `_total` on the samples) keep their own name in
-        # the text format's TYPE line, or Prometheus would read the samples as untyped
-        totals = family.type == "counter" and all(s.name == family.name + "_total" for s in family.samples)
-        text_name = family.name + "_total" if totals else family.name
+        rows = rows_of(family)
+        if rows is not None:
+            # a row counter's samples are all `<name>_total`: a valid OpenMetrics counter
+            body = _render_rows(*rows)
+            if body is None:
+                return None
+            text_name, om_type = (
+                (family.name + "_total", "counter")
+                if family.type == "counter"
+                else (
+                    family.name,
+                    family.type,
+                )
+            )
+        else:
+            # counters named like dcgm-exporter's (no `_total` on the samples) keep their own name in
+            # the text format's TYPE line, or Prometheus would read the samples as untyped
+            totals = family.type == "counter" and all(
+                s.name == family.name + "_total" for s in family.samples
+            )
+            text_name = family.name + "_total" if totals else family.name
+            om_type = openmetrics_type(family)
+            body = _render_samples(family.samples)
+            if body is None:
+                return None
         doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
         text.append(f"# HELP {text_name} {doc}\n# TYPE {text_name} {family.type}\n")
         om_doc = doc.replace('"', r"\"")
-        om.append(f"# HELP {family.name} {om_doc}\n# TYPE {family.name} {openmetrics_type(family)}\n")
-        checked: frozenset[str] | None = None
-        order: list[str] = []
-        for sample in family.samples:
-            if (
-                sample.timestamp is not None
-                or sample.exemplar is not None
-                or sample.name.endswith("_created")
-            ):
-                return None
-            labels = sample.labels
-            if labels:
-                keys = frozenset(labels)
-                if keys != checked:  # label names checked and sorted once per distinct set
-                    if not all(_LEGACY_NAME.match(k) for k in keys):
-                        return None
-                    checked = keys
-                    order = sorted(keys)
-                label_text = "{" + ",".join([f'{k}="{_escape(labels[k])}"' for k in order]) + "}"
-            else:
-                label_text = ""
-            line = f"{sample.name}{label_text} {floatToGoString(sample.value)}\n"
-            text.append(line)
-            om.append(line)
+        om.append(f"# HELP {family.name} {om_doc}\n# TYPE {family.name} {om_type}\n")
+        text.append(body)
+        om.append(body)
     om.append("# EOF\n")
     return "".join(text).encode("utf-8"), "".join(om).encode("utf-8")
+
+
+def _render_samples(samples: list[Sample]) -> str | None:
+    lines: list[str] = []
+    checked: frozenset[str] | None = None
+    order: list[str] = []
+    for sample in samples:
+        if sample.timestamp is not None or sample.exemplar is not None or sample.name.endswith("_created"):
+            return None
+        labels = sample.labels
+        if labels:
+            keys = frozenset(labels)
+            if keys != checked:  # label names checked and sorted once per distinct set
+                if not all(_LEGACY_NAME.match(k) for k in keys):
+                    return None
+                checked = keys
+                order = sorted(keys)
+            label_text = "{" + ",".join([f'{k}="{_escape(labels[k])}"' for k in order]) + "}"
+        else:
+            label_text = ""
+        lines.append(f"{sample.name}{label_text} {_go_float(sample.value)}\n")
+    return "".join(lines)
+
+
+# (sample name, label names) -> label values -> 'name{k="v",...} ': label sets repeat every cycle
+# (one per device and family), so each prefix is formatted once; cleared when it grows past
+# _PREFIX_LIMIT (churning processes or jobs keep adding label sets)
+_PREFIXES: dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], str]] = {}
+_PREFIX_LIMIT = 200_000
+_prefix_count = 0
+
+
+def _render_rows(name: str, labelnames: tuple[str, ...], rows: list[Row]) -> str | None:
+    global _prefix_count
+    key = (name, labelnames)
+    prefixes = _PREFIXES.get(key)
+    if prefixes is None:
+        # a repeated label name collapses in the library's label dict: left to its writers
+        if len(set(labelnames)) != len(labelnames) or not all(_LEGACY_NAME.match(k) for k in labelnames):
+            return None
+        if _prefix_count > _PREFIX_LIMIT:
+            _PREFIXES.clear()
+            _prefix_count = 0
+        prefixes = _PREFIXES[key] = {}
+    lines: list[str] = []
+    for values, value in rows:
+        prefix = prefixes.get(values)
+        if prefix is None:
+            if len(values) != len(labelnames):  # zip() in the library drops or ignores the rest
+                return None
+            prefix = prefixes[values] = _prefix(name, labelnames, values)
+            _prefix_count += 1
+        lines.append(prefix + _go_float(value) + "\n")
+    return "".join(lines)
+
+
+def _prefix(name: str, labelnames: tuple[str, ...], values: tuple[str, ...]) -> str:
+    if not labelnames:
+        return name + " "
+    pairs = sorted(zip(labelnames, values, strict=True))
+    return name + "{" + ",".join([f'{k}="{_escape(v)}"' for k, v in pairs]) + "} "
+
+
+def _go_float(value: float) -> str:
+    """`floatToGoString`, with its common case (a finite float below 1e6 or an exponent) inline."""
+    text = repr(float(value))
+    if text.find(".") > 6 or "n" in text:  # large values (Go's exponent), inf, nan
+        return floatToGoString(value)
+    return text
 
 
 def openmetrics_type(family: Metric) -> str:

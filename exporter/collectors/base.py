@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpulens.exporter.families import RowCounter, RowGauge, sample_count
 from gpulens.exporter.snapshot import Area, GpuSample, NodeSnapshot
 
 GPU_LABELS = ["gpu", "uuid"]
@@ -49,11 +50,12 @@ def readable(snapshot: NodeSnapshot, area: Area) -> Iterator[GpuSample]:
 
 
 def gauge(name: str, documentation: str, labels: list[str], unit: str = "") -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, labels=labels, unit=unit)
+    """A gauge family that keeps its samples as rows for the renderer (`families.py`)."""
+    return RowGauge(name, documentation, labels, unit)
 
 
 def counter(name: str, documentation: str, labels: list[str]) -> CounterMetricFamily:
-    return CounterMetricFamily(name, documentation, labels=labels)
+    return RowCounter(name, documentation, labels)
 
 
 def add_optional(
@@ -67,5 +69,5 @@ def add_optional(
 def non_empty(*families: Metric) -> Iterator[Metric]:
     """Families with at least one sample (an empty family only adds HELP/TYPE noise)."""
     for family in families:
-        if family.samples:
+        if sample_count(family):  # not `family.samples`: that would turn a row family's rows into Samples
             yield family
