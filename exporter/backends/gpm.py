@@ -64,6 +64,30 @@ class _Metric(ctypes.Structure):
 _METRICS_OFFSET = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
 
 
+_REQUESTS = threading.local()
+
+
+def _request(rates: bool) -> tuple[Any, Any]:
+    """This thread's metrics request (8 KB: room for every GPM metric) and its metrics array as plain
+    ctypes, with version, count and metric ids filled in once: a request per call was 64 allocations
+    and 100 hooked attribute writes per `large` cycle. Only the two samples change between calls, and
+    NVML writes just the outputs (each metric's return, value and info). Per thread: the readers of
+    different GPUs run on their own worker threads."""
+    cache = _REQUESTS.__dict__
+    made = cache.get(rates)
+    if made is None:
+        wanted = GPM_METRICS + GPM_RATES if rates else GPM_METRICS
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(wanted)
+        # the metrics array read and written without pynvml's per-attribute hooks
+        metrics = (_Metric * len(wanted)).from_buffer(request, _METRICS_OFFSET)
+        for metric, (_, metric_id) in zip(metrics, wanted, strict=True):
+            metric.metricId = metric_id
+        made = cache[rates] = (request, metrics)
+    return made
+
+
 class _Unsupported(Exception):
     """This device or instance cannot give a GPM sample (e.g. a MIG parent on some drivers)."""
 
@@ -176,15 +200,12 @@ class GpmProfiler:
     @staticmethod
     def _metrics(sample1: Any, sample2: Any, rates: bool = False) -> tuple[tuple[str, float], ...]:
         wanted = GPM_METRICS + GPM_RATES if rates else GPM_METRICS  # PCIe/NVLink rates: whole GPU only
-        request = pynvml.c_nvmlGpmMetricsGet_t()
-        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(wanted)
+        request, metrics = _request(rates)
+        for metric in metrics:  # outputs as in a fresh request, whatever the last call left
+            metric.nvmlReturn = 0
+            metric.value = 0.0
         request.sample1 = sample1
         request.sample2 = sample2
-        # the metrics array read and written without pynvml's per-attribute hooks
-        metrics = (_Metric * len(wanted)).from_buffer(request, _METRICS_OFFSET)
-        for metric, (_, metric_id) in zip(metrics, wanted, strict=True):
-            metric.metricId = metric_id
         _gpm_call(pynvml.nvmlGpmMetricsGet, request)
         out: list[tuple[str, float]] = []
         for metric, (key, _) in zip(metrics, wanted, strict=True):

@@ -20,9 +20,9 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pynvml
 
@@ -850,23 +850,36 @@ def _process(p: Any, kind: str) -> ProcessSample:
     )
 
 
+_Record = TypeVar("_Record", ProcessSample, MigSample)
+
+
+def _evolve(record: _Record, **changes: Any) -> _Record:
+    """`dataclasses.replace` for the snapshot's frozen records (no slots, no __post_init__) at a
+    fraction of its cost: it walks fields() and runs __init__ per copy, ~300 copies per cycle on the
+    `large` node. The callers below pass field names only."""
+    new = object.__new__(type(record))
+    new.__dict__.update(record.__dict__)
+    new.__dict__.update(changes)
+    return new
+
+
 def _replace_kind(p: ProcessSample, kind: str) -> ProcessSample:
-    return replace(p, kind=kind)
+    return _evolve(p, kind=kind)
 
 
 def _on_instance(p: ProcessSample, mig: MigSample) -> ProcessSample:
-    return replace(p, gpu_instance=mig.gpu_instance, compute_instance=p.compute_instance)
+    return _evolve(p, gpu_instance=mig.gpu_instance)
 
 
 def _with_util(p: ProcessSample, ratio: float) -> ProcessSample:
-    return replace(p, sm_util_ratio=ratio)
+    return _evolve(p, sm_util_ratio=ratio)
 
 
 def _with_processes(
     mig: MigSample, procs: tuple[ProcessSample, ...], clients: tuple[ProcessSample, ...]
 ) -> MigSample:
-    return replace(mig, processes=procs, mps_clients=clients)
+    return _evolve(mig, processes=procs, mps_clients=clients)
 
 
 def _with_profiling(mig: MigSample, values: tuple[tuple[str, float], ...]) -> MigSample:
-    return replace(mig, profiling=values)
+    return _evolve(mig, profiling=values)
