@@ -16,12 +16,13 @@ family by family from the Parquet file afterwards, so memory stays bounded by on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gpulens import atomicfile
 from gpulens.analyzer.errors import AnalyzerError
 
 FORMAT = "gpulens-history"
@@ -37,6 +39,7 @@ SAMPLES_FILE = "samples.parquet"
 OPENMETRICS_FILE = "metrics.om"
 META_FILE = "meta.json"
 CSV_FILE = "samples.csv"  # accepted on input instead of Parquet (same columns)
+HISTORY_FILES = frozenset({SAMPLES_FILE, OPENMETRICS_FILE, META_FILE, CSV_FILE})
 
 # labels kept in histories: the ones the analyzer reads (identity and joins); others are dropped
 LABELS: tuple[str, ...] = (
@@ -116,22 +119,40 @@ class History:
 
 
 class HistoryWriter:
-    """Streams samples into a history directory; call `close()` (or use `with`) to finish it."""
+    """Streams samples into a history directory; call `close()` (or use `with`) to finish it.
+
+    The history is built in a hidden directory beside `out_dir` and swapped in as a unit when
+    `close()` succeeds (`gpulens.atomicfile.replace_directory`). `meta.json` describes
+    `samples.parquet` (its rows, families, start and end), so replacing the files one by one could
+    leave a new meta beside an old or truncated samples file; swapping the directory means any
+    failure (a full disk, a signal, an exception while sampling) leaves the previous history at
+    `out_dir` exactly as it was and removes the partial one. Leaving a `with` block by an exception
+    aborts instead of closing. Errors name the file and the cause in one line.
+    """
 
     def __init__(self, out_dir: str | Path, meta: Mapping[str, Any], flush_rows: int = 200_000) -> None:
         self.out_dir = Path(out_dir)
-        try:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise AnalyzerError(f"{self.out_dir}: cannot create output directory: {exc.strerror}") from exc
         self.meta = dict(meta)
         self.flush_rows = flush_rows
         self._columns: dict[str, list] = {name: [] for name in SCHEMA.names}
-        self._writer = pq.ParquetWriter(self.out_dir / SAMPLES_FILE, SCHEMA, compression="zstd")
         self._rows = 0
         self._families: set[str] = set()
         self._tmin = math.inf
         self._tmax = -math.inf
+        # two stacks: the samples file is finished (fsynced) before the directory is swapped in
+        self._directory = contextlib.ExitStack()
+        self._samples = contextlib.ExitStack()
+        try:
+            tmp = self._directory.enter_context(atomicfile.replace_directory(self.out_dir, _not_a_history))
+        except atomicfile.WriteFailed as exc:
+            raise AnalyzerError(str(exc)) from None
+        self._tmp = tmp
+        self._writer: pq.ParquetWriter | None = None
+        try:
+            handle = self._samples.enter_context(atomicfile.create_file(tmp / SAMPLES_FILE))
+            self._writer = pq.ParquetWriter(handle, SCHEMA, compression="zstd")
+        except OSError as exc:
+            self._fail(SAMPLES_FILE, exc)
 
     @property
     def rows(self) -> int:
@@ -141,8 +162,28 @@ class HistoryWriter:
     def __enter__(self) -> HistoryWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _fail(self, name: str, exc: OSError) -> NoReturn:
+        """Discard the partial history and raise one line naming the file and the cause."""
+        self.abort()
+        cause = exc.strerror or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise AnalyzerError(f"{self.out_dir / name}: cannot write: {cause}") from None
+
+    def abort(self) -> None:
+        """Drop the partial history; the previous one (if any) stays at `out_dir`."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        failed = AnalyzerError(f"{self.out_dir}: history not written")
+        with contextlib.suppress(Exception):
+            self._samples.__exit__(AnalyzerError, failed, None)
+        self._directory.__exit__(AnalyzerError, failed, None)
 
     def add(self, timestamp: float, metric: str, value: float, labels: Mapping[str, str]) -> None:
         """One sample; labels outside `LABELS` are dropped, families outside `FAMILIES` rejected."""
@@ -172,41 +213,83 @@ class HistoryWriter:
             raise ValueError(f"families {sorted(unknown)} are not part of the history format")
         self._flush()
         table = pa.Table.from_pandas(frame[list(SCHEMA.names)], schema=SCHEMA, preserve_index=False)
-        self._writer.write_table(table)
+        self._write(table)
         self._rows += len(frame)
         if len(frame):
             self._families.update(frame["metric"].unique())
             self._tmin = min(self._tmin, float(frame["timestamp"].min()))
             self._tmax = max(self._tmax, float(frame["timestamp"].max()))
 
+    def _write(self, table: pa.Table) -> None:
+        if self._writer is None:
+            raise AnalyzerError(f"{self.out_dir}: the history writer is closed")
+        try:
+            self._writer.write_table(table)
+        except OSError as exc:
+            self._fail(SAMPLES_FILE, exc)
+
     def _flush(self) -> None:
         n = len(self._columns["timestamp"])
         if not n:
             return
         table = pa.Table.from_pydict(self._columns, schema=SCHEMA)
-        self._writer.write_table(table)
+        self._write(table)
         self._rows += n
         self._columns = {name: [] for name in SCHEMA.names}
 
     def close(self) -> None:
+        """Finish samples.parquet, derive metrics.om, write meta.json, swap the directory in."""
         if self._writer is None:
             return
         self._flush()
-        self._writer.close()
-        self._writer = None
-        write_openmetrics(self.out_dir / SAMPLES_FILE, self.out_dir / OPENMETRICS_FILE)
-        meta = {
-            "format": FORMAT,
-            "version": VERSION,
-            "kind": "usage",
-            **self.meta,
-            "samples": self._rows,
-            "families": sorted(self._families),
-        }
-        if self._rows:
-            meta.setdefault("start", self._tmin)
-            meta.setdefault("end", self._tmax)
-        (self.out_dir / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        writer, self._writer = self._writer, None
+        name = SAMPLES_FILE
+        try:
+            writer.close()
+            self._samples.close()  # flush + fsync samples.parquet
+            name = OPENMETRICS_FILE
+            with atomicfile.create_text(self._tmp / OPENMETRICS_FILE) as out:
+                write_openmetrics(self._tmp / SAMPLES_FILE, out)
+            meta = {
+                "format": FORMAT,
+                "version": VERSION,
+                "kind": "usage",
+                **self.meta,
+                "samples": self._rows,
+                "families": sorted(self._families),
+            }
+            if self._rows:
+                meta.setdefault("start", self._tmin)
+                meta.setdefault("end", self._tmax)
+            name = META_FILE
+            with atomicfile.create_text(self._tmp / META_FILE) as out:
+                out.write(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            self._fail(name, exc)
+        except BaseException:
+            self.abort()
+            raise
+        try:
+            self._directory.close()  # the swap
+        except atomicfile.WriteFailed as exc:
+            raise AnalyzerError(str(exc)) from None
+
+
+def _not_a_history(existing: Path) -> str | None:
+    """Why `existing` must not be replaced by a history, or None (empty, or a history itself).
+
+    Replacing swaps the whole directory, so a directory holding anything else (`--out ~`) is
+    refused rather than deleted.
+    """
+    try:
+        names = sorted(p.name for p in existing.iterdir() if not atomicfile.is_temp(p))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    others = [n for n in names if n not in HISTORY_FILES]
+    if not others:
+        return None
+    shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+    return f"exists and holds files that are not part of a history ({shown}); choose a new or empty directory"
 
 
 def _escape(value: str) -> str:
@@ -225,30 +308,29 @@ def format_value(value: float) -> str:
     return repr(value)
 
 
-def write_openmetrics(samples_path: Path, out_path: Path) -> None:
+def write_openmetrics(samples_path: Path, out: TextIO) -> None:
     """Render the Parquet samples as OpenMetrics text, one family at a time, series contiguous."""
     parquet = pq.ParquetFile(samples_path)
     families = set()
     for i in range(parquet.num_row_groups):
         families.update(parquet.read_row_group(i, columns=["metric"]).column(0).unique().to_pylist())
-    with out_path.open("w") as out:
-        for family in sorted(families):
-            table = pq.read_table(samples_path, filters=[("metric", "=", family)])
-            frame = table.to_pandas()
-            present = [label for label in LABELS if (frame[label] != "").any()]
-            frame = frame.sort_values([*present, "timestamp"], kind="stable")
-            out.write(f"# TYPE {family} gauge\n")
-            if family in HELP:
-                out.write(f"# HELP {family} {HELP[family]}\n")
-            for key, series in frame.groupby(present, sort=False) if present else [((), frame)]:
-                values = key if isinstance(key, tuple) else (key,)
-                pairs = [f'{name}="{_escape(v)}"' for name, v in zip(present, values, strict=True) if v]
-                prefix = family + ("{" + ",".join(pairs) + "}" if pairs else "") + " "
-                out.writelines(
-                    f"{prefix}{format_value(v)} {format_value(t)}\n"
-                    for v, t in zip(series["value"].to_numpy(), series["timestamp"].to_numpy(), strict=True)
-                )
-        out.write("# EOF\n")
+    for family in sorted(families):
+        table = pq.read_table(samples_path, filters=[("metric", "=", family)])
+        frame = table.to_pandas()
+        present = [label for label in LABELS if (frame[label] != "").any()]
+        frame = frame.sort_values([*present, "timestamp"], kind="stable")
+        out.write(f"# TYPE {family} gauge\n")
+        if family in HELP:
+            out.write(f"# HELP {family} {HELP[family]}\n")
+        for key, series in frame.groupby(present, sort=False) if present else [((), frame)]:
+            values = key if isinstance(key, tuple) else (key,)
+            pairs = [f'{name}="{_escape(v)}"' for name, v in zip(present, values, strict=True) if v]
+            prefix = family + ("{" + ",".join(pairs) + "}" if pairs else "") + " "
+            out.writelines(
+                f"{prefix}{format_value(v)} {format_value(t)}\n"
+                for v, t in zip(series["value"].to_numpy(), series["timestamp"].to_numpy(), strict=True)
+            )
+    out.write("# EOF\n")
 
 
 def read_openmetrics(path: Path) -> pd.DataFrame:

@@ -6,10 +6,10 @@ then show "what the analyzer recommends" next to live usage.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
+from gpulens import atomicfile
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import format_value
 from gpulens.analyzer.pipeline import Analysis
@@ -82,11 +82,13 @@ def render(analysis: Analysis, now: float | None = None) -> str:
 
 
 def write_textfile(analysis: Analysis, path: str | Path) -> Path:
+    """Replace `path` atomically: the textfile collector reads the previous file or this one.
+
+    The temporary name starts with a dot and does not end in `.prom`, so the collector skips it.
+    """
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(render(analysis))
-        tmp.replace(target)
-    except OSError as exc:
-        raise AnalyzerError(f"{target}: cannot write textfile: {exc.strerror}") from exc
+        atomicfile.write_text(target, render(analysis))
+    except atomicfile.WriteFailed as exc:
+        raise AnalyzerError(str(exc)) from None
     return target

@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from gpulens import atomicfile
 from gpulens.analyzer import units
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.pipeline import Analysis, jsonable
@@ -538,29 +539,44 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
 def write_report(
     analysis: Analysis, out: str | Path, prices: Prices | None = None, previous: WeekOverWeek | None = None
 ) -> dict[str, Path]:
-    """report.html, summary.md, jobs.csv, jobs.json, plan.json and config/* under `out`."""
+    """report.html, summary.md, jobs.csv, jobs.json, plan.json and config/* under `out`.
+
+    Written as one set (`gpulens.atomicfile.FileSet`): every file goes to a temporary name first
+    and only when all are complete are they renamed, so a full disk or any failure leaves the
+    previous week's report whole (the next week's `--previous` reads its jobs.json and plan.json
+    together) and no 0-byte or temporary file behind. Other files in `out` are left alone.
+    """
     root = Path(out)
+    written = {
+        "html": root / "report.html",
+        "markdown": root / "summary.md",
+        "csv": root / "jobs.csv",
+        "json": root / "jobs.json",
+        "plan": root / "plan.json",
+    }
+    # render everything before touching the disk: a rendering bug cannot cost the old report
+    frame = analysis.recs.drop(columns=["numbers"], errors="ignore")
+    texts = {
+        "html": html_report(analysis, prices, previous),
+        "markdown": markdown(analysis, prices, previous),
+        "csv": frame.to_csv(index=False),
+        "json": json.dumps({"jobs": analysis.job_records()}, indent=1, default=str),
+        "plan": json.dumps(jsonable(analysis.plan.as_dict()), indent=1),
+    }
+    if analysis.emitted is not None:
+        for name, text in analysis.emitted.files.items():
+            written[f"config/{name}"] = root / "config" / name
+            texts[f"config/{name}"] = text
     try:
         root.mkdir(parents=True, exist_ok=True)
-        written = {
-            "html": root / "report.html",
-            "markdown": root / "summary.md",
-            "csv": root / "jobs.csv",
-            "json": root / "jobs.json",
-            "plan": root / "plan.json",
-        }
-        written["html"].write_text(html_report(analysis, prices, previous))
-        written["markdown"].write_text(markdown(analysis, prices, previous))
-        frame = analysis.recs.drop(columns=["numbers"], errors="ignore")
-        frame.to_csv(written["csv"], index=False)
-        written["json"].write_text(json.dumps({"jobs": analysis.job_records()}, indent=1, default=str))
-        written["plan"].write_text(json.dumps(jsonable(analysis.plan.as_dict()), indent=1))
         if analysis.emitted is not None:
-            config = root / "config"
-            config.mkdir(exist_ok=True)
-            for name, text in analysis.emitted.files.items():
-                (config / name).write_text(text)
-                written[f"config/{name}"] = config / name
+            (root / "config").mkdir(exist_ok=True)
     except OSError as exc:
-        raise AnalyzerError(f"{root}: cannot write report: {exc.strerror}") from exc
+        raise AnalyzerError(f"{root}: cannot write report: {exc.strerror or exc}") from None
+    try:
+        with atomicfile.FileSet() as files:
+            for key, text in texts.items():
+                files.write_text(written[key], text)
+    except atomicfile.WriteFailed as exc:
+        raise AnalyzerError(str(exc)) from None
     return written

@@ -128,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     text = render(args.interval)
     if args.out:
-        args.out.write_text(text)
+        from gpulens import atomicfile
+
+        try:
+            atomicfile.write_text(args.out, text)
+        except atomicfile.WriteFailed as exc:
+            parser.exit(2, f"gpulens: error: {exc}\n")
     else:
         sys.stdout.write(text)
     return 0

@@ -1,0 +1,314 @@
+"""Atomic file and directory replacement: what gpulens writes for a user is all there or not at all.
+
+A file is written under a hidden temporary name in its own directory (same filesystem, so the
+rename cannot turn into a copy), flushed, fsynced, renamed over the target, and the directory is
+fsynced so the rename itself survives a power cut. A failure at any byte (a full disk, EIO, a
+signal) removes the temporary file and leaves the previous file as it was: no 0-byte or truncated
+output, no stray temporary file.
+
+Three shapes:
+
+- `replace_file(path)`: one file (a textfile, a generated rule file).
+- `FileSet`: several files that belong together (a report): every part is written to its
+  temporary name first and only when all are complete are they renamed, so a failure while writing
+  (the only step that needs disk space) leaves the previous set whole. The renames themselves need
+  no space and cannot fail for a full disk.
+- `replace_directory(path)`: a directory that is only meaningful as a whole (a history: its
+  `meta.json` describes its `samples.parquet`). The new directory is built beside the old one and
+  swapped in with one `renameat2(RENAME_EXCHANGE)`: readers see the old directory or the new one,
+  never a mix, and a crash at any instant leaves one complete history at the path.
+
+Errors are `WriteFailed`: one line naming the file and the cause (`No space left on device`).
+Every file is created through `_create`, the single seam where tests inject a full disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import io
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+TEMP_MARK = ".tmp-"  # hidden temporary names: `.<name>.tmp-<random>`
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+class WriteFailed(Exception):
+    """A file could not be written; the message is one line: `<path>: cannot write: <cause>`."""
+
+    def __init__(self, path: Path | str, cause: str) -> None:
+        self.path = Path(path)
+        self.cause = cause
+        super().__init__(f"{path}: cannot write: {cause}")
+
+
+def _cause(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text or type(exc).__name__
+
+
+def temp_name(path: Path) -> Path:
+    """A fresh hidden name beside `path`."""
+    return path.with_name(f".{path.name}{TEMP_MARK}{secrets.token_hex(4)}")
+
+
+def is_temp(path: Path) -> bool:
+    return path.name.startswith(".") and TEMP_MARK in path.name
+
+
+def _default_mode() -> int:
+    """What `open(path, "w")` would give: 0666 less the umask (read without changing it)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    mask = os.umask(0o022)  # fallback; not thread-safe, only without /proc
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _create(path: Path) -> BinaryIO:
+    """Create `path` (which must not exist) for writing. The one seam for fault injection."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    return os.fdopen(fd, "wb")
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or create in `directory` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def create_file(path: Path, mode: int | None = None) -> Iterator[BinaryIO]:
+    """Write a new file at `path` (inside a temporary directory): flushed and fsynced on success.
+
+    Used for the parts of a directory built by `replace_directory`; on failure the caller removes
+    the whole directory. The file gets `mode` (default: what the umask allows).
+    """
+    handle = _create(path)
+    try:
+        yield handle
+        handle.flush()
+        os.fchmod(handle.fileno(), _default_mode() if mode is None else mode)
+        os.fsync(handle.fileno())
+    finally:
+        handle.close()
+
+
+@contextlib.contextmanager
+def create_text(path: Path, mode: int | None = None) -> Iterator[TextIO]:
+    """`create_file` for text (UTF-8)."""
+    with create_file(path, mode) as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        try:
+            yield text
+            text.flush()
+        finally:
+            text.detach()
+
+
+def _target_mode(path: Path) -> int:
+    """An existing file keeps its permissions; a new one gets what the umask allows."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return _default_mode()
+
+
+class FileSet:
+    """Files written together: all parts go to temporary names, renamed only once all are complete.
+
+    `with FileSet() as files: files.write_text(path, text)`; leaving the block normally commits,
+    an exception (or `abort()`) removes every temporary file. Errors are `WriteFailed`.
+    """
+
+    def __init__(self) -> None:
+        self._staged: list[tuple[Path, Path]] = []  # (temporary, target)
+
+    def __enter__(self) -> FileSet:
+        return self
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.abort()
+
+    @contextlib.contextmanager
+    def open(self, path: str | Path) -> Iterator[BinaryIO]:
+        """A binary handle whose content becomes `path` at commit."""
+        target = Path(path)
+        tmp = temp_name(target)
+        try:
+            handle = _create(tmp)
+        except OSError as exc:
+            raise WriteFailed(target, _cause(exc)) from None
+        self._staged.append((tmp, target))
+        try:
+            try:
+                yield handle
+                handle.flush()
+                os.fchmod(handle.fileno(), _target_mode(target))
+                os.fsync(handle.fileno())
+            finally:
+                handle.close()
+        except OSError as exc:
+            raise WriteFailed(target, _cause(exc)) from None
+
+    @contextlib.contextmanager
+    def open_text(self, path: str | Path) -> Iterator[TextIO]:
+        """A UTF-8 text handle whose content becomes `path` at commit."""
+        with self.open(path) as raw:
+            text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+            try:
+                yield text
+                text.flush()
+            finally:
+                text.detach()
+
+    def write_text(self, path: str | Path, text: str) -> None:
+        with self.open_text(path) as handle:
+            handle.write(text)
+
+    def write_bytes(self, path: str | Path, data: bytes) -> None:
+        with self.open(path) as handle:
+            handle.write(data)
+
+    def commit(self) -> None:
+        """Rename every part into place (no space needed), then make the renames durable."""
+        staged, self._staged = self._staged, []
+        directories: set[Path] = set()
+        for i, (tmp, target) in enumerate(staged):
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:
+                for rest, _ in staged[i:]:
+                    with contextlib.suppress(OSError):
+                        os.unlink(rest)
+                raise WriteFailed(target, _cause(exc)) from None
+            directories.add(target.parent)
+        for directory in directories:
+            fsync_dir(directory)
+
+    def abort(self) -> None:
+        staged, self._staged = self._staged, []
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def replace_file(path: str | Path) -> Iterator[BinaryIO]:
+    """One file replaced atomically: `with replace_file(p) as handle: handle.write(...)`."""
+    with FileSet() as files, files.open(path) as handle:
+        yield handle
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """`Path.write_text`, atomically (UTF-8)."""
+    with FileSet() as files:
+        files.write_text(path, text)
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """`Path.write_bytes`, atomically."""
+    with FileSet() as files:
+        files.write_bytes(path, data)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2); False where the system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False  # an old kernel or a filesystem without exchange
+    raise OSError(code, os.strerror(code), str(b))
+
+
+@contextlib.contextmanager
+def replace_directory(
+    path: str | Path, replaceable: Callable[[Path], str | None] = lambda _: None
+) -> Iterator[Path]:
+    """Build a new directory and swap it in for `path` as a unit.
+
+    Yields an empty temporary directory beside `path` (same filesystem); fill it with
+    `create_file`. On success it takes `path`'s place in one atomic exchange and the previous
+    directory is deleted afterwards; on any failure the temporary directory is removed and `path`
+    is untouched. `replaceable(existing)` returns why an existing directory must not be replaced
+    (it holds other files), or None; a symlinked `path` replaces the directory it points to.
+    Errors are `WriteFailed` naming `path`.
+
+    Where the exchange is not supported the old directory is first renamed aside to
+    `.<name>.tmp-old-<random>` and then the new one renamed in: two renames, no data written
+    between them, and the old one is deleted only after the new one is in place.
+    """
+    shown = Path(path)
+    target = Path(os.path.realpath(path))
+    try:
+        exists = target.is_dir()
+        if target.exists() and not exists:
+            raise WriteFailed(shown, "exists and is not a directory")
+        if exists:
+            refusal = replaceable(target)
+            if refusal:
+                raise WriteFailed(shown, refusal)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(target)
+        os.mkdir(tmp, 0o700)
+    except OSError as exc:
+        raise WriteFailed(shown, _cause(exc)) from None
+    try:
+        try:
+            yield tmp
+            os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode) if exists else 0o777 & ~_umask())
+            fsync_dir(tmp)
+            if exists:
+                if _exchange(tmp, target):
+                    fsync_dir(target.parent)
+                    shutil.rmtree(tmp, ignore_errors=True)  # now the previous directory
+                    return
+                aside = target.with_name(f".{target.name}{TEMP_MARK}old-{secrets.token_hex(4)}")
+                os.rename(target, aside)
+                try:
+                    os.rename(tmp, target)
+                except OSError:
+                    os.rename(aside, target)
+                    raise
+                fsync_dir(target.parent)
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                os.rename(tmp, target)
+                fsync_dir(target.parent)
+        except OSError as exc:
+            raise WriteFailed(shown, _cause(exc)) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _umask() -> int:
+    return 0o666 & ~_default_mode()
