@@ -73,7 +73,7 @@ def _request(rates: bool) -> tuple[Any, Any]:
     and 100 hooked attribute writes per `large` cycle. Only the two samples change between calls, and
     NVML writes just the outputs (each metric's return, value and info). Per thread: the readers of
     different GPUs run on their own worker threads."""
-    cache = _REQUESTS.__dict__
+    cache: dict[bool, tuple[Any, Any]] = _REQUESTS.__dict__.setdefault("requests", {})
     made = cache.get(rates)
     if made is None:
         wanted = GPM_METRICS + GPM_RATES if rates else GPM_METRICS
