@@ -16,8 +16,15 @@ job and signal, so the weekly query only reduces stored series with `*_over_time
   or without jobs): the analyzer reads the rules only when it spans the whole window, and derives
   the rule interval (= the analysis step) from it. Otherwise it falls back to the raw series.
 
-`alerts/analyzer_rules.yml` is generated from this module (`python -m
-gpulens.analyzer.sources.rules --out alerts/analyzer_rules.yml`); a test keeps it in sync.
+The mixin config (src/gpulens/mixin: selector, cluster label) applies here as to the alert and
+recording rules: every scraped series read gets the selector and every `by` / `on` list the cluster
+label, so the rules read only gpulens' scrape jobs and never join or merge two clusters' series.
+The raw path reads the series by name, as before: over gpulens' own series the two agree.
+
+`alerts/analyzer_rules.yml` is generated from this module with the default config by `gpulens
+mixin build` (make rules) with the other rule files; `gpulens mixin build --config FILE --out DIR`
+writes a config's own copy, and `python -m gpulens.analyzer.sources.rules` one with another
+interval. A test keeps the committed file in sync.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from pathlib import Path
 import yaml
 
 from gpulens.analyzer import signals
+from gpulens.mixin.config import DEFAULT, ConfigError, MixinConfig, load
+from gpulens.mixin.promql import apply
+from gpulens.mixin.rules import scope
 
 GROUP = "gpulens.analyzer"
 RULE_FILE = "analyzer_rules.yml"  # in alerts/
@@ -93,13 +103,14 @@ def all_rules() -> list[Recorded]:
 HEADER = """\
 # gpulens analyzer recording rules: each job's usage per step, read by `gpulens recommend / report
 # --prometheus` (docs/analyzer.md, "Recording rules"). Do not edit: generated from the signal table
-# the analyzer's raw PromQL path uses (analyzer/signals.py) by
-#   python -m gpulens.analyzer.sources.rules --out alerts/analyzer_rules.yml [--interval 5m]
-# so the rules and the raw path compute the same per-step numbers.
-#
+# the analyzer's raw PromQL path uses (analyzer/signals.py) by `gpulens mixin build` (make rules),
+# or with another interval by
+#   python -m gpulens.analyzer.sources.rules --out FILE [--interval 5m] [--config mixin.yaml]
+# so the rules and the raw path compute the same per-step numbers. Mixin config:
+{settings}#
 # The group interval is the analysis step (the analyzer reads it from the heartbeat): 1m matches
 # the analyzer's default step; 5m stores a fifth of the samples. Every series but the heartbeat
-# carries only the job_id label:
+# carries only the job_id label (and the cluster label where the series have one):
 #   {heartbeat}  the evaluation time, jobs or not
 #   {presence}  devices (GPUs, MIG instances) the job holds
 #   {presence_time}  timestamp of the job's newest gpu_job_info sample
@@ -110,23 +121,35 @@ HEADER = """\
 """
 
 
-def render(interval: str = DEFAULT_INTERVAL) -> str:
-    """The rule file (YAML) with a header; `interval` is the group's evaluation interval."""
+def render(interval: str = DEFAULT_INTERVAL, config: MixinConfig = DEFAULT) -> str:
+    """The rule file (YAML) with a header; `interval` is the group's evaluation interval, `config`
+    the mixin's selector and cluster label (the default is what alerts/ holds)."""
+    rule_scope = scope(config)
     group = {
         "name": GROUP,
         "interval": interval,
-        "rules": [{"record": r.record, "expr": r.expr} for r in all_rules()],
+        "rules": [{"record": r.record, "expr": apply(r.expr, rule_scope)} for r in all_rules()],
     }
     body = yaml.safe_dump({"groups": [group]}, sort_keys=False, width=200)
-    return HEADER.format(heartbeat=HEARTBEAT, presence=PRESENCE, presence_time=PRESENCE_TIME) + "\n" + body
+    settings = "".join(f"#   {line}\n" for line in config.describe() if not line.startswith("runbook"))
+    header = HEADER.format(
+        heartbeat=HEARTBEAT, presence=PRESENCE, presence_time=PRESENCE_TIME, settings=settings
+    )
+    return header + "\n" + body
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--interval", default=DEFAULT_INTERVAL, help="group evaluation interval (1m..5m)")
     parser.add_argument("--out", type=Path, help="write here instead of stdout")
+    parser.add_argument("--config", type=Path, help="mixin config (selector, clusterLabel); default built in")
     args = parser.parse_args(argv)
-    text = render(args.interval)
+    try:
+        config = load(args.config) if args.config is not None else DEFAULT
+    except ConfigError as exc:
+        print(f"gpulens analyzer rules: {exc}", file=sys.stderr)
+        return 2
+    text = render(args.interval, config)
     if args.out:
         from gpulens import atomicfile
 

@@ -45,9 +45,7 @@ RECOMMENDATION = (
 
 def test_rule_file_is_generated_from_the_signal_table():
     shipped = (REPO_ROOT / "alerts" / rules.RULE_FILE).read_text()
-    assert shipped == rules.render(), (
-        "run: python -m gpulens.analyzer.sources.rules --out alerts/analyzer_rules.yml"
-    )
+    assert shipped == rules.render(), "run: gpulens mixin build (make rules)"
 
 
 def test_every_signal_the_analyzer_can_pick_has_a_recorded_series():
@@ -87,7 +85,7 @@ def deploy(tmp: Path, scenario: str, late_rules: bool = False) -> Deployment:
     find_binary("promtool")
     simulate(scenario, duration_s=DURATION, out=tmp / "h", step_s=STEP, seed=0, start=START)
     tsdb.backfill_openmetrics(tmp / "h" / "metrics.om", tmp / "raw")
-    text = rules.render(f"{int(STEP)}s")
+    text = rules.render(f"{int(STEP)}s", tsdb.BACKFILLED)
     with tsdb.prometheus(tmp / "raw", LOOKBACK, tmp / "backfill.log", compaction=False) as base:
         blocks = tsdb.backfill_rules(base, text, START, END, tmp / "rules", STEP)
         late: list[Path] = []

@@ -51,7 +51,7 @@ def with_rules(raw: list[Path], db: Path, start: float, end: float, workdir: Pat
         shutil.copytree(block, db / block.name)
     with tsdb.prometheus(db, LOOKBACK, workdir / f"{db.name}-backfill.log", compaction=False) as base:
         blocks = tsdb.backfill_rules(
-            base, rules.render(f"{STEP}s"), start, end, workdir / f"{db.name}-rules", STEP
+            base, rules.render(f"{STEP}s", tsdb.BACKFILLED), start, end, workdir / f"{db.name}-rules", STEP
         )
     tsdb.move_blocks(blocks, db)
 

@@ -146,7 +146,8 @@ def test_rules_built_with_a_custom_config_alert_on_its_jobs_and_keep_clusters_ap
 
 
 def test_the_default_build_reads_scraped_series_through_the_default_selectors():
-    for name, expr in exprs([build.ALERTS_DIR / f for f in rules.RULE_FILES]).items():
+    files = [*rules.RULE_FILES, rules.ANALYZER_RULE_FILE]
+    for name, expr in exprs([build.ALERTS_DIR / f for f in files]).items():
         for series, rest in scraped_series_uses(expr):
             wanted = (
                 DEFAULT.remediate_selector if series.startswith("gpulens_remediate_") else DEFAULT.selector

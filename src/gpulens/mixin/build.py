@@ -1,7 +1,8 @@
 """Write the mixin's files: the committed defaults in the source tree, or a config's own set.
 
-In a source checkout `build()` regenerates alerts/gpu_alerts.yml and alerts/recording_rules.yml
-with the default config and refreshes the rule quoted in each alerts/runbooks/<Alert>.md; with
+In a source checkout `build()` regenerates alerts/gpu_alerts.yml, alerts/recording_rules.yml and
+alerts/analyzer_rules.yml (from the analyzer's signal table) with the default config and
+refreshes the rule quoted in each alerts/runbooks/<Alert>.md; with
 `check` it writes nothing and returns what is out of date (the tests and CI run that).
 `build_to(config, out)` writes a user's set: out/rules/*.yml and out/dashboards/*.json.
 """

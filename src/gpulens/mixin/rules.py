@@ -23,6 +23,7 @@ from gpulens.mixin.promql import PromQLError, Scope, apply
 
 SOURCE_DIR = Path(__file__).resolve().parent / "rules"
 RULE_FILES = ("gpu_alerts.yml", "recording_rules.yml")
+ANALYZER_RULE_FILE = "analyzer_rules.yml"  # generated from the analyzer's signal table, not a source
 MARKER = "RUNBOOK_URL"
 
 _ALERT = re.compile(r"^\s*-\s*alert:\s*(\S+)\s*$")
@@ -160,6 +161,9 @@ class RenderedRules:
 
 
 def render_all(config: MixinConfig, source_dir: Path = SOURCE_DIR) -> list[RenderedRules]:
+    """The rule sources rendered with `config`, and the analyzer's recording rules with it."""
+    from gpulens.analyzer.sources import rules as analyzer_rules  # it imports this module
+
     out = []
     for name in RULE_FILES:
         path = source_dir / name
@@ -168,6 +172,7 @@ def render_all(config: MixinConfig, source_dir: Path = SOURCE_DIR) -> list[Rende
         except OSError as exc:
             raise RuleRenderError(f"{path}: cannot read: {exc.strerror}") from exc
         out.append(RenderedRules(name, render_text(text, config, name)))
+    out.append(RenderedRules(ANALYZER_RULE_FILE, analyzer_rules.render(config=config)))
     return out
 
 

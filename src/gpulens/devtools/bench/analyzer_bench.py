@@ -432,7 +432,7 @@ def backfill_week(jobs: int, step_s: int, workdir: Path, progress: TextIO | None
     with tsdbs.prometheus(raw, lookback, workdir / "rules-backfill.log", compaction=False) as base:
         blocks = tsdbs.backfill_rules(
             base,
-            rules.render(f"{step_s}s"),
+            rules.render(f"{step_s}s", tsdbs.BACKFILLED),
             cluster.start,
             cluster.end + step_s,
             workdir / "rule-blocks",

@@ -24,11 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulens.devtools.ports import free_port
+from gpulens.mixin.config import MixinConfig
 
 THANOS_VERSION = "v0.42.3"
 TOOLS_DIR = Path(os.environ.get("GPULENS_TOOLS_DIR", Path.home() / ".cache" / "gpulens-tools"))
 BLOCK_S = 2 * 3600  # promtool's block range
 BLOCK_MS = BLOCK_S * 1000
+# The analyzer rules' mixin config for backfilled history: its series were never scraped, so they
+# have no `job` label for the default selector to match; the cluster label stays (absent: a no-op).
+BACKFILLED = MixinConfig(selector="")
 
 
 class TsdbError(RuntimeError):
