@@ -92,3 +92,10 @@ def test_families_the_fast_writer_does_not_handle_fall_back_to_the_library() -> 
     info.add_metric(["x"], {"k": "v"})
     rendered = render([info])
     assert (rendered.text, rendered.openmetrics) == _library_render([info])
+
+
+def test_negotiation_of_a_header_too_long_to_remember_answers_the_same() -> None:
+    accept = "text/html;q=0.1," * 100 + "application/openmetrics-text;version=1.0.0"
+    assert wants_openmetrics(accept) and wants_openmetrics(accept.split(",", 1)[1])
+    assert not accepts_gzip("identity," * 200 + "gzip;q=0")
+    assert accepts_gzip("identity," * 200 + "gzip")
