@@ -3,7 +3,7 @@
 After the plan, every job carries what it runs on now (`current_*`: mode, MIG profile, model,
 node, GPU) and what it should run on (`proposed_*`, the same plus MPS limits), an `action`
 (`kinds.Action`: keep, change, reclaim, fix, review), the `gpu_hours_recovered` if it is done
-and, for jobs that stay but waste memory, a `finding` (false saturation, memory hog) with what
+and, for jobs that stay but waste memory, a `finding` (memory leak, false saturation, memory hog) with what
 to do. A job whose proposal equals what it has is `keep`, never an action.
 """
 
@@ -16,7 +16,7 @@ import pandas as pd
 
 from gpulens.analyzer.kinds import ACTIONS, Action, Kind
 from gpulens.analyzer.plan import Plan
-from gpulens.analyzer.recommend import capability
+from gpulens.analyzer.recommend import LEAK_HINT, capability
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.catalog import GIB, model_for_nvml_name
 
@@ -67,7 +67,10 @@ def _placement(plan: Plan) -> dict[str, tuple[str, str]]:
 
 
 def finding(row: Any, th: Thresholds) -> str:
-    """Memory a job holds without using it: false saturation or a memory hog ("" when neither)."""
+    """Memory a job holds without using it: a leak, false saturation or a memory hog ("" when none)."""
+    leak = _text(getattr(row, "memory_leak", ""))
+    if leak:
+        return f"memory leak: {leak}; {LEAK_HINT}"
     if bool(getattr(row, "false_saturation", False)):
         return "false saturation: " + _text(row.false_saturation_hint)
     peak, device = float(row.memory_peak_bytes), float(row.device_memory_bytes)
@@ -197,6 +200,8 @@ def ranked_actions(recs: pd.DataFrame, n: int | None = None) -> list[dict[str, A
     out = []
     for row in act.itertuples(index=False):
         todo = row.finding if row.action == Action.FIX else row.change
+        if row.action == Action.CHANGE and row.finding:
+            todo += f"; {row.finding}"  # a job that moves still has its leak or hog to fix
         out.append(
             {
                 "job_id": row.job_id,

@@ -64,6 +64,7 @@ PROFILE_COLUMNS = (
     "memory_signal",
     "memory_peak_bytes",
     "memory_p95_bytes",
+    "memory_trend_bytes_per_hour",
     "dram_active_p95",
     "tensor_active_mean",
     "gpu_hours_allocated",
@@ -85,6 +86,7 @@ class JobStats:
     memory_signal: str = ""
     memory_peak: float = math.nan
     memory_p95: float = math.nan
+    memory_slope: float = math.nan  # least-squares slope of the per-step memory, bytes per second
     dram_p95: float = math.nan
     tensor_mean: float = math.nan
 
@@ -206,8 +208,24 @@ def _share_rows(
     return marked[keep][["job_id", "timestamp", "value"]]
 
 
+def slope(times: np.ndarray, values: np.ndarray) -> float:
+    """Least-squares slope of values over times (per second), as PromQL's `deriv` defines it:
+    NaN under two samples, exactly 0 for a constant series."""
+    if values.size < 2:
+        return math.nan
+    if np.all(values == values[0]):
+        return 0.0
+    x = times - times.mean()
+    return float((x * (values - values.mean())).sum() / (x * x).sum())
+
+
 def _split_by_job(steps: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
     """(job_id, values) per job of a frame sorted by job_id: slices, not a groupby per job."""
+    return [(job, values) for job, _, values in _split_by_job_times(steps)]
+
+
+def _split_by_job_times(steps: pd.DataFrame) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(job_id, timestamps, values) per job of a frame sorted by job_id and timestamp."""
     if steps.empty:
         return []
     keys = steps["job_id"]
@@ -215,11 +233,12 @@ def _split_by_job(steps: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
         keys.cat.codes.to_numpy() if isinstance(keys.dtype, pd.CategoricalDtype) else pd.factorize(keys)[0]
     )
     values = steps["value"].to_numpy(dtype=float)
+    times = steps["timestamp"].to_numpy(dtype=float)
     bounds = np.flatnonzero(codes[1:] != codes[:-1]) + 1
     starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [len(codes)]))
     jobs = keys.to_numpy()
-    return [(str(jobs[a]), values[a:b]) for a, b in zip(starts, ends, strict=True)]
+    return [(str(jobs[a]), times[a:b], values[a:b]) for a, b in zip(starts, ends, strict=True)]
 
 
 def _chain_steps(
@@ -228,17 +247,18 @@ def _chain_steps(
     chain: dict[str, tuple[signals.Signal, ...]],
     kinds: dict[str, str],
     how: str,
-) -> dict[str, tuple[str, np.ndarray]]:
-    """job_id -> (signal name, per-step values) from the first signal of its chain that has data."""
-    out: dict[str, tuple[str, np.ndarray]] = {}
+) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
+    """job_id -> (signal name, per-step values, their timestamps) from the first signal of its
+    chain that has data."""
+    out: dict[str, tuple[str, np.ndarray, np.ndarray]] = {}
     for kind, chain_signals in chain.items():
         pending = [job for job, k in kinds.items() if k == kind]
         for signal in chain_signals:
             if not pending:
                 break
             steps = _signal_steps(samples, info, signal, pending, how)
-            for job, values in _split_by_job(steps):
-                out[job] = (signal.name, values)
+            for job, times, values in _split_by_job_times(steps):
+                out[job] = (signal.name, values, times)
             pending = [job for job in pending if job not in out]
     return out
 
@@ -298,16 +318,17 @@ def stats_from_families(
     )
     for job, start, end, samples, gpus in per_job.itertuples():
         stats[str(job)] = JobStats(start=float(start), end=float(end), samples=int(samples), gpus=int(gpus))
-    for job, (name, values) in _chain_steps(fams, info, signals.ACTIVITY, kinds, "mean").items():
+    for job, (name, values, _) in _chain_steps(fams, info, signals.ACTIVITY, kinds, "mean").items():
         stats[job].activity_signal = name
         stats[job].activity = reduce_series(values, idle_below)
-    for job, (name, values) in _chain_steps(fams, info, signals.MEMORY, kinds, "max").items():
+    for job, (name, values, times) in _chain_steps(fams, info, signals.MEMORY, kinds, "max").items():
         stats[job].memory_signal = name
         stats[job].memory_peak = float(values.max())
         stats[job].memory_p95 = float(np.quantile(values, 0.95))
-    for job, (_, values) in _chain_steps(fams, info, signals.DRAM, kinds, "mean").items():
+        stats[job].memory_slope = slope(times, values)
+    for job, (_, values, _) in _chain_steps(fams, info, signals.DRAM, kinds, "mean").items():
         stats[job].dram_p95 = float(np.quantile(values, 0.95))
-    for job, (_, values) in _chain_steps(fams, info, signals.TENSOR, kinds, "mean").items():
+    for job, (_, values, _) in _chain_steps(fams, info, signals.TENSOR, kinds, "mean").items():
         stats[job].tensor_mean = float(values.mean())
     return identity, stats
 
@@ -448,6 +469,7 @@ def build_profiles(
                 "memory_signal": st.memory_signal or "none",
                 "memory_peak_bytes": st.memory_peak,
                 "memory_p95_bytes": st.memory_p95,
+                "memory_trend_bytes_per_hour": st.memory_slope * 3600.0,
                 "dram_active_p95": st.dram_p95,
                 "tensor_active_mean": st.tensor_mean,
                 "gpu_hours_allocated": hours_alloc,

@@ -7,6 +7,9 @@ that decided it; thresholds come from `thresholds.yaml`.
 1. `insufficient-data`: no activity signal, too few samples or too little coverage, a GPU model
    the catalog does not know, or no memory samples.
 2. `reclaim`: allocated and idle (p95 activity and idle fraction both say nothing ran).
+   Then, for a sized job: an exclusive single-GPU job whose memory leaks (`memory_leak`: its
+   least-squares memory trend adds up to `leak.min_growth_fraction` of its peak over a run of at
+   least `leak.min_hours`) stays `exclusive` until it is fixed; any other job's reason says so.
 3. `time-slicing`: idle-dominated single-GPU work with bursts (notebooks, interactive), whose
    memory need leaves room on the GPU; time-slicing caps nothing, so bursts keep the whole GPU.
 4. `exclusive` (or `downsize-model`): compute demand at the sizing percentile at or above
@@ -79,6 +82,7 @@ class Recommendation:
     latency_sensitive: bool = False
     false_saturation: bool = False
     false_saturation_hint: str = ""
+    memory_leak: str = ""  # what the memory trend says when it is a leak ("" otherwise)
     numbers: dict[str, float] = field(default_factory=dict)
 
 
@@ -109,6 +113,29 @@ def signal_note(signal: str) -> str:
     if signal.endswith("_share"):
         return " (its share of the GPU's activity)"
     return ""
+
+
+def memory_leak(row: Mapping[str, Any], th: Thresholds) -> str:
+    """ "grows 28.0 GiB/h over its 1.5 h run (42.0 GiB, 73 % of its 57.6 GiB peak)" when the job's
+    memory trend (least-squares slope of its per-step memory) is a leak, else ""."""
+    trend = float(row.get("memory_trend_bytes_per_hour", math.nan))
+    peak = float(row.get("memory_peak_bytes", math.nan))
+    hours = float(row.get("duration_s", math.nan)) / 3600.0
+    if not (trend > 0 and peak > 0 and hours >= th.leak.min_hours):
+        return ""
+    growth = trend * hours
+    if trend < th.leak.min_bytes_per_hour or growth < th.leak.min_growth_fraction * peak:
+        return ""
+    return (
+        f"grows {trend / GIB:.1f} GiB/h over its {hours:.1f} h run ({growth / GIB:.1f} GiB, "
+        f"{growth / peak:.0%} of its {peak / GIB:.1f} GiB peak)"
+    )
+
+
+LEAK_HINT = (
+    "find what keeps allocating (tensors or graphs kept across iterations, caches that never shrink: "
+    "torch.cuda.memory_snapshot(), memory_summary()) or restart it on a schedule before it fills the GPU"
+)
 
 
 def _pct(x: float) -> str:
@@ -372,6 +399,21 @@ def _whole_gpu(v: JobView, s: Sizing, reason: str) -> Recommendation:
     return v.rec(Kind.EXCLUSIVE, reason, gpu_fraction=1.0, **_sized(v, s))
 
 
+def _leaking(v: JobView, s: Sizing) -> Recommendation | None:
+    """An exclusive job whose memory grows steadily stays alone: sized from the peak seen so far it
+    would outgrow a slice or crowd out the jobs beside it."""
+    leak = memory_leak(v.row, v.th)
+    if not leak or v.row["sharing"] != "exclusive" or int(v.row["gpus"]) != 1:
+        return None
+    return v.rec(
+        Kind.EXCLUSIVE,
+        f"memory leak: {leak}; keep it alone until it is fixed: a slice or a shared GPU sized from "
+        f"this peak would not hold it for long ({_demand_text(s)})",
+        gpu_fraction=1.0,
+        **_sized(v, s),
+    )
+
+
 def _idle_dominated(v: JobView, s: Sizing) -> Recommendation | None:
     idle = v.f("idle_fraction")
     min_idle = v.th.time_slicing.min_idle_fraction
@@ -471,7 +513,7 @@ def _fraction(v: JobView, s: Sizing) -> Recommendation | None:
 
 
 SizedRule = Callable[[JobView, Sizing], Recommendation | None]
-SIZED_RULES: tuple[SizedRule, ...] = (_idle_dominated, _busy, _multi_gpu, _too_big, _fraction)
+SIZED_RULES: tuple[SizedRule, ...] = (_leaking, _idle_dominated, _busy, _multi_gpu, _too_big, _fraction)
 
 
 def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuModel]) -> Recommendation:
@@ -499,9 +541,14 @@ def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuMod
         sm_demand_sms=round(sizing.demand_sms, 2),
         mem_fraction=sizing.mem_fraction,
     )
+    leak = memory_leak(row, th)
+    numbers.update(memory_trend_bytes_per_hour=float(row.get("memory_trend_bytes_per_hour", math.nan)))
     for sized_rule in SIZED_RULES:
         found = sized_rule(view, sizing)
         if found is not None:
+            found.memory_leak = leak
+            if leak and not found.reason.startswith("memory leak"):
+                found.reason += f"; memory leak: {leak}"
             return found
     raise AssertionError("the last rule always answers")  # pragma: no cover
 

@@ -93,6 +93,13 @@ class FalseSaturation:
 
 
 @dataclass(frozen=True)
+class Leak:
+    min_growth_fraction: float = dataclasses.field(metadata=RATIO)
+    min_bytes_per_hour: int
+    min_hours: float
+
+
+@dataclass(frozen=True)
 class PlanLimits:
     max_gpu_load: float = dataclasses.field(metadata=RATIO)
     max_dram_load: float = dataclasses.field(metadata=RATIO)
@@ -128,6 +135,7 @@ class Thresholds:
     mps: Mps
     downsize: Downsize
     false_saturation: FalseSaturation
+    leak: Leak
     plan: PlanLimits
     archetypes: ArchetypeSettings
     confidence: Confidence

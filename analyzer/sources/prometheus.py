@@ -355,6 +355,7 @@ class PromSource:
             "max": "max_over_time({sub})",
             "p95": "quantile_over_time(0.95, {sub})",
             "count": "count_over_time({sub})",
+            "slope": "deriv({sub})",  # least-squares slope per second, as profile.slope
         }
         presence_red = {
             "start": "min_over_time(timestamp({inner})[{window}])",
@@ -387,6 +388,7 @@ class PromSource:
             stats[job].memory_signal = name
             stats[job].memory_peak = values.get("max", math.nan)
             stats[job].memory_p95 = values.get("p95", math.nan)
+            stats[job].memory_slope = values.get("slope", math.nan)
         dram_red = {"p95": "quantile_over_time(0.95, {sub})", "count": "count_over_time({sub})"}
         for job, (_, values) in self._chain(signals.DRAM[kind], present, "avg", dram_red, gpus_of).items():
             stats[job].dram_p95 = values.get("p95", math.nan)
@@ -638,7 +640,12 @@ class RuleStats:
                 # whatever the group's evaluation offset and the store's lookback
                 "idle": f"avg_over_time((last_over_time({{r}}[{{i}}]) < bool {idle!r})[{{sub}}])",
             },
-            "memory": {"max": "max_over_time({r}[{w}])", "p95": "quantile_over_time(0.95, {r}[{w}])"},
+            "memory": {
+                "max": "max_over_time({r}[{w}])",
+                "p95": "quantile_over_time(0.95, {r}[{w}])",
+                # the evaluations' timestamps are the steps' plus a constant offset: the same slope
+                "slope": "deriv({r}[{w}])",
+            },
             "dram": {"p95": "quantile_over_time(0.95, {r}[{w}])"},
             "tensor": {"mean": "avg_over_time({r}[{w}])"},
         }
@@ -661,7 +668,7 @@ class RuleStats:
                 st.activity["count"] = results[(record, "count")][job]
             elif table_name == "memory":
                 st.memory_signal = signal_name
-                st.memory_peak, st.memory_p95 = get("max"), get("p95")
+                st.memory_peak, st.memory_p95, st.memory_slope = get("max"), get("p95"), get("slope")
             elif table_name == "dram":
                 st.dram_p95 = get("p95")
             else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -242,3 +243,29 @@ def test_a_plan_fits_every_gpu_and_the_fleet(jobs, idle):
         fleet[key] = fleet.get(key, 0) + 1
     for key, counts in analysis.plan.by_model.items():
         assert counts["gpus_after"] <= fleet.get(key, 0)
+
+
+def test_an_exclusive_job_whose_memory_grows_steadily_is_a_leak_to_fix(th):
+    rng = np.random.default_rng(7)
+    grows = np.linspace(4 * GIB, 20 * GIB, 120) + rng.normal(0, 0.3 * GIB, 120)  # 8 GiB/h, noisy
+    analysis = analysis_for([SynthJob("leaky", "GPU-a", steady(120, 0.15, 0.02), grows)], th)
+    row = analysis.recs.iloc[0]
+    assert row["memory_trend_bytes_per_hour"] == pytest.approx(8 * GIB, rel=0.05)
+    assert row["recommendation"] == "exclusive" and row["reason"].startswith("memory leak: grows 8.")
+    assert row["action"] == "fix" and row["finding"].startswith("memory leak: grows 8.")
+    (action,) = analysis.top_actions()
+    assert action["job_id"] == "leaky" and "restart it on a schedule" in action["what_to_do"]
+
+
+def test_noise_a_warm_up_or_a_short_run_is_not_a_leak(th):
+    rng = np.random.default_rng(3)
+    noisy = 10 * GIB + rng.normal(0, 0.5 * GIB, 120)
+    warm_up = np.concatenate([np.linspace(2 * GIB, 10 * GIB, 3), flat(117, 10 * GIB)])
+    jobs = [
+        SynthJob("noisy", "GPU-a", steady(120, 0.15, 0.02), noisy),
+        SynthJob("warm", "GPU-b", steady(120, 0.15, 0.02), warm_up),
+        SynthJob("short", "GPU-c", steady(40, 0.15, 0.02), np.linspace(4 * GIB, 20 * GIB, 40)),
+    ]
+    recs = analysis_for(jobs, th).recs.set_index("job_id")
+    assert list(recs["memory_leak"]) == ["", "", ""]
+    assert not recs["reason"].str.contains("leak").any()
