@@ -4,9 +4,10 @@ helm is the real one, built from its Go module by `make tools` (`make test` pass
 GPULENS_HELM; otherwise the same cache path, then PATH). Without it these tests skip, except under
 CI (CI=true), where a missing helm is a failure: CI builds it.
 
-Two value sets are rendered: the chart's defaults and `ci/kube-prometheus-stack-values.yaml` (release
-label, ServiceMonitor, TLS + basic auth, remediation receiver and report CronJob on). Every object
-they render is validated against its schema:
+Three value sets are rendered: the chart's defaults, `ci/kube-prometheus-stack-values.yaml` (release
+label, ServiceMonitor, TLS + basic auth, remediation receiver and report CronJob on) and
+`ci/mixin-values.yaml` (a mixin config of its own: the rules and dashboards must be what `gpulens
+mixin build --config` writes for it). Every object they render is validated against its schema:
 
 - built-in kinds with kubernetes-validate (the upstream Kubernetes OpenAPI schemas it bundles),
   strictly: a field Kubernetes does not know fails;
@@ -36,9 +37,13 @@ from typing import Any
 import pytest
 import yaml
 
+from gpulens.mixin import build as mixin_build
+from gpulens.mixin.config import DEFAULT, MixinConfig, from_mapping
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "gpulens"
 KPS_VALUES = CHART / "ci" / "kube-prometheus-stack-values.yaml"
+MIXIN_VALUES = CHART / "ci" / "mixin-values.yaml"
 KDIR = REPO / "deploy" / "kubernetes"
 RELEASE = "gpulens"
 NAMESPACE = "gpulens"
@@ -82,13 +87,23 @@ def template_error(helm: str, *args: str) -> str:
     return result.stderr
 
 
+VALUE_FILES = {"default": None, "kube-prometheus-stack": KPS_VALUES, "mixin": MIXIN_VALUES}
+VALUE_SETS = list(VALUE_FILES)
+
+
 @functools.cache
 def _rendered(helm: str, values: str) -> tuple[dict[str, Any], ...]:
-    args = () if values == "default" else ("-f", str(KPS_VALUES))
-    return tuple(template(helm, *args))
+    path = VALUE_FILES[values]
+    return tuple(template(helm, *(() if path is None else ("-f", str(path)))))
 
 
-VALUE_SETS = ["default", "kube-prometheus-stack"]
+def mixin_config(values: str) -> MixinConfig:
+    """The mixin config a value set gives: the chart's defaults under the file's `mixin` keys."""
+    merged = dict(yaml.safe_load((CHART / "values.yaml").read_text())["mixin"])
+    path = VALUE_FILES[values]
+    if path is not None:
+        merged.update(yaml.safe_load(path.read_text()).get("mixin") or {})
+    return from_mapping(merged, values)
 
 
 @pytest.fixture(params=VALUE_SETS)
@@ -248,20 +263,96 @@ def test_the_crd_check_catches_unknown_fields_bad_durations_and_bad_enums(endpoi
     assert violation is not None and problem in violation
 
 
+@functools.cache
+def _mixin_built(config: MixinConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What `gpulens mixin build --config` writes for `config`: the PrometheusRule specs
+    deploy/kubernetes/generate.py makes of its rule files (by object name), and its dashboards."""
+    import tempfile
+
+    generator = load_generator("gpulens_k8s_generate", KDIR / "generate.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        mixin_build.build_to(config, out)
+        rules = {o["metadata"]["name"]: o["spec"] for o in generator.prometheus_rules(out / "rules")}
+        boards = {p.name: json.loads(p.read_text()) for p in (out / "dashboards").glob("*.json")}
+    return rules, boards
+
+
+def chart_rules(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "PrometheusRule"}
+
+
+def chart_dashboards(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")]
+    return {name: json.loads(text) for m in maps for name, text in m["data"].items()}
+
+
 def test_prometheusrules_pass_promtool_and_hold_exactly_the_groups_of_alerts(helm, value_set, tmp_path):
     promtool = shutil.which("promtool")
     if not promtool:
         pytest.skip("promtool not installed (make system-deps)")
     generator = load_generator("gpulens_k8s_generate", KDIR / "generate.py")
-    expected = {o["metadata"]["name"]: o["spec"] for o in generator.prometheus_rules(REPO / "alerts")}
-    rules = [o for o in rendered(helm, value_set) if o["kind"] == "PrometheusRule"]
-    assert {o["metadata"]["name"] for o in rules} == set(expected)  # release "gpulens": same names
-    for rule in rules:
-        assert rule["spec"] == expected[rule["metadata"]["name"]]
-        plain = tmp_path / f"{rule['metadata']['name']}.yml"
-        plain.write_text(yaml.safe_dump(rule["spec"]))
+    committed = {o["metadata"]["name"]: o["spec"] for o in generator.prometheus_rules(REPO / "alerts")}
+    expected, _ = _mixin_built(mixin_config(value_set))
+    if mixin_config(value_set) == DEFAULT:
+        assert expected == committed
+    rules = chart_rules(rendered(helm, value_set))
+    assert set(rules) == set(committed)  # release "gpulens": the kustomization's names
+    for name, spec in rules.items():
+        assert spec == expected[name], f"{value_set}: {name} differs from gpulens mixin build"
+        plain = tmp_path / f"{name}.yml"
+        plain.write_text(yaml.safe_dump(spec))
         result = subprocess.run([promtool, "check", "rules", str(plain)], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboards_are_what_the_mixin_builds_for_the_values_config(helm, value_set):
+    _, expected = _mixin_built(mixin_config(value_set))
+    assert chart_dashboards(rendered(helm, value_set)) == expected
+
+
+def test_the_chart_s_default_mixin_values_are_the_mixin_s_defaults():
+    assert mixin_config("default") == DEFAULT
+
+
+def test_the_mixin_values_reach_every_rule_and_dashboard(helm):
+    objects = rendered(helm, "mixin")
+    text = json.dumps([chart_rules(objects), chart_dashboards(objects)])
+    assert "gpulens_chart" not in text and "gpulens-chart" not in text and ".*gpulens.*" not in text
+    lost = next(
+        r
+        for spec in chart_rules(objects).values()
+        for g in spec["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "GPULost"
+    )
+    assert lost["expr"] == 'gpu_up{job="gpulens-exporter", namespace="gpulens"} == 0'
+    assert lost["annotations"]["runbook_url"] == "https://wiki.example/gpu/runbooks/GPULost"
+
+
+def test_an_empty_selector_gives_the_mixin_s_unscoped_rules_and_dashboards(helm, tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump({"mixin": {"selector": "", "runbookURLPattern": "https://x.example/$1/%s"}})
+    )
+    objects = template(helm, "-f", str(values))
+    config = MixinConfig(selector="", runbook_url_pattern="https://x.example/$1/%s")
+    rules, boards = _mixin_built(config)
+    assert chart_rules(objects) == rules
+    assert chart_dashboards(objects) == boards
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("mixin.selector=job", "/mixin/selector"),
+        ("mixin.clusterLabel=__name__", "/mixin/clusterLabel"),
+        ("mixin.runbookURLPattern=https://wiki/no-placeholder", "/mixin/runbookURLPattern"),
+        ("mixin.runbookURLPattern=https://wiki/%s/%s", "exactly one %s"),
+    ],
+)
+def test_a_mixin_value_the_mixin_would_refuse_is_refused_naming_it(helm, setting, message):
+    assert message in template_error(helm, "--set-string", setting)
 
 
 # --- the generated chart files ------------------------------------------------------------------
@@ -300,17 +391,21 @@ def test_generator_check_mode_reports_a_stale_and_a_leftover_file_and_a_run_fixe
     assert not (files / "dashboards" / "gone.json").exists()
 
 
-def test_generator_names_a_dashboard_file_that_is_not_json(tmp_path):
+def test_generator_names_a_rule_file_the_mixin_does_not_make(tmp_path):
     generator = helm_generator()
-    (tmp_path / "gpulens-x.json").write_text("{not json")
-    with pytest.raises(generator.SourceError, match=r"gpulens-x\.json: not readable dashboard JSON"):
-        generator.dashboard_files(tmp_path)
+    for path in (REPO / "alerts").glob("*.yml"):
+        shutil.copy(path, tmp_path / path.name)
+    (tmp_path / "extra_rules.yml").write_text("groups: [{name: extra, rules: []}]\n")
+    with pytest.raises(
+        generator.SourceError, match=r"extra_rules\.yml.*not those `gpulens mixin build` makes"
+    ):
+        generator.rule_files(tmp_path)
 
 
 def test_one_dashboard_configmap_per_committed_dashboard_holding_its_json(helm):
     objects = rendered(helm, "default")
     maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")]
-    committed = {p.name: json.loads(p.read_text()) for p in helm_generator().DASHBOARDS_JSON.glob("*.json")}
+    committed = {p.name: json.loads(p.read_text()) for p in (REPO / "dashboards" / "json").glob("*.json")}
     shipped = {}
     for config_map in maps:
         assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
