@@ -36,7 +36,12 @@ from gpulens.exporter.attribution.kubernetes import (
 )
 from gpulens.exporter.attribution.labels import sanitize_label_value
 from gpulens.exporter.attribution.logonce import LogOnce
-from gpulens.exporter.attribution.mapping_dir import MappingDirectory, MappingEntry, MappingKey
+from gpulens.exporter.attribution.mapping_dir import (
+    MappingDirectory,
+    MappingEntry,
+    MappingKey,
+    MappingStats,
+)
 from gpulens.exporter.attribution.model import (
     AttributionConfig,
     DeviceHolder,
@@ -117,10 +122,16 @@ class Attributor:
             else None
         )
         self._mapping = (
-            MappingDirectory(config.job_mapping_dir, self._log)
+            MappingDirectory(
+                config.job_mapping_dir,
+                self._log,
+                max_files=config.mapping_max_files,
+                budget=config.mapping_budget_seconds,
+            )
             if config.enable_mapping and config.job_mapping_dir is not None
             else None
         )
+        self._mapping_fresh = False  # `attribute` refreshed the directory and `holders` did not yet use it
 
     # -- identity sources ------------------------------------------------------------------
 
@@ -213,7 +224,8 @@ class Attributor:
         devices: Mapping[str, tuple[PodContainer, ...]] | None = None
         mapping: Mapping[MappingKey, tuple[MappingEntry, ...]] | None = None
         if self._mapping is not None:
-            mapping = self._mapping.refresh()  # cheap, and malformed files get reported promptly
+            mapping = self._mapping.refresh()  # bounded (mapping_dir.py); bad files reported promptly
+            self._mapping_fresh = True
         pairs: list[tuple[ProcessRef, JobIdentity]] = []
         missing_memory: set[int] = set()
         for proc in unique:
@@ -260,7 +272,10 @@ class Attributor:
         nothing; the kubelet answer is the cached one `attribute` uses."""
         found: list[DeviceHolder] = []
         allocations = self._pod_resources.devices() if self._pod_resources is not None else {}
-        mapping = self._mapping.refresh() if self._mapping is not None else {}
+        mapping: Mapping[MappingKey, tuple[MappingEntry, ...]] = {}
+        if self._mapping is not None:  # this sample's refresh when `attribute` just ran
+            mapping = self._mapping.entries if self._mapping_fresh else self._mapping.refresh()
+            self._mapping_fresh = False
         for device in devices:
             key = device.mig_uuid if device.gpu_instance is not None else device.uuid
             for c in allocations.get(key or "", ()):
@@ -286,6 +301,15 @@ class Attributor:
             if usage.identity.source not in (SOURCE_SYSTEM, SOURCE_UNKNOWN, SOURCE_OTHER):
                 found.append(DeviceHolder(usage.gpu, usage.gpu_instance, usage.identity, "process"))
         return found
+
+    def mapping_stats(self) -> MappingStats | None:
+        """The mapping directory as of its last refresh (None when that source is off); safe to
+        call from another thread (an immutable record swapped in after each refresh)."""
+        return self._mapping.stats if self._mapping is not None else None
+
+    def mapping_listed(self) -> int:
+        """Entries of the mapping directory being worked on (known before its files are read)."""
+        return self._mapping.listed if self._mapping is not None else 0
 
     def close(self) -> None:
         """Release the kubelet gRPC channel."""

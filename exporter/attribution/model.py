@@ -103,6 +103,8 @@ class AttributionConfig:
 
     procfs_root: Path = Path("/proc")
     job_mapping_dir: Path | None = None
+    mapping_max_files: int = 10_000  # entries of the mapping directory listed (mapping_dir.py)
+    mapping_budget_seconds: float = 0.5  # stats and reads of mapping files per refresh
     pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     pod_logs_dir: Path = Path("/var/log/pods")
     enable_procfs: bool = True

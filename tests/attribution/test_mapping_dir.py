@@ -190,17 +190,3 @@ def test_arbitrary_bytes_either_parse_or_raise_a_format_error(data):
     else:
         for entry in entries:
             assert entry.job_id.isprintable() and " " not in entry.job_id
-
-
-def test_a_file_broken_again_after_a_fix_is_reported_again(node, caplog):
-    path = node.mapping("0", "bad line here\n")
-    attributor = node.attributor()
-    with caplog.at_level(logging.WARNING):
-        attributor.attribute([proc(10)])
-        path.write_text("5\n")
-        os.utime(path, ns=(1, 1))
-        assert attributor.attribute([proc(10)])[0].identity.job_id == "5"
-        path.write_text("bad line here\n")
-        os.utime(path, ns=(2, 2))
-        attributor.attribute([proc(10)])
-    assert len(skipped_lines(caplog)) == 2
