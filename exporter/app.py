@@ -133,6 +133,7 @@ class Exporter:
             poll_events_inline=True,
             attribute=self._attribute,
             logger=self.log,
+            probe=self._attributor,
         )
         initial = NodeSnapshot(timestamp=0.0, duration_seconds=0.0, nvml_up=False, nvml_error="no sample yet")
         self._published = self._publish(initial, ready=False)
@@ -157,6 +158,9 @@ class Exporter:
                 enable_procfs=cfg.attribution_procfs,
                 enable_mapping=cfg.attribution_mapping,
                 enable_pod_resources=cfg.attribution_kubernetes,
+                mapping_max_files=cfg.job_mapping_max_files,
+                # a quarter of the attribution deadline: procfs and the kubelet need the rest
+                mapping_budget_seconds=cfg.read_deadline() / 4,
             ),
             logger=logging.getLogger("gpulens.exporter.attribution"),
         )

@@ -124,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory of job mapping files (dcgm-exporter or jobstats format)",
     )
     p.add_argument(
+        "--job-mapping-max-files",
+        dest="job_mapping_max_files",
+        type=int,
+        metavar="N",
+        help="most entries of the job mapping directory read; beyond it one line is logged and the "
+        "rest are ignored (default 10000)",
+    )
+    p.add_argument(
         "--pod-resources-socket",
         dest="pod_resources_socket",
         type=Path,
@@ -271,6 +279,7 @@ VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("--sim-speed", "sim_speed", float),
     ("--procfs", "procfs", Path),
     ("--job-mapping-dir", "job_mapping_dir", Path),
+    ("--job-mapping-max-files", "job_mapping_max_files", int),
     ("--pod-resources-socket", "pod_resources_socket", Path),
     ("--pod-logs-dir", "pod_logs_dir", Path),
     ("--log.level", "log_level", str),

@@ -48,6 +48,7 @@ class ExporterConfig:
     sim_speed: float = 1.0
     procfs: Path | None = None  # None: /proc, or the simulated node's procfs root
     job_mapping_dir: Path | None = None
+    job_mapping_max_files: int = 10_000  # directory entries read; beyond, one log line (mapping_dir.py)
     pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     pod_logs_dir: Path = Path("/var/log/pods")
     attribution_procfs: bool = True
@@ -153,6 +154,8 @@ def validate(config: ExporterConfig) -> ExporterConfig:
         and not config.job_mapping_dir.is_dir()
     ):
         raise ConfigError(f"--job-mapping-dir: {config.job_mapping_dir} is not a directory")
+    if config.job_mapping_max_files < 1:
+        raise ConfigError(f"--job-mapping-max-files: must be >= 1, got {config.job_mapping_max_files}")
     if config.web_config_file is not None and not config.web_config_file.is_file():
         raise ConfigError(f"--web.config.file: {config.web_config_file} does not exist")
     return config

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpulens.exporter.backends.events import XidWatcher
 from gpulens.exporter.backends.nvml import (
@@ -29,7 +29,18 @@ from gpulens.exporter.backends.nvml import (
     SystemInfo,
     error_text,
 )
-from gpulens.exporter.snapshot import Area, AreaTiming, GpuIdentity, GpuSample, NodeSnapshot, XidCount
+from gpulens.exporter.snapshot import (
+    Area,
+    AreaTiming,
+    AttributionHealth,
+    GpuIdentity,
+    GpuSample,
+    NodeSnapshot,
+    XidCount,
+)
+
+if TYPE_CHECKING:
+    from gpulens.exporter.attribution.mapping_dir import MappingStats
 
 BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0
@@ -76,6 +87,14 @@ class Worker:
                 future.set_result(result)
 
 
+class AttributionProbe(Protocol):
+    """What the sampler asks the attribution engine from its own thread (Attributor has these)."""
+
+    def mapping_stats(self) -> MappingStats | None: ...
+
+    def mapping_listed(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class SamplerSettings:
     areas: frozenset[Area]  # enabled collectors that need NVML reads
@@ -96,6 +115,7 @@ class Sampler:
         poll_events_inline: bool = False,
         attribute: Callable[[NodeSnapshot], tuple] | None = None,
         logger: logging.Logger | None = None,
+        probe: AttributionProbe | None = None,
     ) -> None:
         self.backend = backend
         self.settings = settings
@@ -103,7 +123,10 @@ class Sampler:
         self.xid = xid
         self.poll_events_inline = poll_events_inline
         self.attribute = attribute
+        self.probe = probe
         self.log = logger or logging.getLogger("gpulens.exporter.sampler")
+        self._attr_late = False  # attribution is past its deadline: logged once until it recovers
+        self._attr_misses = 0
         self._workers: dict[int, Worker] = {}
         self._attr_worker: Worker | None = None
         self._identities: dict[int, GpuIdentity] = {}
@@ -205,6 +228,7 @@ class Sampler:
             jobs_error=jobs_error,
             holders=tuple(holders),
             areas=areas,
+            attribution=self._attribution_health(),
         )
 
     def _read_gpus(self, count: int) -> tuple[list[GpuSample], dict[Area, float]]:
@@ -297,11 +321,14 @@ class Sampler:
         if self._attr_worker is None:
             self._attr_worker = Worker("gpulens-attribution")
         if self._attr_worker.busy:
+            self._attr_misses += 1
             return [], "attribution of the previous sample has not finished", 0.0, ()
         future = self._attr_worker.submit(self.attribute, snapshot)
         try:
             result = future.result(timeout=self.settings.deadline)
         except FutureTimeout:
+            self._attr_misses += 1
+            self._attribution_late()
             return (
                 [],
                 f"attribution did not finish within {self.settings.deadline:g}s",
@@ -311,9 +338,38 @@ class Sampler:
         except Exception as exc:
             self.log.warning("attribution failed: %s", error_text(exc))
             return [], error_text(exc), time.perf_counter() - started, ()
+        if self._attr_late:
+            self._attr_late = False
+            self.log.info("attribution finishes within its %gs deadline again", self.settings.deadline)
         jobs, error = result[0], result[1]
         holders = tuple(result[2]) if len(result) > 2 else ()
         return list(jobs), error, time.perf_counter() - started, holders
+
+    def _attribution_late(self) -> None:
+        """One line per outage: the first missed deadline after attribution was on time."""
+        if self._attr_late:
+            return
+        self._attr_late = True
+        listed = self.probe.mapping_listed() if self.probe is not None else 0
+        stats = self.probe.mapping_stats() if self.probe is not None else None
+        where = ""
+        if stats is not None:
+            where = (
+                f" (job mapping directory: {max(listed, stats.listed)} entries,"
+                f" last refresh {stats.refresh_seconds:.2f}s)"
+            )
+        self.log.warning(
+            "attribution did not finish within its %gs deadline%s; the jobs collector reports failure"
+            " until it does",
+            self.settings.deadline,
+            where,
+        )
+
+    def _attribution_health(self) -> AttributionHealth | None:
+        if not self.settings.jobs_enabled or self.attribute is None:
+            return None
+        stats = self.probe.mapping_stats() if self.probe is not None else None
+        return AttributionHealth(deadline_misses=self._attr_misses, mapping=stats)
 
     def _area_status(self, gpus: list[GpuSample], timings: Mapping[Area, float]) -> dict[str, AreaTiming]:
         out: dict[str, AreaTiming] = {}

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from gpulens.exporter.attribution.mapping_dir import MappingStats
     from gpulens.exporter.attribution.model import DeviceHolder, JobUsage
 
 
@@ -201,6 +202,15 @@ class AreaTiming:
 
 
 @dataclass(frozen=True)
+class AttributionHealth:
+    """How the attribution engine keeps up (the `gpulens_attribution_*` and `gpulens_job_mapping_*`
+    series): samples it missed its deadline in, and the mapping directory as of its last refresh."""
+
+    deadline_misses: int = 0  # since start, counting samples skipped while a late one still ran
+    mapping: MappingStats | None = None  # None when no mapping directory is read
+
+
+@dataclass(frozen=True)
 class NodeSnapshot:
     """One complete sampling cycle of the node."""
 
@@ -219,6 +229,7 @@ class NodeSnapshot:
     # compatibility view needs it (--compat), since the peers label device series with it
     holders: tuple[DeviceHolder, ...] = ()
     areas: dict[str, AreaTiming] = field(default_factory=dict)  # collector name (an Area or not)
+    attribution: AttributionHealth | None = None  # None when the jobs collector is off
 
     @property
     def gpu_count(self) -> int:

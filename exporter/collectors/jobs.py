@@ -5,6 +5,11 @@ values of `gpu_job_memory_used_bytes` on a GPU add up to the memory NVML reports
 `gpu_job_sm_utilization_ratio` is each job's share of the device's SM figure (attribution/shares.py)
 and `gpu_job_sm_unattributed_ratio` the rest, so the two add up to `snapshot.sm_figure` of every GPU
 (every MIG instance on a MIG GPU); the remainder is left out when attribution failed this sample.
+
+With the collector on, the engine's own health comes with it: `gpulens_attribution_*` (deadline
+misses) and, when a job mapping directory is read, `gpulens_job_mapping_*` (files by state, reads,
+rejections by reason, refresh time). Their labels take fixed values only, whatever the directory
+holds.
 """
 
 from __future__ import annotations
@@ -13,8 +18,16 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from gpulens.exporter.collectors.base import GPU_LABELS, CollectorOptions, CollectorSpec, gauge, non_empty
-from gpulens.exporter.snapshot import Area, NodeSnapshot, sm_figure
+from gpulens.exporter.attribution.mapping_dir import FileState, MappingStats, RejectReason
+from gpulens.exporter.collectors.base import (
+    GPU_LABELS,
+    CollectorOptions,
+    CollectorSpec,
+    counter,
+    gauge,
+    non_empty,
+)
+from gpulens.exporter.snapshot import Area, AttributionHealth, NodeSnapshot, sm_figure
 
 USAGE_LABELS = [*GPU_LABELS, "gpu_instance", "job_id"]
 
@@ -101,6 +114,54 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
                 rest = max(0.0, min(figure, 1.0) - shared.get((str(device.index), gi), 0.0))
                 unattributed.add_metric([str(device.index), device.uuid, gi], rest)
     yield from non_empty(info, mem, sm, procs, unattributed)
+    if snapshot.attribution is not None:
+        yield from _health(snapshot.attribution)
+
+
+def _health(health: AttributionHealth) -> Iterator[Metric]:
+    misses = counter(
+        "gpulens_attribution_deadline_misses_total",
+        "Samples without job attribution because it ran past its deadline (the jobs collector"
+        " fails in those samples).",
+        [],
+    )
+    misses.add_metric([], float(health.deadline_misses))
+    yield misses
+    if health.mapping is not None:
+        yield from _mapping(health.mapping)
+
+
+def _mapping(stats: MappingStats) -> Iterator[Metric]:
+    files = gauge(
+        "gpulens_job_mapping_files",
+        "Entries of the job mapping directory in its last refresh, by what became of them (pending:"
+        " not read yet, the refresh's time budget ran out).",
+        ["state"],
+    )
+    for state in FileState:
+        files.add_metric([state.value], float(stats.files.get(state, 0)))
+    limit = gauge(
+        "gpulens_job_mapping_files_max",
+        "Most entries of the job mapping directory read (--job-mapping-max-files).",
+        [],
+    )
+    limit.add_metric([], float(stats.max_files))
+    reads = counter("gpulens_job_mapping_reads_total", "Job mapping file versions read and parsed.", [])
+    reads.add_metric([], float(stats.reads))
+    rejected = counter(
+        "gpulens_job_mapping_rejected_total",
+        "Job mapping file versions skipped, by reason (one log line per file names it).",
+        ["reason"],
+    )
+    for reason in RejectReason:
+        rejected.add_metric([reason.value], float(stats.rejected.get(reason, 0)))
+    duration = gauge(
+        "gpulens_job_mapping_refresh_duration_seconds",
+        "Seconds the last refresh of the job mapping directory took.",
+        [],
+    )
+    duration.add_metric([], stats.refresh_seconds)
+    yield from (files, limit, reads, rejected, duration)
 
 
 SPEC = CollectorSpec(Area.JOBS, True, "per-job identity, memory, SM utilization and process count", collect)

@@ -63,12 +63,15 @@ def scenario_exposition(
 
 
 _VOLATILE = re.compile(
-    r"^(gpulens_collector_duration_seconds\{[^}]*\}|gpulens_sample_duration_seconds) \S+$", re.MULTILINE
+    r"^(gpulens_collector_duration_seconds\{[^}]*\}|gpulens_sample_duration_seconds"
+    r"|gpulens_job_mapping_refresh_duration_seconds|gpulens_job_mapping_reads_total) \S+$",
+    re.MULTILINE,
 )
 
 
 def normalise(text: str) -> str:
-    """Replace what differs between runs and machines (durations, Python and gpulens versions)."""
+    """Replace what differs between runs and machines (durations, Python and gpulens versions, and
+    the mapping files read: a file read within a timestamp tick of its writing is read twice)."""
     text = _VOLATILE.sub(r"\1 <duration>", text)
     text = re.sub(r'python_version="[^"]*"', 'python_version="<python>"', text)
     return re.sub(r'(gpulens_build_info\{[^}]*)version="[^"]*"', r'\1version="<version>"', text)
