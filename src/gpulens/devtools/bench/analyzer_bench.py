@@ -38,7 +38,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,7 @@ from gpulens.analyzer.sources import rules
 from gpulens.devtools.bench import tsdb as tsdbs
 
 WEEK_S = 7 * 86400
-BLOCK_S = 2 * 3600  # promtool's block range
+BLOCK_S = tsdbs.BLOCK_S
 END = 1_767_830_400.0  # 2026-01-08T00:00:00Z: a multiple of every step and of 2 h
 JOBS_PER_GPU = 8
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -235,40 +234,6 @@ def backfill(paths: list[Path], tsdb: Path, workers: int = 2) -> None:
         list(pool.map(one, paths))
 
 
-def _self_metrics(base: str) -> str:
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
-        return resp.read().decode()
-
-
-def query_requests(base: str) -> int:
-    """Instant queries served, from the server's own metrics (Prometheus or a Thanos querier)."""
-    pattern = re.compile(
-        r'^(?:prometheus_)?http_requests_total\{[^}]*handler="(?:/api/v1/query|query)"[^}]*\} (\S+)$', re.M
-    )
-    return int(sum(float(m) for m in pattern.findall(_self_metrics(base))))
-
-
-def _gauge(text: str, name: str) -> float:
-    match = re.search(rf"^{name} (\S+)$", text, re.M)
-    return float(match.group(1)) if match else math.nan
-
-
-def wait_for_compaction(base: str, timeout_s: float = 300.0, settle_s: float = 10.0) -> int:
-    """Wait until Prometheus has compacted the backfilled blocks and the block count is stable."""
-    deadline = time.monotonic() + timeout_s
-    last, since = -1.0, time.monotonic()
-    while time.monotonic() < deadline:
-        text = _self_metrics(base)
-        blocks = _gauge(text, "prometheus_tsdb_blocks_loaded")
-        compactions = _gauge(text, "prometheus_tsdb_compactions_total")
-        if blocks != last:
-            last, since = blocks, time.monotonic()
-        elif compactions > 0 and time.monotonic() - since >= settle_s:
-            return int(blocks)
-        time.sleep(1.0)
-    raise RuntimeError(f"prometheus did not finish compacting within {timeout_s:.0f} s")
-
-
 # ---------------------------------------------------------------- Parquet history (file path)
 
 
@@ -428,7 +393,7 @@ def backfill_week(jobs: int, step_s: int, workdir: Path, progress: TextIO | None
     setup["backfill_s"] = time.monotonic() - began
     _say(progress, f"{jobs:,} jobs: evaluating the analyzer rules over the week (promtool, every {step_s} s)")
     began = time.monotonic()
-    lookback = _lookback(step_s)
+    lookback = tsdbs.lookback(step_s)
     with tsdbs.prometheus(raw, lookback, workdir / "rules-backfill.log", compaction=False) as base:
         blocks = tsdbs.backfill_rules(
             base,
@@ -441,12 +406,6 @@ def backfill_week(jobs: int, step_s: int, workdir: Path, progress: TextIO | None
     tsdbs.move_blocks(blocks, workdir / "rules")
     setup["rule_backfill_s"] = time.monotonic() - began
     return Backfilled(cluster, raw, workdir / "rules", {k: round(v, 2) for k, v in setup.items()})
-
-
-def _lookback(step_s: int) -> str:
-    """Just under the step: backfilled blocks have no staleness markers, and a whole step would let a
-    series linger one step; the rules' evaluation (at any offset within the step) sees its step."""
-    return f"{step_s - 1}s999ms"
 
 
 def _analyzer_args(base: str, cluster: Cluster, aggregation: str) -> list[str]:
@@ -476,37 +435,68 @@ def _measure(
     extra: dict[str, float],
 ) -> PathResult:
     """One `gpulens recommend` against `base`, with the queries it cost the server."""
-    before = query_requests(base)
+    before = tsdbs.query_requests(base)
     load = os.getloadavg()[0]
     shown = ["gpulens", *args]
     shown[shown.index(base)] = "URL"
     _say(progress, f"{name}: {' '.join(shown)}")
     run = run_analyzer(args, workdir, f"recommend-{name}", progress)
-    queries = query_requests(base) - before
+    queries = tsdbs.query_requests(base) - before
     chunks = re.findall(r"chunk \d+/(\d+)", run.stderr)
     cluster = data.cluster
     step = re.search(r"step (\d+) s", run.stderr)
     _say(progress, f"{name}: {run.wall_s:.1f} s, {run.max_rss_bytes / MIB:.0f} MiB")
+    return _result(
+        name,
+        " ".join(shown),
+        cluster,
+        run,
+        load,
+        step_s=int(step.group(1)) if step else cluster.step_s,
+        setup_s={**data.setup_s, **{k: round(v, 2) for k, v in setup.items()}},
+        extra=extra,
+        queries=queries,
+        chunks=int(chunks[-1]) if chunks else None,
+        aggregation=_aggregation(run.stderr),
+        recommendations=_recommendations(workdir / f"recommend-{name}.json") if run.returncode == 0 else {},
+    )
+
+
+def _result(
+    name: str,
+    command: str,
+    cluster: Cluster,
+    run: Run,
+    load: float,
+    step_s: int,
+    setup_s: dict[str, float],
+    extra: dict[str, float],
+    queries: int | None = None,
+    chunks: int | None = None,
+    aggregation: str = "",
+    recommendations: dict[str, list] | None = None,
+) -> PathResult:
+    """What every path reports of one analyzer run on `cluster`, the load average it started at."""
     return PathResult(
         path=name,
-        command=" ".join(shown),
+        command=command,
         jobs=cluster.jobs,
         gpus=cluster.gpus,
         steps=cluster.steps,
-        step_s=int(step.group(1)) if step else cluster.step_s,
+        step_s=step_s,
         samples=cluster.samples,
         series=cluster.gpus * 3 + cluster.jobs * 3,
-        setup_s={**data.setup_s, **{k: round(v, 2) for k, v in setup.items()}},
+        setup_s=setup_s,
         wall_s=round(run.wall_s, 2),
         max_rss_bytes=run.max_rss_bytes,
         jobs_profiled=run.jobs_out,
         returncode=run.returncode,
-        queries=queries,
-        chunks=int(chunks[-1]) if chunks else None,
         error=_error(run),
         extra={**extra, "load_average_1m": round(load, 2), "analyzer_cpu_s": round(run.cpu_s, 2)},
-        aggregation=_aggregation(run.stderr),
-        recommendations=_recommendations(workdir / f"recommend-{name}.json") if run.returncode == 0 else {},
+        queries=queries,
+        chunks=chunks,
+        aggregation=aggregation,
+        recommendations=recommendations or {},
     )
 
 
@@ -531,13 +521,13 @@ def bench_single(
         shutil.copytree(block, tsdb / block.name)
     step = data.cluster.step_s
     results = []
-    with tsdbs.prometheus(tsdb, _lookback(step), workdir / "prometheus.log", compaction) as base:
+    with tsdbs.prometheus(tsdb, tsdbs.lookback(step), workdir / "prometheus.log", compaction) as base:
         setup: dict[str, float] = {}
         blocks = len(list(tsdb.glob("01*")))
         if compaction:
             began = time.monotonic()
             _say(progress, f"waiting for Prometheus to compact {blocks} blocks")
-            blocks = wait_for_compaction(base)
+            blocks = tsdbs.wait_for_compaction(base)
             setup["compaction_s"] = time.monotonic() - began
         for path in paths:
             aggregation = "auto" if path.startswith("rules") else "raw"
@@ -566,10 +556,10 @@ def bench_thanos(data: Backfilled, workdir: Path, progress: TextIO | None) -> Pa
     tsdbs.split_blocks(staging, mid * 1000, shards[0], shards[1])
     step = data.cluster.step_s
     setup: dict[str, float] = {}
-    with tsdbs.thanos_cluster(shards, _lookback(step), workdir, compaction=True) as (base, members):
+    with tsdbs.thanos_cluster(shards, tsdbs.lookback(step), workdir, compaction=True) as (base, members):
         began = time.monotonic()
         _say(progress, "thanos: waiting for both shards to compact their blocks")
-        blocks = sum(wait_for_compaction(m.prometheus_url) for m in members)
+        blocks = sum(tsdbs.wait_for_compaction(m.prometheus_url) for m in members)
         setup["compaction_s"] = time.monotonic() - began
         args = _analyzer_args(base, data.cluster, "auto")
         extra = {"tsdb_blocks": float(blocks), "shards": float(len(members)), "split_at": float(mid)}
@@ -603,27 +593,10 @@ def bench_history(jobs: int, samples: int, workdir: Path, progress: TextIO | Non
     _say(progress, f"file path: {rows:,} samples (step {step_s} s), gpulens recommend --history")
     load = os.getloadavg()[0]
     run = run_analyzer(["recommend", "--history", str(history)], workdir, "recommend-history", progress)
-    return PathResult(
-        path="history",
-        command="gpulens " + " ".join(args),
-        jobs=cluster.jobs,
-        gpus=cluster.gpus,
-        steps=cluster.steps,
-        step_s=step_s,
-        samples=rows,
-        series=cluster.gpus * 3 + cluster.jobs * 3,
-        setup_s=setup,
-        wall_s=round(run.wall_s, 2),
-        max_rss_bytes=run.max_rss_bytes,
-        jobs_profiled=run.jobs_out,
-        returncode=run.returncode,
-        extra={
-            "parquet_bytes": float((history / "samples.parquet").stat().st_size),
-            "load_average_1m": round(load, 2),
-            "analyzer_cpu_s": round(run.cpu_s, 2),
-        },
-        error=_error(run),
-    )
+    assert rows == cluster.samples, "the history holds every sample of the cluster"
+    parquet = float((history / "samples.parquet").stat().st_size)
+    command = "gpulens " + " ".join(args)
+    return _result("history", command, cluster, run, load, step_s, setup, {"parquet_bytes": parquet})
 
 
 def agreement(a: PathResult | None, b: PathResult | None) -> dict[str, object] | None:

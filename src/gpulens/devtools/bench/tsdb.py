@@ -5,6 +5,8 @@
 - `backfill_rules(...)` evaluates the analyzer's recording rules over past data with `promtool
   tsdb create-blocks-from rules`, as Prometheus would have evaluated them live.
 - `thanos_cluster(...)` runs a Thanos querier over one Prometheus + sidecar per shard.
+- `lookback`, `query_requests`, `wait_for_compaction`: what the analyzer bench and tests ask of a
+  running Prometheus (or querier): the lookback for backfilled data, queries served, compaction.
 
 The Thanos binary is built from the Go module proxy by `make thanos` (Makefile) into
 `~/.cache/gpulens-tools/bin/thanos-<version>`; `thanos_binary()` finds it.
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -305,3 +309,43 @@ def wait_for_stores(base: str, count: int, timeout_s: float) -> None:
             pass
         time.sleep(0.5)
     raise TsdbError(f"thanos querier at {base} sees {seen} of {count} stores after {timeout_s:.0f} s")
+
+
+def lookback(step_s: int) -> str:
+    """Just under the step: backfilled blocks have no staleness markers, and a whole step would let a
+    series linger one step; the rules' evaluation (at any offset within the step) sees its step."""
+    return f"{step_s - 1}s999ms"
+
+
+def self_metrics(base: str) -> str:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+def query_requests(base: str) -> int:
+    """Instant queries served, from the server's own metrics (Prometheus or a Thanos querier)."""
+    pattern = re.compile(
+        r'^(?:prometheus_)?http_requests_total\{[^}]*handler="(?:/api/v1/query|query)"[^}]*\} (\S+)$', re.M
+    )
+    return int(sum(float(m) for m in pattern.findall(self_metrics(base))))
+
+
+def _gauge(text: str, name: str) -> float:
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else math.nan
+
+
+def wait_for_compaction(base: str, timeout_s: float = 300.0, settle_s: float = 10.0) -> int:
+    """Wait until Prometheus has compacted the backfilled blocks and the block count is stable."""
+    deadline = time.monotonic() + timeout_s
+    last, since = -1.0, time.monotonic()
+    while time.monotonic() < deadline:
+        text = self_metrics(base)
+        blocks = _gauge(text, "prometheus_tsdb_blocks_loaded")
+        compactions = _gauge(text, "prometheus_tsdb_compactions_total")
+        if blocks != last:
+            last, since = blocks, time.monotonic()
+        elif compactions > 0 and time.monotonic() - since >= settle_s:
+            return int(blocks)
+        time.sleep(1.0)
+    raise TsdbError(f"prometheus did not finish compacting within {timeout_s:.0f} s")
