@@ -150,6 +150,37 @@ def test_markdown_has_an_analyzer_section_without_exporters():
     assert "`gpulens recommend --rules`" in text and "| path the analyzer took | rules | raw | - |" in text
 
 
+def test_a_path_that_could_not_be_measured_is_named_with_its_reason():
+    analyzer = {
+        **_analyzer(8.0, 15.0, 10**9),
+        "not_measured": ["Thanos: thanos not found: run `make thanos`"],
+    }
+    text = render_markdown(
+        {
+            "command": "make bench",
+            "scenario": "large",
+            "machine": _MACHINE,
+            "exporters": [],
+            "analyzer": analyzer,
+        }
+    )
+    assert "Not measured in this run:\n\n- Thanos: thanos not found: run `make thanos`" in text
+
+
+def test_a_failed_analyzer_run_is_said_instead_of_its_section():
+    data = {
+        "command": "make bench",
+        "scenario": "large",
+        "machine": _MACHINE,
+        "exporters": [],
+        "analyzer_error": "promtool failed",
+    }
+    assert "The analyzer run failed: promtool failed" in render_markdown(data)
+
+
+_MACHINE = {"cpu": "x", "cores": "2", "python": "3.11", "kernel": "k", "date": "d"}
+
+
 @pytest.mark.slow
 def test_tiny_analyzer_bench_runs_every_path_end_to_end(tmp_path):
     result = subprocess.run(

@@ -633,16 +633,22 @@ def run_analyzer_bench(
     week = backfill_week(jobs, prom_step_s, workdir / "week", progress)
     rules_run, raw_run = bench_single(week, workdir / "single", progress, ("rules", "raw"), compaction)
     thanos_run = None
+    not_measured: list[str] = []
     if thanos:
         try:
             thanos_run = bench_thanos(week, workdir / "thanos", progress)
         except tsdbs.TsdbError as exc:  # the other paths are still worth reporting
             _say(progress, f"thanos: {exc}")
+            not_measured.append(f"Thanos: {exc}")
     shutil.rmtree(workdir / "week", ignore_errors=True)
     large_run = None
     if large_jobs:
-        big = backfill_week(large_jobs, prom_step_s, workdir / "week-large", progress)
-        (large_run,) = bench_single(big, workdir / "single-large", progress, ("rules-large",), compaction)
+        try:
+            big = backfill_week(large_jobs, prom_step_s, workdir / "week-large", progress)
+            (large_run,) = bench_single(big, workdir / "single-large", progress, ("rules-large",), compaction)
+        except tsdbs.TsdbError as exc:  # the other paths are still worth reporting
+            _say(progress, f"rules-large: {exc}")
+            not_measured.append(f"recording rules, {large_jobs:,} jobs: {exc}")
         shutil.rmtree(workdir / "week-large", ignore_errors=True)
     hist = bench_history(jobs, samples, workdir / "file", progress)
     _say(progress, f"file path: {hist.wall_s:.1f} s, {hist.max_rss_bytes / MIB:.0f} MiB")
@@ -665,4 +671,5 @@ def run_analyzer_bench(
         "thanos_version": tsdbs.THANOS_VERSION if thanos_run else None,
         "paths": [dataclasses.asdict(r) for r in runs],
         "agreement": [a for a in agreements if a is not None],
+        "not_measured": not_measured,
     }

@@ -214,6 +214,11 @@ def analyzer_markdown(analyzer: dict[str, Any]) -> list[str]:
         *rows,
         "",
         *(["Errors:", "", *errors, ""] if errors else []),
+        *(
+            ["Not measured in this run:", "", *[f"- {m}" for m in analyzer["not_measured"]], ""]
+            if analyzer.get("not_measured")
+            else []
+        ),
         "### Analyzer targets",
         "",
         *[f"- {line}" for line in analyzer_target_lines(analyzer)],

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import os
 import platform
 import shutil
 import sys
@@ -38,8 +39,6 @@ def _machine() -> dict[str, str]:
         ),
         platform.processor() or "unknown",
     )
-    import os
-
     return {
         "cpu": cpu,
         "cores": str(os.cpu_count()),
@@ -62,9 +61,11 @@ def run_bench(args: argparse.Namespace) -> dict:
         from gpulens.devtools.bench.breakdown import measure_breakdown
 
         print(f"splitting one gpulens sampling cycle on {args.scenario} by code ...", file=sys.stderr)
+        load = os.getloadavg()[0]
         breakdown = measure_breakdown(args.scenario, interval=args.interval, cycles=args.breakdown_cycles)
         data["breakdown"] = {
             **dataclasses.asdict(breakdown),
+            "load_average_1m": round(load, 2),
             "gpulens_cycle_ms": breakdown.gpulens_cycle_ms,
             "gpulens_cycle_ms_upper": breakdown.gpulens_cycle_ms_upper,
         }
@@ -74,17 +75,22 @@ def run_bench(args: argparse.Namespace) -> dict:
             f"{args.analyzer_samples:,} samples (files) ...",
             file=sys.stderr,
         )
-        data["analyzer"] = run_analyzer_bench(
-            args.analyzer_jobs,
-            args.analyzer_samples,
-            args.analyzer_step,
-            workdir / "analyzer",
-            sys.stderr,
-            compaction=args.analyzer_compaction,
-            large_jobs=args.analyzer_large_jobs,
-            thanos=args.analyzer_thanos,
-        )
-        data["analyzer"]["cores"] = data["machine"]["cores"]
+        try:
+            data["analyzer"] = run_analyzer_bench(
+                args.analyzer_jobs,
+                args.analyzer_samples,
+                args.analyzer_step,
+                workdir / "analyzer",
+                sys.stderr,
+                compaction=args.analyzer_compaction,
+                large_jobs=args.analyzer_large_jobs,
+                thanos=args.analyzer_thanos,
+            )
+        except RuntimeError as exc:  # a missing tool, a failed backfill: the exporter part still counts
+            print(f"gpulens bench: the analyzer run failed: {exc}", file=sys.stderr)
+            data["analyzer_error"] = str(exc)
+        else:
+            data["analyzer"]["cores"] = data["machine"]["cores"]
     shutil.rmtree(workdir, ignore_errors=True)
     return data
 

@@ -156,11 +156,15 @@ def render_markdown(data: dict[str, Any]) -> str:
             *(exporter_part if exporters else []),
             *(
                 analyzer
-                or [
-                    "The analyzer was not measured in this run (`--no-analyzer`); `make bench` "
-                    "measures it too.",
-                    "",
-                ]
+                or (
+                    [f"The analyzer run failed: {data['analyzer_error']}", ""]
+                    if data.get("analyzer_error")
+                    else [
+                        "The analyzer was not measured in this run (`--no-analyzer`); `make bench` "
+                        "measures it too.",
+                        "",
+                    ]
+                )
             ),
         ]
     )
@@ -181,7 +185,13 @@ def breakdown_markdown(breakdown: dict[str, Any] | None) -> list[str]:
         f"One `{breakdown['scenario']}` cycle of gpulens-exporter in-process on the "
         f"{breakdown.get('driver', 'native')} simulated driver (sample + render, all threads; the node "
         f"is published between cycles, outside the timed part): {cycle:.1f} ms of CPU (median of "
-        f"{breakdown['cycles']}). Split by where the code lives (cProfile over the same cycles with "
+        f"{breakdown['cycles']}"
+        + (
+            f"; load average {breakdown['load_average_1m']:.2f} at start"
+            if breakdown.get("load_average_1m") is not None
+            else ""
+        )
+        + "). Split by where the code lives (cProfile over the same cycles with "
         "the per-GPU reads run on one thread; approximate, cProfile inflates small calls):",
         "",
         "| part | share of the cycle |",

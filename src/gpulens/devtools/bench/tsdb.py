@@ -335,8 +335,10 @@ def _gauge(text: str, name: str) -> float:
     return float(match.group(1)) if match else math.nan
 
 
-def wait_for_compaction(base: str, timeout_s: float = 300.0, settle_s: float = 10.0) -> int:
-    """Wait until Prometheus has compacted the backfilled blocks and the block count is stable."""
+def wait_for_compaction(base: str, timeout_s: float = 1800.0, settle_s: float = 10.0) -> int:
+    """Wait until Prometheus has compacted the backfilled blocks and the block count is stable (a
+    week of 10,000 jobs takes about 75 s on 2 cores; the timeout leaves room for 50,000 on a busy
+    machine, and only a stuck Prometheus reaches it)."""
     deadline = time.monotonic() + timeout_s
     last, since = -1.0, time.monotonic()
     while time.monotonic() < deadline:
