@@ -76,6 +76,7 @@ class Item:
     mig_alternative: str | None = None
     thread_pct: int | None = None
     memory_limit: int | None = None
+    device_memory: float = math.inf  # a model the catalog does not know: its memory from the data
 
 
 @dataclass
@@ -212,6 +213,7 @@ def _items(recs: pd.DataFrame) -> list[Item]:
                 mig_alternative=row.mig_alternative if isinstance(row.mig_alternative, str) else None,
                 thread_pct=_int_or_none(row.mps_active_thread_percentage),
                 memory_limit=_int_or_none(row.mps_pinned_memory_limit_bytes),
+                device_memory=_num(row.device_memory_bytes) or math.inf,
             )
         )
     return items
@@ -221,7 +223,7 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
     """Whether `item` can join `gpu` (the fit tests of the module docstring)."""
     if gpu.mode != item.kind or gpu.model != item.model:
         return False
-    memory_total = model.memory_bytes if model else math.inf
+    memory_total = model.memory_bytes if model else item.device_memory
     if item.kind == Kind.EXCLUSIVE:
         return not gpu._overlapping(item)
     if item.kind == Kind.MIG:
@@ -256,7 +258,7 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
 
 def _size(item: Item) -> float:
     model = model_for_nvml_name(item.model)
-    return max(item.memory / model.memory_bytes if model else 0.0, item.sm, item.load)
+    return max(item.memory / (model.memory_bytes if model else item.device_memory), item.sm, item.load)
 
 
 def pack(items: list[Item], th: Thresholds) -> list[GpuBin]:

@@ -107,6 +107,8 @@ class Identity:
     series: pd.DataFrame  # job_id, uuid, gpu_instance, IDENTITY_LABELS
     gpus: pd.DataFrame  # uuid, model, instance
     migs: pd.DataFrame  # uuid, gpu_instance, mig_profile
+    # uuid -> gpu_memory_total_bytes: the memory of a GPU whose model the catalog does not know
+    memory_totals: dict[str, float] = field(default_factory=dict)
 
 
 def reduce_series(values: np.ndarray, idle_below: float) -> dict[str, float]:
@@ -147,7 +149,10 @@ def _identity_from_samples(fams: dict[str, pd.DataFrame], like: pd.DataFrame) ->
     mig_info = _family(fams, "gpu_mig_instance_info", like).sort_values("timestamp")
     migs = mig_info.drop_duplicates(["uuid", "gpu_instance"], keep="last")
     migs = migs[["uuid", "gpu_instance", "mig_profile"]].astype(str)
-    return Identity(series, gpus.reset_index(drop=True), migs.reset_index(drop=True))
+    totals = _family(fams, "gpu_memory_total_bytes", like)
+    totals = totals[totals["value"] > 0].groupby("uuid", observed=True)["value"].max()
+    memory = {str(u): float(v) for u, v in totals.items()}
+    return Identity(series, gpus.reset_index(drop=True), migs.reset_index(drop=True), memory)
 
 
 def job_kinds(series: pd.DataFrame) -> dict[str, str]:
@@ -270,6 +275,7 @@ def family_columns() -> dict[str, list[str]]:
         "gpu_job_info": ["job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS],
         "gpu_info": ["uuid", "model", "instance", "gpu"],  # gpu: the index emit's files name
         "gpu_mig_instance_info": ["uuid", "gpu_instance", "mig_profile"],
+        "gpu_memory_total_bytes": ["uuid"],  # the memory of models the catalog does not know
     }
     for table in (signals.ACTIVITY, signals.MEMORY, signals.DRAM, signals.TENSOR):
         for chain in table.values():
@@ -409,7 +415,7 @@ def build_profiles(
         model_name, model = resolve_model(models.get(first["uuid"], ""), gpu_model)
         mig_now = mig_names.get((first["uuid"], first["gpu_instance"]), "") if kind == "mig" else ""
         device_sms = model.sm_count if model else math.nan
-        device_memory = model.memory_bytes if model else math.nan
+        device_memory = model.memory_bytes if model else identity.memory_totals.get(first["uuid"], math.nan)
         share = 1.0
         slice_fraction = 1.0
         if kind == "mig" and model is not None and mig_now:

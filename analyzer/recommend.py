@@ -5,7 +5,10 @@ mine), and the last one always answers. Every reason names the numbers (and the 
 that decided it; thresholds come from `thresholds.yaml`.
 
 1. `insufficient-data`: no activity signal, too few samples or too little coverage, a GPU model
-   the catalog does not know, or no memory samples.
+   the catalog does not know and whose memory total the data lacks, or no memory samples. A model
+   the catalog does not know but whose `gpu_memory_total_bytes` is in the data gets advice from
+   memory alone (exclusive, time-slicing or MPS by memory fit with headroom, never MIG), with a
+   note that its compute limits and MIG profiles are unknown.
 2. `reclaim`: allocated and idle (p95 activity and idle fraction both say nothing ran).
    Then, for a sized job: an exclusive single-GPU job whose memory leaks (`memory_leak`: its
    least-squares memory trend adds up to `leak.min_growth_fraction` of its peak over a run of at
@@ -285,9 +288,71 @@ def _idle(v: JobView) -> Recommendation | None:
 
 
 def _unknown_model(v: JobView) -> Recommendation | None:
+    """A model the catalog does not know: advice from memory alone (its memory total from
+    `gpu_memory_total_bytes`), never MIG, with a note that compute limits and MIG are unknown."""
     if model_for_nvml_name(str(v.row["gpu_model"])) is not None:
         return None
-    return v.no_data(f"GPU model {v.row['gpu_model']!r} is not in the catalog; pass --gpu-model")
+    name, total, peak = v.row["gpu_model"], v.f("device_memory_bytes"), v.f("memory_peak_bytes")
+    if math.isnan(total) or total <= 0:
+        return v.no_data(
+            f"GPU model {name!r} is not in the catalog and the data has no gpu_memory_total_bytes for it; "
+            "pass --gpu-model"
+        )
+    if math.isnan(peak):
+        return None  # _no_memory says so
+    note = (
+        f"; GPU model {name!r} is not in the catalog: advice from its memory alone "
+        f"({_gib(total)}, gpu_memory_total_bytes), its compute limits and MIG profiles are unknown"
+    )
+    if v.row["sharing"] == "mig":
+        return v.no_data(f"on a MIG slice of a model gpulens cannot size slices for{note}")
+    th = v.th
+    need = memory_need(peak, th)
+    basis = sizing_basis(v)
+    demand = min(1.0, basis.demand)
+    demand_text = f"{basis.basis_name} {_pct(demand)}"
+    saturated = (
+        peak / total >= th.false_saturation.min_memory_fraction
+        and v.f("sm_active_mean") < th.false_saturation.max_mean_activity
+    )
+    sized: dict[str, Any] = {
+        "memory_need_bytes": need,
+        "sm_fraction": demand,
+        "sizing_percentile": basis.percentile,
+        "cap_binds_at_most": basis.binds,
+        "latency_sensitive": basis.latency_sensitive,
+        "false_saturation": saturated,
+        "false_saturation_hint": ALLOCATOR_HINT if saturated else "",
+    }
+    v.numbers.update(memory_need_bytes=need, compute_demand=demand, mem_fraction=need / total)
+    gpus, idle = int(v.row["gpus"]), v.f("idle_fraction")
+    # the order of the sized rules: memory, multi-GPU, idle-dominated, busy, then a fraction
+    if need > total or gpus > 1:
+        why = f"peak memory {_gib(peak)} + headroom exceeds its {_gib(total)}" if need > total else ""
+        why = why or f"multi-GPU job ({gpus} GPUs) at {demand_text}: keep whole GPUs"
+        return v.rec(Kind.EXCLUSIVE, why + note, gpu_fraction=1.0, **sized)
+    if idle >= th.time_slicing.min_idle_fraction:
+        return v.rec(
+            Kind.TIME_SLICING,
+            f"idle-dominated: idle in {_pct(idle)} of samples with bursts to {_pct(v.f('sm_active_max'))}; "
+            f"time-slicing caps nothing; memory need {_gib(need)} of {_gib(total)}" + note,
+            gpu_fraction=need / total,
+            **sized,
+        )
+    if demand >= th.exclusive.min_activity:
+        why = f"busy: {demand_text} >= {_pct(th.exclusive.min_activity)}; a cap would throttle it"
+        return v.rec(Kind.EXCLUSIVE, why + note, gpu_fraction=1.0, **sized)
+    settings = mps_settings(demand, need, th)
+    return v.rec(
+        Kind.MPS,
+        f"light: {demand_text} + headroom -> {settings.thread_percentage} % threads (binds in at most "
+        f"{_pct(basis.binds)} of samples), peak {_gib(peak)} -> {_gib(settings.pinned_memory_limit_bytes)} "
+        f"pinned limit of {_gib(total)}" + note,
+        mps_active_thread_percentage=settings.thread_percentage,
+        mps_pinned_memory_limit_bytes=settings.pinned_memory_limit_bytes,
+        gpu_fraction=max(need / total, settings.thread_percentage / 100),
+        **sized,
+    )
 
 
 def _no_memory(v: JobView) -> Recommendation | None:
@@ -299,13 +364,22 @@ def _no_memory(v: JobView) -> Recommendation | None:
 PRE_RULES: tuple[Rule, ...] = (_no_activity, _too_little_data, _idle, _unknown_model, _no_memory)
 
 
-def size(v: JobView) -> Sizing:
-    """Memory need and burst-aware compute demand (see the module docstring)."""
+@dataclass(frozen=True)
+class Basis:
+    """The percentile compute is sized from, and why (model-independent: shares of the device)."""
+
+    percentile: str  # "p95", "p99" or "max"
+    binds: float  # share of samples above it
+    demand: float  # activity at the percentile, as the job's device measured it
+    latency_sensitive: bool
+    burst_note: str  # why the job is latency-sensitive ("" when it is not)
+    basis_name: str  # "p99 duty cycle of its 1g.10gb slice", for reasons
+
+
+def sizing_basis(v: JobView) -> Basis:
+    """The burst-aware sizing percentile (see the module docstring)."""
     row, th = v.row, v.th
-    model = model_for_nvml_name(str(row["gpu_model"]))
-    assert model is not None  # _unknown_model ran first
-    peak, mean = v.f("memory_peak_bytes"), v.f("sm_active_mean")
-    need = memory_need(peak, th)
+    mean = v.f("sm_active_mean")
     burstiness, p99 = v.f("burstiness"), v.f("sm_active_p99")
     if math.isnan(p99):
         p99 = v.f("sm_active_max")
@@ -334,6 +408,17 @@ def size(v: JobView) -> Sizing:
     if row["sharing"] == "mig" and row["mig_profile_now"]:
         basis_name += f" of its {row['mig_profile_now']} slice"
     basis_name += signal_note(str(row["activity_signal"]))
+    return Basis(name, binds, demand, latency, burst_note, basis_name)
+
+
+def size(v: JobView) -> Sizing:
+    """Memory need and burst-aware compute demand (see the module docstring)."""
+    row, th = v.row, v.th
+    model = model_for_nvml_name(str(row["gpu_model"]))
+    assert model is not None  # _unknown_model ran first
+    need = memory_need(v.f("memory_peak_bytes"), th)
+    basis = sizing_basis(v)
+    demand = basis.demand
     device_sms = v.f("device_sms") if not math.isnan(v.f("device_sms")) else float(model.sm_count)
     demand_fraction = min(1.0, demand * device_sms / model.sm_count)
     demand_sms = demand * device_sms * (1 + th.headroom.compute_ratio)
@@ -341,15 +426,15 @@ def size(v: JobView) -> Sizing:
         model=model,
         need=need,
         mem_fraction=need / model.memory_bytes,
-        percentile=name,
-        binds=binds,
+        percentile=basis.percentile,
+        binds=basis.binds,
         demand=demand,
         demand_fraction=demand_fraction,
         demand_sms=demand_sms,
         device_sms=device_sms,
-        latency_sensitive=latency,
-        basis_name=basis_name,
-        burst_note=burst_note,
+        latency_sensitive=basis.latency_sensitive,
+        basis_name=basis.basis_name,
+        burst_note=basis.burst_note,
     )
 
 

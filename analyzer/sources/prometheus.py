@@ -312,7 +312,12 @@ class PromSource:
         gpus = self._labels("gpu_info", ["uuid", "model", "instance"]).drop_duplicates("uuid")
         migs = self._labels("gpu_mig_instance_info", ["uuid", "gpu_instance", "mig_profile"])
         migs = migs.drop_duplicates(["uuid", "gpu_instance"])
-        return Identity(series, gpus.reset_index(drop=True), migs.reset_index(drop=True))
+        totals = self.client.query(
+            f"max by (uuid) (max_over_time(gpu_memory_total_bytes[{int(self.window_s)}s]))", self.end
+        )
+        memory = {item["metric"].get("uuid", ""): _value(item) for item in totals}
+        memory = {u: v for u, v in memory.items() if u and v > 0}
+        return Identity(series, gpus.reset_index(drop=True), migs.reset_index(drop=True), memory)
 
     def _chain(
         self,

@@ -269,3 +269,25 @@ def test_noise_a_warm_up_or_a_short_run_is_not_a_leak(th):
     recs = analysis_for(jobs, th).recs.set_index("job_id")
     assert list(recs["memory_leak"]) == ["", "", ""]
     assert not recs["reason"].str.contains("leak").any()
+
+
+def test_an_unknown_models_plan_packs_by_its_memory_and_emits_valid_configs_without_mig(th):
+    from gpulens.analyzer import emit as em
+    from tests.analyzer.test_recommend import unknown_model_jobs, with_memory_total
+
+    samples = with_memory_total(synth.frame(unknown_model_jobs()), 48 * GIB)
+    profiles = profiles_from_samples(samples, synth.STEP, th)
+    analysis = analyze_profiles(
+        profiles, th, "test", with_archetypes=False, fleet=fleet_from_samples(samples)
+    )
+    plan = analysis.plan
+    assert plan.gpus_before == 5 and plan.gpus_freed >= 1
+    for entry in plan.layout:
+        assert entry["sharing"] != "mig"
+        jobs = analysis.recs.set_index("job_id").loc[entry["jobs"]]
+        assert jobs["memory_need_bytes"].sum() <= 48 * GIB or len(entry["jobs"]) == 1
+    emitted = analysis.emitted
+    assert emitted is not None and emitted.placement is not None
+    names = {h: em.config_name("gpulens", h) for h in emitted.placement.inventory.hosts()}
+    assert em.validate_files(emitted.files, emitted.placement.inventory, names) == []
+    assert "mig-devices" not in emitted.files.get(em.MIG_FILE, "")

@@ -83,11 +83,21 @@ def history_frame(start: float) -> pd.DataFrame:
         )
         for i in (1, 2)
     ]
+    # a model the catalog does not know, with its memory total: advice from memory alone
+    old.append(
+        SynthJob(
+            "odd-1", "GPU-odd-0005", steady(STEPS, 0.1, 0.05, seed=8), flat(STEPS, GIB), model="NVIDIA Odd"
+        )
+    )
     # mps-1 and mps-2 come with today's shares (device figure + remainder); the others without
     frame = pd.concat(
         [synth.with_device_shares(synth.frame(jobs, start=start)), synth.frame(old, start=start)]
     )
     frame = frame[frame["metric"] != "x"]
+    odd = frame[(frame["metric"] == "gpu_info") & (frame["uuid"] == "GPU-odd-0005")]
+    frame = pd.concat(
+        [frame, odd.assign(metric="gpu_memory_total_bytes", value=24.0 * GIB)], ignore_index=True
+    )
     device = frame[(frame["metric"] == "gpu_info") & (frame["uuid"] == "GPU-share-0001")]
     device = device.assign(metric="gpu_sm_active_ratio", model="", value=np.linspace(0.2, 0.8, len(device)))
     frame = pd.concat([frame, device], ignore_index=True)
@@ -186,6 +196,7 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     assert from_prom.loc["share-1", "activity_signal"] == "sm_active_equal_split"
     assert from_prom.loc["mps-1", "activity_signal"] == "sm_active_share"
     assert from_prom.loc["old-mps-1", "activity_signal"] == "job_sm_utilization"
+    assert from_prom.loc["odd-1", "device_memory_bytes"] == 24 * GIB
     assert from_prom.loc["share-1", "sm_active_max"] == pytest.approx(0.4)
 
 

@@ -84,11 +84,48 @@ def test_few_samples_mean_insufficient_data(th):
     assert "4 samples" in row["reason"]
 
 
-def test_unknown_model_in_the_data_is_insufficient_data(th):
+def test_unknown_model_without_its_memory_total_is_insufficient_data(th):
     job = SynthJob("x", "GPU-x", flat(30, 0.2), flat(30, GIB), model="NVIDIA Imaginary 9000")
     row = recs_for([job], th).loc["x"]
     assert row["recommendation"] == "insufficient-data"
-    assert "not in the catalog" in row["reason"]
+    assert "not in the catalog" in row["reason"] and "gpu_memory_total_bytes" in row["reason"]
+
+
+IMAGINARY = "NVIDIA Imaginary 9000"
+
+
+def unknown_model_jobs() -> list[SynthJob]:
+    notebook = np.where(np.arange(120) % 10 == 0, 0.6, 0.0)  # idle 90 % of the time, bursts
+    return [
+        SynthJob("light", "GPU-x1", steady(120, 0.1, 0.01), flat(120, 8 * GIB), model=IMAGINARY),
+        SynthJob("light2", "GPU-x2", steady(120, 0.12, 0.01), flat(120, 6 * GIB), model=IMAGINARY),
+        SynthJob("big", "GPU-x3", steady(120, 0.1, 0.01), flat(120, 46 * GIB), model=IMAGINARY),
+        SynthJob("nb", "GPU-x4", notebook, flat(120, 4 * GIB), model=IMAGINARY),
+        SynthJob("busy", "GPU-x5", steady(120, 0.8, 0.01), flat(120, 4 * GIB), model=IMAGINARY),
+    ]
+
+
+def with_memory_total(samples: pd.DataFrame, total: float) -> pd.DataFrame:
+    """gpu_memory_total_bytes for every GPU of the frame, as the exporter reports it."""
+    info = samples[samples["metric"] == "gpu_info"]
+    return pd.concat([samples, info.assign(metric="gpu_memory_total_bytes", value=total)], ignore_index=True)
+
+
+def test_an_unknown_model_gets_memory_based_advice_with_a_note(th):
+    samples = with_memory_total(synth.frame(unknown_model_jobs()), 48 * GIB)
+    recs = _recs(samples, th)
+    assert dict(recs["recommendation"]) == {
+        "light": "mps",
+        "light2": "mps",
+        "big": "exclusive",  # 46 GiB + headroom does not fit its 48 GiB
+        "nb": "time-slicing",
+        "busy": "exclusive",
+    }
+    assert recs["mig_profile"].isna().all()
+    for reason in recs["reason"]:
+        assert f"GPU model '{IMAGINARY}' is not in the catalog" in reason
+        assert "compute limits and MIG profiles are unknown" in reason and "48.0 GiB" in reason
+    assert recs.loc["light", "mps_pinned_memory_limit_bytes"] >= 9 * GIB
 
 
 def test_false_saturation_is_flagged_with_allocator_settings(th):
