@@ -46,6 +46,8 @@ from gpulens.exporter.config import ExporterConfig
 from gpulens.exporter.render import Rendered, render
 from gpulens.exporter.sampler import Sampler, SamplerSettings
 from gpulens.exporter.snapshot import Area, AreaTiming, NodeSnapshot, sm_figure
+from gpulens.httpd.metrics import families as http_families
+from gpulens.httpd.server import Server
 
 SWITCH_INTERVAL = 0.0005  # seconds a thread may hold the GIL while others wait (CPython default 0.005)
 
@@ -116,6 +118,7 @@ class Exporter:
             clock=self.clock, procfs_root=self.procfs, profiler_factory=profiler_factory
         )
         self.xid = XidWatcher(self.clock, self.log) if Area.XID in areas else None
+        self.http: Server | None = None  # set by the HTTP server serving this exporter (server.py)
         self._attributor: Any = None
         self._attribution_error = ""
         if Area.JOBS in self.enabled:
@@ -253,6 +256,8 @@ class Exporter:
                 self.log.error("collector %s failed: %s", name, error_text(exc))
             statuses[name] = AreaTiming(seconds=time.perf_counter() - started, success=ok)
         families.extend(meta.collect(snapshot, statuses))
+        if self.http is not None:  # the HTTP server's own series, as of this render
+            families.extend(http_families(self.http))
         if self.config.metrics_allow or self.config.metrics_deny:  # --metrics.allow / --metrics.deny
             families = [f for f in families if self.config.serves_family(f.name, _exposed_name(f))]
         return families, statuses

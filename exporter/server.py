@@ -165,6 +165,7 @@ class HttpServer:
             server_name=f"gpulens-exporter/{__version__}",
             logger=log,
         )
+        exporter.http = self._server  # its own series are rendered with the exporter's
 
     @property
     def port(self) -> int:

@@ -117,18 +117,29 @@ def text(status: int, line: str, **kwargs: Any) -> Response:
     return Response(status, (line + "\n").encode(), **kwargs)
 
 
+# the answers this layer decides itself (framing, sizes, deadlines, the parallel-request limit):
+# the `code` values of gpulens_http_requests_rejected_total (metrics.py), a fixed list
+REFUSAL_CODES = (400, 408, 411, 413, 414, 417, 431, 503, 505)
+
+
 @dataclass
 class Stats:
-    """Counters for logs and tests (loop thread only)."""
+    """Counters for logs, tests and the server's own series (written by the loop thread only;
+    other threads read them: plain ints, and `refused_requests` never changes its keys)."""
 
     accepted: int = 0
-    evicted: int = 0
+    evicted: int = 0  # idle connections closed to make room (the oldest first)
     refused: int = 0  # accepted and closed at once: nothing idle to close instead
     timed_out: int = 0
     rejected_heads: int = 0  # 4xx/5xx from the parser
     over_limit: int = 0  # 503 for max_requests
     accept_backoffs: int = 0
     peak_connections: int = 0
+    refused_requests: dict[int, int] = field(default_factory=lambda: dict.fromkeys(REFUSAL_CODES, 0))
+
+    def refuse(self, status: int) -> None:
+        if status in self.refused_requests:
+            self.refused_requests[status] += 1
 
 
 class _DateCache:
@@ -605,6 +616,7 @@ class _Connection:
             head = parse_head(bytes(self.buffer[: end - 4]), limits.head)
         except HttpError as exc:
             self.server.stats.rejected_heads += 1
+            self.server.stats.refuse(exc.status)
             self.head = None
             self._answer(text(exc.status, exc.detail, close=True))
             return
@@ -616,6 +628,7 @@ class _Connection:
             self.server.log.exception("checking a request head from %s failed", self.peer)
             early = text(500, "internal error", close=True)
         if early is None and head.content_length > limits.max_body:
+            self.server.stats.refuse(413)
             early = text(413, f"body larger than {limits.max_body} bytes", close=True)
         if head.content_length == 0:
             if early is not None:
@@ -673,6 +686,7 @@ class _Connection:
         self._deadline(None)
         if server.limits.max_requests and server.in_flight >= server.limits.max_requests:
             server.stats.over_limit += 1
+            server.stats.refuse(503)
             limit = server.limits.max_requests
             self._answer(text(503, f"limit of {limit} concurrent requests reached, try again later"))
             return
@@ -781,9 +795,12 @@ class _Connection:
         self.server.stats.timed_out += 1
         if self.state == "head" and self.buffer and not self.awaiting_first_byte:
             self.head = None
+            self.server.stats.refuse(408)
             self._answer(text(408, "request head not received in time", close=True))
         elif self.state == "body":
             early, self.early = self.early, None
+            if early is None:
+                self.server.stats.refuse(408)
             self._answer(
                 replace_close(early) if early else text(408, "body not received in time", close=True)
             )

@@ -7,6 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gpulens.httpd.metrics import ServerCollector
+from gpulens.httpd.server import Server
 from gpulens.remediate.breaker import BreakerState
 
 # The outcome an episode is counted under when it reaches a state (once per episode).
@@ -22,6 +24,7 @@ OUTCOMES = {
 class RemediateMetrics:
     def __init__(self, breaker_state: Callable[[], BreakerState], dry_run: bool) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._server_collector: ServerCollector | None = None
         self.actions = Counter(
             "gpulens_remediate_actions",
             "Alerts handled, by isolation kind and result.",
@@ -132,6 +135,13 @@ class RemediateMetrics:
             self.time_to_return.labels(recovery=recovery).observe(
                 max(after.returned_at - after.detected_at, 0)
             )
+
+    def watch_server(self, server: Server) -> None:
+        """Serve `server`'s own series (gpulens.httpd.metrics) with these; the last one wins."""
+        if self._server_collector is not None:
+            self.registry.unregister(self._server_collector)
+        self._server_collector = ServerCollector(server)
+        self.registry.register(self._server_collector)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

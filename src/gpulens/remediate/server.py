@@ -152,6 +152,7 @@ class RemediateServer:
         self._server = Server(
             self.app, address[0], address[1], limits=limits, server_name="gpulens-remediate", logger=log
         )
+        remediator.metrics.watch_server(self._server)
         self.server_address = self._server.address
 
     @property
