@@ -1,4 +1,5 @@
-"""A stand-in for Slurm's `scontrol`, driven by a JSON state file: `fake_scontrol.py STATE ARGS...`.
+"""A stand-in for Slurm's `scontrol` and `squeue`, driven by a JSON state file:
+`fake_scontrol.py STATE ARGS...` (scontrol) and `fake_scontrol.py STATE --squeue ARGS...` (squeue).
 
 It answers the commands gpulens runs the way Slurm does at its command-line interface:
 
@@ -8,6 +9,11 @@ It answers the commands gpulens runs the way Slurm does at its command-line inte
   (with Slurm's message when not 0); with `stateful` the node's state and reason change.
 - `reboot ASAP nextstate=DOWN|RESUME reason=... NAME`: with `stateful` the reboot happens at once
   (a new BootTime, the state after it as `nextstate` says) unless `reboot` is `"pending"`.
+- `requeue [Incomplete] ID[,ID...]`: each ID must be a job of `jobs` (node -> job ids) not in
+  `no_requeue` (a non-batch or --no-requeue job), else Slurm's error for it and exit status 1;
+  the requeued jobs leave their node and are appended to `requeued`.
+- squeue `--noheader --nodelist=NAME --format=%A [--states=...]`: the node's `jobs`, one id a line
+  (the only format gpulens asks for; others are refused as unsupported here).
 
 Every call's argv is appended (JSON) to the `record` file. The state file is rewritten in place.
 """
@@ -48,7 +54,23 @@ def _option(args: list[str], key: str) -> str | None:
 def main(path: str, args: list[str]) -> int:
     with open(path + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel calls (one per node) see each other's changes
+        if args[:1] == ["--squeue"]:
+            return _squeue(path, args[1:])
         return _run(path, args)
+
+
+def _squeue(path: str, args: list[str]) -> int:
+    with open(path) as handle:
+        state = json.load(handle)
+    with open(state["record"], "a") as handle:
+        handle.write(json.dumps(["squeue", *args]) + "\n")
+    node = _option(args, "--nodelist")
+    if "--noheader" not in args or _option(args, "--format") != "%A" or not node:
+        print(f"squeue: unsupported here: {' '.join(args)}", file=sys.stderr)
+        return 1
+    for job in state.get("jobs", {}).get(node, []):
+        print(job)
+    return 0
 
 
 def _run(path: str, args: list[str]) -> int:
@@ -79,6 +101,18 @@ def _run(path: str, args: list[str]) -> int:
                 node["State"], node["Reason"] = f"{base}+DRAIN", _option(args, "Reason") or ""
             elif node is not None and wanted == "RESUME":
                 node["State"], node["Reason"] = "IDLE", ""
+    elif args[:1] == ["requeue"]:
+        ids = args[-1].split(",")
+        jobs = state.setdefault("jobs", {})
+        known = {str(j) for node_jobs in jobs.values() for j in node_jobs}
+        refused = [j for j in ids if j not in known or j in map(str, state.get("no_requeue", []))]
+        for job in refused:
+            print(f"Requeue of JobId={job} returned an error: Only batch jobs are accepted", file=sys.stderr)
+        done = [j for j in ids if j not in refused]
+        for name, node_jobs in jobs.items():
+            jobs[name] = [j for j in node_jobs if str(j) not in done]
+        state.setdefault("requeued", []).extend(done)
+        code = 1 if refused else 0
     elif args[:1] == ["reboot"]:
         code = int(state.get("update_exit", 0))
         if code:

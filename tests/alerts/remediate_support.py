@@ -37,11 +37,13 @@ def write_fake_scontrol(
     reason: str = "",
     **options: object,
 ) -> tuple[Path, Path]:
-    """A `scontrol` (tests/alerts/fake_scontrol.py) in a fresh bin dir; returns (bin dir, record file).
+    """A `scontrol` and an `squeue` (tests/alerts/fake_scontrol.py) in a fresh bin dir; returns
+    (bin dir, record file).
 
     Any node name exists in `state` (with `reason`) unless `any_node=False` and `nodes={...}`;
     `update` exits with `exit_code`. More `options` go to the state file (`sets`, `delay_s`,
-    `stateful`, `reboot`): see fake_scontrol.py. The state file is `tmp_path/scontrol-state.json`.
+    `stateful`, `reboot`, `jobs`, `no_requeue`): see fake_scontrol.py. The state file is
+    `tmp_path/scontrol-state.json`.
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -50,10 +52,11 @@ def write_fake_scontrol(
     config = {"record": str(record), "update_exit": exit_code, "default": default, **options}
     state_file = tmp_path / "scontrol-state.json"
     state_file.write_text(json.dumps(config))
-    script = bin_dir / "scontrol"
     command = shlex.join([sys.executable, str(FAKE_SCONTROL), str(state_file)])
-    script.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
-    script.chmod(0o755)
+    for name, first in (("scontrol", ""), ("squeue", " --squeue")):
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\nexec {command}{first} "$@"\n')
+        script.chmod(0o755)
     return bin_dir, record
 
 

@@ -335,3 +335,96 @@ def test_enough_faulty_gpus_take_the_node_out_whole_and_one_reboot_recovers_them
     assert recovered == ["recovered", "recovered", "recovered"]
     assert left == {}
     assert stand_in.nodes["gpu-17"]["spec"]["unschedulable"] is False
+
+
+# --- requeue of the node's jobs with the reboot (--slurm-requeue) ----------------------------------
+
+
+@pytest.fixture
+def slurm_jobs(tmp_path, monkeypatch):
+    """The stateful scontrol + squeue stand-in with jobs 101 and 102 running on gpu-17; 103 on gpu-18."""
+    bin_dir, record = write_fake_scontrol(
+        tmp_path, stateful=True, jobs={"gpu-17": [102, 101], "gpu-18": [103]}
+    )
+    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
+    return record
+
+
+def test_requeue_asked_for_requeues_the_node_s_jobs_through_slurm_with_the_reboot(slurm_jobs, tmp_path):
+    log = tmp_path / "audit.jsonl"
+    isolator = SlurmIsolator(requeue=True)
+    with receiver(isolator, dry_run=False, clock=Clock(), audit_log=log, policy=_policy()) as (base, rem):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        rem.reconciler.tick()
+    calls = [c for c in scontrol_calls(slurm_jobs) if c[0] != "show"]
+    assert [c[:2] for c in calls] == [
+        ["update", "NodeName=gpu-17"],
+        ["reboot", "ASAP"],
+        ["squeue", "--noheader"],
+        ["requeue", "Incomplete"],
+    ]
+    assert "--nodelist=gpu-17" in calls[2] and "--format=%A" in calls[2]
+    assert calls[3] == ["requeue", "Incomplete", "101,102"]
+    state = scontrol_state(tmp_path)
+    assert state["requeued"] == ["101", "102"] and state["jobs"] == {"gpu-17": [], "gpu-18": [103]}
+    started = [json.loads(line) for line in log.read_text().splitlines()][1]
+    assert started["event"] == "action_started"
+    assert started["episode"]["detail"].endswith("; requeued 2 job(s): scontrol requeue Incomplete 101,102")
+
+
+def test_without_requeue_the_jobs_are_left_to_finish_before_the_reboot(slurm_jobs, tmp_path):
+    with receiver(SlurmIsolator(), dry_run=False, clock=Clock(), policy=_policy()) as (base, rem):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        rem.reconciler.tick()
+    assert [c[0] for c in scontrol_calls(slurm_jobs) if c[0] != "show"] == ["update", "reboot"]
+    assert "requeued" not in scontrol_state(tmp_path)
+
+
+def test_a_job_slurm_will_not_requeue_is_recorded_and_the_reboot_still_goes_ahead(tmp_path, monkeypatch):
+    bin_dir, _ = write_fake_scontrol(tmp_path, stateful=True, jobs={"gpu-17": [101]}, no_requeue=[101])
+    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
+    with receiver(SlurmIsolator(requeue=True), dry_run=False, clock=Clock(), policy=_policy()) as (base, rem):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        rem.reconciler.tick()
+        (episode,) = episodes(rem).values()
+    assert episode["state"] == "recovering"
+    assert "; requeue failed: scontrol requeue Incomplete 101: " in episode["detail"]
+    assert "Only batch jobs are accepted" in episode["detail"]
+
+
+def test_a_job_list_that_is_not_job_ids_is_refused_without_requeuing(tmp_path, monkeypatch):
+    bin_dir, record = write_fake_scontrol(tmp_path, stateful=True, jobs={"gpu-17": ["101", "ALL"]})
+    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
+    with receiver(SlurmIsolator(requeue=True), dry_run=False, clock=Clock(), policy=_policy()) as (base, rem):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        rem.reconciler.tick()
+        (episode,) = episodes(rem).values()
+    assert "requeue refused: squeue printed 'ALL', not a job id" in episode["detail"]
+    assert not [c for c in scontrol_calls(record) if c[:1] == ["requeue"]]
+
+
+def test_requeue_is_behind_the_breaker_with_the_reboot(slurm_jobs):
+    with receiver(
+        SlurmIsolator(requeue=True), dry_run=False, max_nodes=1, clock=Clock(), policy=_policy()
+    ) as (
+        base,
+        rem,
+    ):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        rem.breaker.reset()
+        rem.breaker.commit(rem.breaker.reserve("gpu-9"))  # another node fills the fresh window
+        rem.reconciler.tick()
+    assert [c[0] for c in scontrol_calls(slurm_jobs) if c[0] != "show"] == ["update"]
+
+
+def test_a_dry_run_describes_the_requeue_and_runs_nothing(slurm_jobs):
+    with receiver(SlurmIsolator(requeue=True), clock=Clock(), policy=_policy()) as (base, rem):
+        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        rem.reconciler.tick()
+        (episode,) = episodes(rem).values()
+    assert scontrol_calls(slurm_jobs) == []
+    assert episode["state"] == "dry_run"
+    assert (
+        "; then scontrol requeue Incomplete <the jobs of: squeue --noheader --nodelist=gpu-17 --format=%A "
+        "--states=CONFIGURING,RUNNING,STOPPED,SUSPENDED>" in episode["detail"]
+    )

@@ -459,3 +459,13 @@ def test_cli_kubernetes_apply_outside_a_cluster_needs_an_api_url(tmp_path):
     result = _cli("--backend", "kubernetes", "--apply", "--token-file", str(token), env=env)
     assert result.returncode == 2
     assert result.stderr == "gpulens: error: --kube-api-url is required outside a Kubernetes pod\n"
+
+
+def test_cli_slurm_requeue_is_refused_for_kubernetes_where_the_drain_evicts(tmp_path):
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    result = _cli("--backend", "kubernetes", "--slurm-requeue", "--token-file", str(token))
+    assert result.returncode == 2
+    assert result.stderr == (
+        "gpulens: error: --slurm-requeue is for --backend slurm (on Kubernetes, --drain evicts the pods)\n"
+    )

@@ -159,6 +159,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="state after `scontrol reboot ASAP`: DOWN keeps the node out until gpulens returns it "
         "after the hold-down (default); RESUME lets Slurm return it right after the boot",
     )
+    slurm.add_argument(
+        "--slurm-requeue",
+        action="store_true",
+        help="with the reboot, requeue the jobs still running on the node (squeue --nodelist, "
+        "scontrol requeue Incomplete) instead of waiting for them to end",
+    )
+    slurm.add_argument("--squeue", default="squeue", help="squeue binary (default: from PATH)")
     loop = parser.add_argument_group("fault loop (recover, hold down, return to service)")
     loop.add_argument(
         "--hold-down",
@@ -236,7 +243,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def build_isolator(args: argparse.Namespace) -> Backend:
     if args.backend == "slurm":
-        return SlurmIsolator(scontrol=args.scontrol, reboot_nextstate=args.slurm_reboot_nextstate)
+        return SlurmIsolator(
+            scontrol=args.scontrol,
+            reboot_nextstate=args.slurm_reboot_nextstate,
+            requeue=args.slurm_requeue,
+            squeue=args.squeue,
+        )
+    if args.slurm_requeue:
+        raise UsageError("--slurm-requeue is for --backend slurm (on Kubernetes, --drain evicts the pods)")
     if not args.kube_api_url:
         if args.apply:
             raise UsageError("--kube-api-url is required outside a Kubernetes pod")

@@ -9,6 +9,12 @@ scontrol takes more than node names where a node name goes: `ALL`, host lists (`
 `a,b`) and node-set names. The first two are refused by name; every action first reads the node
 (`scontrol show node NAME --oneliner`) and goes ahead only when that names exactly one node called
 NAME, so a node set (or a name Slurm does not know) is never acted on.
+
+With `requeue` (`--slurm-requeue`) the reboot also requeues the jobs still running on the node
+through Slurm's own mechanism: `squeue --nodelist=NODE --format=%A` lists them (one job id per
+line, array elements each their own) and `scontrol requeue Incomplete <ids>` puts the batch jobs
+back to pending (Slurm refuses non-batch and `--no-requeue` jobs; that is said in the record and
+the reboot goes ahead: ASAP waits for those jobs to end).
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ _RECORD_NAME = re.compile(r"^NodeName=(\S+)")
 _BOOT = re.compile(r"\bBootTime=(\S+)")
 
 _STATE = re.compile(r"\bState=(\S+)")
+_JOB_ID = re.compile(r"[0-9]{1,12}")
+MAX_REQUEUE = 4096  # jobs on one node: more is not a node's job list
+# the job states `scontrol requeue Incomplete` acts on (its man page)
+REQUEUE_STATES = "CONFIGURING,RUNNING,STOPPED,SUSPENDED"
 _REASON = re.compile(r"\bReason=(.*?)(?:\s+\[[^\]]*\])?\s*$", re.M)
 
 
@@ -43,6 +53,8 @@ class SlurmIsolator:
     timeout_s: float = 30.0
     backend: str = "slurm"
     reboot_nextstate: str = "DOWN"
+    requeue: bool = False
+    squeue: str = "squeue"
 
     def command(self, request: IsolationRequest) -> list[str]:
         return [
@@ -110,7 +122,8 @@ class SlurmIsolator:
     # Slurm has no per-GPU reset, so both the reset and the reboot class reboot the node, with
     # Slurm's own `scontrol reboot ASAP`: the node drains (running jobs finish), reboots when idle
     # and comes back in `nextstate`. DOWN (the default) keeps it out until gpulens returns it after
-    # the hold-down; RESUME lets Slurm put it back right after the boot, skipping the hold-down.
+    # the hold-down; RESUME lets Slurm put it back right after the boot (clearing the DRAIN flag and
+    # the reason), skipping the hold-down; and without nextstate ASAP means UNDRAIN, the same.
 
     def reboot_command(self, episode: Episode) -> list[str]:
         reason = f"gpulens: {printable(episode.alertname, 128)} {episode.recovery.value}"
@@ -123,8 +136,46 @@ class SlurmIsolator:
             episode.node,
         ]
 
+    def jobs_command(self, node: str) -> list[str]:
+        return [
+            self.squeue,
+            "--noheader",
+            f"--nodelist={node}",
+            "--format=%A",
+            f"--states={REQUEUE_STATES}",
+        ]
+
+    def requeue_command(self, jobs: list[str]) -> list[str]:
+        return [self.scontrol, "requeue", "Incomplete", ",".join(jobs)]
+
     def describe_recovery(self, episode: Episode) -> str:
-        return shlex.join(self.reboot_command(episode))
+        reboot = shlex.join(self.reboot_command(episode))
+        if not self.requeue:
+            return reboot
+        listing = shlex.join(self.jobs_command(episode.node))
+        return f"{reboot}; then {self.scontrol} requeue Incomplete <the jobs of: {listing}>"
+
+    def requeue_jobs(self, node: str, deadline: Deadline) -> str:
+        """Requeue the node's running jobs; what happened, in one line (never raises)."""
+        try:
+            listed = self._run(self.jobs_command(node), deadline)
+        except ScontrolError as exc:
+            return f"requeue failed: {exc}"
+        jobs = [line.strip() for line in listed.splitlines() if line.strip()]
+        bad = next((j for j in jobs if not _JOB_ID.fullmatch(j)), None)
+        if bad is not None:
+            return f"requeue refused: {self.squeue} printed {printable(bad, 60)!r}, not a job id"
+        if len(jobs) > MAX_REQUEUE:
+            return f"requeue refused: {len(jobs)} jobs listed on node {node} (at most {MAX_REQUEUE})"
+        if not jobs:
+            return f"no job to requeue on node {node}"
+        jobs = sorted(set(jobs), key=int)
+        command = self.requeue_command(jobs)
+        try:
+            self._run(command, deadline)
+        except ScontrolError as exc:
+            return f"requeue failed: {exc}"
+        return f"requeued {len(jobs)} job(s): {shlex.join(command)}"
 
     def can_start(self, episode: Episode, deadline: Deadline) -> Progress:
         return Progress(Step.DONE, "scontrol reboot ASAP waits for running jobs itself")
@@ -136,7 +187,10 @@ class SlurmIsolator:
             self._run(command, deadline)
         except ScontrolError as exc:
             return Progress(Step.FAILED, str(exc))
-        return Progress(Step.DONE, shlex.join(command), marker=boot)
+        detail = shlex.join(command)
+        if self.requeue:  # after the reboot request: the drain stays whatever the requeue does
+            detail += "; " + self.requeue_jobs(episode.node, deadline)
+        return Progress(Step.DONE, detail, marker=boot)
 
     def recovery_progress(self, episode: Episode, deadline: Deadline) -> Progress:
         try:
