@@ -17,18 +17,16 @@ import http.client
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support.procs import free_port
+from tests.support.procs import free_port, running
 
 pytestmark = pytest.mark.slow
 
@@ -55,36 +53,8 @@ def _limit_descriptors() -> None:
 @contextlib.contextmanager
 def daemon(cmd: list[str], ready: str, log_path: Path, env: dict[str, str]) -> Iterator[subprocess.Popen]:
     """`cmd` under a 1,024-descriptor limit until the context exits; waits for `ready` to answer."""
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            preexec_fn=_limit_descriptors,
-            start_new_session=True,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                try:
-                    with urllib.request.urlopen(ready, timeout=2) as answer:
-                        if answer.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert time.monotonic() < deadline, f"{ready} not ready"
-                time.sleep(0.1)
-            yield proc
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    with running(cmd, ready, log_path, timeout=60, env=env, preexec_fn=_limit_descriptors) as proc:
+        yield proc
 
 
 def peak_rss(pid: int) -> int:

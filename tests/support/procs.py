@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,8 +70,12 @@ def running(
     log_path: Path,
     timeout: float = 30.0,
     env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Iterator[subprocess.Popen]:
-    """Run `cmd` until the context exits; the log goes to `log_path` and is shown on failure."""
+    """Run `cmd` until the context exits; the log goes to `log_path` and is shown on failure.
+
+    `preexec_fn` runs in the child before exec (e.g. lowering RLIMIT_NOFILE for a daemon that must
+    hold under the systemd unit's limits)."""
     log = log_path.open("wb")
     proc = subprocess.Popen(
         list(cmd),
@@ -79,6 +83,7 @@ def running(
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
         start_new_session=True,
+        preexec_fn=preexec_fn,
     )
     try:
         try:
