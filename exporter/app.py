@@ -47,7 +47,7 @@ from gpulens.exporter.render import Rendered, render
 from gpulens.exporter.sampler import Sampler, SamplerSettings
 from gpulens.exporter.snapshot import Area, AreaTiming, NodeSnapshot, sm_figure
 from gpulens.httpd.metrics import families as http_families
-from gpulens.httpd.server import Server
+from gpulens.httpd.server import Server, freeze_startup_heap
 
 SWITCH_INTERVAL = 0.0005  # seconds a thread may hold the GIL while others wait (CPython default 0.005)
 
@@ -308,11 +308,15 @@ class Exporter:
         the GIL (the simulated driver's calls never release it), and a scrape thread needing the
         GIL a few times per request waited one default 5 ms slice per busy thread each time,
         which put the scrape p99 at tens of ms. Serving a scrape needs well under 1 ms of CPU.
+        The start-up heap is frozen out of the garbage collector's reach for the same reason.
         """
         if self._thread is not None:
             return
         if sys.getswitchinterval() > SWITCH_INTERVAL:
             sys.setswitchinterval(SWITCH_INTERVAL)
+        # start-up objects out of the GC's full collections, before /-/ready says yes (the tail
+        # latency of scrapes during a connection flood; httpd/server.py says why)
+        freeze_startup_heap()
         if self.xid is not None:
             self.sampler.poll_events_inline = False
             self.xid.start()

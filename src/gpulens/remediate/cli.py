@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from gpulens import httpclient
+from gpulens.httpd.server import freeze_startup_heap
 from gpulens.remediate.audit import AuditError
 from gpulens.remediate.auth import AuthConfigError, Authenticator, read_secret
 from gpulens.remediate.breaker import BreakerStore, BreakerStoreError, CircuitBreaker, FileStore, MemoryStore
@@ -367,6 +368,7 @@ def run(args: argparse.Namespace) -> int:
         server = RemediateServer(args.listen, remediator, auth)
     except OSError as exc:
         return _fail(f"--listen {args.listen[0]}:{args.listen[1]}: {exc.strerror or exc}")
+    freeze_startup_heap()  # start-up objects out of the GC's full collections (httpd/server.py)
     mode = "APPLY" if args.apply else "dry-run (pass --apply to act)"
     log.info(
         "listening on http://%s:%d/alerts, backend %s, %s, breaker %d nodes / %gs",
