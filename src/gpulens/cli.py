@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from gpulens import __version__
+from gpulens import __version__, exits
 
 # subcommand name -> module that implements register(subparsers)
 COMMANDS: dict[str, str] = {
@@ -61,12 +61,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
+        exits.install()  # SIGTERM/SIGHUP unwind like Ctrl-C: temporary files go on every way out
         return int(args.func(args) or 0)
     except CliError as exc:
         print(f"gpulens: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except exits.Terminated as stop:
+        return stop.exit_status
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpulens.exits import Terminated
+
 ENV_SCENARIO = "GPULENS_SIM_SCENARIO"
 ENV_SEED = "GPULENS_SIM_SEED"
 ENV_SPEED = "GPULENS_SIM_SPEED"
@@ -367,6 +369,9 @@ def _run_child(command: list[str], env: dict[str, str]) -> int:
         code = child.wait()
     except KeyboardInterrupt:
         child.send_signal(signal.SIGINT)
+        code = child.wait()
+    except Terminated as stop:  # SIGTERM/SIGHUP: passed on, then the simulator is torn down
+        child.send_signal(stop.signum)
         code = child.wait()
     return 128 - code if code < 0 else code  # killed by a signal: the shell's 128+N
 

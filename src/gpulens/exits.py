@@ -1,0 +1,48 @@
+"""SIGTERM and SIGHUP end a `gpulens` command the way Ctrl-C does: by unwinding, not by dying.
+
+Python's default for SIGTERM and SIGHUP is to die at once, skipping every `finally` and `with`
+exit: the simulator's temporary directories, a half-built history beside `--out` and the native
+driver's shared-memory file would all stay behind. `install()` turns both into `Terminated`, raised
+in the main thread, so everything on the way out runs; the command then exits 128 + the signal
+number, as a shell reports a killed program. `Terminated` is a BaseException (like
+KeyboardInterrupt) so that `except Exception` handlers do not swallow it.
+
+A signal the parent set to be ignored (`nohup` ignores SIGHUP) stays ignored, and daemons that
+handle signals themselves (`gpulens remediate serve` logs SIGHUP) install their own handlers over
+these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from types import FrameType
+
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(BaseException):  # named like KeyboardInterrupt, which it mirrors
+    """The process was asked to stop by `signum`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(signum)
+
+
+def install() -> None:
+    """Make SIGTERM and SIGHUP raise `Terminated` (main thread only; ignored signals stay so)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in SIGNALS:
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, _raise)
