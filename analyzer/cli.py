@@ -104,6 +104,46 @@ def _source_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--gpu-model", help="treat every GPU as this catalog model (sources that do not say)")
     parser.add_argument("--thresholds", metavar="FILE", help="YAML thresholds overriding the defaults")
+    _limit_args(parser)
+
+
+def _limit_args(parser: argparse.ArgumentParser) -> None:
+    limits = parser.add_argument_group("input limits (checked before a file is read)")
+    limits.add_argument(
+        "--max-samples", type=int, default=None, metavar="N", help="refuse inputs of more rows (default 1e9)"
+    )
+    limits.add_argument(
+        "--max-memory",
+        default=None,
+        metavar="SIZE",
+        help="refuse inputs that would expand to more memory, e.g. 8GiB (default: half the machine's memory)",
+    )
+
+
+SIZE_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+SIZE_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
+
+
+def parse_size(text: str, flag: str) -> int:
+    """`8GiB`, `500MB` or a number of bytes; one error line naming the flag otherwise."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else ""
+    if match is None or unit not in SIZE_UNITS or float(match.group(1)) * SIZE_UNITS[unit] < 1:
+        raise AnalyzerError(f"{flag}: expected a size like 8GiB, 500MB or a number of bytes, got {text!r}")
+    return int(float(match.group(1)) * SIZE_UNITS[unit])
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from gpulens.analyzer.history import InputLimits
+
+    default = InputLimits()
+    rows = default.max_rows if args.max_samples is None else args.max_samples
+    if rows < 1:
+        raise AnalyzerError(f"--max-samples: expected a positive number of rows, got {rows}")
+    size = default.max_bytes if args.max_memory is None else parse_size(args.max_memory, "--max-memory")
+    return InputLimits(max_rows=rows, max_bytes=size)
 
 
 def _prom_source(args: argparse.Namespace) -> Any:
@@ -185,7 +225,7 @@ def _analysis(args: argparse.Namespace, with_archetypes: bool = True) -> Any:
         )
     window = parse_duration(args.window, "--window") if args.window else None
     end = parse_time(args.end) if args.end else None
-    history = files.load(args.history, window, end, sys.stderr if args.progress else None)
+    history = files.load(args.history, window, end, sys.stderr if args.progress else None, _limits(args))
     return pipeline.analyze_history(history, th, model, with_archetypes)
 
 
@@ -286,10 +326,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_import_trace(args: argparse.Namespace) -> int:
-    from gpulens.analyzer.importers import import_trace
+    from gpulens.analyzer.importers import import_trace, warnings
     from gpulens.analyzer.profile import parse_model_option
 
-    meta = import_trace(args.trace, args.src, args.out, parse_model_option(args.gpu_model))
+    meta = import_trace(args.trace, args.src, args.out, parse_model_option(args.gpu_model), _limits(args))
+    for line in warnings(meta):
+        print(f"gpulens: warning: {line}", file=sys.stderr)
     print(f"history written to {args.out} ({meta['trace']['pods']} pods, {meta['kind']})")
     return 0
 
@@ -351,6 +393,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("src", help="trace directory (tarballs or CSVs) or file")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--gpu-model", help="GPU model of the trace (required for alibaba-genai-2026)")
+    _limit_args(p)
     p.set_defaults(func=cmd_import_trace)
 
     p = subparsers.add_parser(

@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -32,6 +33,7 @@ import pyarrow.parquet as pq
 
 from gpulens import atomicfile
 from gpulens.analyzer.errors import AnalyzerError
+from gpulens.safeload import load_json
 
 FORMAT = "gpulens-history"
 VERSION = 1
@@ -362,12 +364,128 @@ def write_history(out_dir: str | Path, frame: pd.DataFrame, meta: Mapping[str, A
     return Path(out_dir)
 
 
+def _physical_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return 16 * 1024**3
+
+
+# what a row of the long table costs in memory once read: timestamp and value (float64) and a
+# dictionary code per label column; Parquet's uncompressed sizes understate it for constant
+# columns (a dictionary page of one value stands for any number of rows)
+BYTES_PER_ROW = 8 + 8 + 4 * len(LABELS)
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """How much of an input file the analyzer agrees to expand into memory (`--max-samples`,
+    `--max-memory`). Checked from the Parquet footer (rows, uncompressed sizes) or the file size
+    before anything is read, so a small, highly compressed file cannot expand into many GiB."""
+
+    max_rows: int = 1_000_000_000
+    max_bytes: int = field(default_factory=lambda: _physical_memory() // 2)
+
+    def check_parquet(self, path: Path, columns: Iterable[str] | None = None) -> None:
+        try:
+            metadata = pq.ParquetFile(path).metadata
+        except (OSError, pa.ArrowException) as exc:
+            raise AnalyzerError(f"{path}: not a readable Parquet file: {_reason(exc)}") from exc
+        rows = metadata.num_rows
+        if rows > self.max_rows:
+            raise AnalyzerError(
+                f"{path}: {rows:,} rows, more than the limit of {self.max_rows:,} (--max-samples)"
+            )
+        wanted = None if columns is None else set(columns)
+        stored = 0
+        for i in range(metadata.num_row_groups):
+            group = metadata.row_group(i)
+            for j in range(group.num_columns):
+                column = group.column(j)
+                if wanted is None or column.path_in_schema in wanted:
+                    stored += column.total_uncompressed_size
+        need = max(stored, rows * BYTES_PER_ROW)
+        if need > self.max_bytes:
+            raise AnalyzerError(
+                f"{path}: would expand to about {_gib(need)} in memory ({rows:,} rows), more than the "
+                f"limit of {_gib(self.max_bytes)} (--max-memory)"
+            )
+
+    def check_text(self, path: Path, size: int | None = None) -> None:
+        """A text input (CSV, OpenMetrics) costs about its size a few times over once parsed."""
+        try:
+            size = path.stat().st_size if size is None else size
+        except OSError as exc:
+            raise AnalyzerError(f"{path}: cannot read: {exc.strerror}") from exc
+        if size * TEXT_EXPANSION > self.max_bytes:
+            raise AnalyzerError(
+                f"{path}: {_gib(size)} of text would need about {_gib(size * TEXT_EXPANSION)} in "
+                f"memory, more than the limit of {_gib(self.max_bytes)} (--max-memory)"
+            )
+
+
+TEXT_EXPANSION = 4  # pandas' frame of a numeric CSV is about 2-4x the text
+
+
+def _gib(n: float) -> str:
+    return f"{n / 1024**3:.2f} GiB" if n >= 1024**2 else f"{n:,.0f} bytes"
+
+
+# ceilings no real sample reaches: the largest GPU holds well under 1 TiB, a ratio is 0..1 (a
+# little above from rounding), a timestamp is after 1970 and before 2242
+MAX_TIMESTAMP = 2.0**33
+MAX_MEMORY_BYTES = 2.0**50
+RATIO_TOLERANCE = 0.05
+
+
+def _value_bounds(family: str) -> tuple[float, float] | None:
+    if family.endswith("_ratio"):
+        return 0.0, 1.0 + RATIO_TOLERANCE
+    if family.endswith("_bytes"):
+        return 0.0, MAX_MEMORY_BYTES
+    if family in ("gpulens_trace_job_requested_gpus", "gpulens_trace_node_gpus"):
+        return 0.0, 1024.0
+    if family == "gpulens_trace_job_lifetime_seconds":
+        return 0.0, MAX_TIMESTAMP
+    return None
+
+
+def check_samples(where: Path, family: str, timestamps: np.ndarray, values: np.ndarray) -> None:
+    """One line naming the file, family and column when a sample cannot be real.
+
+    A history is gpulens' own validated format (or a file converted into it), so an impossible
+    sample means the file is corrupt or in other units: refused, not dropped. NaN values are gaps.
+    """
+    ts = np.asarray(timestamps, dtype=float)
+    bad = ~(np.isfinite(ts) & (ts >= 0) & (ts <= MAX_TIMESTAMP))
+    if bad.any():
+        raise AnalyzerError(
+            f"{where}: {family}: column timestamp: expected seconds since 1970 (finite, before 2242), "
+            f"found {ts[bad][0]!r} ({int(bad.sum())} samples)"
+        )
+    vs = np.asarray(values, dtype=float)
+    bounds = _value_bounds(family)
+    with np.errstate(invalid="ignore"):
+        if bounds is None:
+            bad = np.isinf(vs)
+            expected = "a finite number or NaN"
+        else:
+            lo, hi = bounds
+            bad = ~np.isnan(vs) & ~((vs >= lo) & (vs <= hi))
+            expected = f"{lo:g}..{hi:g} or NaN"
+    if bad.any():
+        raise AnalyzerError(
+            f"{where}: {family}: column value: expected {expected}, found {vs[bad][0]!r} "
+            f"({int(bad.sum())} samples)"
+        )
+
+
 def read_meta(root: Path) -> dict[str, Any]:
     if not root.is_dir():
         raise AnalyzerError(f"{root}: history directory not found")
     meta_path = root / META_FILE
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = load_json(meta_path.read_text())
     except FileNotFoundError as exc:
         raise AnalyzerError(f"{meta_path}: missing (not a gpulens history directory)") from exc
     except (OSError, ValueError) as exc:
@@ -386,9 +504,10 @@ def read_meta(root: Path) -> dict[str, Any]:
     return meta
 
 
-def _read_samples(root: Path) -> tuple[Path, pd.DataFrame]:
+def _read_samples(root: Path, limits: InputLimits) -> tuple[Path, pd.DataFrame]:
     samples_path = root / SAMPLES_FILE
     if samples_path.exists():
+        limits.check_parquet(samples_path)
         try:
             # dictionary-encoded -> categoricals: a third of the memory and CPU for joins and filters
             samples = pq.read_table(samples_path, read_dictionary=["metric", *LABELS]).to_pandas()
@@ -396,6 +515,7 @@ def _read_samples(root: Path) -> tuple[Path, pd.DataFrame]:
             raise AnalyzerError(f"{samples_path}: not a readable Parquet file: {_reason(exc)}") from exc
     elif (root / CSV_FILE).exists():
         samples_path = root / CSV_FILE
+        limits.check_text(samples_path)
         try:
             samples = pd.read_csv(samples_path, dtype={label: str for label in LABELS}, keep_default_na=False)
         except (OSError, ValueError, pd.errors.ParserError) as exc:
@@ -405,6 +525,7 @@ def _read_samples(root: Path) -> tuple[Path, pd.DataFrame]:
         samples["value"] = pd.to_numeric(samples.get("value"), errors="coerce")
     elif (root / OPENMETRICS_FILE).exists():
         samples_path = root / OPENMETRICS_FILE
+        limits.check_text(samples_path)
         samples = read_openmetrics(samples_path)
     else:
         raise AnalyzerError(f"{root}: no {SAMPLES_FILE}, {CSV_FILE} or {OPENMETRICS_FILE}")
@@ -422,11 +543,20 @@ def _check_columns(samples_path: Path, samples: pd.DataFrame) -> pd.DataFrame:
     for label in LABELS:
         if label not in samples:
             samples[label] = ""
+    stamps = samples["timestamp"]
+    if not pd.api.types.is_numeric_dtype(stamps):  # CSV: an empty cell is a missing time, refused below
+        blank = stamps.astype(str).str.strip() == ""
+        converted = pd.to_numeric(stamps.where(~blank, None), errors="coerce")
+        if (converted.isna() & ~blank).any():
+            raise AnalyzerError(f"{samples_path}: columns timestamp and value must be numbers")
+        samples["timestamp"] = converted
     try:
         samples["timestamp"] = samples["timestamp"].astype(float)
         samples["value"] = samples["value"].astype(float)
     except (TypeError, ValueError) as exc:
         raise AnalyzerError(f"{samples_path}: columns timestamp and value must be numbers") from exc
+    for family, rows in samples.groupby("metric", sort=False, observed=True):
+        check_samples(samples_path, str(family), rows["timestamp"].to_numpy(), rows["value"].to_numpy())
     return samples
 
 
@@ -436,6 +566,7 @@ def _stream_families(
     start: float | None,
     end: float | None,
     progress: TextIO | None,
+    limits: InputLimits,
 ) -> dict[str, pd.DataFrame]:
     """Per-family frames read one row group at a time, keeping only the wanted rows and columns.
 
@@ -450,6 +581,7 @@ def _stream_families(
             raise AnalyzerError(f"{samples_path}: missing columns {missing}")
         wanted = {family: ["timestamp", "value", *labels] for family, labels in families.items()}
         columns = sorted({c for cols in wanted.values() for c in cols if c in present} | {"metric"})
+        limits.check_parquet(samples_path, columns)
         dictionary = [c for c in columns if c in LABELS or c == "metric"]
         parquet = pq.ParquetFile(samples_path, read_dictionary=dictionary)
         parts: dict[str, list[pa.Table]] = {family: [] for family in families}
@@ -489,6 +621,7 @@ def _stream_families(
             frame["value"] = frame["value"].astype(float)
         except (TypeError, ValueError) as exc:
             raise AnalyzerError(f"{samples_path}: columns timestamp and value must be numbers") from exc
+        check_samples(samples_path, family, frame["timestamp"].to_numpy(), frame["value"].to_numpy())
         out[family] = frame[cols]
     return out
 
@@ -499,18 +632,22 @@ def read_history(
     end: float | None = None,
     families: Mapping[str, Iterable[str]] | None = None,
     progress: TextIO | None = None,
+    limits: InputLimits | None = None,
 ) -> History:
     """Load a history directory, optionally limited to samples with start < t <= end.
 
     With `families` (family -> label columns), a usage history comes back as `History.families`:
     one frame per family with timestamp, value and those labels, streamed from Parquet row group
-    by row group (bounded memory); `samples` is then empty.
+    by row group (bounded memory); `samples` is then empty. Inputs larger than `limits` are refused
+    before they are read; impossible samples (an infinite timestamp, a 1e30-byte memory value) are
+    refused with one line naming the file, family and column.
     """
+    limits = InputLimits() if limits is None else limits
     root = Path(path)
     meta = read_meta(root)
     kind = str(meta.get("kind", "usage"))
     if families is not None and kind == "usage" and (root / SAMPLES_FILE).exists():
-        fams = _stream_families(root / SAMPLES_FILE, families, start, end, progress)
+        fams = _stream_families(root / SAMPLES_FILE, families, start, end, progress, limits)
         empty = pd.DataFrame(
             {
                 name: pd.Series(dtype=float if name in ("timestamp", "value") else object)
@@ -518,7 +655,7 @@ def read_history(
             }
         )
         return History(root, meta, empty, fams)
-    samples_path, samples = _read_samples(root)
+    samples_path, samples = _read_samples(root, limits)
     samples = _check_columns(samples_path, samples)
     if start is not None:
         samples = samples[samples["timestamp"] > start]

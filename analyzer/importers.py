@@ -9,18 +9,33 @@
 
 Sources may be the directory with the files as published (tarballs or extracted CSVs) or one
 file. Every problem is reported as one line naming the file and what was expected.
+
+Impossible values, two policies:
+- a time that cannot be placed (not finite, negative, after 2242) refuses the file: the trace is
+  corrupt or not the one named, and dropping rows would silently move the analysis window;
+- an impossible measurement (infinite, negative, a memory value above the GPU's memory, a duty
+  cycle above 100 % beyond rounding, a pod deleted before it was created, a request of more GPUs
+  than a node holds) drops that row, counted in `meta["trace"]["dropped"]` and printed as one
+  warning line per file and column, as a monitoring pipeline drops a glitched sample. When more
+  than `MAX_DROPPED_FRACTION` of a file's rows are impossible the file is refused instead: that
+  is a wrong column or unit, not a glitch.
+Files are bounded before they are read (`InputLimits`): a tarball member or CSV that would expand
+beyond the memory limit is refused with one line.
 """
 
 from __future__ import annotations
 
 import io
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.analyzer.history import write_history
+from gpulens.analyzer.history import MAX_TIMESTAMP, InputLimits, write_history
 from gpulens.catalog import GpuModel
 
 TRACES = ("alibaba-genai-2026", "alibaba-gpu-v2023")
@@ -45,6 +60,10 @@ V2023_COLUMNS = (
 )
 # the v2023 trace counts seconds from its own zero; histories place that zero here (2023-01-01Z)
 V2023_EPOCH = 1_672_531_200.0
+MAX_DROPPED_FRACTION = 0.01
+DUTY_TOLERANCE = 1.05  # NVML's duty cycle is 0..100; averaging can round a little above
+MEMORY_TOLERANCE = 1.05  # used memory above the GPU's total is impossible (beyond rounding)
+MAX_GPUS_PER_POD = 64
 
 
 def _find(src: Path, stem: str) -> Path:
@@ -59,7 +78,7 @@ def _find(src: Path, stem: str) -> Path:
     raise AnalyzerError(f"{src}: no {stem}.csv or {stem}.tar.gz found")
 
 
-def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+def _read_csv(path: Path, columns: tuple[str, ...], limits: InputLimits) -> pd.DataFrame:
     """Read a CSV (plain or the single member of a tarball) and check its columns."""
     try:
         if path.name.endswith((".tar.gz", ".tgz")):
@@ -67,10 +86,12 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
                 member = next((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".csv")), None)
                 if member is None:
                     raise AnalyzerError(f"{path}: the archive holds no .csv file")
+                limits.check_text(Path(f"{path}:{member.name}"), member.size)  # before decompressing
                 handle = tar.extractfile(member)
                 assert handle is not None
                 frame = pd.read_csv(io.BytesIO(handle.read()), na_values=NA_VALUES, keep_default_na=True)
         else:
+            limits.check_text(path)
             frame = pd.read_csv(path, na_values=NA_VALUES, keep_default_na=True)
     except AnalyzerError:
         raise
@@ -95,18 +116,93 @@ def _numeric(frame: pd.DataFrame, column: str, path: Path) -> pd.Series:
     return values
 
 
-def import_genai_2026(src: Path, out: Path, model: GpuModel) -> dict:
+class Dropped:
+    """Rows dropped for impossible values, per file and column (what `meta["trace"]["dropped"]` holds)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+
+    def keep(
+        self, frame: pd.DataFrame, ok: pd.Series, path: Path, column: str, expected: str
+    ) -> pd.DataFrame:
+        """`frame` without the rows where `ok` is False (NaN values are gaps, never dropped)."""
+        bad = ~ok.fillna(True).astype(bool)
+        n = int(bad.sum())
+        if not n:
+            return frame
+        first = bad[bad].index[0]
+        if n > MAX_DROPPED_FRACTION * len(frame):
+            raise AnalyzerError(
+                f"{path}: column {column!r}: expected {expected}, found {frame.loc[first, column]!r} in "
+                f"{n} of {len(frame)} rows (first row {int(first) + 1}): not a glitch, a wrong column or unit"
+            )
+        self.entries.append(
+            {
+                "file": str(path),
+                "column": column,
+                "expected": expected,
+                "rows": n,
+                "first_row": int(first) + 1,
+                "first_value": float(frame.loc[first, column]),
+            }
+        )
+        return frame[~bad]
+
+
+def warnings(meta: Mapping[str, Any]) -> list[str]:
+    """One line per file and column with dropped rows, for the CLI's stderr."""
+    return [
+        f"{d['file']}: dropped {d['rows']} rows with column {d['column']!r} not {d['expected']} "
+        f"(first: row {d['first_row']}, {d['first_value']!r})"
+        for d in meta.get("trace", {}).get("dropped", [])
+    ]
+
+
+def _times(frame: pd.DataFrame, column: str, path: Path, offset: float = 0.0) -> None:
+    """Refuse the file when a time cannot be placed (see the module docstring)."""
+    t = frame[column] + offset
+    bad = frame[column].notna() & ~(np.isfinite(t) & (t >= 0) & (t <= MAX_TIMESTAMP))
+    if bad.any():
+        first = bad[bad].index[0]
+        raise AnalyzerError(
+            f"{path}: column {column!r}: expected a time in seconds (finite, 1970..2242), found "
+            f"{frame.loc[first, column]!r} (row {int(first) + 1}, {int(bad.sum())} rows)"
+        )
+
+
+def import_genai_2026(src: Path, out: Path, model: GpuModel, limits: InputLimits | None = None) -> dict:
     """Per-pod utilisation and memory -> a usage history on `model`; returns meta."""
+    limits = InputLimits() if limits is None else limits
+    dropped = Dropped()
     util_path, mem_path = _find(src, GENAI_UTIL), _find(src, GENAI_MEMORY)
-    util = _read_csv(util_path, GENAI_COLUMNS[GENAI_UTIL])
-    mem = _read_csv(mem_path, GENAI_COLUMNS[GENAI_MEMORY])
+    util = _read_csv(util_path, GENAI_COLUMNS[GENAI_UTIL], limits)
+    mem = _read_csv(mem_path, GENAI_COLUMNS[GENAI_MEMORY], limits)
     util, mem = (
         frame.assign(
             value=_numeric(frame, "value", path), timestamp_anon=_numeric(frame, "timestamp_anon", path)
         )
-        .dropna(subset=["timestamp_anon", "container_ip"])
-        .reset_index(drop=True)
         for frame, path in ((util, util_path), (mem, mem_path))
+    )
+    _times(util, "timestamp_anon", util_path)
+    _times(mem, "timestamp_anon", mem_path)
+    util = dropped.keep(
+        util,
+        (util["value"] >= 0) & (util["value"] <= 100 * DUTY_TOLERANCE) | util["value"].isna(),
+        util_path,
+        "value",
+        f"a duty cycle of 0..{100 * DUTY_TOLERANCE:g} %",
+    )
+    limit = model.memory_bytes * MEMORY_TOLERANCE
+    mem = dropped.keep(
+        mem,
+        (mem["value"] >= 0) & (mem["value"] <= limit) | mem["value"].isna(),
+        mem_path,
+        "value",
+        f"0..{limit:.4g} bytes (the {model.key}'s memory)",
+    )
+    util, mem = (
+        frame.dropna(subset=["timestamp_anon", "container_ip"]).reset_index(drop=True)
+        for frame in (util, mem)
     )
     if util.empty or mem.empty:
         raise AnalyzerError(f"{src}: the trace has no usable rows")
@@ -150,18 +246,44 @@ def import_genai_2026(src: Path, out: Path, model: GpuModel) -> dict:
             "files": [str(util_path), str(mem_path)],
             "pods": len(pods),
             "activity_signal": "NVML utilization (duty cycle), not SM activity",
+            "dropped": dropped.entries,
         },
     }
     write_history(out, frame, meta)
     return meta
 
 
-def import_gpu_v2023(src: Path, out: Path) -> dict:
+def import_gpu_v2023(src: Path, out: Path, limits: InputLimits | None = None) -> dict:
     """GPU requests per pod and GPUs per node -> a requests history; returns meta."""
+    limits = InputLimits() if limits is None else limits
+    dropped = Dropped()
     pods_path = _find(src, V2023_PODS.removesuffix(".csv"))
-    pods = _read_csv(pods_path, V2023_COLUMNS)
+    pods = _read_csv(pods_path, V2023_COLUMNS, limits)
     for column in ("num_gpu", "gpu_milli", "creation_time", "deletion_time"):
         pods[column] = _numeric(pods, column, pods_path)
+    for column in ("creation_time", "deletion_time"):
+        _times(pods, column, pods_path, V2023_EPOCH)
+    pods = dropped.keep(
+        pods,
+        (pods["num_gpu"] >= 0) & (pods["num_gpu"] <= MAX_GPUS_PER_POD) | pods["num_gpu"].isna(),
+        pods_path,
+        "num_gpu",
+        f"0..{MAX_GPUS_PER_POD} GPUs",
+    )
+    pods = dropped.keep(
+        pods,
+        (pods["gpu_milli"] >= 0) & (pods["gpu_milli"] <= 1000) | pods["gpu_milli"].isna(),
+        pods_path,
+        "gpu_milli",
+        "0..1000 thousandths of a GPU",
+    )
+    pods = dropped.keep(
+        pods,
+        (pods["deletion_time"] >= pods["creation_time"]) | pods["deletion_time"].isna(),
+        pods_path,
+        "deletion_time",
+        "a time after creation_time",
+    )
     pods = pods[pods["num_gpu"] > 0].dropna(subset=["num_gpu", "gpu_milli", "creation_time"])
     if pods.empty:
         raise AnalyzerError(f"{pods_path}: no GPU pods (num_gpu > 0)")
@@ -191,8 +313,15 @@ def import_gpu_v2023(src: Path, out: Path) -> dict:
     except AnalyzerError:
         nodes_path = None
     if nodes_path is not None:
-        nodes = _read_csv(nodes_path, ("sn", "gpu", "model"))
+        nodes = _read_csv(nodes_path, ("sn", "gpu", "model"), limits)
         nodes["gpu"] = _numeric(nodes, "gpu", nodes_path)
+        nodes = dropped.keep(
+            nodes,
+            (nodes["gpu"] >= 0) & (nodes["gpu"] <= MAX_GPUS_PER_POD) | nodes["gpu"].isna(),
+            nodes_path,
+            "gpu",
+            f"0..{MAX_GPUS_PER_POD} GPUs",
+        )
         rows.append(
             pd.DataFrame(
                 {
@@ -210,13 +339,20 @@ def import_gpu_v2023(src: Path, out: Path) -> dict:
         "source": "alibaba-gpu-v2023",
         "step_s": 1.0,
         "time_offset_s": V2023_EPOCH,
-        "trace": {"origin": "alibaba/clusterdata cluster-trace-gpu-v2023", "files": files, "pods": len(pods)},
+        "trace": {
+            "origin": "alibaba/clusterdata cluster-trace-gpu-v2023",
+            "files": files,
+            "pods": len(pods),
+            "dropped": dropped.entries,
+        },
     }
     write_history(out, pd.concat(rows, ignore_index=True), meta)
     return meta
 
 
-def import_trace(name: str, src: str | Path, out: str | Path, model: GpuModel | None) -> dict:
+def import_trace(
+    name: str, src: str | Path, out: str | Path, model: GpuModel | None, limits: InputLimits | None = None
+) -> dict:
     """Dispatch by trace name; `model` is required for traces that do not name the GPU."""
     source = Path(src)
     if not source.exists():
@@ -226,7 +362,7 @@ def import_trace(name: str, src: str | Path, out: str | Path, model: GpuModel | 
             raise AnalyzerError(
                 "alibaba-genai-2026 does not name the GPU model: pass --gpu-model (e.g. A100-80GB)"
             )
-        return import_genai_2026(source, Path(out), model)
+        return import_genai_2026(source, Path(out), model, limits)
     if name == "alibaba-gpu-v2023":
-        return import_gpu_v2023(source, Path(out))
+        return import_gpu_v2023(source, Path(out), limits)
     raise AnalyzerError(f"unknown trace {name!r}; known: {', '.join(TRACES)}")

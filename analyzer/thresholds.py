@@ -18,6 +18,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from gpulens.analyzer.errors import AnalyzerError
+from gpulens.safeload import load_yaml
 
 DEFAULTS_PATH = Path(__file__).with_name("thresholds.yaml")
 
@@ -155,7 +156,7 @@ def _sections() -> dict[str, type]:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except OSError as exc:
         raise AnalyzerError(f"{path}: cannot read thresholds file: {exc.strerror}") from exc
     except yaml.YAMLError as exc:

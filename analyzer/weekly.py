@@ -12,7 +12,6 @@ use then and now, and utilisation then and now.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.pipeline import Analysis
+from gpulens.safeload import load_json
 
 AT_CAP = 0.95
 MEMORY_FULL = 0.98
@@ -63,8 +63,8 @@ def load_previous(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any
     """(jobs, plan) of a previous report directory; one clear error when it is not one."""
     root = Path(path)
     try:
-        jobs = json.loads((root / "jobs.json").read_text())["jobs"]
-        plan = json.loads((root / "plan.json").read_text())
+        jobs = load_json((root / "jobs.json").read_text())["jobs"]
+        plan = load_json((root / "plan.json").read_text())
     except FileNotFoundError as exc:
         raise AnalyzerError(
             f"--previous {root}: no {Path(str(exc.filename)).name} (a report directory?)"

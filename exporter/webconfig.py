@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 
 from gpulens.exporter.config import ConfigError
+from gpulens.safeload import load_yaml
 
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -194,15 +195,13 @@ def load_web_config(path: Path) -> WebConfig:
     """Parse and check the file; the TLS context is built here, so bad certificates fail at load."""
     where = f"--web.config-file {path}"
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{where}: expected UTF-8 text, found byte 0x{exc.object[exc.start]:02x}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}") from exc
-    except RecursionError:
-        raise ConfigError(f"{where}: nested too deeply to be a web config") from None
     if raw is None:
         return WebConfig()
     if not isinstance(raw, dict):

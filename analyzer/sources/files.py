@@ -12,7 +12,7 @@ from typing import TextIO
 import pandas as pd
 
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.analyzer.history import History, read_history, read_meta
+from gpulens.analyzer.history import History, InputLimits, read_history, read_meta
 from gpulens.analyzer.profile import (
     FleetGpu,
     family_columns,
@@ -26,13 +26,19 @@ from gpulens.catalog import GpuModel
 
 
 def load(
-    path: str, window_s: float | None = None, end: float | None = None, progress: TextIO | None = None
+    path: str,
+    window_s: float | None = None,
+    end: float | None = None,
+    progress: TextIO | None = None,
+    limits: InputLimits | None = None,
 ) -> History:
     """Read a history; with a window, keep samples in (end - window, end] (end defaults to its end)."""
     if window_s is None:
-        return read_history(path, families=family_columns(), progress=progress)
+        return read_history(path, families=family_columns(), progress=progress, limits=limits)
     stop = float(read_meta(Path(path)).get("end", 0)) if end is None else end
-    return read_history(path, stop - window_s, stop, families=family_columns(), progress=progress)
+    return read_history(
+        path, stop - window_s, stop, families=family_columns(), progress=progress, limits=limits
+    )
 
 
 def profiles(history: History, thresholds: Thresholds, gpu_model: GpuModel | None = None) -> pd.DataFrame:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import enum
-import json
 import math
 import ssl
 import sys
@@ -45,6 +44,7 @@ from gpulens.analyzer.profile import (
 from gpulens.analyzer.sources import rules
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.catalog import GpuModel
+from gpulens.safeload import load_json
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 # a stats query repeats the job matcher ~7 times; VictoriaMetrics rejects queries over 16 KiB by default
@@ -143,7 +143,7 @@ class PromClient:
         body = self._post("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
         where = f"{self.base}/api/v1/query"
         try:
-            payload = json.loads(body)
+            payload = load_json(body)
         except ValueError as exc:
             raise AnalyzerError(f"{where}: malformed response (not JSON): {body[:60]!r}") from exc
         if not isinstance(payload, dict) or "status" not in payload:

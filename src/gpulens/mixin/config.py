@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from gpulens.mixin.promql import PromQLError, check_label, check_selector
+from gpulens.safeload import load_yaml
 
 DEFAULT_SELECTOR = 'job=~".*gpulens.*"'
 # the remediation receiver (`gpulens remediate`) is scraped as its own job: docker compose names it
@@ -115,7 +116,7 @@ def load(path: Path) -> MixinConfig:
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; a mixin config is three keys")
     try:
-        data = yaml.safe_load(raw.decode("utf-8"))
+        data = load_yaml(raw.decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     return from_mapping(data, str(path))

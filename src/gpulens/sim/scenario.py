@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from gpulens.catalog import CatalogError, GpuModel, MigProfile, get_model, place_mig_layout
+from gpulens.safeload import NestingError, load_yaml
 from gpulens.sim.patterns import (
     COMMON_KEYS,
     DEFAULT_SM,
@@ -37,6 +38,8 @@ from gpulens.sim.state import DriverInfo
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "scenarios"
 FOREVER = float("inf")
+MAX_UID = 2**32 - 2  # Linux uid_t; (uid_t)-1 means "no change" and is never a user
+MAX_SEED = 2**64 - 1
 
 
 class ScenarioError(ValueError):
@@ -924,7 +927,7 @@ def parse_process(
     job = _parse_job(c, f"{path}.job", m["job"], k8s_defaults) if m.get("job") is not None else None
     default_user = job.user if isinstance(job, SlurmJob) else "root"
     user = c.string(f"{path}.user", m.get("user", default_user))
-    uid = c.integer(f"{path}.uid", m["uid"], 0) if "uid" in m else users.get(user, default_uid(user))
+    uid = c.integer(f"{path}.uid", m["uid"], 0, MAX_UID) if "uid" in m else users.get(user, default_uid(user))
     name = c.string(f"{path}.name", m.get("name", "python"))
     cmdline_raw = m.get("cmdline", [name])
     if isinstance(cmdline_raw, str):
@@ -1307,14 +1310,14 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
     )
     scenario_name = c.string("name", top.get("name", name or Path(source).stem))
     description = c.string("description", top["description"]) if "description" in top else ""
-    seed = c.integer("seed", top.get("seed", 0), 0)
+    seed = c.integer("seed", top.get("seed", 0), 0, MAX_SEED)
     hostname, driver = _parse_driver(c, top.get("node", {}))
     node = top.get("node", {})
     k8s_defaults = c.mapping(
         "node.kubernetes", node.get("kubernetes", {}), (), ("driver", "runtime", "cgroup")
     )
     users_raw = c.any_mapping("users", top.get("users", {}))
-    users = {str(u): c.integer(f"users.{u}", uid, 0) for u, uid in users_raw.items()}
+    users = {str(u): c.integer(f"users.{u}", uid, 0, MAX_UID) for u, uid in users_raw.items()}
     gpus = _parse_gpus(c, top["gpus"], hostname, users)
     faults, repeat = _parse_faults(c, top.get("faults"), gpus)
     instances = {g.index: instance_profiles(g, faults) for g in gpus}
@@ -1412,11 +1415,13 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
                 f"{shown}: expected a built-in scenario name ({known}) or a YAML file, found neither"
             )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "file"
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if isinstance(e, NestingError):
+            raise ScenarioError(f"{shown}: expected a scenario, found a document {problem}") from None
         raise ScenarioError(
             f"{shown}: {where}: expected valid YAML, found a syntax error ({problem})"
         ) from None
