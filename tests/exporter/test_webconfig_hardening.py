@@ -123,7 +123,10 @@ BAD_FILES = {
         "http_server_config:\n  headers:\n    X-Frame-Options: allow-from x\n",
         "X-Frame-Options",
     ),
-    "YAML nested 1000 deep": ("basic_auth_users: " + "[" * 1000, "nested too deeply"),
+    "YAML nested 1000 deep": (
+        "basic_auth_users: " + "[" * 1000,
+        "nested deeper than 64 levels at basic_auth_users",
+    ),
 }
 
 
