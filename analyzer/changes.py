@@ -4,7 +4,9 @@ After the plan, every job carries what it runs on now (`current_*`: mode, MIG pr
 node, GPU) and what it should run on (`proposed_*`, the same plus MPS limits), an `action`
 (`kinds.Action`: keep, change, reclaim, fix, review), the `gpu_hours_recovered` if it is done
 and, for jobs that stay but waste memory, a `finding` (memory leak, false saturation, memory hog) with what
-to do. A job whose proposal equals what it has is `keep`, never an action.
+to do. A job whose proposal equals what it has is `keep`, never an action; so is a change that
+recovers no GPU-hours and fixes no named risk (`risk_fixed`: throttling of a job that needs more
+than it has now, contention on an MPS GPU whose jobs' caps sum past 100 %).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpulens.analyzer.kinds import ACTIONS, Action, Kind
+from gpulens.analyzer.kinds import ACTIONS, WHOLE, Action, Kind
 from gpulens.analyzer.plan import Plan
 from gpulens.analyzer.recommend import LEAK_HINT, capability
 from gpulens.analyzer.thresholds import Thresholds
@@ -116,6 +118,7 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
             and (not gpu or gpu in now_gpu.split(","))
         )
         kept = bool(row.kept_by_plan)
+        risk = risk_fixed(now_mode, now_mig, kind, _text(row.mig_profile))
         if kind == Kind.INSUFFICIENT_DATA:
             action = Action.REVIEW
         elif kind == Kind.RECLAIM:
@@ -124,6 +127,12 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
             action = Action.FIX if found else Action.KEEP
         else:
             action = Action.CHANGE
+        recovered = _recovered(row, action, kind)
+        if action == Action.CHANGE and recovered <= 0 and not risk:
+            # recovers nothing and fixes nothing: not worth anyone's time (e.g. a slice moved
+            # between GPUs, a whole GPU traded for another)
+            action = Action.FIX if found else Action.KEEP
+            recovered = _recovered(row, action, kind)
         rows.append(
             {
                 "current_mode": now_mode,
@@ -140,6 +149,7 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
                 "proposed_gpu": gpu,
                 "action": action.value,
                 "finding": found,
+                "risk_fixed": risk if action == Action.CHANGE else "",
                 "change": (
                     describe(now_mode, now_mig, None, None, str(row.gpu_model), _text(row.instance), now_gpu)
                     + " -> "
@@ -158,7 +168,7 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
                         + (f", once its {found.split(':')[0]} is fixed" if action == Action.FIX else "")
                     )
                 ),
-                "gpu_hours_recovered": round(_recovered(row, action, kind), 3),
+                "gpu_hours_recovered": round(recovered, 3),
             }
         )
     extra = pd.DataFrame(rows, index=recs.index)
@@ -166,6 +176,22 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
         [recs.drop(columns=[c for c in extra if c in recs] + ["kept_by_plan"], errors="ignore"), extra],
         axis=1,
     )
+
+
+def _compute_slices(mig: str) -> int:
+    """Compute slices of a MIG profile name ("3g.40gb" -> 3; 0 when it does not say)."""
+    head = mig.split(".", 1)[0].split("+")[-1].removesuffix("g")
+    return int(head) if head.isdigit() else 0
+
+
+def risk_fixed(now_mode: str, now_mig: str, kind: str, new_mig: str) -> str:
+    """The risk a change removes even when it recovers no GPU-hours ("" when none): a job that
+    shares a GPU now but needs a whole one, or a MIG slice smaller than its demand."""
+    if now_mode in (Kind.MPS, Kind.TIME_SLICING, Kind.MIG) and kind in WHOLE:
+        return f"throttling: it shares a GPU ({now_mode}) but its demand needs a whole one"
+    if now_mode == Kind.MIG and kind == Kind.MIG and _compute_slices(new_mig) > _compute_slices(now_mig):
+        return f"throttling: {now_mig} has fewer compute slices than its demand needs ({new_mig})"
+    return ""
 
 
 def _recovered(row: Any, action: Action, kind: str) -> float:
@@ -199,7 +225,7 @@ def ranked_actions(recs: pd.DataFrame, n: int | None = None) -> list[dict[str, A
         act = act.head(n)
     out = []
     for row in act.itertuples(index=False):
-        todo = row.finding if row.action == Action.FIX else row.change
+        todo = row.finding if row.action == Action.FIX else (row.risk_fixed or row.change)
         if row.action == Action.CHANGE and row.finding:
             todo += f"; {row.finding}"  # a job that moves still has its leak or hog to fix
         out.append(
@@ -215,6 +241,7 @@ def ranked_actions(recs: pd.DataFrame, n: int | None = None) -> list[dict[str, A
                 "what_to_do": todo,
                 "gpu_hours_recovered": round(float(row.gpu_hours_recovered), 2),
                 "gpu_hours_idle": round(float(row.gpu_hours_idle), 2),
+                "risk_fixed": row.risk_fixed,
                 "reason": row.reason,
             }
         )

@@ -6,8 +6,11 @@
    job on it (moving its neighbours would not free it).
 2. **pack**: first-fit decreasing per GPU model and sharing mode, time-aware (a job fits a GPU
    when, over its lifetime, the jobs already there leave room), then lone sharers: a GPU shared by
-   one job saves nothing, so that job takes a partner from a fuller GPU of its mode, joins a GPU of
-   another mode (a free MIG slice, the other sharing mode) or stays on a whole GPU.
+   one job saves nothing, so that job joins a GPU of another mode (a free MIG slice, the other
+   sharing mode), takes a partner from a fuller GPU of its mode (never one already running that
+   way there) or stays on a whole GPU. The packing is done twice, from scratch and in place (jobs
+   that already share a GPU stay together on it, the others join; GPUs that empty into others go);
+   the fewest GPUs win, then the fewest jobs moved, so a plan never moves a job for nothing.
 3. **account**: GPUs before = every GPU of the inventory (`gpu_info` over the window, idle GPUs
    included); the plan never uses more GPUs of a model than the fleet has: jobs moved to a model
    without room go back to their own, and a model whose packing would need more GPUs than it has
@@ -37,6 +40,7 @@ demand and p95 DRAM activity (MIG isolates both, MPS and time-slicing do not).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 
@@ -261,16 +265,33 @@ def _size(item: Item) -> float:
     return max(item.memory / (model.memory_bytes if model else item.device_memory), item.sm, item.load)
 
 
-def pack(items: list[Item], th: Thresholds) -> list[GpuBin]:
-    """First-fit decreasing among the GPUs an item can join at all (same mode and model)."""
+def _resident(item: Item) -> bool:
+    """The job already runs this way, on this model: it has a GPU of the packing's kind now."""
+    return item.kind == item.origin_mode and item.model == item.origin_model and bool(item.origin_uuids)
+
+
+def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuBin]:
+    """First-fit decreasing among the GPUs an item can join at all (same mode and model).
+
+    `in_place`: jobs that already run this way (`_resident`) are packed first and onto the GPU
+    they share now (a GPU's residents stay together, never on another resident group's GPU);
+    the others first-fit; then GPUs whose jobs all fit elsewhere are emptied (`_merge`). The
+    same GPU count with fewer moves: no swap of two MIG slices between GPUs for nothing.
+    """
     bins: list[GpuBin] = []
     counters: dict[str, int] = {}
     order = sorted(items, key=lambda i: (i.model, i.kind, -_size(i), i.start, i.job_id))
+    if in_place:
+        order.sort(key=lambda i: not (_resident(i) and i.gpus == 1))  # stable: residents first
     compatible: dict[tuple[str, str], list[GpuBin]] = {}
+    homes: dict[int, set[str]] = {}  # id(bin) -> the GPUs its residents run on now
     for item in order:
         model = model_for_nvml_name(item.model)
         chosen: list[GpuBin] = []
-        candidates = compatible.setdefault((item.kind, item.model), [])
+        pool = compatible.setdefault((item.kind, item.model), [])
+        candidates = pool
+        if in_place and _resident(item) and item.gpus == 1:
+            candidates = [g for g in pool if homes.get(id(g), set()) & set(item.origin_uuids)]
         for gpu in candidates:
             if len(chosen) == item.gpus:
                 break
@@ -280,11 +301,36 @@ def pack(items: list[Item], th: Thresholds) -> list[GpuBin]:
             counters[item.model] = counters.get(item.model, 0) + 1
             gpu = GpuBin(name=f"{item.model}#{counters[item.model]}", model=item.model, mode=item.kind)
             bins.append(gpu)
-            candidates.append(gpu)
+            pool.append(gpu)
             chosen.append(gpu)
         for gpu in chosen:
             gpu.items.append(item)
-    return bins
+            if in_place and _resident(item) and item.gpus == 1:
+                homes.setdefault(id(gpu), set()).update(item.origin_uuids)
+    return _merge(bins, th) if in_place else bins
+
+
+def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
+    """Empty the GPUs (fewest jobs first) whose every job fits on another GPU of its mode and model."""
+    kept = list(bins)
+    for gpu in sorted(bins, key=lambda b: (len(b.items), b.name)):
+        model = model_for_nvml_name(gpu.model)
+        others = [b for b in kept if b is not gpu and b.mode == gpu.mode and b.model == gpu.model]
+        if not others or any(i.gpus != 1 for i in gpu.items):
+            continue
+        placed: list[tuple[GpuBin, Item]] = []
+        for item in gpu.items:
+            target = next((b for b in others if fits(b, item, model, th)), None)
+            if target is None:
+                break
+            target.items.append(item)
+            placed.append((target, item))
+        if len(placed) == len(gpu.items):
+            kept.remove(gpu)
+        else:
+            for target, item in placed:
+                target.items.remove(item)
+    return kept
 
 
 def _as_mps(item: Item, th: Thresholds) -> Item:
@@ -298,14 +344,15 @@ def _as_mps(item: Item, th: Thresholds) -> Item:
 
 
 def _take_partner(gpu: GpuBin, bins: list[GpuBin], th: Thresholds) -> bool:
-    """A lone sharer takes a job from the fullest GPU of its mode and model that keeps two."""
+    """A lone sharer takes a job from the fullest GPU of its mode and model that keeps two; never
+    a job that already runs that way (taking a partner saves no GPU: it must not move a resident)."""
     model = model_for_nvml_name(gpu.model)
     donors = [
         b for b in bins if b is not gpu and b.mode == gpu.mode and b.model == gpu.model and len(b.items) > 2
     ]
     for donor in sorted(donors, key=lambda b: -len(b.items)):
         for item in sorted(donor.items, key=_size):
-            if fits(gpu, item, model, th):
+            if not _resident(item) and fits(gpu, item, model, th):
                 donor.items.remove(item)
                 gpu.items.append(item)
                 return True
@@ -351,19 +398,20 @@ def _join_other(gpu: GpuBin, bins: list[GpuBin], removed: set[int], th: Threshol
 
 
 def settle_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBin], dict[str, dict]]:
-    """No GPU is shared (MPS, time-slicing, MIG) by a single job: it takes a partner, joins another
-    GPU, or stays whole (a job already on a MIG slice keeps its slice)."""
+    """No GPU is shared (MPS, time-slicing, MIG) by a single job: it joins another GPU (one GPU
+    fewer), takes a partner that does not run that way already, or stays whole (a job already on
+    a MIG slice keeps its slice)."""
     moved: dict[str, dict] = {}
     removed: set[int] = set()
     for gpu in bins:
         if (gpu.mode not in SHARED and gpu.mode != Kind.MIG) or len(gpu.items) != 1 or id(gpu) in removed:
             continue
-        if _take_partner(gpu, bins, th):
-            continue
         change = _join_other(gpu, bins, removed, th) if gpu.mode in SHARED else None
         if change is not None:
             removed.add(id(gpu))
             moved[gpu.items[0].job_id] = change
+            continue
+        if _take_partner(gpu, bins, th):
             continue
         item = gpu.items[0]
         if gpu.mode == Kind.MIG and item.origin_mode == Kind.MIG:
@@ -376,6 +424,29 @@ def settle_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBin
             "it keeps a whole GPU",
         }
     return [b for b in bins if id(b) not in removed], moved
+
+
+def _moves(bins: list[GpuBin]) -> int:
+    """Jobs a packing takes off the GPU they run on now: each GPU lands where most of its jobs are."""
+    out = 0
+    for gpu in bins:
+        votes = Counter(u for i in gpu.items for u in i.origin_uuids)
+        home = votes.most_common(1)[0][0] if votes else ""
+        out += sum(1 for i in gpu.items if home not in i.origin_uuids)
+    return out
+
+
+def _fewest_moves(items: list[Item], th: Thresholds) -> tuple[list[GpuBin], dict[str, dict]]:
+    """Pack twice (first-fit decreasing, and in place) on copies of the items; the fewest GPUs
+    wins, then the fewest jobs moved: a layout that frees nothing more never moves a job."""
+    best: tuple[int, int, list[GpuBin], dict[str, dict]] | None = None
+    for in_place in (True, False):
+        bins, moved = settle_lone_sharers(pack([replace(i) for i in items], th, in_place=in_place), th)
+        score = (len(bins), _moves(bins))
+        if best is None or score < best[:2]:
+            best = (*score, bins, moved)
+    assert best is not None
+    return best[2], best[3]
 
 
 def hold(recs: pd.DataFrame) -> tuple[pd.DataFrame, list[GpuBin]]:
@@ -460,7 +531,7 @@ def account(
     kept_models: set[str] = set()
     reverted: dict[str, dict] = {}
     while True:
-        bins, moved = settle_lone_sharers(pack([i for i in items if i.model not in kept_models], th), th)
+        bins, moved = _fewest_moves([i for i in items if i.model not in kept_models], th)
         used = _capacity(FleetGpu("", b.model, "") for b in bins)
         over = sorted(m for m, n in used.items() if n > capacity.get(m, 0))
         if not over:
@@ -494,7 +565,8 @@ def account(
 
 
 def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu]) -> None:
-    """Step 4a: every bin onto a real GPU of its model, the one its largest job uses when free."""
+    """Step 4a: every bin onto a real GPU of its model, the one its residents or else its largest
+    job use when free."""
     free: dict[str, list[FleetGpu]] = {}
     by_uuid = {g.uuid: g for g in fleet}
     for card in fleet:
@@ -508,7 +580,9 @@ def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu]) -> None:
         if gpu.original_uuid:
             gpu.node = by_uuid[gpu.original_uuid].node if gpu.original_uuid in by_uuid else ""
             continue
-        wanted = [u for i in sorted(gpu.items, key=lambda i: -i.used_hours) for u in i.origin_uuids]
+        # the GPU its residents (jobs that already run this way) share now, else its largest job's
+        ranked = sorted(gpu.items, key=lambda i: (not _resident(i), -i.used_hours))
+        wanted = [u for i in ranked for u in i.origin_uuids]
         pick = next(
             (u for u in wanted if u not in taken and by_uuid.get(u, FleetGpu("", "", "")).model == gpu.model),
             None,

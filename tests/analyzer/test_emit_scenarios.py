@@ -127,3 +127,21 @@ def test_every_emitted_configmap_passes_the_kubernetes_schema(analyses):
         validator.validate(yaml.safe_load(text), validator.latest_version(), strict=True)
         checked += 1
     assert checked >= 1, "k8s-a100-mixed should emit a device-plugin ConfigMap"
+
+
+def test_every_listed_action_recovers_gpu_hours_or_fixes_a_named_risk(analyses):
+    for name, analysis in analyses.items():
+        for action in analysis.top_actions(len(analysis.recs)):
+            assert action["gpu_hours_recovered"] > 0 or action["risk_fixed"], (name, action["job_id"])
+            assert " -> " in action["change"], (name, action["change"])
+
+
+def test_a_job_the_report_keeps_stays_on_the_gpu_it_runs_on(analyses):
+    for name, analysis in analyses.items():
+        kept = analysis.recs[analysis.recs["action"] == "keep"]
+        for row in kept.itertuples(index=False):
+            assert not row.proposed_gpu or row.proposed_gpu in str(row.current_gpu).split(","), (
+                name,
+                row.job_id,
+                row.change,
+            )

@@ -291,3 +291,20 @@ def test_an_unknown_models_plan_packs_by_its_memory_and_emits_valid_configs_with
     names = {h: em.config_name("gpulens", h) for h in emitted.placement.inventory.hosts()}
     assert em.validate_files(emitted.files, emitted.placement.inventory, names) == []
     assert "mig-devices" not in emitted.files.get(em.MIG_FILE, "")
+
+
+def test_jobs_that_share_a_gpu_stay_on_it_when_moving_them_frees_nothing(th):
+    residents = [
+        SynthJob(
+            f"r{i}", "GPU-m", steady(60, 0.22, 0.01, seed=i), flat(60, 10 * GIB), model=H100, sharing="mps"
+        )
+        for i in range(3)
+    ]
+    # fits beside two of them but not three (thread caps): swapping it in for one frees no GPU
+    newcomer = SynthJob("new", "GPU-x", steady(60, 0.15, 0.01), flat(60, 40 * GIB), model=H100)
+    analysis = analysis_for([*residents, newcomer], th)
+    recs = analysis.recs.set_index("job_id")
+    assert set(recs.loc[["r0", "r1", "r2"], "proposed_gpu"]) == {"GPU-m"}
+    assert recs.loc["new", "proposed_gpu"] == "GPU-x"
+    assert "change" not in set(recs["action"])
+    assert (analysis.plan.gpus_before, analysis.plan.gpus_after) == (2, 2)
