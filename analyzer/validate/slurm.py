@@ -89,6 +89,27 @@ def _gpu_index(file: str) -> int | None:
     return int(match["index"]) if match else None
 
 
+def _params(raw: str, file: str, at: str, problems: list[Problem]) -> dict[str, str] | None:
+    """A line's parameters; None for a blank or comment line, or for one that does not parse
+    (then a problem says why)."""
+    if not raw.split("#", 1)[0].strip():
+        return None
+    try:
+        return parse_line(raw)
+    except ValueError as exc:
+        problems.append(Problem(file, at, str(exc)))
+        return None
+
+
+def _expanded(value: str, key: str, file: str, at: str, problems: list[Problem]) -> list[str] | None:
+    """A host list or device range expanded; None when it does not expand (a problem says why)."""
+    try:
+        return expand(value)
+    except ValueError as exc:
+        problems.append(Problem(file, at, f"{key}: {exc}"))
+        return None
+
+
 def validate(gres_text: str, nodes_text: str, gpus_per_host: Mapping[str, int]) -> list[Problem]:
     """Problems of a gres.conf, its slurm.conf node lines and the job requests in its comments.
 
@@ -112,12 +133,8 @@ def validate(gres_text: str, nodes_text: str, gpus_per_host: Mapping[str, int]) 
                 continue
             requests.append((number, job["job"], job["host"], index, job["gres"]))
             continue
-        if not raw.split("#", 1)[0].strip():
-            continue
-        try:
-            params = parse_line(raw)
-        except ValueError as exc:
-            problems.append(Problem(file, at, str(exc)))
+        params = _params(raw, file, at, problems)
+        if params is None:
             continue
         unknown = sorted(set(params) - KNOWN_KEYS)
         if unknown:
@@ -127,10 +144,8 @@ def validate(gres_text: str, nodes_text: str, gpus_per_host: Mapping[str, int]) 
                 Problem(file, at, "every line emitted for a plan starts with NodeName= a real host")
             )
             continue
-        try:
-            hosts = expand(params["nodename"])
-        except ValueError as exc:
-            problems.append(Problem(file, at, f"NodeName: {exc}"))
+        hosts = _expanded(params["nodename"], "NodeName", file, at, problems)
+        if hosts is None:
             continue
         for host in hosts:
             if not _HOSTNAME.match(host):
@@ -153,10 +168,8 @@ def validate(gres_text: str, nodes_text: str, gpus_per_host: Mapping[str, int]) 
             continue
         files: list[int] = []
         if "file" in params:
-            try:
-                paths = expand(params["file"])
-            except ValueError as exc:
-                problems.append(Problem(file, at, f"File: {exc}"))
+            paths = _expanded(params["file"], "File", file, at, problems)
+            if paths is None:
                 continue
             for path in paths:
                 index = _gpu_index(path)
@@ -293,12 +306,8 @@ def _nodes(
     seen: set[str] = set()
     for number, raw in enumerate(text.splitlines(), start=1):
         at = f"line {number}"
-        if not raw.split("#", 1)[0].strip():
-            continue
-        try:
-            params = parse_line(raw)
-        except ValueError as exc:
-            problems.append(Problem(file, at, str(exc)))
+        params = _params(raw, file, at, problems)
+        if params is None:
             continue
         host = params.get("nodename", "")
         if host not in gpus_per_host:
