@@ -86,7 +86,8 @@ def finding(row: Any, th: Thresholds) -> str:
 
 
 def describe(mode: str, mig: str, threads: object, limit: object, model: str, node: str, gpu: str) -> str:
-    """One side of "current -> proposed", e.g. "mps 25 % threads / 11.0 GiB, A100-40GB on n1 GPU-1"."""
+    """One side of "current -> proposed", e.g. "mps 25 % threads / 11.0 GiB, A100-40GB on n1/GPU-1"
+    (without a model: "mps 25 % threads on GPU-1")."""
     what = mode
     if mode == Kind.MIG and mig:
         what = f"mig {mig}"
@@ -94,14 +95,41 @@ def describe(mode: str, mig: str, threads: object, limit: object, model: str, no
         what = f"mps {int(float(str(threads)))} % threads"
         if _text(limit):
             what += f" / {float(str(limit)) / GIB:.1f} GiB"
-    where = " on ".join(p for p in (model, "/".join(x for x in (node, gpu) if x)) if p)
-    return f"{what}, {where}" if where else what
+    place = "/".join(x for x in (node, gpu) if x)
+    if not model:  # the proposed side of a job that stays on its model: "mps 25 % threads on GPU-2"
+        return f"{what} on {place}" if place else what
+    return f"{what}, {model} on {place}" if place else f"{what}, {model}"
+
+
+def _proposed_text(row: Any, kind: str, action: Action, found: str, model: str, node: str, gpu: str) -> str:
+    """The proposed side of "current -> proposed", naming only what differs from the current side
+    (the model and node when they change, the GPU when the job moves)."""
+    if kind == Kind.RECLAIM:
+        return "released (give the GPU back)"
+    if kind == Kind.INSUFFICIENT_DATA:
+        return "stays as it is (too little data to size it)"
+    if action == Action.FIX:
+        return f"stays as it is until its {found.split(':')[0]} is fixed (then it can share)"
+    moves = bool(gpu) and gpu not in _text(row.uuids).split(",")
+    other_node = node if node and node != _text(row.instance) else ""
+    other_model = model if model != str(row.gpu_model) else ""
+    what = describe(
+        kind,
+        _text(row.mig_profile),
+        row.mps_active_thread_percentage,
+        row.mps_pinned_memory_limit_bytes,
+        other_model,
+        other_node if moves else "",
+        gpu if moves else "",
+    )
+    return what if moves or other_model else f"{what}, same GPU"
 
 
 def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
     """The plan's moves applied, then current/proposed, action, finding and GPU-hours recovered."""
     recs = apply_moves(recs, plan)
     placed = _placement(plan)
+    crowded = crowded_mps_gpus(recs)
     rows = []
     for row in recs.itertuples(index=False):
         kind = str(row.recommendation)
@@ -119,6 +147,9 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
         )
         kept = bool(row.kept_by_plan)
         risk = risk_fixed(now_mode, now_mig, kind, _text(row.mig_profile))
+        moves = bool(gpu) and gpu not in now_gpu.split(",")
+        if not risk and moves and now_mode == Kind.MPS and crowded & set(now_gpu.split(",")):
+            risk = "contention: the MPS caps the jobs on its GPU need now sum past 100 %"
         if kind == Kind.INSUFFICIENT_DATA:
             action = Action.REVIEW
         elif kind == Kind.RECLAIM:
@@ -150,24 +181,11 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
                 "action": action.value,
                 "finding": found,
                 "risk_fixed": risk if action == Action.CHANGE else "",
-                "change": (
-                    describe(now_mode, now_mig, None, None, str(row.gpu_model), _text(row.instance), now_gpu)
-                    + " -> "
-                    + (
-                        "released (give the GPU back)"
-                        if kind == Kind.RECLAIM
-                        else describe(
-                            kind,
-                            _text(row.mig_profile),
-                            row.mps_active_thread_percentage,
-                            row.mps_pinned_memory_limit_bytes,
-                            proposed_model,
-                            node,
-                            gpu,
-                        )
-                        + (f", once its {found.split(':')[0]} is fixed" if action == Action.FIX else "")
-                    )
-                ),
+                "change": describe(
+                    now_mode, now_mig, None, None, str(row.gpu_model), _text(row.instance), now_gpu
+                )
+                + " -> "
+                + _proposed_text(row, kind, action, found, proposed_model, node, gpu),
                 "gpu_hours_recovered": round(recovered, 3),
             }
         )
@@ -182,6 +200,20 @@ def _compute_slices(mig: str) -> int:
     """Compute slices of a MIG profile name ("3g.40gb" -> 3; 0 when it does not say)."""
     head = mig.split(".", 1)[0].split("+")[-1].removesuffix("g")
     return int(head) if head.isdigit() else 0
+
+
+def crowded_mps_gpus(recs: pd.DataFrame) -> set[str]:
+    """GPUs shared under MPS now whose jobs' proposed thread caps sum past 100 % (a job that
+    leaves for a whole GPU counts 100): they cannot all stay, and moving one off fixes that."""
+    need: dict[str, float] = {}
+    for row in recs[recs["sharing"] == Kind.MPS].itertuples(index=False):
+        if row.recommendation == Kind.MPS:
+            pct = float(row.mps_active_thread_percentage) if _text(row.mps_active_thread_percentage) else 0.0
+        else:
+            pct = 100.0 if row.recommendation in WHOLE else 0.0
+        for uuid in _text(row.uuids).split(","):
+            need[uuid] = need.get(uuid, 0.0) + pct
+    return {uuid for uuid, total in need.items() if uuid and total > 100}
 
 
 def risk_fixed(now_mode: str, now_mig: str, kind: str, new_mig: str) -> str:

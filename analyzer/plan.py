@@ -566,7 +566,7 @@ def account(
 
 def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu]) -> None:
     """Step 4a: every bin onto a real GPU of its model, the one its residents or else its largest
-    job use when free."""
+    job use when free; on Kubernetes a node's GPUs keep one sharing family where the fleet has room."""
     free: dict[str, list[FleetGpu]] = {}
     by_uuid = {g.uuid: g for g in fleet}
     for card in fleet:
@@ -575,26 +575,44 @@ def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu]) -> None:
     for gpu in bins:  # held and kept GPUs keep their own uuid
         if gpu.original_uuid:
             taken.add(gpu.original_uuid)
+    node_family: dict[str, str] = {}  # Kubernetes node -> the one sharing family it gets
     ordered = sorted(bins, key=lambda b: -max((i.used_hours for i in b.items), default=0.0))
     for gpu in ordered:
         if gpu.original_uuid:
             gpu.node = by_uuid[gpu.original_uuid].node if gpu.original_uuid in by_uuid else ""
             continue
+        family = gpu.mode if gpu.mode in SHARED else "whole"
+        kubernetes = any(i.source == KUBERNETES for i in gpu.items)
+
+        def same_family(uuid: str, family: str = family, kubernetes: bool = kubernetes) -> bool:
+            # the device plugin shares every full GPU of a node one way (its `devices` subsets
+            # are ignored): MPS, time-sliced and whole GPUs go to separate Kubernetes nodes
+            node = by_uuid[uuid].node if uuid in by_uuid else ""
+            return not kubernetes or node_family.get(node, family) == family
+
         # the GPU its residents (jobs that already run this way) share now, else its largest job's
         ranked = sorted(gpu.items, key=lambda i: (not _resident(i), -i.used_hours))
         wanted = [u for i in ranked for u in i.origin_uuids]
         pick = next(
-            (u for u in wanted if u not in taken and by_uuid.get(u, FleetGpu("", "", "")).model == gpu.model),
+            (
+                u
+                for u in wanted
+                if u not in taken
+                and by_uuid.get(u, FleetGpu("", "", "")).model == gpu.model
+                and same_family(u)
+            ),
             None,
         )
         if pick is None:
             nodes = {by_uuid[u].node for u in wanted if u in by_uuid}
             pool = [g for g in free.get(gpu.model, []) if g.uuid not in taken]
-            pool.sort(key=lambda g: (g.node not in nodes, g.node, g.uuid))
+            pool.sort(key=lambda g: (not same_family(g.uuid), g.node not in nodes, g.node, g.uuid))
             pick = pool[0].uuid if pool else None
         if pick is not None:
             taken.add(pick)
             gpu.original_uuid, gpu.node = pick, by_uuid[pick].node
+            if kubernetes:
+                node_family.setdefault(gpu.node, family)
 
 
 def _mig_layouts(bins: list[GpuBin]) -> None:

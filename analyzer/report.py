@@ -43,7 +43,8 @@ table{border-collapse:collapse;width:100%;font-size:13px;table-layout:auto}
 td,th{border:1px solid #d5d9e2;padding:3px 6px;vertical-align:top;text-align:left}
 th{background:#eef1f7}td.num{text-align:right;white-space:nowrap}
 td.wrap{white-space:normal;overflow-wrap:anywhere;min-width:14em}
-table.jobs{table-layout:fixed;font-size:11.5px}table.jobs .flag{white-space:normal;display:inline-block}
+table.jobs{table-layout:fixed;font-size:11.5px}
+table.jobs .flag{white-space:normal;display:inline-block;overflow-wrap:normal}
 table.jobs td{overflow-wrap:anywhere;min-width:0}
 table.jobs td.num{white-space:normal}
 .flag{background:#ffe7c2;border-radius:3px;padding:0 4px;font-size:12px;white-space:nowrap}
@@ -280,7 +281,10 @@ def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
             for i, a in enumerate(model.actions, start=1)
         ]
         parts.append(
-            _table(["#", "job", "team", "action", "current → proposed", "GPU-h", "why / what to do"], rows)
+            # a non-breaking hyphen: the narrow column wrapped the header as "GPU-" / "h"
+            _table(
+                ["#", "job", "team", "action", "current → proposed", "GPU\u2011h", "why / what to do"], rows
+            )
         )
     else:
         parts.append("<p>No change to make: every job is already placed well.</p>")
@@ -374,21 +378,21 @@ def _adjustments(model: ReportModel) -> list[str]:
     return parts
 
 
-JOB_COLUMNS = (  # (header, width %)
-    ("job", 7),
+JOB_COLUMNS = (  # (header, width %): flags hold "memory hog" on two lines, never split mid-word
+    ("job", 5),
     ("team", 6),
     ("model", 7),
-    ("GPUs", 3),
+    ("GPUs", 4),
     ("now", 6),
     ("signal", 7),
-    ("activity mean / p95 / idle", 9),
+    ("activity mean / p95 / idle", 10),
     ("peak memory", 6),
     ("GPU-h allocated / idle", 8),
-    ("proposed", 7),
+    ("proposed", 6),
     ("limits", 8),
-    ("flags", 5),
-    ("confidence", 5),
-    ("reason", 16),
+    ("flags", 7),
+    ("confi\u00addence", 6),  # a soft hyphen: the word is wider than its column
+    ("reason", 14),
 )
 
 

@@ -308,3 +308,23 @@ def test_jobs_that_share_a_gpu_stay_on_it_when_moving_them_frees_nothing(th):
     assert recs.loc["new", "proposed_gpu"] == "GPU-x"
     assert "change" not in set(recs["action"])
     assert (analysis.plan.gpus_before, analysis.plan.gpus_after) == (2, 2)
+
+
+def test_kubernetes_nodes_get_one_sharing_family_each(th):
+    def pod(name, uuid, node, level, memory):
+        return SynthJob(name, uuid, steady(60, level, 0.01), flat(60, memory), node=node, source="kubernetes")
+
+    jobs = [
+        pod("trainer", "GPU-k1a", "k1", 0.9, 30 * GIB),
+        pod("small-a", "GPU-k1b", "k1", 0.2, 8 * GIB),  # larger than small-b: its GPU is wanted first
+        pod("small-b", "GPU-k2a", "k2", 0.18, 8 * GIB),
+    ]
+    analysis = analysis_for(jobs, th, idle=[synth.IdleGpu("GPU-k2b", node="k2")])
+    (shared,) = [e for e in analysis.plan.layout if e["sharing"] == "mps"]
+    assert set(shared["jobs"]) == {"small-a", "small-b"}
+    assert shared["node"] == "k2"  # not beside the trainer's whole GPU on k1
+    emitted = analysis.emitted
+    assert {a.what for a in emitted.adjustments} & {"mps-beside-whole", "shared-node"} == set()
+    labels = emitted.files["node-labels.sh"]
+    assert "node k1 nvidia.com/device-plugin.config=gpulens-exclusive" in labels
+    assert "node k2 nvidia.com/device-plugin.config=gpulens-mps-2" in labels

@@ -25,6 +25,10 @@ def week(tmp_path_factory):
     return analysis, root / "last"
 
 
+# last week 5101 ran on a whole GPU and the report asked for the MIG slice it runs on now
+LAST_WEEK_5101 = {"5101": {"sharing": "exclusive", "mig_profile_now": None, "action": "change"}}
+
+
 def previous(week_dir, edits):
     jobs, plan = load_previous(week_dir)
     by_id = {j["job_id"]: j for j in jobs}
@@ -38,7 +42,7 @@ def previous(week_dir, edits):
 
 def test_a_recommendation_the_job_now_runs_is_applied(week):
     analysis, last = week
-    jobs, plan = previous(last, {"5101": {"sharing": "exclusive", "mig_profile_now": None}})
+    jobs, plan = previous(last, LAST_WEEK_5101)
     result = compare(analysis, jobs, plan, str(last))
     applied = {o.job_id: o for o in result.applied}
     assert "5101" in applied
@@ -76,7 +80,7 @@ def test_a_job_that_runs_at_its_cap_after_the_move_is_flagged(week):
     changed = type(analysis)(
         analysis.kind, analysis.source, hot, analysis.plan, None, analysis.emitted, analysis.meta
     )
-    jobs, plan = previous(last, {"5101": {"sharing": "exclusive", "mig_profile_now": None}})
+    jobs, plan = previous(last, LAST_WEEK_5101)
     outcome = next(o for o in compare(changed, jobs, plan, str(last)).applied if o.job_id == "5101")
     assert "may be slower" in outcome.warning
 
@@ -91,7 +95,7 @@ def test_no_change_asked_is_neither_applied_nor_not_applied(week):
 
 def test_the_report_says_what_happened_since_last_week(week):
     analysis, last = week
-    jobs, plan = previous(last, {"5101": {"sharing": "exclusive", "mig_profile_now": None}})
+    jobs, plan = previous(last, LAST_WEEK_5101)
     result = compare(analysis, jobs, plan, str(last))
     page = html_report(analysis, previous=result)
     assert "<h2>Since last week</h2>" in page and ">applied<" in page
