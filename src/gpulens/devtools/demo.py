@@ -1,7 +1,8 @@
 """`python -m gpulens.devtools.demo`: the whole gpulens stack on one machine, no GPU and no Docker needed.
 
-What `make demo` runs. It generates a week of history for a simulated DGX H100 node, backfills it
-into a local Prometheus TSDB with promtool, starts Prometheus (shipped rules), Alertmanager
+What `make demo` runs. It generates a week of history for a simulated 8-GPU node as fleets are
+usually found (`typical-fleet`: one job per GPU, mostly under-used, a memory hog, a leak, an idle
+GPU), backfills it into a local Prometheus TSDB with promtool, starts Prometheus (shipped rules), Alertmanager
 (shipped config), the remediation webhook (dry-run) and the exporter live on a simulated node,
 all on 127.0.0.1, then runs the weekly report against that Prometheus. Everything lives under one
 state directory (`.demo/` by default): data, logs, pid files and `state.json` (ports and paths, for
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import secrets
@@ -147,7 +149,7 @@ class Options:
     repo: Path
     history: str = "7d"
     step: str = ""
-    history_scenario: str = "dgx-h100"
+    history_scenario: str = "typical-fleet"
     live_scenario: str = "faults"
     python: str = sys.executable
 
@@ -717,8 +719,12 @@ def wait_for_data(base: str, history: HistoryRange, timeout: float = 90.0) -> in
     return int(float(found[0]["value"][1]))
 
 
-def run_report(options: Options, progress: Progress, ports: dict[str, int]) -> dict[str, str]:
-    """`gpulens report` against the demo's Prometheus; returns the HTML and Markdown paths."""
+def run_report(
+    options: Options, progress: Progress, ports: dict[str, int], history: HistoryRange
+) -> dict[str, str]:
+    """`gpulens report` against the demo's Prometheus over the simulated week (it ends where the
+    history ends: the live node's first minutes would count its 8 GPUs as idle all week);
+    returns the HTML and Markdown paths."""
     layout = options.layout
     cmd = [
         *Pieces(options.python).gpulens,
@@ -727,6 +733,8 @@ def run_report(options: Options, progress: Progress, ports: dict[str, int]) -> d
         f"http://127.0.0.1:{ports['prometheus']}",
         "--window",
         options.history,
+        "--end",
+        str(math.ceil(history.max_time)),
         "--step",
         options.step,
         "--out",
@@ -790,7 +798,7 @@ def run_demo(options: Options, progress: Progress) -> State:
             series = wait_for_data(state.urls["prometheus"], state.history)
             progress.say(f"      live scrapes arriving; {series:,} gpu_* series in the backfilled range")
         with progress.step(f"writing the weekly report (gpulens report --window {options.history})"):
-            state.report = run_report(options, progress, ports)
+            state.report = run_report(options, progress, ports, state.history)
             state.save(layout)
     except BaseException:
         stop_demo(layout, progress.say)
@@ -844,7 +852,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="history sample step (default: at most ~2,500 points per series, 4m for 7d)",
     )
-    parser.add_argument("--scenario", default="dgx-h100", help="scenario of the history (default dgx-h100)")
+    parser.add_argument(
+        "--scenario", default="typical-fleet", help="scenario of the history (default typical-fleet)"
+    )
     parser.add_argument(
         "--live-scenario",
         default="faults",
