@@ -510,11 +510,12 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
             "| # | job | team | current → proposed | GPU-h | why |",
             "|---|---|---|---|---|---|",
         ]
+        names = _gpu_names(analysis)  # GPU indices, and why rather than the change again, as in the HTML
         for i, a in enumerate(model.actions, start=1):
-            why = str(a.get("what_to_do") or a.get("reason", "")).replace("|", "/")
+            why = _why(a, names).replace("|", "/")
             hours = units.hours(a.get("gpu_hours_recovered", a.get("gpu_hours_idle")))
             lines.append(
-                f"| {i} | {a['job_id']} | {a.get('team', '')} | {_action_text(a)} | {hours} | {why} |"
+                f"| {i} | {a['job_id']} | {a.get('team', '')} | {_action_text(a, names)} | {hours} | {why} |"
             )
     if previous is not None:
         lines += [
