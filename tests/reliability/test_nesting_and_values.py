@@ -403,3 +403,32 @@ def test_a_gzip_member_that_expands_beyond_the_limit_is_refused_before_decompres
     assert (
         "pod_gpu_duty_cycle_anon.tar.gz:pod_gpu_duty_cycle_anon.csv" in message and "--max-memory" in message
     )
+
+
+SEED_CASE = Path(__file__).resolve().parents[2] / "src" / "gpulens" / "sim" / "scenarios" / "seed-case.yaml"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "field"),
+    [
+        ("ana: 1101", "ana: 4294967295", "users.ana"),  # (uid_t)-1 is "no change", never a user
+        ("ana: 1101", "ana: 100000000000000000000000", "users.ana"),
+        ("seed: 42", "seed: 100000000000000000000000000000000000000", "seed"),
+        ("memory: 10GiB, sm: 0.24", "memory: 1000000000000000000000000000000, sm: 0.24", "workload.memory"),
+        ("sm: 0.24", "sm: .inf", "workload.sm"),
+        ("start: -2h", "start: .nan", "processes[0].start"),
+        ("step: 0.6s", "step: -0.6s", "workload.step"),
+    ],
+)
+def test_absurd_scenario_values_are_one_line_naming_the_field(
+    tmp_path: Path, bad_input: Any, before: str, after: str, field: str
+) -> None:
+    text = SEED_CASE.read_text()
+    assert before in text
+    path = tmp_path / "absurd.yaml"
+    path.write_text(text.replace(before, after, 1))
+    with pytest.raises(ScenarioError) as failed:
+        load_scenario(path)
+    bad_input("impossible value: scenario file")
+    message = one_line(failed.value)
+    assert message.startswith(f"{path}: ") and field in message
