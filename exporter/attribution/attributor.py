@@ -124,7 +124,9 @@ class Attributor:
         self._mapping = (
             MappingDirectory(
                 config.job_mapping_dir,
-                self._log,
+                # its own bounded table: a directory full of junk must not use up the room the
+                # other sources' warnings (kubelet, procfs, job cap) need
+                LogOnce(self._logger),
                 max_files=config.mapping_max_files,
                 budget=config.mapping_budget_seconds,
             )

@@ -244,3 +244,30 @@ def test_100000_files_are_all_read_and_then_refreshed_without_reading(tmp_path: 
     mapping.refresh()
     assert mapping.stats.reads == reads
     assert len(mapping.entries) == 100_000
+
+
+def test_a_directory_full_of_junk_does_not_mute_the_attributors_other_warnings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpulens.exporter.attribution import AttributionConfig, Attributor, ProcessRef
+
+    directory = tmp_path / "mapping"
+    directory.mkdir()
+    many(directory, 1000, name="junk-{}", content=b"")
+    config = AttributionConfig(
+        procfs_root=tmp_path, job_mapping_dir=directory, pod_resources_socket=None, enable_procfs=False
+    )
+    attributor = Attributor(config, logger=logging.getLogger("tests.attribution.crowded"))
+    process = ProcessRef(
+        pid=1,
+        gpu=0,
+        uuid="GPU-x",
+        gpu_instance=None,
+        mig_uuid=None,
+        kind="compute",
+        used_memory_bytes=None,
+        sm_util_ratio=None,
+    )
+    with caplog.at_level(logging.INFO, logger="tests.attribution.crowded"):
+        attributor.attribute([process])
+    assert any("NVML reports no used memory" in r.getMessage() for r in caplog.records)
