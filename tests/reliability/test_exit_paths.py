@@ -70,23 +70,37 @@ def test_the_exporter_removes_the_simulator_directory_on_a_signal(tmp_path: Path
     assert list(tmp_path.glob("gpulens-sim-*")) == []
 
 
+# the child prints the simulator's files it was handed (site directory; the native driver's
+# published node), then waits to be signalled
 CHILD = (
-    "import os, sys, time; print(os.environ['PYTHONPATH'].split(os.pathsep)[0], flush=True); time.sleep(120)"
+    "import os, sys, time; print(os.environ['PYTHONPATH'].split(os.pathsep)[0], flush=True); "
+    "print(os.environ.get('GPULENS_SIM_SHM', ''), flush=True); time.sleep(120)"
 )
 
 
+@pytest.mark.parametrize("driver", ["python", "native"])
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
-def test_sim_run_passes_the_signal_on_and_removes_its_directory(tmp_path: Path, sig: int) -> None:
+def test_sim_run_passes_the_signal_on_and_removes_its_files(tmp_path: Path, sig: int, driver: str) -> None:
+    if driver == "native":
+        from gpulens.sim.native.build import NativeBuildError, library_dir
+
+        try:
+            library_dir()
+        except NativeBuildError as error:
+            pytest.skip(f"native driver unavailable: {error}")
     proc = subprocess.Popen(
-        [*GPULENS, "sim", "run", "seed-case", "--driver", "python", "--", sys.executable, "-c", CHILD],
+        [*GPULENS, "sim", "run", "seed-case", "--driver", driver, "--", sys.executable, "-c", CHILD],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
     try:
         assert proc.stdout is not None
-        site = Path(proc.stdout.readline().strip())  # the child's first PYTHONPATH entry
-        assert site.name.startswith("gpulens-sim-") and site.is_dir()
+        site = Path(proc.stdout.readline().strip())
+        published = proc.stdout.readline().strip()
+        made = [site, *([Path(published)] if published else [])]
+        assert site.name.startswith("gpulens-sim-") and all(path.exists() for path in made)
+        assert bool(published) == (driver == "native")
         proc.send_signal(sig)
         code = proc.wait(timeout=30)
     finally:
@@ -94,7 +108,7 @@ def test_sim_run_passes_the_signal_on_and_removes_its_directory(tmp_path: Path, 
             proc.kill()
             proc.wait()
     assert code == 128 + sig  # the program died of the signal passed on (Python re-raises SIGINT)
-    assert not site.exists()
+    assert [path for path in made if path.exists()] == []
 
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
