@@ -273,6 +273,9 @@ class MappingDirectory:
                     if len(names) + len(ignored) >= self._max_files:
                         truncated = True
                         break
+                    listed = len(names) + len(ignored)
+                    if not listed % 1024:  # for the deadline's log line while a huge listing runs
+                        self.listed = max(self.listed, listed)
                     key = self._keys.get(name) or parse_mapping_name(name)
                     if key is None:
                         ignored.add(name)
