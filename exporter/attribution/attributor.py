@@ -85,7 +85,23 @@ def dedupe_processes(processes: Sequence[ProcessRef]) -> list[ProcessRef]:
     return list(chosen.values())
 
 
+# identity (with its uid, which is not part of JobIdentity's equality) -> its sanitized copy: the same
+# few hundred identities come back every sample; cleared when it grows past the limit
+_SANITIZED: dict[tuple[JobIdentity, int | None], JobIdentity] = {}
+_SANITIZED_LIMIT = 4096
+
+
 def _sanitized(identity: JobIdentity) -> JobIdentity:
+    key = (identity, identity.uid)
+    clean = _SANITIZED.get(key)
+    if clean is None:
+        if len(_SANITIZED) >= _SANITIZED_LIMIT:
+            _SANITIZED.clear()
+        clean = _SANITIZED[key] = _sanitize(identity)
+    return clean
+
+
+def _sanitize(identity: JobIdentity) -> JobIdentity:
     job_id = sanitize_label_value(identity.job_id)
     if not job_id:
         return UNKNOWN_JOB

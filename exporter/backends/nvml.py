@@ -789,17 +789,33 @@ class _FieldValue(ctypes.Structure):
     ]
 
 
+def _get_field_values(handle: Any, requests: list[int | tuple[int, int]]) -> Any:
+    """`pynvml.nvmlDeviceGetFieldValues` with a plain ctypes array: pynvml's writes every field id
+    through `_PrintableStructure`'s hooks and takes a TypeError per plain id (a hundred requests per
+    GPU and cycle, most of them NVLink's); the C call and the array layout are the same."""
+    values = (_FieldValue * len(requests))()
+    for slot, request in zip(values, requests, strict=True):
+        if isinstance(request, tuple):
+            slot.fieldId, slot.scopeId = request
+        else:
+            slot.fieldId = request
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(requests)), ctypes.byref(values)))
+    return values
+
+
+_get_field_values.__name__ = "nvmlDeviceGetFieldValues"  # the NVML name in AreaError messages
+
+
 def _field_values(
     handle: Any, requests: Iterable[int | tuple[int, int]]
 ) -> dict[tuple[int, int], float | int]:
     """nvmlDeviceGetFieldValues, keeping only entries whose own nvmlReturn is SUCCESS."""
     reqs = list(requests)
-    values = _call(pynvml.nvmlDeviceGetFieldValues, handle, reqs)
+    values = _call(_get_field_values, handle, reqs)
     out: dict[tuple[int, int], float | int] = {}
     if values is None:
         return out
-    with contextlib.suppress(TypeError):  # a ctypes array (always, from pynvml): read it without hooks
-        values = (_FieldValue * len(values)).from_buffer(values)
     for v in values:
         if v.nvmlReturn != pynvml.NVML_SUCCESS:
             if v.nvmlReturn in _LOST:
