@@ -614,9 +614,13 @@ def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuMod
         "memory_peak_bytes": float(row["memory_peak_bytes"]),
     }
     view = JobView(row, th, fleet, str(row["job_id"]), conf, level, numbers)
+    leak = memory_leak(row, th)
+    numbers.update(memory_trend_bytes_per_hour=float(row.get("memory_trend_bytes_per_hour", math.nan)))
     for rule in PRE_RULES:
         found = rule(view)
         if found is not None:
+            if found.recommendation not in (Kind.INSUFFICIENT_DATA, Kind.RECLAIM):
+                _flag_leak(found, leak)  # a model the catalog does not know, sized from memory
             return found
     sizing = size(view)
     view.sizing = sizing
@@ -626,16 +630,19 @@ def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuMod
         sm_demand_sms=round(sizing.demand_sms, 2),
         mem_fraction=sizing.mem_fraction,
     )
-    leak = memory_leak(row, th)
-    numbers.update(memory_trend_bytes_per_hour=float(row.get("memory_trend_bytes_per_hour", math.nan)))
     for sized_rule in SIZED_RULES:
         found = sized_rule(view, sizing)
         if found is not None:
-            found.memory_leak = leak
-            if leak and not found.reason.startswith("memory leak"):
-                found.reason += f"; memory leak: {leak}"
+            _flag_leak(found, leak)
             return found
     raise AssertionError("the last rule always answers")  # pragma: no cover
+
+
+def _flag_leak(found: Recommendation, leak: str) -> None:
+    """Every sized recommendation carries the leak, and its reason says so."""
+    found.memory_leak = leak
+    if leak and not found.reason.startswith("memory leak"):
+        found.reason += f"; memory leak: {leak}"
 
 
 def fleet_models(profiles: pd.DataFrame) -> list[GpuModel]:

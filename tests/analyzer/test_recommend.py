@@ -282,3 +282,12 @@ def test_without_per_job_shares_the_gpu_is_split_equally_and_the_reason_says_so(
     assert set(recs["activity_signal"]) == {"sm_active_equal_split"}
     assert recs.loc["heavy", "sm_active_mean"] == pytest.approx(recs.loc["light", "sm_active_mean"])
     assert all("split equally" in reason and "no per-job shares" in reason for reason in recs["reason"])
+
+
+def test_a_leak_on_an_unknown_model_is_flagged_too(th):
+    job = SynthJob(
+        "leaky", "GPU-x1", steady(120, 0.1, 0.01), np.linspace(2 * GIB, 18 * GIB, 120), model=IMAGINARY
+    )
+    row = _recs(with_memory_total(synth.frame([job]), 48 * GIB), th).loc["leaky"]
+    assert row["memory_leak"].startswith("grows 8.")
+    assert "; memory leak: grows 8." in row["reason"] and "not in the catalog" in row["reason"]
