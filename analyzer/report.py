@@ -148,6 +148,13 @@ def plot_archetypes(analysis: Analysis) -> str | None:
     return _png(fig)
 
 
+def _if_fixed(model: ReportModel) -> str:
+    """What fixing the flagged jobs would add: not in the plan, so never in the headline figure."""
+    if model.gpu_hours_if_fixed <= 0:
+        return ""
+    return f"; up to {units.hours(model.gpu_hours_if_fixed)} more once the jobs to fix are fixed"
+
+
 def _where(model: ReportModel) -> str:
     parts = [
         f"{host}: GPU {', '.join(str(i) for i in idx)}" for host, idx in sorted(model.reclaimable.items())
@@ -251,7 +258,7 @@ def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
         f"<br><small>{_e(_where(model))}</small></div>",
         f"<div class='kpi'><b>{units.hours(model.gpu_hours_recovered)}</b>GPU-hours recovered this window"
         f"<br><small>{_e(units.money(model.cost_recovered, model.prices.currency))} "
-        f"{_e(price)}</small></div>",
+        f"{_e(price)}{_e(_if_fixed(model))}</small></div>",
     ]
     if analysis.kind == "usage":
         parts.append(
@@ -492,7 +499,8 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
         lines += [
             f"- **GPU-hours recovered**: {units.hours(model.gpu_hours_recovered)} "
             f"({units.money(model.cost_recovered, model.prices.currency)}"
-            + (f" at an assumed {model.prices.default:.2f} per GPU-hour)" if model.prices.assumed else ")"),
+            + (f" at an assumed {model.prices.default:.2f} per GPU-hour)" if model.prices.assumed else ")")
+            + _if_fixed(model),
             f"- GPU-hours: {units.hours(h['gpu_hours_allocated'])} allocated, "
             f"{units.hours(h['gpu_hours_used'])} used, **{units.hours(h['gpu_hours_idle'])} idle**",
             f"- Utilisation: {units.pct(h['utilization_before'], 1)} now, "

@@ -2,8 +2,9 @@
 
 - the window (dates) and the fleet size;
 - GPUs reclaimable now and where (host and GPU index from emit's placement: inventory GPUs no
-  planned GPU uses), GPU-hours recovered by the ranked actions and what that is worth at a
-  price per GPU model (`Prices`: per-model prices and a default, all configurable);
+  planned GPU uses), GPU-hours recovered (the GPUs the plan frees, for the whole window; the
+  jobs to fix counted apart) and what that is worth at a price per GPU model (`Prices`:
+  per-model prices and a default, all configurable);
 - energy per team, estimated from each job's measured activity and the catalog's idle and board
   power (histories carry no power samples, so this is an estimate and says so);
 - the ranked action list (current -> proposed), what emit had to change for the tools;
@@ -82,7 +83,8 @@ class ReportModel:
     gpus_total: int
     gpus_reclaimable: int
     reclaimable: dict[str, list[int]]  # host -> GPU indices free after the plan
-    gpu_hours_recovered: float
+    gpu_hours_recovered: float  # GPUs the plan frees x the window's hours
+    gpu_hours_if_fixed: float  # more, once the jobs flagged `fix` are fixed (not in the plan)
     cost_recovered: float
     prices: Prices
     energy_kwh_by_team: dict[str, float]
@@ -197,9 +199,14 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
     end = _float(analysis.meta.get("end")) or (float(recs["end"].max()) if len(recs) else 0.0)
     everything = ranked(analysis, None)
     top = everything[:actions]
-    models = dict(zip(recs["job_id"], recs["gpu_model"], strict=False))
-    recovered = sum(_action_hours(a) for a in everything)
-    cost = sum(_action_hours(a) * prices.of(str(models.get(a["job_id"], ""))) for a in everything)
+    # The headline is what the plan gives back: every GPU it frees, for the whole window. The
+    # actions' own GPU-hours are a per-job attribution for ranking; summed they can exceed what
+    # packing frees (a partial share frees no GPU) and they count fixes the plan does not assume.
+    hours = max(0.0, (end - start) / 3600.0)
+    if_fixed = sum(_action_hours(a) for a in everything if a.get("action") == "fix")
+    freed_models = [
+        model for model, row in analysis.plan.by_model.items() for _ in range(max(0, int(row["gpus_freed"])))
+    ]
     emitted = analysis.emitted
     layout: dict[str, list[GpuRow]] = {}
     reclaimable: dict[str, list[int]] = {}
@@ -220,8 +227,12 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
                     )
                 )
             layout[host] = rows
+        freed_models = []
         for slot in placement.free():
             reclaimable.setdefault(slot.host, []).append(slot.index)
+            freed_models.append(slot.model)
+    recovered = len(freed_models) * hours if analysis.kind == "usage" else 0.0
+    cost = sum(prices.of(m) for m in freed_models) * hours if analysis.kind == "usage" else 0.0
     freed = max(0, analysis.plan.gpus_freed)
     return ReportModel(
         window_start=start,
@@ -230,6 +241,7 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
         gpus_reclaimable=sum(len(v) for v in reclaimable.values()) if layout else freed,
         reclaimable=reclaimable,
         gpu_hours_recovered=recovered,
+        gpu_hours_if_fixed=if_fixed,
         cost_recovered=cost,
         prices=prices,
         energy_kwh_by_team=energy_by_team(recs) if analysis.kind == "usage" else {},

@@ -76,3 +76,18 @@ def test_only_real_changes_are_listed(week):
     assert actions and all(a["gpu_hours_recovered"] > 0 or a["risk_fixed"] for a in actions)
     hours = [a["gpu_hours_recovered"] for a in actions]
     assert hours == sorted(hours, reverse=True)
+
+
+def test_gpu_hours_recovered_are_the_freed_gpus_for_the_whole_window(week):
+    model = report_model.build(week, report_model.parse_prices(["default=2"]))
+    freed = sum(len(indices) for indices in model.reclaimable.values())
+    assert freed >= 1 and model.window_hours > 0
+    assert model.gpu_hours_recovered == pytest.approx(freed * model.window_hours)
+    assert model.cost_recovered == pytest.approx(2 * freed * model.window_hours)
+
+
+def test_what_fixing_the_hog_would_recover_is_counted_apart_from_the_plan(week):
+    model = report_model.build(week)
+    fixes = [a for a in report_model.ranked(week, None) if a.get("action") == "fix"]
+    assert any(a["job_id"] == HOG for a in fixes)
+    assert model.gpu_hours_if_fixed == pytest.approx(sum(a["gpu_hours_recovered"] for a in fixes))
