@@ -172,7 +172,8 @@ def _short(text: str, names: dict[str, str]) -> str:
 
 def _action_text(action: dict, names: dict[str, str] | None = None) -> str:
     if action.get("change"):
-        return _short(str(action["change"]), names or {})
+        # an arrow that a narrow column cannot break in two, as "-" and ">" can
+        return _short(str(action["change"]).replace(" -> ", " → "), names or {})
     detail = f" {action['detail']}" if action.get("detail") else ""
     return f"{action.get('recommendation', '')}{detail}"
 
@@ -222,10 +223,13 @@ def _gpu_names(analysis: Analysis) -> dict[str, str]:
 
 def _why(action: dict, names: dict[str, str]) -> str:
     """What to do when it says more than the change itself, else why."""
-    todo = str(action.get("what_to_do") or "")
-    if todo and todo != action.get("change"):
-        return _short(todo, names)
-    return _short(str(action.get("reason", "")), names)
+    todo, change = str(action.get("what_to_do") or ""), str(action.get("change") or "")
+    why = str(action.get("reason", ""))
+    if change and todo.startswith(change):
+        # a change that also has a finding: the change is in its own column; say why, then the finding
+        extra = todo[len(change) :].lstrip("; ")
+        return _short(f"{why}; {extra}" if extra else why, names)
+    return _short(todo or why, names)
 
 
 def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
