@@ -86,7 +86,8 @@ class KubeRequest:
 
 @dataclass
 class KubeStandIn:
-    """Serves nodes, pods, ConfigMaps and Jobs like the API server does, and records every request.
+    """Serves nodes (one, or all in pages), pods, ConfigMaps and Jobs like the API server does, and
+    records every request.
 
     `hold` makes reads of a node wait until its event is set (a slow API for that node only);
     `held` is set when such a read arrived. `redirect` answers every request with a 302 to that
@@ -111,6 +112,15 @@ class KubeStandIn:
 
     def of(self, method: str) -> list[KubeRequest]:
         return [r for r in self.requests if r.method == method]
+
+    def isolation_patches(self) -> list[KubeRequest]:
+        """PATCHes that change a node's scheduling (cordon, taint), not only its episode annotations."""
+        return [r for r in self.of("PATCH") if isinstance(r.body, dict) and "spec" in r.body]
+
+    def episode_records(self, node: str) -> dict[str, dict]:
+        """The episodes kept on `node` (annotations episodes.gpulens.io/...), by annotation key."""
+        annotations = self.nodes[node].get("metadata", {}).get("annotations") or {}
+        return {k: json.loads(v) for k, v in annotations.items() if k.startswith("episodes.gpulens.io/")}
 
 
 def _merge(target: dict, patch: dict) -> dict:
@@ -167,7 +177,16 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                 return
             url = urllib.parse.urlparse(self.path)
             parts = url.path.strip("/").split("/")
-            if url.path.startswith("/api/v1/nodes/"):
+            if url.path == "/api/v1/nodes":  # a list, in pages of `limit` with a `continue` token
+                query = urllib.parse.parse_qs(url.query)
+                limit = int(query.get("limit", ["0"])[0]) or len(state.nodes) or 1
+                start = int(query.get("continue", ["0"])[0])
+                with state.lock:
+                    names = sorted(state.nodes)
+                    items = [json.loads(json.dumps(state.nodes[n])) for n in names[start : start + limit]]
+                more = str(start + limit) if start + limit < len(names) else ""
+                self._reply(200, {"kind": "NodeList", "metadata": {"continue": more}, "items": items})
+            elif url.path.startswith("/api/v1/nodes/"):
                 name = url.path.rsplit("/", 1)[1]
                 if name in state.hold:
                     state.held.set()

@@ -66,7 +66,7 @@ def test_a_hostile_alert_name_still_makes_a_valid_taint():
                 notification(alert(alertname="-x y/" + "z" * 99, instance="gpu-1:1", fingerprint="f1")),
             )
     assert json.loads(body)["handled"][0]["result"] == "applied"
-    (patch,) = stand_in.of("PATCH")
+    (patch,) = stand_in.isolation_patches()
     # the API's rule for taint values: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends
     assert re.fullmatch(
         r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", patch.body["spec"]["taints"][0]["value"]

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from gpulens.httpclient import Deadline
 from gpulens.remediate.kubernetes import TAINT_KEY, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.loop import LoopPolicy
 from gpulens.remediate.slurm import SlurmIsolator
@@ -428,3 +429,113 @@ def test_a_dry_run_describes_the_requeue_and_runs_nothing(slurm_jobs):
         "; then scontrol requeue Incomplete <the jobs of: squeue --noheader --nodelist=gpu-17 --format=%A "
         "--states=CONFIGURING,RUNNING,STOPPED,SUSPENDED>" in episode["detail"]
     )
+
+
+# --- state kept on the nodes: a restart without the audit log (an emptyDir lost with the pod) ----
+
+
+def _kube_receiver(stand_in, clock, log, **policy):
+    isolator = KubernetesIsolator(KubernetesClient(stand_in.url), job_namespace="ops")
+    return receiver(isolator, dry_run=False, clock=clock, audit_log=log, policy=_policy(**policy))
+
+
+def test_a_receiver_restarted_with_an_empty_audit_dir_resumes_from_the_node_and_returns_it(tmp_path):
+    clock = Clock()
+    stand_in = KubeStandIn(
+        nodes={"gpu-17": {"metadata": {"name": "gpu-17", "resourceVersion": "1"}, "spec": {}}}
+    )
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()  # the new pod's emptyDir: no audit log
+    with kube_api(stand_in):
+        with _kube_receiver(stand_in, clock, tmp_path / "first" / "audit.jsonl") as (base, rem):
+            post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa")))
+            rem.reconciler.tick()  # creates the reset Job; then the pod is gone
+        kept = stand_in.episode_records("gpu-17")
+        log = tmp_path / "second" / "audit.jsonl"
+        with _kube_receiver(stand_in, clock, log, return_to_service=True) as (base, rem):
+            resumed = (rem.resumed, rem.resumed_from, [e["state"] for e in episodes(rem).values()])
+            _, repeat = post(
+                f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa"))
+            )
+            rem.reconciler.tick()  # the Job it started before the restart succeeded
+            post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", status="resolved")))
+            rem.reconciler.tick()  # hold-down starts
+            clock.now += HOLD_DOWN + 1
+            rem.reconciler.tick()  # ready, and returned
+            left = episodes(rem)
+    assert [e["state"] for e in kept.values()] == ["recovering"]
+    assert resumed == (1, "node annotations", ["recovering"])
+    assert json.loads(repeat)["handled"][0]["result"] == "duplicate"
+    assert len(stand_in.jobs) == 1, "the reset is not started a second time"
+    assert left == {}
+    assert stand_in.nodes["gpu-17"]["spec"] == {"unschedulable": False, "taints": []}
+    assert stand_in.episode_records("gpu-17") == {}, "a returned episode leaves no record behind"
+    events = [e for e, _ in audit_events(log)]
+    assert events == ["resumed", "action_finished", "resolved", "hold_down", "recovered", "returned"]
+
+
+def test_the_audit_log_wins_over_the_node_annotations_when_both_exist(tmp_path):
+    clock, log = Clock(), tmp_path / "audit.jsonl"
+    stand_in = KubeStandIn(
+        nodes={"gpu-17": {"metadata": {"name": "gpu-17", "resourceVersion": "1"}, "spec": {}}}
+    )
+    with kube_api(stand_in):
+        with _kube_receiver(stand_in, clock, log) as (base, rem):
+            post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa")))
+        # a stale record on the node (a write that lagged the log) says something else
+        key, record = next(iter(stand_in.episode_records("gpu-17").items()))
+        stale = {**record, "state": "ready"}
+        stand_in.nodes["gpu-17"]["metadata"]["annotations"][key] = json.dumps(stale)
+        lists_before = len([r for r in stand_in.of("GET") if r.path.startswith("/api/v1/nodes?")])
+        with _kube_receiver(stand_in, clock, log) as (base, rem):
+            resumed = (rem.resumed_from, [e["state"] for e in episodes(rem).values()])
+        lists_after = len([r for r in stand_in.of("GET") if r.path.startswith("/api/v1/nodes?")])
+    assert resumed == ("audit log", ["isolated"])
+    assert lists_after == lists_before, "with an audit log the nodes are not listed"
+
+
+def test_a_dry_run_neither_writes_nor_adopts_node_records(tmp_path):
+    record = {
+        "id": "fp@1", "node": "gpu-17", "alertname": "GPULost", "kind": "isolate_node",
+        "recovery": "reboot_node", "state": "isolated", "detected_at": 1.0,
+    }  # fmt: skip
+    annotations = {"episodes.gpulens.io/abc": json.dumps(record)}
+    node = {"metadata": {"name": "gpu-17", "resourceVersion": "1", "annotations": annotations}, "spec": {}}
+    stand_in = KubeStandIn(nodes={"gpu-17": node})
+    with kube_api(stand_in):
+        isolator = KubernetesIsolator(KubernetesClient(stand_in.url))
+        with receiver(isolator, clock=Clock(), policy=_policy()) as (base, rem):
+            post(
+                f"{base}/alerts",
+                notification(fault("GPUXidFallenOffBus", "reboot_node", instance="gpu-17:1")),
+            )
+            adopted = rem.resumed
+    assert adopted == 0 and stand_in.requests == []
+
+
+def test_unreadable_node_records_are_skipped_and_node_lists_are_paged(tmp_path):
+    good = {
+        "id": "fp@1", "node": "gpu-2", "alertname": "GPULost", "kind": "isolate_node",
+        "recovery": "reboot_node", "state": "isolated", "detected_at": 1.0,
+    }  # fmt: skip
+    bad = [
+        "not json",
+        json.dumps({**good, "node": "gpu-9"}),  # another node's episode
+        json.dumps({**good, "state": "returned"}),  # closed
+        json.dumps({**good, "detected_at": "yesterday"}),
+        json.dumps({**good, "recovery": "format_disk"}),
+    ]
+    nodes = {
+        f"gpu-{i}": {"metadata": {"name": f"gpu-{i}", "annotations": {}}, "spec": {}} for i in range(250)
+    }
+    nodes["gpu-2"]["metadata"]["annotations"]["episodes.gpulens.io/good"] = json.dumps(good)
+    for k, value in enumerate(bad):
+        nodes["gpu-3"]["metadata"]["annotations"][f"episodes.gpulens.io/bad{k}"] = value
+    nodes["gpu-4"]["metadata"]["annotations"]["gpulens.io/returned-at"] = "2026-12-01T10:00:00Z"
+    stand_in = KubeStandIn(nodes=nodes)
+    with kube_api(stand_in):
+        kept = KubernetesIsolator(KubernetesClient(stand_in.url)).recorded(Deadline(30))
+    assert [(e.id, e.node, e.state.value) for e in kept.episodes] == [("fp@1", "gpu-2", "isolated")]
+    assert kept.skipped == len(bad)
+    assert kept.returned == {"gpu-4": 1_796_119_200.0}
+    assert len([r for r in stand_in.of("GET") if r.path.startswith("/api/v1/nodes?")]) == 3

@@ -218,7 +218,7 @@ def test_kubernetes_isolate_gpu_cordons_and_taints_without_evicting(kube):
             ),
         )
     assert json.loads(body)["handled"][0]["result"] == "applied"
-    (patch,) = kube.of("PATCH")
+    (patch,) = kube.isolation_patches()
     assert patch.path == "/api/v1/nodes/gpu-1"
     assert patch.content_type == "application/merge-patch+json"
     assert patch.authorization == "Bearer kube-sa-token"
@@ -264,7 +264,7 @@ def test_kubernetes_node_already_isolated_is_not_patched_again(kube):
     with receiver(KubernetesIsolator(kube.client), dry_run=False) as (base, _):
         _, body = post(f"{base}/alerts", notification(alert(instance="gpu-2:9842")))
     assert json.loads(body)["handled"][0]["result"] == "already"
-    assert kube.of("PATCH") == []
+    assert kube.isolation_patches() == []
 
 
 def test_kubernetes_unknown_node_fails_without_patching(kube):
@@ -382,10 +382,10 @@ def test_kubernetes_patch_is_conditional_and_retried_after_a_conflict(kube):
     with receiver(KubernetesIsolator(kube.client), dry_run=False) as (base, _):
         _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842", remediate="isolate_gpu")))
     assert json.loads(body)["handled"][0]["result"] == "applied"
-    first, second = kube.of("PATCH")
+    first, second = kube.isolation_patches()
     assert first.body["metadata"]["resourceVersion"] == "7"  # refused: the node moved on to 8
     assert second.body["metadata"]["resourceVersion"] == "8"
-    assert len(kube.of("GET")) == 2
+    assert len([r for r in kube.of("GET") if r.path == "/api/v1/nodes/gpu-1"]) == 2
 
 
 def test_kubernetes_gives_up_after_repeated_conflicts(kube):

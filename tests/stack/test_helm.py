@@ -728,7 +728,7 @@ def test_remediation_rbac_grants_only_cordon_taint_and_eviction_to_its_own_accou
     role = only(objects, "ClusterRole")
     grants = {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]}
     assert grants == {
-        (("nodes",), ("get", "patch")),
+        (("nodes",), ("get", "list", "patch")),
         (("pods",), ("list",)),
         (("pods/eviction",), ("create",)),
     }
@@ -806,3 +806,37 @@ def test_report_uses_an_existing_claim_instead_of_making_one(helm):
     assert spec is not None
     volume = next(v for v in spec["volumes"] if v["name"] == "reports")
     assert volume["persistentVolumeClaim"]["claimName"] == "reports"
+
+
+def _remediate_state(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = only(objects, "Deployment")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    return volumes["state"]
+
+
+REMEDIATE_ON = "remediate.enabled=true,remediate.token.create=true,remediate.token.value=x"
+
+
+def test_remediation_state_is_an_empty_dir_unless_persistence_is_asked_for(helm):
+    objects = template(helm, "--set", REMEDIATE_ON)
+    assert _remediate_state(objects) == {"name": "state", "emptyDir": {}}
+    assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+
+
+def test_remediation_persistence_puts_the_audit_log_on_a_claim_the_chart_creates(helm):
+    objects = template(helm, "--set", f"{REMEDIATE_ON},remediate.persistence.enabled=true")
+    (claim,) = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert _remediate_state(objects) == {
+        "name": "state",
+        "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]},
+    }
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    validator = pytest.importorskip("kubernetes_validate")
+    validator.validate(claim, validator.latest_version(), strict=True)
+
+
+def test_remediation_persistence_can_use_an_existing_claim(helm):
+    setting = f"{REMEDIATE_ON},remediate.persistence.enabled=true,remediate.persistence.existingClaim=mine"
+    objects = template(helm, "--set", setting)
+    assert _remediate_state(objects) == {"name": "state", "persistentVolumeClaim": {"claimName": "mine"}}
+    assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]

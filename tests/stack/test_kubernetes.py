@@ -366,7 +366,7 @@ def test_remediate_rbac_grants_only_cordon_taint_and_eviction_to_its_own_account
     role = remediate_one("ClusterRole")
     grants = {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]}
     assert grants == {
-        (("nodes",), ("get", "patch")),
+        (("nodes",), ("get", "list", "patch")),
         (("pods",), ("list",)),
         (("pods/eviction",), ("create",)),
     }
@@ -446,3 +446,21 @@ def test_every_core_object_passes_the_kubernetes_schema_strictly():
             validator.validate(obj, version, strict=True)
         except validator.ValidationError as exc:
             pytest.fail(f"{path}: {obj['kind']}/{obj['metadata']['name']}: {str(exc).splitlines()[0]}")
+
+
+def test_the_persistent_state_overlay_puts_the_audit_log_on_a_claim():
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl not installed")
+    overlay = KDIR / "remediate-persistent-state"
+    result = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    (claim,) = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"] == {
+        "name": "state",
+        "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]},
+    }
+    assert claim["metadata"]["namespace"] == deployment["metadata"]["namespace"] == "gpulens"

@@ -63,6 +63,17 @@ class AuditLog:
                     event,
                 )
 
+    def present(self) -> bool:
+        """Whether there is a log to resume from: a file with at least one line."""
+        if self.path is None:
+            return False
+        try:
+            return self.path.stat().st_size > 0
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise AuditError(f"--state-dir audit log {self.path}: {exc.strerror or exc}") from None
+
     def _lines(self) -> Iterator[str]:
         assert self.path is not None
         try:

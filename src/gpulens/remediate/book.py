@@ -2,8 +2,10 @@
 
 A restarted receiver reads the audit log back (`EpisodeBook.resume`) and carries on with every
 episode that was still open: isolated, waiting for its reset or reboot, in its hold-down, or
-ready to return. Memory is bounded: open episodes (one per alert episode, so bounded by the
-fleet's faults) plus the time each node was last returned (for flap detection).
+ready to return. Every saved step is also handed to `mirror` (the backend's `record`: Kubernetes
+keeps each open episode as a node annotation), so that without the audit log the receiver can
+`adopt` what the orchestrator kept instead. Memory is bounded: open episodes (one per alert
+episode, so bounded by the fleet's faults) plus the time each node was last returned (for flap detection).
 """
 
 from __future__ import annotations
@@ -24,8 +26,15 @@ MAX_RETURNED = 100_000  # nodes whose last return time is kept
 
 
 class EpisodeBook:
-    def __init__(self, audit: AuditLog, metrics: RemediateMetrics, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        audit: AuditLog,
+        metrics: RemediateMetrics,
+        clock: Callable[[], float],
+        mirror: Callable[[Episode], None] | None = None,
+    ) -> None:
         self.audit = audit
+        self.mirror = mirror
         self.metrics = metrics
         self.clock = clock
         self._lock = threading.Lock()
@@ -45,6 +54,20 @@ class EpisodeBook:
                 if episode.state.open:
                     self._open[episode.id] = episode
             return len(self._open)
+
+    def adopt(self, episodes: list[Episode], returned: dict[str, float]) -> int:
+        """Take over episodes and return times kept elsewhere (the nodes); how many are open.
+        Each is written to the audit log as `resumed`, which then holds them again."""
+        now = self.clock()
+        with self._lock:
+            for node, at in returned.items():
+                self._note_return(node, at)
+        for episode in sorted(episodes, key=lambda e: e.detected_at)[:MAX_OPEN]:
+            self.audit.append("resumed", episode, now)
+            with self._lock:
+                self._open[episode.id] = episode
+            self.metrics.episode_changed(None, episode)
+        return len(self.open_episodes())
 
     def _note_return(self, node: str, at: float) -> None:
         self._returned[node] = max(at, self._returned.get(node, 0.0))
@@ -86,6 +109,8 @@ class EpisodeBook:
             if episode.state is State.RETURNED and episode.returned_at is not None:
                 self._note_return(episode.node, episode.returned_at)
         self.metrics.episode_changed(before, episode)
+        if self.mirror is not None:
+            self.mirror(episode)
         level = logging.WARNING if episode.state in (State.RMA, State.ESCALATED) else logging.INFO
         log.log(
             level,

@@ -357,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
     except AuditError as exc:
         return _fail(str(exc))
     if remediator.resumed:
-        log.info("resumed %d open episode(s) from %s", remediator.resumed, audit)
+        log.info("resumed %d open episode(s) from the %s", remediator.resumed, remediator.resumed_from)
 
     def save_failed(exc: BreakerStoreError) -> None:
         remediator.metrics.breaker_save_errors.inc()

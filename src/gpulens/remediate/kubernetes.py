@@ -8,11 +8,17 @@ the node's pods through the Eviction API (PodDisruptionBudgets apply) when drain
 DaemonSet and mirror pods stay, as with `kubectl drain --ignore-daemonsets`.
 
 The client speaks plain HTTPS with a bearer token (a service account's, by default) so no
-Kubernetes client library is needed. RBAC: nodes get/patch, pods list, pods/eviction create.
+Kubernetes client library is needed. RBAC: nodes get/list/patch, pods list, pods/eviction create.
+
+Every open episode is also kept on its node, one annotation each (`episodes.gpulens.io/<digest
+of the episode id>`, the episode as JSON), removed when it closes; a receiver that restarts
+without its audit log (an emptyDir lost with the pod) lists the nodes and resumes from them
+(`recorded`). `gpulens.io/remediation` keeps the node's latest episode for people.
 """
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import hashlib
 import json
@@ -30,7 +36,7 @@ from gpulens.httpclient import Deadline
 from gpulens.remediate.episodes import Episode, Recovery
 from gpulens.remediate.escape import printable
 from gpulens.remediate.model import IsolationRequest, Outcome
-from gpulens.remediate.recovery import Progress, Step
+from gpulens.remediate.recovery import Progress, Recorded, Step
 
 TAINT_KEY = "gpulens.io/gpu-fault"
 ANNOTATION_AT = "gpulens.io/isolated-at"
@@ -39,6 +45,10 @@ ANNOTATION_FINGERPRINT = "gpulens.io/alert-fingerprint"
 ANNOTATION_RETURNED = "gpulens.io/returned-at"
 ANNOTATION_EPISODE = "gpulens.io/episode"  # on recovery Jobs: the episode they serve
 ANNOTATION_EPISODE_RECORD = "gpulens.io/remediation"  # on the node: its latest episode, as JSON
+EPISODE_ANNOTATION_PREFIX = "episodes.gpulens.io/"  # + digest: one open episode each, as JSON
+MAX_RECORD_DETAIL = 512  # characters of an episode's detail kept on the node
+NODE_PAGE = 100  # nodes per list call: a page stays far below MAX_ANSWER
+MAX_NODE_PAGES = 1000
 # nvidia-smi comes with the NVIDIA container toolkit's driver mount; any image with nsenter works for reboots
 DEFAULT_JOB_IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 CONFLICT_RETRIES = 3
@@ -437,9 +447,15 @@ class KubernetesIsolator:
             return Outcome("failed", str(exc))
 
     def record(self, episode: Episode, deadline: Deadline) -> None:
-        """The episode on its node, as annotation gpulens.io/remediation (best effort)."""
+        """The episode on its node (best effort): as gpulens.io/remediation, the latest for people,
+        and while open under its own annotation, what a restart without the audit log resumes."""
         doc = {k: v for k, v in episode.to_dict().items() if v not in (None, "", 0) and k != "detail"}
-        patch = {"metadata": {"annotations": {ANNOTATION_EPISODE_RECORD: json.dumps(doc, sort_keys=True)}}}
+        full = {**episode.to_dict(), "detail": episode.detail[:MAX_RECORD_DETAIL]}
+        annotations: dict[str, str | None] = {
+            ANNOTATION_EPISODE_RECORD: json.dumps(doc, sort_keys=True),
+            episode_annotation(episode.id): json.dumps(full, sort_keys=True) if episode.state.open else None,
+        }
+        patch = {"metadata": {"annotations": annotations}}
         with contextlib.suppress(KubernetesError):
             self.client.request(
                 "PATCH",
@@ -448,6 +464,75 @@ class KubernetesIsolator:
                 content_type="application/merge-patch+json",
                 deadline=deadline,
             )
+
+    def recorded(self, deadline: Deadline) -> Recorded:
+        """The open episodes and return times kept on the nodes (every node, in pages)."""
+        episodes: list[Episode] = []
+        returned: dict[str, float] = {}
+        skipped = 0
+        token = ""
+        for _page in range(MAX_NODE_PAGES):
+            query = urllib.parse.urlencode({"limit": NODE_PAGE, **({"continue": token} if token else {})})
+            status, answer = self.client.request("GET", f"/api/v1/nodes?{query}", deadline=deadline)
+            if status != 200:
+                raise KubernetesError(f"list nodes: HTTP {status} {answer.get('message', '')}")
+            for node in answer.get("items") or []:
+                meta = node.get("metadata") or {} if isinstance(node, dict) else {}
+                name, annotations = meta.get("name"), meta.get("annotations") or {}
+                if not isinstance(name, str) or not isinstance(annotations, dict):
+                    continue
+                at = _epoch(annotations.get(ANNOTATION_RETURNED))
+                if at is not None:
+                    returned[name] = at
+                for key, value in annotations.items():
+                    if not str(key).startswith(EPISODE_ANNOTATION_PREFIX):
+                        continue
+                    episode = _episode(value, name)
+                    if episode is None:
+                        skipped += 1
+                    else:
+                        episodes.append(episode)
+            token = str((answer.get("metadata") or {}).get("continue") or "")
+            if not token:
+                break
+        return Recorded(episodes, returned, skipped)
+
+
+def episode_annotation(episode_id: str) -> str:
+    """The annotation key of one episode: the id is a fingerprint@time, too long for a key name."""
+    return EPISODE_ANNOTATION_PREFIX + hashlib.sha256(episode_id.encode()).hexdigest()[:32]
+
+
+def _episode(value: Any, node: str) -> Episode | None:
+    """An episode annotation back as an Episode; None unless it is a whole, open one of `node`."""
+    try:
+        doc = json.loads(value) if isinstance(value, str) and len(value) <= 64 << 10 else None
+        episode = Episode.from_dict(doc) if isinstance(doc, dict) else None
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    if episode is None or episode.node != node or not episode.state.open:
+        return None
+    texts = (episode.id, episode.alertname, episode.kind, episode.gpu, episode.uuid, episode.instance)
+    times: list[object] = [episode.detected_at, episode.isolated_at, episode.action_started_at]
+    times += [episode.action_finished_at, episode.resolved_at, episode.healthy_since]
+    times += [episode.recovered_at, episode.returned_at]
+    if not all(isinstance(t, str) for t in (*texts, episode.marker, episode.detail)):
+        return None
+    if not all(t is None or (isinstance(t, int | float) and not isinstance(t, bool)) for t in times):
+        return None
+    if not isinstance(episode.attempts, int) or episode.detected_at is None:
+        return None
+    return episode
+
+
+def _epoch(text: Any) -> float | None:
+    """`2026-12-01T10:00:00Z` (gpulens.io/returned-at) as epoch seconds."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return None
 
 
 def _stays(pod: dict) -> bool:

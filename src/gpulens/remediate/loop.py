@@ -157,8 +157,7 @@ class Reconciler:
                 marker=progress.marker,
                 detail=progress.detail,
             )
-            self.book.save("action_started", moved)
-            self.backend.record(moved, deadline)
+            self.book.save("action_started", moved)  # the book's mirror records it on the node
             return
         self.breaker.release(ticket)
         if attempts >= self.policy.max_attempts:
@@ -229,7 +228,6 @@ class Reconciler:
             for episode in episodes:
                 moved = episode.moved(State.RETURNED, returned_at=now, detail=f"{why}: {outcome.detail}")
                 self.book.save("returned", moved)
-                self.backend.record(moved, deadline)
         else:
             for episode in episodes:
                 self.book.save("return_failed", episode.moved(episode.state, detail=outcome.detail))

@@ -30,6 +30,16 @@ class Progress:
     marker: str = ""  # what start() recorded to recognise completion (boot time, Job name)
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What the orchestrator keeps of the episodes: the open ones, each node's last return time,
+    and how many records could not be read."""
+
+    episodes: list[Episode]
+    returned: dict[str, float]
+    skipped: int = 0
+
+
 class Recoverer(Protocol):
     def describe_recovery(self, episode: Episode) -> str:
         """The exact recovery action, for dry-run logs and the audit record."""
@@ -55,6 +65,10 @@ class Recoverer(Protocol):
 
     def record(self, episode: Episode, deadline: Deadline) -> None:
         """Keep the episode on the node itself where the platform allows (Kubernetes annotation)."""
+        ...
+
+    def recorded(self, deadline: Deadline) -> Recorded:
+        """What `record` kept, for a restart without the audit log; raises on a backend failure."""
         ...
 
 

@@ -40,6 +40,7 @@ MAX_DETAIL = 1000
 # this receiver; a caller that sends many gets them in parallel, this many at a time).
 PARALLEL_NODES = 8
 DEFAULT_ACTION_TIMEOUT_S = 60.0
+MIRROR_TIMEOUT_S = 10.0  # one best-effort write of an episode to its node
 
 
 class Remediator:
@@ -76,8 +77,9 @@ class Remediator:
         self._episodes: OrderedDict[str, ActionRecord] = OrderedDict()
         self._history: deque[ActionRecord] = deque(maxlen=MAX_HISTORY)
         self.policy = policy or LoopPolicy(action_timeout_s=action_timeout_s)
-        self.book = EpisodeBook(AuditLog(audit_log), self.metrics, clock)
-        self.resumed = self.book.resume()
+        mirror = None if dry_run else self._mirror  # a dry run changes nothing on the nodes
+        self.book = EpisodeBook(AuditLog(audit_log), self.metrics, clock, mirror)
+        self.resumed, self.resumed_from = self._resume()
         self.reconciler = Reconciler(
             self.book,
             isolator,
@@ -88,6 +90,29 @@ class Remediator:
             dry_run,
             clock,
         )
+
+    def _mirror(self, episode: Episode) -> None:
+        self.isolator.record(episode, Deadline(min(self.action_timeout_s, MIRROR_TIMEOUT_S)))
+
+    def _resume(self) -> tuple[int, str]:
+        """Open episodes from the audit log when there is one, else from what the orchestrator kept.
+
+        The audit log wins when both exist: each step is written (and fsynced) to it before
+        anything else, while the node annotations are best-effort writes after it, so they can
+        lag a step, and the log alone holds dry-run episodes. Without the log (no --state-dir, or
+        an emptyDir lost with the pod) the annotations are all that is left. A dry run never
+        adopts them: they record what was really done, which a dry run must not act on.
+        """
+        if self.book.audit.present() or self.dry_run:
+            return self.book.resume(), "audit log"
+        try:
+            kept = self.isolator.recorded(Deadline(self.action_timeout_s))
+        except Exception as exc:  # a backend failure must not keep the receiver from starting
+            log.warning("no audit log, and the episodes kept on the nodes cannot be read: %s", exc)
+            return 0, "nothing (the nodes could not be read)"
+        if kept.skipped:
+            log.warning("%d unreadable episode record(s) on the nodes skipped", kept.skipped)
+        return self.book.adopt(kept.episodes, kept.returned), "node annotations"
 
     def handle(self, alerts: Iterable[Alert]) -> list[ActionRecord]:
         """Act on a notification's alerts; alerts of different nodes run in parallel."""
@@ -216,8 +241,6 @@ class Remediator:
         else:
             self.book.save("isolated", episode)
             self._maybe_take_node_out(episode, now, deadline)
-            return  # the isolation itself annotated the node; later steps add the episode record
-        self.isolator.record(episode, deadline)
 
     def _maybe_take_node_out(self, episode: Episode, now: float, deadline: Deadline) -> None:
         """Enough faulty GPUs on one node: isolate the node whole (drain) and reboot it.

@@ -28,7 +28,7 @@ from gpulens.httpclient import Deadline
 from gpulens.remediate.episodes import Episode
 from gpulens.remediate.escape import printable
 from gpulens.remediate.model import IsolationRequest, Outcome
-from gpulens.remediate.recovery import Progress, Step
+from gpulens.remediate.recovery import Progress, Recorded, Step
 
 # A Slurm node name: a host name, no host-list syntax (brackets, commas) and no wildcards
 _NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
@@ -231,6 +231,10 @@ class SlurmIsolator:
 
     def record(self, episode: Episode, deadline: Deadline) -> None:
         return None  # the drain and reboot reasons name gpulens; the audit log keeps the rest
+
+    def recorded(self, deadline: Deadline) -> Recorded:
+        # Slurm keeps a node's state and reason, not an episode: the audit log is the only record
+        return Recorded([], {})
 
 
 def _flags(shown: str) -> set[str]:
