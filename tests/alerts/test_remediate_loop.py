@@ -269,10 +269,13 @@ def test_a_restarted_receiver_resumes_its_episodes_from_the_audit_log(slurm, tmp
         _, repeat = post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.reconciler.tick()
         after = [e["state"] for e in episodes(rem).values()]
+        metrics = get(f"{base}/metrics")[1]
     assert resumed == ["recovering"]
     assert json.loads(repeat)["handled"][0]["result"] == "duplicate"
     assert after == ["recovered"]
     assert len([c for c in scontrol_calls(slurm) if c[:1] == ["reboot"]]) == 1
+    assert 'gpulens_remediate_episodes_open{state="recovering"} 0.0' in metrics  # not -1
+    assert 'gpulens_remediate_episodes_open{state="recovered"} 1.0' in metrics
 
 
 def test_return_command_asks_the_receiver(slurm, tmp_path):
@@ -454,10 +457,12 @@ def test_a_receiver_restarted_with_an_empty_audit_dir_resumes_from_the_node_and_
         log = tmp_path / "second" / "audit.jsonl"
         with _kube_receiver(stand_in, clock, log, return_to_service=True) as (base, rem):
             resumed = (rem.resumed, rem.resumed_from, [e["state"] for e in episodes(rem).values()])
+            at_start = get(f"{base}/metrics")[1]
             _, repeat = post(
                 f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa"))
             )
             rem.reconciler.tick()  # the Job it started before the restart succeeded
+            after_step = get(f"{base}/metrics")[1]
             post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", status="resolved")))
             rem.reconciler.tick()  # hold-down starts
             clock.now += HOLD_DOWN + 1
@@ -465,6 +470,9 @@ def test_a_receiver_restarted_with_an_empty_audit_dir_resumes_from_the_node_and_
             left = episodes(rem)
     assert [e["state"] for e in kept.values()] == ["recovering"]
     assert resumed == (1, "node annotations", ["recovering"])
+    assert 'gpulens_remediate_episodes_open{state="recovering"} 1.0' in at_start
+    assert 'gpulens_remediate_episodes_open{state="recovering"} 0.0' in after_step
+    assert 'gpulens_remediate_episodes_open{state="recovered"} 1.0' in after_step
     assert json.loads(repeat)["handled"][0]["result"] == "duplicate"
     assert len(stand_in.jobs) == 1, "the reset is not started a second time"
     assert left == {}

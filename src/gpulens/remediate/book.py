@@ -53,7 +53,9 @@ class EpisodeBook:
                     self._note_return(episode.node, episode.returned_at)
                 if episode.state.open:
                     self._open[episode.id] = episode
-            return len(self._open)
+            resumed = list(self._open.values())
+        self.metrics.episodes_resumed(resumed)
+        return len(resumed)
 
     def adopt(self, episodes: list[Episode], returned: dict[str, float]) -> int:
         """Take over episodes and return times kept elsewhere (the nodes); how many are open.
@@ -62,11 +64,12 @@ class EpisodeBook:
         with self._lock:
             for node, at in returned.items():
                 self._note_return(node, at)
-        for episode in sorted(episodes, key=lambda e: e.detected_at)[:MAX_OPEN]:
+        taken = sorted(episodes, key=lambda e: e.detected_at)[:MAX_OPEN]
+        for episode in taken:
             self.audit.append("resumed", episode, now)
             with self._lock:
                 self._open[episode.id] = episode
-            self.metrics.episode_changed(None, episode)
+        self.metrics.episodes_resumed(taken)
         return len(self.open_episodes())
 
     def _note_return(self, node: str, at: float) -> None:

@@ -111,6 +111,14 @@ class RemediateMetrics:
         """Where the gauges of open episodes read from (the EpisodeBook)."""
         self._open_episodes = open_episodes
 
+    def episodes_resumed(self, episodes: list) -> None:
+        """Count the open episodes a restart took over (from the audit log or the nodes) in the
+        open-state gauge: their later steps move them out of it, which would go below 0 otherwise.
+        Nothing else is observed again: their isolation was counted by the receiver that did it."""
+        for episode in episodes:
+            if episode.state.open:
+                self.open_by_state.labels(state=episode.state.value).inc()
+
     def episode_changed(self, before: Any, after: Any) -> None:
         """Observe one episode step: outcome counts, durations, the open-state gauge."""
         recovery = after.recovery.value
