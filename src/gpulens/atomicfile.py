@@ -272,6 +272,13 @@ def replace_directory(
         exists = target.is_dir()
         if target.exists() and not exists:
             raise WriteFailed(shown, "exists and is not a directory")
+        if exists and os.path.ismount(target):
+            # its parent is another filesystem: the new directory cannot be built there and swapped
+            raise WriteFailed(
+                shown,
+                "is a mount point, which cannot be replaced as a whole; "
+                f"write to a directory inside it ({shown / 'history'})",
+            )
         if exists:
             refusal = replaceable(target)
             if refusal:

@@ -200,6 +200,19 @@ def test_a_directory_holding_other_files_is_refused_not_replaced(tmp_path: Path,
     assert leftovers(tmp_path) == []
 
 
+def test_a_mount_point_is_refused_with_a_directory_inside_suggested(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad_input: Any
+) -> None:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    monkeypatch.setattr(os.path, "ismount", lambda p: Path(p) == volume)
+    with pytest.raises(AnalyzerError) as failed:
+        write_history(volume, synth.frame(synth.seed_case(3)), {"step_s": 60.0})
+    bad_input("atomic write: --out is a mount point")
+    assert "is a mount point" in one_line(str(failed.value)) and f"{volume}/history" in str(failed.value)
+    assert list(volume.iterdir()) == [] and leftovers(tmp_path) == []
+
+
 def test_an_empty_directory_becomes_the_history_with_its_permissions(tmp_path: Path) -> None:
     out = tmp_path / "h"
     out.mkdir(mode=0o750)
