@@ -432,3 +432,18 @@ def test_absurd_scenario_values_are_one_line_naming_the_field(
     bad_input("impossible value: scenario file")
     message = one_line(failed.value)
     assert message.startswith(f"{path}: ") and field in message
+
+
+def test_a_deeply_nested_prometheus_answer_is_one_line_naming_the_api(
+    capsys: pytest.CaptureFixture[str], bad_input: Any
+) -> None:
+    from gpulens.cli import main
+    from tests.analyzer.fakeprom import fake_prometheus
+
+    body = b'{"status": "success", "data": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with fake_prometheus([(200, body)]) as (url, _):
+        code = main(["profile", "--prometheus", url, "--window", "1h"])
+    bad_input("nesting: Prometheus answer")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert f"{url}/api/v1/query: malformed response (not JSON)" in lines[0]
