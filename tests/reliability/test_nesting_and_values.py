@@ -115,9 +115,10 @@ def test_ordinary_yaml_and_aliases_still_load() -> None:
     assert load_yaml(nested) is not None
 
 
-def test_deep_json_is_refused_without_recursing_and_strings_do_not_count() -> None:
-    with pytest.raises(ValueError, match=f"nested deeper than {MAX_DEPTH} levels"):
-        load_json('{"a": ' * 100_000 + "1" + "}" * 100_000)
+def test_deep_json_is_a_decode_error_not_a_recursion_error() -> None:
+    for text in ('{"a": ' * 100_000 + "1" + "}" * 100_000, b"[" * 100_000 + b"]" * 100_000):
+        with pytest.raises(json.JSONDecodeError, match="nested deeper than"):
+            load_json(text)
     assert load_json(json.dumps({"s": "[[[[{{{{" * 100, "t": [[1]]}))["t"] == [[1]]
 
 
