@@ -312,9 +312,10 @@ class Run:
     wall_s: float
     max_rss_bytes: int
     returncode: int
-    stderr: str
+    stderr: str  # its last 2,000 characters (errors, the last progress lines)
     jobs_out: int
     cpu_s: float = 0.0  # user + system CPU of the analyzer process itself
+    first_lines: str = ""  # its first 2,000 characters: which path it took (before the progress)
 
 
 def run_analyzer(args: list[str], workdir: Path, name: str, progress: TextIO | None) -> Run:
@@ -335,7 +336,7 @@ def run_analyzer(args: list[str], workdir: Path, name: str, progress: TextIO | N
     if proc.returncode == 0:
         jobs = len(json.loads(out.read_text())["jobs"])
     cpu = float(usage.ru_utime + usage.ru_stime)
-    return Run(wall, int(usage.ru_maxrss) * 1024, proc.returncode, text[-2000:], jobs, cpu)
+    return Run(wall, int(usage.ru_maxrss) * 1024, proc.returncode, text[-2000:], jobs, cpu, text[:2000])
 
 
 @dataclass
@@ -457,7 +458,7 @@ def _measure(
         extra=extra,
         queries=queries,
         chunks=int(chunks[-1]) if chunks else None,
-        aggregation=_aggregation(run.stderr),
+        aggregation=_aggregation(run.first_lines),
         recommendations=_recommendations(workdir / f"recommend-{name}.json") if run.returncode == 0 else {},
     )
 
