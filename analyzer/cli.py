@@ -237,8 +237,9 @@ def _print_frame(frame: Any, columns: tuple[str, ...], fmt: str) -> None:
         frame.drop(columns=["numbers"], errors="ignore").to_csv(sys.stdout, index=False)
     elif fmt == "json":
         rows = [{k: jsonable(v) for k, v in row.items() if k != "numbers"} for _, row in frame.iterrows()]
-        json.dump(rows, sys.stdout, indent=1, default=str)
-        sys.stdout.write("\n")
+        # one write: json.dump with an indent writes every token separately (800,000 writes for
+        # 2,000 jobs)
+        sys.stdout.write(json.dumps(rows, indent=1, default=str) + "\n")
     else:
         with_pd = frame[cols].copy()
         if "memory_peak_bytes" in with_pd:
@@ -282,8 +283,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             "config": analysis.emitted.files if analysis.emitted else {},
             "notes": (analysis.emitted.notes if analysis.emitted else []) + analysis.plan.notes,
         }
-        json.dump(payload, sys.stdout, indent=1, default=str)
-        sys.stdout.write("\n")
+        sys.stdout.write(json.dumps(payload, indent=1, default=str) + "\n")  # one write (see above)
     elif args.format == "csv":
         _print_frame(analysis.recs, RECOMMEND_TABLE, "csv")
     else:

@@ -238,15 +238,18 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
         except CatalogError:
             return False
         return True
+    # Slurm's MPS shares are configured per GPU, not per instant: every client's cap counts.
+    # Checked before the peaks: on a fleet of MPS GPUs nearly every first-fit probe ends here,
+    # and the peaks over time are the packer's costliest step.
+    if item.kind == Kind.MPS and sum(o.thread_pct or 0 for o in gpu.items) + (item.thread_pct or 0) > 100:
+        return False
     # one pass over the GPU's items for every limit (the packer's hottest call)
     peak = gpu.peaks(item, ("memory", "sm", "load", "p95", "dram", "thread_pct", "count"))
     if peak["memory"] > memory_total or peak["dram"] > th.plan.max_dram_load + 1e-9:
         return False
     if item.kind == Kind.MPS:
         clients = th.mps.max_clients or (model.mps_max_clients if model else 48)
-        # Slurm's MPS shares are configured per GPU, not per instant: every client's cap counts
-        shares = sum(o.thread_pct or 0 for o in gpu.items) + (item.thread_pct or 0)
-        if shares > 100 or peak["count"] > clients or peak["sm"] > th.mps.max_load + 1e-9:
+        if peak["count"] > clients or peak["sm"] > th.mps.max_load + 1e-9:
             return False
         sharers = [*gpu._overlapping(item), item]
         if any(o.source == KUBERNETES for o in sharers):
@@ -285,6 +288,16 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
         order.sort(key=lambda i: not (_resident(i) and i.gpus == 1))  # stable: residents first
     compatible: dict[tuple[str, str], list[GpuBin]] = {}
     homes: dict[int, set[str]] = {}  # id(bin) -> the GPUs its residents run on now
+    # id(bin) -> the MPS thread shares on it: a full MPS GPU is passed over without calling fits,
+    # which refuses it first anyway (without this, first-fit over a fleet of full MPS GPUs is
+    # quadratic in the jobs: 15 M fits calls for 10,000 jobs)
+    shares: dict[int, int] = {}
+    # the smallest MPS share per pool: a GPU without room for it is full and leaves the pool
+    least_share: dict[tuple[str, str], int] = {}
+    for item in order:
+        if item.kind == Kind.MPS:
+            key = (item.kind, item.model)
+            least_share[key] = min(least_share.get(key, 100), item.thread_pct or 0)
     for item in order:
         model = model_for_nvml_name(item.model)
         chosen: list[GpuBin] = []
@@ -292,9 +305,12 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
         candidates = pool
         if in_place and _resident(item) and item.gpus == 1:
             candidates = [g for g in pool if homes.get(id(g), set()) & set(item.origin_uuids)]
+        mps_share = (item.thread_pct or 0) if item.kind == Kind.MPS else None
         for gpu in candidates:
             if len(chosen) == item.gpus:
                 break
+            if mps_share is not None and shares.get(id(gpu), 0) + mps_share > 100:
+                continue
             if fits(gpu, item, model, th):
                 chosen.append(gpu)
         while len(chosen) < item.gpus:
@@ -305,6 +321,9 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
             chosen.append(gpu)
         for gpu in chosen:
             gpu.items.append(item)
+            shares[id(gpu)] = shares.get(id(gpu), 0) + (item.thread_pct or 0)
+            if mps_share is not None and shares[id(gpu)] + least_share[(item.kind, item.model)] > 100:
+                pool.remove(gpu)  # full: no later item of this pool fits (fits refuses it first)
             if in_place and _resident(item) and item.gpus == 1:
                 homes.setdefault(id(gpu), set()).update(item.origin_uuids)
     return _merge(bins, th) if in_place else bins
@@ -313,6 +332,7 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
 def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
     """Empty the GPUs (fewest jobs first) whose every job fits on another GPU of its mode and model."""
     kept = list(bins)
+    shares = {id(b): sum(i.thread_pct or 0 for i in b.items) for b in bins}  # as in pack
     for gpu in sorted(bins, key=lambda b: (len(b.items), b.name)):
         model = model_for_nvml_name(gpu.model)
         others = [b for b in kept if b is not gpu and b.mode == gpu.mode and b.model == gpu.model]
@@ -320,16 +340,23 @@ def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
             continue
         placed: list[tuple[GpuBin, Item]] = []
         for item in gpu.items:
-            target = next((b for b in others if fits(b, item, model, th)), None)
+            share = item.thread_pct or 0
+            mps = item.kind == Kind.MPS  # MPS GPUs without room for its share are passed over
+            target = next(
+                (b for b in others if not (mps and shares[id(b)] + share > 100) and fits(b, item, model, th)),
+                None,
+            )
             if target is None:
                 break
             target.items.append(item)
+            shares[id(target)] += share
             placed.append((target, item))
         if len(placed) == len(gpu.items):
             kept.remove(gpu)
         else:
             for target, item in placed:
                 target.items.remove(item)
+                shares[id(target)] -= item.thread_pct or 0
     return kept
 
 
