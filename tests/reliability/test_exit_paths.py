@@ -29,6 +29,13 @@ GPULENS = [sys.executable, "-m", "gpulens.cli"]
 SIGNALS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT]
 
 
+def default_signals() -> None:
+    """In the child: the signals' default dispositions, whatever the test runner ignores (a runner
+    started under nohup ignores SIGHUP, and an ignored signal is inherited across exec)."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def wait_for(found: Callable[[], object], what: str, proc: subprocess.Popen, timeout: float = 60) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -57,6 +64,7 @@ def test_the_exporter_removes_the_simulator_directory_on_a_signal(tmp_path: Path
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "TMPDIR": str(tmp_path)},
+        preexec_fn=default_signals,
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
@@ -93,6 +101,7 @@ def test_sim_run_passes_the_signal_on_and_removes_its_files(tmp_path: Path, sig:
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        preexec_fn=default_signals,
     )
     try:
         assert proc.stdout is not None
@@ -124,6 +133,7 @@ def test_simulate_leaves_the_previous_history_and_nothing_else(tmp_path: Path, s
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TMPDIR": str(tmp)},
+        preexec_fn=default_signals,
     )
     try:
         wait_for(
