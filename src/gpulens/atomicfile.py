@@ -116,13 +116,19 @@ def create_file(path: Path, mode: int | None = None) -> Iterator[BinaryIO]:
 @contextlib.contextmanager
 def create_text(path: Path, mode: int | None = None) -> Iterator[TextIO]:
     """`create_file` for text (UTF-8)."""
-    with create_file(path, mode) as raw:
-        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-        try:
-            yield text
-            text.flush()
-        finally:
-            text.detach()
+    with create_file(path, mode) as raw, _as_text(raw) as text:
+        yield text
+
+
+@contextlib.contextmanager
+def _as_text(raw: BinaryIO) -> Iterator[TextIO]:
+    """UTF-8 text over `raw`, flushed into it and detached, so that its owner closes it."""
+    text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+    try:
+        yield text
+        text.flush()
+    finally:
+        text.detach()
 
 
 def _target_mode(path: Path) -> int:
@@ -176,13 +182,8 @@ class FileSet:
     @contextlib.contextmanager
     def open_text(self, path: str | Path) -> Iterator[TextIO]:
         """A UTF-8 text handle whose content becomes `path` at commit."""
-        with self.open(path) as raw:
-            text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-            try:
-                yield text
-                text.flush()
-            finally:
-                text.detach()
+        with self.open(path) as raw, _as_text(raw) as text:
+            yield text
 
     def write_text(self, path: str | Path, text: str) -> None:
         with self.open_text(path) as handle:
