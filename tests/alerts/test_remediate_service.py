@@ -326,8 +326,10 @@ def test_cli_apply_with_basic_auth_drains_through_scontrol_on_path(tmp_path):
             "--backend",
             "slurm",
             "--apply",
-            "--listen",
+            "--web.listen-address",  # exporter-toolkit's name (--listen, the older one, elsewhere)
             f"127.0.0.1:{port}",
+            "--log.level",
+            "info",
             "--basic-auth-user",
             "am",
             "--basic-auth-password-file",

@@ -57,11 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
     )
     parser.add_argument(
+        "--web.listen-address",  # exporter-toolkit's name, as the exporter takes it
         "--listen",
+        dest="listen",
         type=parse_listen,
         default=DEFAULT_LISTEN,
         metavar="HOST:PORT",
-        help=f"address to serve on (default {DEFAULT_LISTEN})",
+        help=f"address to serve on (default {DEFAULT_LISTEN}; --listen is the older name)",
     )
     parser.add_argument(
         "--backend",
@@ -238,7 +240,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="return it even though its episodes are not ready (escalated, recovering); never for RMA",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log.level",
+        "--log-level",
+        dest="log_level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default info; --log-level is the older name)",
+    )
     parser.set_defaults(func=run)
 
 
