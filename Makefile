@@ -37,6 +37,7 @@ system-deps:
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v amtool >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	command -v slurmd >/dev/null || [ -x /usr/sbin/slurmd ] || missing="$$missing slurmd"; \
+	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	optional=""; command -v victoria-metrics >/dev/null || optional="victoria-metrics"; \
 	if [ -n "$$missing$$optional" ]; then $(SUDO) apt-get update -qq; fi; \
 	if [ -n "$$missing" ]; then echo "installing from Debian:$$missing"; $(APT_INSTALL) $$missing; fi; \
