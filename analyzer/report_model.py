@@ -204,6 +204,8 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
     # packing frees (a partial share frees no GPU) and they count fixes the plan does not assume.
     hours = max(0.0, (end - start) / 3600.0)
     if_fixed = sum(_action_hours(a) for a in everything if a.get("action") == "fix")
+    # the model of every GPU the plan frees: the placement's free inventory GPUs, else (no
+    # placement) the plan's count per model
     freed_models = [
         model for model, row in analysis.plan.by_model.items() for _ in range(max(0, int(row["gpus_freed"])))
     ]
@@ -227,10 +229,10 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
                     )
                 )
             layout[host] = rows
-        freed_models = []
-        for slot in placement.free():
+        free = placement.free()
+        for slot in free:
             reclaimable.setdefault(slot.host, []).append(slot.index)
-            freed_models.append(slot.model)
+        freed_models = [slot.model for slot in free]
     recovered = len(freed_models) * hours if analysis.kind == "usage" else 0.0
     cost = sum(prices.of(m) for m in freed_models) * hours if analysis.kind == "usage" else 0.0
     freed = max(0, analysis.plan.gpus_freed)
