@@ -22,7 +22,8 @@ from typing import Any
 
 import pynvml
 
-from gpulens.exporter.backends.nvml import NO_INSTANCE, error_text
+from gpulens.exporter.backends.nvml import error_text
+from gpulens.exporter.backends.rawcalls import NO_INSTANCE
 from gpulens.exporter.snapshot import XidCount
 
 XID_MASK = pynvml.nvmlEventTypeXidCriticalError

@@ -15,17 +15,16 @@ must cost one series, not the sample. Every call goes through `_Call`, which map
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
-import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pynvml
 
+from gpulens.exporter.backends.rawcalls import FieldRequest, RawProcess, process_lists
 from gpulens.exporter.snapshot import (
     Area,
     GpuIdentity,
@@ -35,7 +34,6 @@ from gpulens.exporter.snapshot import (
     ProcessSample,
 )
 
-NO_INSTANCE = 0xFFFFFFFF
 MPS_SERVER_NAME = "nvidia-cuda-mps-server"
 
 _ABSENT = {
@@ -98,6 +96,17 @@ NVLINK_ERROR_FIELDS: dict[tuple[str, int], int] = {
 }
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
+# The fixed field-value requests of a sample (the NVLink ones depend on the GPU's links).
+_MEMORY_TEMP_FIELDS = FieldRequest([pynvml.NVML_FI_DEV_MEMORY_TEMP])
+_CLOCK_EVENT_FIELD_REQUEST = FieldRequest([field for _, field in CLOCK_EVENT_FIELDS])
+_PCIE_FIELDS = FieldRequest(
+    [
+        pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+        pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+        pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,
+    ]
+)
+
 # Areas whose reads need the process lists.
 PROCESS_AREAS = frozenset({Area.DEVICE, Area.MIG, Area.MPS, Area.JOBS, Area.PROCESSES})
 
@@ -145,6 +154,38 @@ def _call(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+# (kind, nvmlNvLinkErrorCounter_t, field request or None where the link has no error field)
+_ErrorKeys = tuple[tuple[str, int, tuple[int, int] | None], ...]
+
+
+@dataclass(frozen=True)
+class _NvLinkPlan:
+    """What a GPU's NVLink read asks for, built once per set of present links: the one field-value
+    request (throughput and per-link error fields) and, per link, the answers to pick from it."""
+
+    links: tuple[int, ...]
+    request: FieldRequest
+    per_link: tuple[tuple[int, tuple[int, int], tuple[int, int], _ErrorKeys], ...]
+
+    @classmethod
+    def of(cls, links: tuple[int, ...]) -> _NvLinkPlan:
+        requests: list[tuple[int, int]] = []
+        per_link = []
+        for link in links:
+            tx_key = (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link)
+            rx_key = (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link)
+            requests += [tx_key, rx_key]
+            error_keys = []
+            for kind, counter in NVLINK_ERROR_KINDS:
+                field_id = NVLINK_ERROR_FIELDS.get((kind, link))
+                key = None if field_id is None else (field_id, 0)
+                if key is not None:
+                    requests.append(key)
+                error_keys.append((kind, counter, key))
+            per_link.append((link, tx_key, rx_key, tuple(error_keys)))
+        return cls(links=links, request=FieldRequest(requests), per_link=tuple(per_link))
+
+
 @dataclass
 class _GpuState:
     """Per-GPU state kept between samples (touched only by that GPU's worker thread)."""
@@ -156,6 +197,7 @@ class _GpuState:
     mps_server_pids: dict[int, bool] = field(default_factory=dict)  # pid -> is the MPS server
     # MIG device UUID -> (GPU instance, compute instance, profile, SMs): fixed for the device's life
     mig_static: dict[str, tuple[int, int | None, str, int | None]] = field(default_factory=dict)
+    nvlink_plan: _NvLinkPlan | None = None  # rebuilt when the set of present links changes
 
 
 @dataclass(frozen=True)
@@ -184,6 +226,8 @@ class NvmlBackend:
         self._initialised = False
         self._profiler_factory = profiler_factory
         self.profiler: Any = None
+        # compute, graphics and MPS process lists, called through ctypes directly (rawcalls says why)
+        self.process_lists = process_lists()
 
     # ---- lifecycle -------------------------------------------------------------------------
     def init(self) -> SystemInfo:
@@ -303,7 +347,7 @@ class NvmlBackend:
             Area.MEMORY: lambda: self._read_memory(handle),
             Area.POWER_THERMAL: lambda: self._read_power_thermal(handle),
             Area.CLOCKS: lambda: self._read_clocks(handle),
-            Area.PCIE_NVLINK: lambda: self._read_pcie_nvlink(handle),
+            Area.PCIE_NVLINK: lambda: self._read_pcie_nvlink(state),
             Area.HEALTH: lambda: self._read_health(handle),
         }
         for area, reader in readers.items():
@@ -415,7 +459,7 @@ class NvmlBackend:
         out["energy_joules"] = None if energy is None else energy / 1000.0
         temp = _call(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
         out["temperature_celsius"] = None if temp is None else float(temp)
-        values = _field_values(handle, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+        values = _field_values(handle, _MEMORY_TEMP_FIELDS)
         mem_temp = values.get((pynvml.NVML_FI_DEV_MEMORY_TEMP, 0))
         out["memory_temperature_celsius"] = None if mem_temp is None else float(mem_temp)
         thresholds: list[tuple[str, float]] = []
@@ -441,7 +485,7 @@ class NvmlBackend:
             out["clock_events"] = tuple(
                 (reason, bool(int(current) & bit)) for reason, bit in CLOCK_EVENT_REASONS if mask & bit
             )
-        durations = _field_values(handle, [field for _, field in CLOCK_EVENT_FIELDS])
+        durations = _field_values(handle, _CLOCK_EVENT_FIELD_REQUEST)
         out["clock_event_seconds"] = tuple(
             (reason, durations[(field, 0)] / 1e9)
             for reason, field in CLOCK_EVENT_FIELDS
@@ -449,16 +493,10 @@ class NvmlBackend:
         )
         return out
 
-    def _read_pcie_nvlink(self, handle: Any) -> dict[str, Any]:
+    def _read_pcie_nvlink(self, state: _GpuState) -> dict[str, Any]:
+        handle = state.handle
         out: dict[str, Any] = {}
-        values = _field_values(
-            handle,
-            [
-                pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
-                pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
-                pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,
-            ],
-        )
+        values = _field_values(handle, _PCIE_FIELDS)
         tx = values.get((pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0))
         rx = values.get((pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0))
         out["pcie_tx_bytes"] = None if tx is None else int(tx)
@@ -467,10 +505,11 @@ class NvmlBackend:
         out["pcie_link_generation"] = _call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
         out["pcie_link_width"] = _call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
         link_count = values.get((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0))
-        out["nvlinks"] = self._read_nvlinks(handle, None if link_count is None else int(link_count))
+        out["nvlinks"] = self._read_nvlinks(state, None if link_count is None else int(link_count))
         return out
 
-    def _read_nvlinks(self, handle: Any, link_count: int | None) -> tuple[NvLinkSample, ...]:
+    def _read_nvlinks(self, gpu: _GpuState, link_count: int | None) -> tuple[NvLinkSample, ...]:
+        handle = gpu.handle
         links: list[int] = []
         limit = pynvml.NVML_NVLINK_MAX_LINKS if link_count is None else min(link_count, 64)
         states: dict[int, bool] = {}
@@ -487,27 +526,21 @@ class NvmlBackend:
             states[link] = bool(state)
         if not links:
             return ()
-        requests: list[tuple[int, int]] = []
-        for link in links:
-            requests.append((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link))
-            requests.append((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link))
-            for kind, _ in NVLINK_ERROR_KINDS:
-                field = NVLINK_ERROR_FIELDS.get((kind, link))
-                if field is not None:
-                    requests.append((field, 0))
-        values = _field_values(handle, requests)  # one call instead of 7 per link
+        plan = gpu.nvlink_plan
+        if plan is None or plan.links != tuple(links):
+            plan = gpu.nvlink_plan = _NvLinkPlan.of(tuple(links))
+        values = _field_values(handle, plan.request)  # one call instead of 7 per link
         out: list[NvLinkSample] = []
-        for link in links:
+        for link, tx_key, rx_key, error_keys in plan.per_link:
             errors: list[tuple[str, int]] = []
-            for kind, counter in NVLINK_ERROR_KINDS:
-                field = NVLINK_ERROR_FIELDS.get((kind, link))
-                count = values.get((field, 0)) if field is not None else None
+            for kind, counter, key in error_keys:
+                count = values.get(key) if key is not None else None
                 if count is None:  # links above 11 have no field; older drivers may lack them
                     count = _call(pynvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)
                 if count is not None:
                     errors.append((kind, int(count)))
-            tx = values.get((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link))
-            rx = values.get((pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link))
+            tx = values.get(tx_key)
+            rx = values.get(rx_key)
             out.append(
                 NvLinkSample(
                     link=link,
@@ -643,18 +676,13 @@ class NvmlBackend:
         previous sample) and recorded in `seen`, so steady processes cost no name lookups.
         """
         procs: dict[int, ProcessSample] = {}
-        for kind, fn in (
-            ("compute", pynvml.nvmlDeviceGetComputeRunningProcesses),
-            ("graphics", pynvml.nvmlDeviceGetGraphicsRunningProcesses),
-        ):
+        compute, graphics, mps = self.process_lists
+        for kind, fn in (("compute", compute), ("graphics", graphics)):
             for p in _call(fn, handle) or ():
-                if p.pid in procs:
+                if p[0] in procs:
                     continue
-                procs[p.pid] = _process(p, kind)
-        clients = [
-            _process(p, "mps_client")
-            for p in _call(pynvml.nvmlDeviceGetMPSComputeRunningProcesses, handle) or ()
-        ]
+                procs[p[0]] = _process(p, kind)
+        clients = [_process(p, "mps_client") for p in _call(mps, handle) or ()]
         client_pids = {c.pid for c in clients}
         out: list[ProcessSample] = []
         for p in procs.values():
@@ -774,77 +802,20 @@ def _memory_fields(total: int, free: int, reserved: int | None) -> dict[str, Any
     }
 
 
-class _FieldValue(ctypes.Structure):
-    """`c_nvmlFieldValue_t`'s layout without pynvml's `_PrintableStructure` hooks, which run on
-    every attribute read (five per field, a hundred fields per GPU per sample)."""
-
-    _fields_ = [
-        ("fieldId", ctypes.c_uint32),
-        ("scopeId", ctypes.c_uint32),
-        ("timestamp", ctypes.c_int64),
-        ("latencyUsec", ctypes.c_int64),
-        ("valueType", ctypes.c_uint),
-        ("nvmlReturn", ctypes.c_uint),
-        ("value", pynvml.c_nvmlValue_t),  # a plain ctypes Union
-    ]
-
-
-def _get_field_values(handle: Any, requests: list[int | tuple[int, int]]) -> Any:
-    """`pynvml.nvmlDeviceGetFieldValues` with a plain ctypes array: pynvml's writes every field id
-    through `_PrintableStructure`'s hooks and takes a TypeError per plain id (a hundred requests per
-    GPU and cycle, most of them NVLink's); the C call and the array layout are the same."""
-    values = (_FieldValue * len(requests))()
-    for slot, request in zip(values, requests, strict=True):
-        if isinstance(request, tuple):
-            slot.fieldId, slot.scopeId = request
-        else:
-            slot.fieldId = request
-    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
-    pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(requests)), ctypes.byref(values)))
-    return values
-
-
-_get_field_values.__name__ = "nvmlDeviceGetFieldValues"  # the NVML name in AreaError messages
-
-
-def _field_values(
-    handle: Any, requests: Iterable[int | tuple[int, int]]
-) -> dict[tuple[int, int], float | int]:
+def _field_values(handle: Any, request: FieldRequest) -> dict[tuple[int, int], float | int]:
     """nvmlDeviceGetFieldValues, keeping only entries whose own nvmlReturn is SUCCESS."""
-    reqs = list(requests)
-    values = _call(_get_field_values, handle, reqs)
+    values = _call(request, handle)
     out: dict[tuple[int, int], float | int] = {}
     if values is None:
         return out
-    for v in values:
-        if v.nvmlReturn != pynvml.NVML_SUCCESS:
-            if v.nvmlReturn in _LOST:
-                raise GpuLostError(f"field {v.fieldId}: GPU is lost")
+    for key, ret, value in values:
+        if ret != pynvml.NVML_SUCCESS:
+            if ret in _LOST:
+                raise GpuLostError(f"field {key[0]}: GPU is lost")
             continue
-        value = _field_value(v)
         if value is not None:
-            out[(int(v.fieldId), int(v.scopeId))] = value
+            out[key] = value
     return out
-
-
-# nvmlValueType_t -> the member of the value union holding it
-_INT_MEMBERS: dict[int, str] = {
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    getattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal",
-}
-
-
-def _field_value(v: Any) -> float | int | None:
-    vt = v.valueType
-    if vt == pynvml.NVML_VALUE_TYPE_DOUBLE:
-        d = float(v.value.dVal)
-        return None if math.isnan(d) else d
-    member = _INT_MEMBERS.get(vt)
-    return None if member is None else int(getattr(v.value, member))
 
 
 def _profile_from_name(name: str) -> str:
@@ -853,17 +824,19 @@ def _profile_from_name(name: str) -> str:
     return name.split(marker, 1)[1].strip() if marker in name else ""
 
 
-def _process(p: Any, kind: str) -> ProcessSample:
-    gi = getattr(p, "gpuInstanceId", NO_INSTANCE)
-    ci = getattr(p, "computeInstanceId", NO_INSTANCE)
-    mem = getattr(p, "usedGpuMemory", None)
-    return ProcessSample(
-        pid=int(p.pid),
+def _process(p: RawProcess, kind: str) -> ProcessSample:
+    """A ProcessSample built without the frozen dataclass's __init__ (one `object.__setattr__` per
+    field; ~400 records per `large` cycle): the same fields and values, as `_evolve` does."""
+    record = object.__new__(ProcessSample)
+    record.__dict__.update(
+        pid=p[0],
         kind=kind,
-        used_memory_bytes=None if mem is None else int(mem),
-        gpu_instance=None if gi in (None, NO_INSTANCE) else int(gi),
-        compute_instance=None if ci in (None, NO_INSTANCE) else int(ci),
+        used_memory_bytes=p[1],
+        gpu_instance=p[2],
+        compute_instance=p[3],
+        sm_util_ratio=None,
     )
+    return record
 
 
 _Record = TypeVar("_Record", ProcessSample, MigSample)

@@ -523,8 +523,10 @@ class VanishingInstance:
 def test_a_mig_instance_destroyed_during_a_sample_is_just_gone(
     live: LiveExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    wrapper = VanishingInstance(pynvml.nvmlDeviceGetComputeRunningProcesses, live.node)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", wrapper)
+    backend = live.exporter.sampler.backend
+    compute, graphics, mps = backend.process_lists  # the backend's own (ctypes) process-list calls
+    wrapper = VanishingInstance(compute, live.node)
+    monkeypatch.setattr(backend, "process_lists", (wrapper, graphics, mps))
     mark = live.logs.mark()
     wrapper.armed.set()
     deadline = time.monotonic() + 10
