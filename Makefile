@@ -125,7 +125,8 @@ demo-stop: venv
 	$(BIN)/python -m gpulens.devtools.demo --stop
 
 # wrk (Debian) drives the scrape load from outside Python; nvitop-exporter is the peer.
-# BENCH_ARGS passes options through, e.g. make bench BENCH_ARGS=--no-analyzer
+# BENCH_ARGS passes options through, e.g. make bench BENCH_ARGS=--no-analyzer, or only the analyzer's
+# recording-rule run: BENCH_ARGS="--no-exporter --analyzer-runs rules"
 bench: venv native thanos
 	@command -v wrk >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
 	GPULENS_THANOS=$(THANOS) $(BIN)/gpulens bench $(BENCH_ARGS)

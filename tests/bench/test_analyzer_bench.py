@@ -11,11 +11,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from gpulens.analyzer.history import read_history
+from gpulens.analyzer.sources import rules
+from gpulens.devtools.bench import tsdb as tsdbs
 from gpulens.devtools.bench.analyzer_bench import (
     FAMILIES,
     JOBS_PER_GPU,
+    backfill,
+    backfill_week,
     file_step,
     make_cluster,
+    recorded_families,
+    run_analyzer_bench,
     write_history,
     write_openmetrics_blocks,
 )
@@ -117,9 +123,18 @@ def test_a_second_rule_run_gives_the_cost_per_job_and_the_estimate():
     assert cost is not None
     assert cost["per_job_ms"] == pytest.approx(0.3) and cost["fixed_s"] == pytest.approx(3.0)
     assert cost["estimate_s"] == pytest.approx(33.0)
-    line = next(x for x in analyzer_target_lines(analyzer) if "cost per job" in x)
-    assert "50,000 jobs in 18.0 s" in line and "100,000 jobs would take about 33 s" in line
+    line = next(x for x in analyzer_target_lines(analyzer) if "cost per 1,000 jobs" in x)
+    assert "50,000 jobs in 18.0 s" in line and ": 0.30 s of wall time" in line
+    assert "linear estimate (not measured) for 100,000 jobs: about 33 s" in line
     assert cost_per_job(_analyzer(6.0, 15.0, 10**9)) is None
+
+
+def test_only_the_selected_analyzer_runs_are_measured(tmp_path):
+    data = run_analyzer_bench(50, 50_000, 300, tmp_path, None, runs=frozenset({"history"}))
+    assert [p["path"] for p in data["paths"]] == ["history"]
+    assert not list(tmp_path.glob("week*"))  # no week backfilled for the PromQL runs
+    with pytest.raises(ValueError, match="unknown analyzer runs: rule"):
+        run_analyzer_bench(50, 50_000, 300, tmp_path, None, runs=frozenset({"rule"}))
 
 
 def test_recommendations_that_differ_between_paths_are_named():
@@ -222,3 +237,50 @@ def test_tiny_analyzer_bench_runs_every_path_end_to_end(tmp_path):
     assert all(p["max_rss_bytes"] > 10 * 2**20 and p["wall_s"] > 0 for p in paths.values())
     assert "## Analyzer" in (tmp_path / "b.md").read_text()
     assert result.stdout.strip().splitlines()[-1].startswith("analyzer, file path: peak RSS")
+
+
+def _recorded_series(base: str, at: float, window_s: int) -> dict[tuple, list[tuple[float, str]]]:
+    """Every analyzer rule series Prometheus holds: (name, labels) -> [(timestamp, value)]."""
+    import urllib.parse
+    import urllib.request
+
+    expr = f'{{__name__=~"job_id:.+|{rules.HEARTBEAT}"}}[{window_s}s]'
+    query = urllib.parse.urlencode({"query": expr, "time": str(at)})
+    with urllib.request.urlopen(f"{base}/api/v1/query?{query}", timeout=60) as resp:
+        result = json.load(resp)["data"]["result"]
+    return {
+        tuple(sorted(item["metric"].items())): [(float(t), v) for t, v in item["values"]] for item in result
+    }
+
+
+@pytest.mark.slow
+def test_generated_recorded_series_equal_promtools_evaluation_of_the_rules(tmp_path):
+    # the large run writes the rules' series from the generator instead of evaluating
+    # alerts/analyzer_rules.yml over its week: they must be the series the evaluation gives
+    step = 1800
+    promtool = backfill_week(40, step, tmp_path / "promtool", None)
+    generated = tmp_path / "generated"
+    backfill(write_openmetrics_blocks(promtool.cluster, tmp_path / "om", recorded=True), generated)
+    at, window = promtool.cluster.end + 3 * step, 8 * 86400
+    with tsdbs.prometheus(promtool.rules, tsdbs.lookback(step), tmp_path / "a.log", compaction=False) as base:
+        evaluated = _recorded_series(base, at, window)
+    with tsdbs.prometheus(generated, tsdbs.lookback(step), tmp_path / "b.log", compaction=False) as base:
+        written = _recorded_series(base, at, window)
+    # promtool evaluates at the group's offset within each step; the generator at offset 0
+    offset = next(iter(evaluated.values()))[0][0] % step
+    assert 0 < offset < step
+    heartbeat = (("__name__", rules.HEARTBEAT),)  # valued with the evaluation time
+    steps = set(promtool.cluster.timestamps().tolist())
+
+    def at_step(key: tuple, t: float, v: str) -> tuple[float, str]:
+        return (round(t - offset, 3), repr(round(float(v) - offset, 3)) if key == heartbeat else v)
+
+    shifted = {key: [at_step(key, t, v) for t, v in samples] for key, samples in evaluated.items()}
+    # promtool also evaluates the step after the data: the heartbeat alone records it
+    shifted[heartbeat] = [(t, v) for t, v in shifted[heartbeat] if t in steps]
+    written[heartbeat] = [(t, repr(float(v))) for t, v in written[heartbeat]]
+    assert set(shifted) == set(written)
+    names = {dict(key)["__name__"] for key in written}
+    assert names == {rules.HEARTBEAT, rules.PRESENCE, rules.PRESENCE_TIME, *recorded_families()}
+    for key in written:
+        assert shifted[key] == written[key], key

@@ -22,6 +22,12 @@ competes with the measured queries. Then
 its wall time and peak RSS (`wait4`) are measured, and the queries it sent are read from
 Prometheus' own `prometheus_http_requests_total`.
 
+The recording-rule run with more jobs (`rules-large`, for the cost per job) writes the rules'
+series from the generator into the raw blocks (`recorded_families`) instead of evaluating
+`alerts/analyzer_rules.yml` with promtool, which takes about 225 s per 10,000 jobs on 2 cores;
+`tests/bench/test_analyzer_bench.py` pins that both give the same series. `runs` (`gpulens bench
+--analyzer-runs`) selects the runs, e.g. `rules` alone.
+
 File path: the same cluster at the step that gives the requested number of raw samples, written
 as `samples.parquet` (the history format) a few GPUs at a time with pyarrow, then
 `gpulens recommend --history DIR` as a subprocess, measured the same way.
@@ -157,8 +163,32 @@ def _series(family: str, labels: dict[str, str]) -> str:
     return family + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if v) + "} "
 
 
-def write_openmetrics_blocks(cluster: Cluster, out_dir: Path) -> list[Path]:
-    """OpenMetrics files of whole 2 h blocks; within a file, series are contiguous and in time order."""
+def recorded_families() -> dict[str, str]:
+    """Analyzer recording rule -> the generated raw family whose value it records, for this cluster.
+
+    Every job here runs alone on one GPU (one `gpu_job_info` series per step, `count by (uuid)`
+    = 1), so each per-job aggregate of one device (`avg`, `max`, the `gpu_share` split by the one
+    job) is that device's or job's value at the step. Rules of families the cluster lacks, and the
+    `job_share` rules (they need `gpu_job_sm_unattributed_ratio`), record nothing. A test pins that
+    this equals promtool's evaluation of `alerts/analyzer_rules.yml` over the same raw data.
+    """
+    out: dict[str, str] = {}
+    for table, how in rules.TABLES:
+        for chain in table.values():
+            for signal in chain:
+                if signal.family in FAMILIES and signal.scope != "job_share":
+                    out.setdefault(rules.record_name(signal, how), signal.family)
+    return out
+
+
+def write_openmetrics_blocks(cluster: Cluster, out_dir: Path, recorded: bool = False) -> list[Path]:
+    """OpenMetrics files of whole 2 h blocks; within a file, series are contiguous and in time order.
+
+    With `recorded`, each file also holds the analyzer recording rules' series for its steps, as
+    an evaluation at each step (evaluation offset 0) computes them (`recorded_families`): the
+    cluster's week without evaluating the rules over it, which takes promtool minutes per
+    10,000 jobs.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     times = cluster.timestamps()
     ts_text = [f" {int(t)}\n" for t in times]
@@ -185,10 +215,14 @@ def write_openmetrics_blocks(cluster: Cluster, out_dir: Path) -> list[Path]:
         ]
         for fam in FAMILIES[3:]
     }
+    ts_int = [str(int(t)) for t in times]
+    records = recorded_families() if recorded else {}
+    record_prefix = [_series("", {"job_id": job_id(j)}) for j in range(cluster.jobs)]
     block = (times // BLOCK_S).astype(np.int64)
     # promtool 2.42 re-reads a whole file once per 2 h block in it: one block per file for a large
     # cluster, the whole week in one file for a tiny one (about 200,000 samples per file at most)
-    per_block = cluster.gpus * SAMPLES_PER_GPU_STEP * max(1, BLOCK_S // cluster.step_s)
+    per_step = SAMPLES_PER_GPU_STEP + len(records) + 2 if recorded else SAMPLES_PER_GPU_STEP
+    per_block = cluster.gpus * per_step * max(1, BLOCK_S // cluster.step_s)
     block = block // max(1, 200_000 // per_block)
     paths = []
     for b in np.unique(block):
@@ -199,6 +233,19 @@ def write_openmetrics_blocks(cluster: Cluster, out_dir: Path) -> list[Path]:
         jobs = cluster.job_of[:, k0:k1].ravel().tolist()
         path = out_dir / f"block-{int(b)}.om"
         with path.open("w") as out:
+            values_of = {
+                "gpu_sm_active_ratio": [ratio[v] for v in cluster.activity[:, k0:k1].ravel().tolist()],
+                "gpu_job_sm_utilization_ratio": [
+                    ratio[v] for v in cluster.job_util[:, k0:k1].ravel().tolist()
+                ],
+                "gpu_memory_used_bytes": [
+                    str(v * MIB) for v in (cluster.memory_mib[:, k0:k1].ravel() + 300).tolist()
+                ],
+                "gpu_job_memory_used_bytes": [
+                    str(v * MIB) for v in cluster.memory_mib[:, k0:k1].ravel().tolist()
+                ],
+            }
+            ones = ["1"] * (n * cluster.gpus)
             for fam in FAMILIES:
                 out.write(f"# TYPE {fam} gauge\n")
                 if fam in gpu_prefix:
@@ -206,17 +253,24 @@ def write_openmetrics_blocks(cluster: Cluster, out_dir: Path) -> list[Path]:
                 else:
                     table = job_prefix[fam]
                     prefixes = [table[j] for j in jobs]
-                if fam in ("gpu_info", "gpu_job_info"):
-                    values = ["1"] * len(prefixes)
-                elif fam == "gpu_sm_active_ratio":
-                    values = [ratio[v] for v in cluster.activity[:, k0:k1].ravel().tolist()]
-                elif fam == "gpu_job_sm_utilization_ratio":
-                    values = [ratio[v] for v in cluster.job_util[:, k0:k1].ravel().tolist()]
-                elif fam == "gpu_memory_used_bytes":
-                    values = [str(v * MIB) for v in (cluster.memory_mib[:, k0:k1].ravel() + 300).tolist()]
-                else:
-                    values = [str(v * MIB) for v in cluster.memory_mib[:, k0:k1].ravel().tolist()]
+                values = values_of.get(fam, ones)
                 out.write("".join([p + v + t for p, v, t in zip(prefixes, values, ts, strict=True)]))
+            if recorded:
+                # a job's steps are contiguous on its one GPU, so GPU-major order keeps each series together
+                prefixes = [record_prefix[j] for j in jobs]
+                own = {rules.PRESENCE: ones, rules.PRESENCE_TIME: ts_int[k0:k1] * cluster.gpus}
+                for record in (rules.PRESENCE, rules.PRESENCE_TIME, *records):
+                    out.write(f"# TYPE {record} gauge\n")
+                    values = own.get(record) or values_of[records[record]]
+                    name = record
+                    out.write(
+                        "".join([name + p + v + t for p, v, t in zip(prefixes, values, ts, strict=True)])
+                    )
+                out.write(f"# TYPE {rules.HEARTBEAT} gauge\n")
+                heartbeat = rules.HEARTBEAT
+                out.write(
+                    "".join(f"{heartbeat} {v}{t}" for v, t in zip(ts_int[k0:k1], ts_text[k0:k1], strict=True))
+                )
             out.write("# EOF\n")
         paths.append(path)
     return paths
@@ -380,18 +434,28 @@ class Backfilled:
     setup_s: dict[str, float]
 
 
-def backfill_week(jobs: int, step_s: int, workdir: Path, progress: TextIO | None) -> Backfilled:
-    """Generate, backfill, and evaluate the analyzer rules (interval = step) with promtool."""
+def backfill_week(
+    jobs: int, step_s: int, workdir: Path, progress: TextIO | None, evaluate_rules: bool = True
+) -> Backfilled:
+    """Generate, backfill, and evaluate the analyzer rules (interval = step) with promtool.
+
+    Without `evaluate_rules` the generator writes the rules' series itself (`recorded_families`)
+    into the raw blocks, and `rules` is an empty directory.
+    """
     setup: dict[str, float] = {}
     began = time.monotonic()
     cluster = make_cluster(jobs, step_s)
-    files = write_openmetrics_blocks(cluster, workdir / "om")
+    files = write_openmetrics_blocks(cluster, workdir / "om", recorded=not evaluate_rules)
     setup["generate_openmetrics_s"] = time.monotonic() - began
-    _say(progress, f"{jobs:,} jobs: {cluster.samples:,} samples in {len(files)} block files, backfilling")
+    what = "samples" if evaluate_rules else "samples and their recorded series"
+    _say(progress, f"{jobs:,} jobs: {cluster.samples:,} {what} in {len(files)} block files, backfilling")
     began = time.monotonic()
     raw = workdir / "raw"
     backfill(files, raw)
     setup["backfill_s"] = time.monotonic() - began
+    if not evaluate_rules:
+        (workdir / "rules").mkdir(parents=True, exist_ok=True)
+        return Backfilled(cluster, raw, workdir / "rules", {k: round(v, 2) for k, v in setup.items()})
     _say(progress, f"{jobs:,} jobs: evaluating the analyzer rules over the week (promtool, every {step_s} s)")
     began = time.monotonic()
     lookback = tsdbs.lookback(step_s)
@@ -614,6 +678,9 @@ def agreement(a: PathResult | None, b: PathResult | None) -> dict[str, object] |
     }
 
 
+RUNS = ("rules", "raw", "thanos", "rules-large", "history")  # every analyzer run, in order
+
+
 def run_analyzer_bench(
     jobs: int,
     samples: int,
@@ -623,44 +690,56 @@ def run_analyzer_bench(
     compaction: bool = True,
     large_jobs: int = 50_000,
     thanos: bool = True,
+    runs: frozenset[str] = frozenset(RUNS),
 ) -> dict:
-    """Every path; returns the JSON-ready `analyzer` section of the benchmark results.
+    """The selected `runs` (all by default); returns the JSON-ready `analyzer` section.
 
-    One week for `jobs` jobs: the recording-rule and raw paths on one Prometheus, the rule path
-    through Thanos over two shards holding half the week each; the rule path again for
-    `large_jobs` (0: skipped); the file path on `samples` raw samples.
+    One week for `jobs` jobs, the rules evaluated over it by promtool: the recording-rule and raw
+    paths on one Prometheus, the rule path through Thanos over two shards holding half the week
+    each; the rule path again for `large_jobs` (0: skipped) on a week whose recorded series the
+    generator writes (`recorded_families`: promtool's evaluation of a 50,000-job week alone
+    takes over 15 minutes on 2 cores); the file path on `samples` raw samples.
     """
+    unknown = set(runs) - set(RUNS)
+    if unknown:
+        raise ValueError(f"unknown analyzer runs: {', '.join(sorted(unknown))} (known: {', '.join(RUNS)})")
     workdir.mkdir(parents=True, exist_ok=True)
-    week = backfill_week(jobs, prom_step_s, workdir / "week", progress)
-    rules_run, raw_run = bench_single(week, workdir / "single", progress, ("rules", "raw"), compaction)
-    thanos_run = None
+    rules_run = raw_run = thanos_run = large_run = hist = None
     not_measured: list[str] = []
-    if thanos:
+    single = tuple(r for r in ("rules", "raw") if r in runs)
+    if single or (thanos and "thanos" in runs):
+        week = backfill_week(jobs, prom_step_s, workdir / "week", progress)
+        measured = bench_single(week, workdir / "single", progress, single, compaction) if single else []
+        by_name = {r.path: r for r in measured}
+        rules_run, raw_run = by_name.get("rules"), by_name.get("raw")
+        if thanos and "thanos" in runs:
+            try:
+                thanos_run = bench_thanos(week, workdir / "thanos", progress)
+            except tsdbs.TsdbError as exc:  # the other paths are still worth reporting
+                _say(progress, f"thanos: {exc}")
+                not_measured.append(f"Thanos: {exc}")
+        shutil.rmtree(workdir / "week", ignore_errors=True)
+    if large_jobs and "rules-large" in runs:
         try:
-            thanos_run = bench_thanos(week, workdir / "thanos", progress)
-        except tsdbs.TsdbError as exc:  # the other paths are still worth reporting
-            _say(progress, f"thanos: {exc}")
-            not_measured.append(f"Thanos: {exc}")
-    shutil.rmtree(workdir / "week", ignore_errors=True)
-    large_run = None
-    if large_jobs:
-        try:
-            big = backfill_week(large_jobs, prom_step_s, workdir / "week-large", progress)
+            big = backfill_week(
+                large_jobs, prom_step_s, workdir / "week-large", progress, evaluate_rules=False
+            )
             (large_run,) = bench_single(big, workdir / "single-large", progress, ("rules-large",), compaction)
         except tsdbs.TsdbError as exc:  # the other paths are still worth reporting
             _say(progress, f"rules-large: {exc}")
             not_measured.append(f"recording rules, {large_jobs:,} jobs: {exc}")
         shutil.rmtree(workdir / "week-large", ignore_errors=True)
-    hist = bench_history(jobs, samples, workdir / "file", progress)
-    _say(progress, f"file path: {hist.wall_s:.1f} s, {hist.max_rss_bytes / MIB:.0f} MiB")
-    shutil.rmtree(workdir / "file" / "history", ignore_errors=True)
+    if "history" in runs:
+        hist = bench_history(jobs, samples, workdir / "file", progress)
+        _say(progress, f"file path: {hist.wall_s:.1f} s, {hist.max_rss_bytes / MIB:.0f} MiB")
+        shutil.rmtree(workdir / "file" / "history", ignore_errors=True)
     agreements = [
         agreement(rules_run, raw_run),
         agreement(thanos_run, rules_run),
         agreement(thanos_run, raw_run),
     ]
-    runs = [r for r in (rules_run, raw_run, thanos_run, large_run, hist) if r is not None]
-    for run in runs:
+    done = [r for r in (rules_run, raw_run, thanos_run, large_run, hist) if r is not None]
+    for run in done:
         run.recommendations = {}
     return {
         "cluster": (
@@ -670,7 +749,7 @@ def run_analyzer_bench(
         "families": list(FAMILIES),
         "prometheus_compaction": compaction,
         "thanos_version": tsdbs.THANOS_VERSION if thanos_run else None,
-        "paths": [dataclasses.asdict(r) for r in runs],
+        "paths": [dataclasses.asdict(r) for r in done],
         "agreement": [a for a in agreements if a is not None],
         "not_measured": not_measured,
     }

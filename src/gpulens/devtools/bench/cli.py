@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from gpulens import __version__
-from gpulens.devtools.bench.analyzer_bench import run_analyzer_bench
+from gpulens.devtools.bench.analyzer_bench import RUNS, run_analyzer_bench
 from gpulens.devtools.bench.analyzer_report import analyzer_target_lines
 from gpulens.devtools.bench.measure import ExporterResult, measure_exporter
 from gpulens.devtools.bench.report import ratio_lines, render_markdown
@@ -71,7 +71,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         }
     if args.analyzer:
         print(
-            f"measuring the analyzer: {args.analyzer_jobs} jobs x 7 days (PromQL), "
+            f"measuring the analyzer ({','.join(args.analyzer_runs)}): {args.analyzer_jobs:,} jobs x 7 days "
+            f"(PromQL; {args.analyzer_large_jobs:,} for rules-large), "
             f"{args.analyzer_samples:,} samples (files) ...",
             file=sys.stderr,
         )
@@ -85,6 +86,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                 compaction=args.analyzer_compaction,
                 large_jobs=args.analyzer_large_jobs,
                 thanos=args.analyzer_thanos,
+                runs=frozenset(args.analyzer_runs),
             )
         except RuntimeError as exc:  # a missing tool, a failed backfill: the exporter part still counts
             print(f"gpulens bench: the analyzer run failed: {exc}", file=sys.stderr)
@@ -201,6 +203,14 @@ def _positive(text: str) -> int:
     return value
 
 
+def _runs(text: str) -> tuple[str, ...]:
+    chosen = tuple(r.strip() for r in text.split(",") if r.strip())
+    unknown = [r for r in chosen if r not in RUNS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(RUNS)}, got {text!r}")
+    return chosen
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench", help="benchmark the exporter against nvitop-exporter, and the analyzer at scale"
@@ -255,6 +265,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=True,
         help="also through a Thanos querier over two Prometheus shards (default: on; `make thanos` builds "
         "it, skipped without it)",
+    )
+    parser.add_argument(
+        "--analyzer-runs",
+        type=_runs,
+        default=RUNS,
+        metavar="RUN,...",
+        help=f"which analyzer runs, comma-separated (default: all of {','.join(RUNS)}); e.g. rules "
+        "alone for the recording-rule path at --analyzer-jobs",
     )
     parser.add_argument(
         "--analyzer-compaction",
