@@ -19,6 +19,7 @@ from gpulens.exporter.config import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST
 from gpulens.exporter.render import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
+    Rendered,
     accepts_gzip,
     wants_openmetrics,
 )
@@ -42,6 +43,9 @@ class ExporterApp:
         self.exporter = exporter
         self.web = web
         self._pending_checks = 0
+        # the four /metrics answers of the rendered sample now being served, built on first use
+        self._answers_of: Any = None
+        self._answers: dict[tuple[bool, bool], Response] = {}
 
     def check_head(self, head: Head) -> Response | None:
         if head.method not in ("GET", "HEAD"):
@@ -87,17 +91,25 @@ class ExporterApp:
 
     def _metrics(self, head: Head) -> Response:
         rendered = self.exporter.current.rendered
-        openmetrics = wants_openmetrics(head.header("accept"))
-        gzipped = accepts_gzip(head.header("accept-encoding"))
-        headers: tuple[tuple[str, str], ...] = (("Vary", "Accept, Accept-Encoding"),)
-        if gzipped:
-            headers += (("Content-Encoding", "gzip"),)
-        return Response(
-            200,
-            rendered.body(openmetrics, gzipped),
-            OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE,
-            headers,
-        )
+        key = (wants_openmetrics(head.header("accept")), accepts_gzip(head.header("accept-encoding")))
+        if rendered is not self._answers_of:  # a new sample was published
+            self._answers_of, self._answers = rendered, {}
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._answers[key] = metrics_answer(rendered, *key)
+        return answer
+
+
+def metrics_answer(rendered: Rendered, openmetrics: bool, gzipped: bool) -> Response:
+    headers: tuple[tuple[str, str], ...] = (("Vary", "Accept, Accept-Encoding"),)
+    if gzipped:
+        headers += (("Content-Encoding", "gzip"),)
+    return Response(
+        200,
+        rendered.body(openmetrics, gzipped),
+        OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE,
+        headers,
+    )
 
 
 def landing_page(exporter: Any) -> str:

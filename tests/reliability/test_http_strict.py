@@ -268,6 +268,55 @@ def test_an_idle_kept_alive_connection_is_closed_at_the_idle_deadline() -> None:
     assert closed == b""
 
 
+def test_a_head_trickled_after_a_kept_alive_answer_is_cut_off_at_the_header_deadline() -> None:
+    # the idle deadline (long) was set by the answer; the head's first byte must bring it closer
+    with exporter_server(limits=Limits(header_timeout=0.5, idle_timeout=60)) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = sock.recv(4096)
+        started = time.monotonic()
+        sock.sendall(b"GET /-/healthy HTTP/1.1\r\nX-Slow: ")
+        sock.settimeout(10)
+        answer = sock.recv(4096)
+        waited = time.monotonic() - started
+        sock.close()
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:100]
+    assert waited < 30, "the head ran on the idle deadline"
+
+
+def test_the_idle_deadline_counts_from_the_last_answer_of_a_kept_alive_connection() -> None:
+    with exporter_server(limits=Limits(idle_timeout=0.4)) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        answers = []
+        for _ in range(6):  # 1.2 s of requests, three idle deadlines' worth
+            sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+            answers.append(sock.recv(4096))
+            time.sleep(0.2)
+        sock.settimeout(5)
+        closed = sock.recv(4096)
+        sock.close()
+    assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers), answers
+    assert closed == b""
+
+
+def test_a_client_that_stops_reading_is_cut_off_at_the_write_deadline() -> None:
+    body = bytes(range(256)) * (1 << 17)  # 32 MiB, more than loopback socket buffers hold
+    exporter = StubExporter(publication(Rendered(body, body, body, body)), ExporterConfig())
+    server = HttpServer(exporter, "127.0.0.1", 0, limits=Limits(write_timeout=0.5))
+    server.start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(2)  # read nothing for four write deadlines
+        stats, still_open = server.server.stats, server.server.open_connections()
+        sock.close()
+    finally:
+        server.stop()
+    assert stats.timed_out == 1
+    assert still_open == 0
+
+
 def test_requests_beyond_max_requests_get_503_until_a_slot_frees() -> None:
     body = bytes(range(256)) * (1 << 17)  # 32 MiB, more than loopback socket buffers hold
     exporter = StubExporter(publication(Rendered(body, body, body, body)), ExporterConfig())
