@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
+from gpulens.devtools.bench.measure import paced_load
 from gpulens.devtools.bench.report import ratio_lines, render_markdown, target_lines
+from gpulens.httpd.server import Response, Server
 
 
 def _exporter(name: str, cycle_ms: float, median_ms: float) -> dict:
@@ -54,7 +56,7 @@ def test_ratios_compare_the_peer_with_gpulens():
 
 def test_targets_say_met_or_not_met():
     lines = target_lines(DATA)
-    assert "scrape median under 20 scrapers: 1.00 ms (target <= 2): met" in lines
+    assert "scrape median under 20 scrapers, closed loop: 1.00 ms (target <= 2): met" in lines
     assert any(line.startswith("share of a core at 5 s") and line.endswith("met") for line in lines)
 
 
@@ -66,7 +68,47 @@ def test_a_target_met_by_a_thin_margin_says_so():
     thin = {**DATA, "exporters": [_exporter("gpulens-exporter", 19.0, 1.9), DATA["exporters"][1]]}
     lines = target_lines(thin)
     assert "CPU per sampling cycle: 19.00 ms (target <= 20): met, within 5 %" in lines
-    assert "scrape median under 20 scrapers: 1.90 ms (target <= 2): met, within 5 %" in lines
+    assert "scrape median under 20 scrapers, closed loop: 1.90 ms (target <= 2): met, within 5 %" in lines
+
+
+def test_the_paced_load_is_reported_beside_the_closed_loop_and_named_as_such():
+    paced = {
+        "concurrency": 20,
+        "requests": 200,
+        "median_ms": 0.5,
+        "p99_ms": 12.0,
+        "errors": 0,
+        "wall_s": 10.0,
+    }
+    ours = {**_exporter("gpulens-exporter", 10.0, 3.0), "paced": [paced], "paced_every_s": 0.1}
+    data = {**DATA, "exporters": [ours, DATA["exporters"][1]]}
+    text = render_markdown(data)
+    assert "| scrape median / p99, 20 scraper(s), closed loop (ms) | 3.00 / 6.00 |" in text
+    assert "| scrape median / p99, 20 scrapers each every 0.1 s (paced) (ms) | 0.50 / 12.00 | - |" in text
+    lines = target_lines(data)
+    assert "scrape median under 20 scrapers, closed loop: 3.00 ms (target <= 2): NOT met" in lines
+    assert "scrape p99 under 20 scrapers each every 0.1 s (paced): 12.00 ms (target <= 10): NOT met" in lines
+
+
+def test_paced_scrapers_never_ask_faster_than_their_interval():
+    server = Server(_Answer(), "127.0.0.1", 0)
+    server.start()
+    try:
+        result = paced_load(server.port, scrapers=4, every=0.05, seconds=0.5)
+    finally:
+        server.stop()
+    assert result.errors == 0
+    assert 4 <= result.requests <= 4 * (0.5 / 0.05 + 1)
+
+
+class _Answer:
+    keep_body = False
+
+    def check_head(self, head: object) -> None:
+        return None
+
+    def handle(self, request: object) -> Response:
+        return Response(200, b"up 1\n" * 1000)
 
 
 def test_the_breakdown_lists_where_the_remaining_time_goes():

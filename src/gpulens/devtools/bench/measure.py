@@ -7,6 +7,7 @@ run; the measured process is the program, not the launcher that runs the simulat
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import os
 import re
@@ -190,6 +191,85 @@ def wrk_load(port: int, concurrency: int, seconds: float, path: str = "/metrics"
     )
 
 
+PACED_SCRAPERS = 20
+PACED_EVERY_S = 0.1
+
+
+def paced_load(
+    port: int, scrapers: int, every: float, seconds: float, path: str = "/metrics"
+) -> LatencyResult:
+    """`scrapers` kept-alive connections, each asking every `every` seconds (phases spread evenly
+    over the interval, as Prometheus spreads its targets) and never twice at once: a scrape that
+    outlasts the interval skips the ticks it missed, as Prometheus does. Unlike wrk's closed loop,
+    where each connection asks again the moment it is answered and latency is the queue of 20
+    requests in front of one event loop, this is latency at a fixed request rate
+    (`scrapers / every` per second). Latency runs from the request's send to its last body byte;
+    the client is Python (asyncio, one thread, in the bench's process, not the measured one)."""
+    return asyncio.run(_paced(port, scrapers, every, seconds, path))
+
+
+async def _paced(port: int, scrapers: int, every: float, seconds: float, path: str) -> LatencyResult:
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.2
+    end = start + seconds
+    latencies: list[float] = []
+    errors = 0
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept-Encoding: gzip\r\n\r\n".encode()
+
+    async def scrape(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        await reader.readexactly(length)
+        return int(head.split(b" ", 2)[1])
+
+    async def scraper(index: int) -> None:
+        nonlocal errors
+        tick = start + every * index / scrapers
+        connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        while tick < end:
+            await asyncio.sleep(max(0.0, tick - loop.time()))
+            started = time.perf_counter()
+            try:
+                if connection is None:
+                    connection = await asyncio.open_connection("127.0.0.1", port)
+                status = await asyncio.wait_for(scrape(*connection), 30.0)
+                if status != 200:
+                    errors += 1
+            except (
+                OSError,
+                asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError,
+                TimeoutError,
+                ValueError,
+            ):
+                errors += 1
+                if connection is not None:
+                    connection[1].close()
+                connection = None
+            latencies.append(time.perf_counter() - started)
+            tick += every
+            while tick < loop.time():  # overran: skip the missed ticks
+                tick += every
+        if connection is not None:
+            connection[1].close()
+
+    began = time.perf_counter()
+    await asyncio.gather(*(scraper(i) for i in range(scrapers)))
+    wall = time.perf_counter() - began
+    if not latencies:
+        return LatencyResult(scrapers, 0, float("nan"), float("nan"), errors, wall)
+    latencies.sort()
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return LatencyResult(
+        scrapers, len(latencies), statistics.median(latencies) * 1e3, p99 * 1e3, errors, wall
+    )
+
+
 @dataclass
 class ExporterResult:
     name: str
@@ -209,7 +289,9 @@ class ExporterResult:
     scrapes_total: int = 0
     load_generator: str = ""
     load_average: float = 0.0  # 1-minute load average when the measurement started
-    latency: list[LatencyResult] = field(default_factory=list)
+    latency: list[LatencyResult] = field(default_factory=list)  # closed loop (wrk or threads)
+    paced: list[LatencyResult] = field(default_factory=list)  # PACED_SCRAPERS every PACED_EVERY_S
+    paced_every_s: float = PACED_EVERY_S
 
 
 def measure_exporter(
@@ -251,7 +333,8 @@ def measure_exporter(
                 else:
                     result.latency.append(scrape_load(port, concurrency, count))
             result.load_generator = "wrk" if shutil.which("wrk") else "python threads"
-            done = sum(r.requests for r in result.latency)
+            result.paced.append(paced_load(port, PACED_SCRAPERS, PACED_EVERY_S, wrk_seconds))
+            done = sum(r.requests for r in result.latency) + sum(r.requests for r in result.paced)
             if soak_scrapes > done:
                 # keep scraping until `soak_scrapes` were served (bounded in time for a slow peer)
                 if shutil.which("wrk"):

@@ -31,6 +31,19 @@ def _latency_cell(exporter: dict[str, Any], concurrency: int) -> str:
     return f"{ran['median_ms']:.2f} / {ran['p99_ms']:.2f}"
 
 
+def _paced(exporter: dict[str, Any]) -> dict[str, Any] | None:
+    """The paced load's result (`measure.paced_load`); None when none ran or nothing completed."""
+    found = next(iter(exporter.get("paced") or []), None)
+    return found if found is not None and found.get("requests", 1) > 0 else None
+
+
+def _paced_label(exporters: list[dict[str, Any]]) -> str:
+    ran = next((p for e in exporters if (p := _paced(e))), None)
+    every = next((e["paced_every_s"] for e in exporters if "paced_every_s" in e), 0.1)
+    scrapers = ran["concurrency"] if ran else 20
+    return f"{scrapers} scrapers each every {every:g} s (paced)"
+
+
 def _mb(value: int) -> str:
     return f"{value / 1024**2:.1f}"
 
@@ -89,7 +102,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     for concurrency in (1, 20):
         rows.append(
             _row(
-                f"scrape median / p99, {concurrency} scraper(s) (ms)",
+                f"scrape median / p99, {concurrency} scraper(s), closed loop (ms)",
                 [_latency_cell(e, concurrency) for e in exporters],
             )
         )
@@ -97,6 +110,22 @@ def render_markdown(data: dict[str, Any]) -> str:
             _row(
                 f"scrape errors, {concurrency} scraper(s)",
                 [str(lat["errors"]) if (lat := _latency(e, concurrency)) else "-" for e in exporters],
+            )
+        )
+    if any(_paced(e) for e in exporters):
+        rows.append(
+            _row(
+                f"scrape median / p99, {_paced_label(exporters)} (ms)",
+                [
+                    f"{lat['median_ms']:.2f} / {lat['p99_ms']:.2f}" if (lat := _paced(e)) else "-"
+                    for e in exporters
+                ],
+            )
+        )
+        rows.append(
+            _row(
+                f"scrape errors, {_paced_label(exporters)}",
+                [str(lat["errors"]) if (lat := _paced(e)) else "-" for e in exporters],
             )
         )
     rows += [
@@ -121,7 +150,12 @@ def render_markdown(data: dict[str, Any]) -> str:
         "system time of the exporter's process from /proc over an idle window with no scrapes, divided",
         "by the sampling cycles in that window (both sample at a fixed rate). Scrape load comes from",
         "`wrk` (keep-alive, `Accept-Encoding: gzip`, like Prometheus) when installed, else from Python",
-        "threads with a fresh connection per request; RSS from /proc. The exporters are measured one",
+        "threads with a fresh connection per request. That load is a closed loop: each of the N",
+        "connections asks again the moment it is answered, so with 20 the latency is mostly the queue",
+        "in front of the server and measures its throughput. The paced load asks at a fixed rate",
+        "instead: 20 kept-alive scrapers, each every 0.1 s, phases spread over the interval, a scrape",
+        "that outlasts it skipping ticks as Prometheus does (a Python asyncio client in the bench's",
+        "process). RSS from /proc. The exporters are measured one",
         "after the other in the same run; the machine is shared, so the load average at the start of",
         "each measurement is listed.",
         "",
@@ -242,8 +276,15 @@ def target_lines(data: dict[str, Any]) -> list[str]:
 
     lat20 = _latency(ours, 20)
     if lat20:
-        check("scrape median under 20 scrapers", lat20["median_ms"], TARGET_SCRAPE_MEDIAN_MS, "ms")
-        check("scrape p99 under 20 scrapers", lat20["p99_ms"], TARGET_SCRAPE_P99_MS, "ms")
+        check(
+            "scrape median under 20 scrapers, closed loop", lat20["median_ms"], TARGET_SCRAPE_MEDIAN_MS, "ms"
+        )
+        check("scrape p99 under 20 scrapers, closed loop", lat20["p99_ms"], TARGET_SCRAPE_P99_MS, "ms")
+    paced = _paced(ours)
+    if paced:
+        label = _paced_label([ours])
+        check(f"scrape median under {label}", paced["median_ms"], TARGET_SCRAPE_MEDIAN_MS, "ms")
+        check(f"scrape p99 under {label}", paced["p99_ms"], TARGET_SCRAPE_P99_MS, "ms")
     check("CPU per sampling cycle", ours["cpu_per_cycle_ms"], TARGET_CYCLE_CPU_MS, "ms")
     if peer is not None:
         ratio = peer["cpu_per_cycle_ms"] / max(ours["cpu_per_cycle_ms"], 1e-9)
