@@ -117,3 +117,35 @@ def test_a_history_without_samples_is_an_error(tmp_path):
         (tmp_path / "h" / name).unlink()
     with pytest.raises(AnalyzerError, match=r"no samples\.parquet, samples\.csv or metrics\.om"):
         read_history(tmp_path / "h")
+
+
+@pytest.mark.parametrize("window", [None, (30.0, 3000.0)])
+def test_row_groups_of_one_family_read_like_mixed_ones(tmp_path, window):
+    """A writer that writes a family at a time (the bench, importers) leaves row groups whose
+    footer names one family; they are read by that footer and give the same frames."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpulens.analyzer.history import SAMPLES_FILE, SCHEMA
+    from gpulens.analyzer.profile import family_columns
+
+    frame = synth.frame(synth.seed_case(6))
+    write_history(tmp_path / "mixed", frame, {"step_s": 60.0})
+    write_history(tmp_path / "split", frame, {"step_s": 60.0})
+    samples = read_history(tmp_path / "mixed").samples.astype({"metric": str})
+    with pq.ParquetWriter(tmp_path / "split" / SAMPLES_FILE, SCHEMA) as writer:
+        for _, rows in samples.groupby("metric", sort=True):
+            writer.write_table(
+                pa.Table.from_pandas(
+                    rows.astype(str).astype({"timestamp": float, "value": float}),
+                    schema=SCHEMA,
+                    preserve_index=False,
+                )
+            )
+    assert pq.ParquetFile(tmp_path / "split" / SAMPLES_FILE).num_row_groups > 1
+    start, end = window or (None, None)
+    mixed = read_history(tmp_path / "mixed", start, end, families=family_columns()).families
+    split = read_history(tmp_path / "split", start, end, families=family_columns()).families
+    assert mixed is not None and split is not None and sorted(mixed) == sorted(split)
+    for family, got in split.items():
+        pd.testing.assert_frame_equal(got.astype(str), mixed[family].astype(str), obj=family)
