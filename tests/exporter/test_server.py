@@ -101,6 +101,19 @@ def test_ready_is_503_until_the_first_sample() -> None:
         assert get(f"http://127.0.0.1:{server.port}/-/ready")[0] == 200
 
 
+def test_a_scrape_after_a_new_publication_gets_the_new_sample() -> None:
+    with serving() as (server, exporter):
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        first = get(url, {"Accept-Encoding": "gzip"})[2]
+        family = GaugeMetricFamily("gpu_up", "1 if up.", labels=["gpu", "uuid"])
+        family.add_metric(["0", "GPU-0"], 0.0)
+        snapshot = NodeSnapshot(timestamp=2.0, duration_seconds=0.0, nvml_up=True)
+        exporter.current = Published(snapshot=snapshot, rendered=render([family]), statuses={}, ready=True)
+        second = get(url, {"Accept-Encoding": "gzip"})[2]
+    assert b'gpu_up{gpu="0",uuid="GPU-0"} 1.0' in gzip.decompress(first)
+    assert b'gpu_up{gpu="0",uuid="GPU-0"} 0.0' in gzip.decompress(second)
+
+
 def test_landing_page_links_metrics_and_names_the_backend() -> None:
     with serving() as (server, _):
         status, _, body = get(f"http://127.0.0.1:{server.port}/")

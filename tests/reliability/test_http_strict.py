@@ -29,6 +29,7 @@ from gpulens.exporter.config import ExporterConfig
 from gpulens.exporter.render import Rendered, render
 from gpulens.exporter.server import HttpServer
 from gpulens.exporter.snapshot import NodeSnapshot
+from gpulens.exporter.webconfig import WebConfig
 from gpulens.httpd.server import Limits
 from gpulens.remediate.auth import Authenticator
 from gpulens.remediate.breaker import CircuitBreaker
@@ -315,6 +316,19 @@ def test_a_client_that_stops_reading_is_cut_off_at_the_write_deadline() -> None:
         server.stop()
     assert stats.timed_out == 1
     assert still_open == 0
+
+
+def test_headers_of_a_reloaded_web_config_are_on_the_next_answer_of_an_open_connection() -> None:
+    with exporter_server() as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+        before = sock.recv(4096)
+        server.reload(WebConfig(headers=(("X-Frame-Options", "deny"),)))
+        sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+        after = sock.recv(4096)
+        sock.close()
+    assert b"X-Frame-Options" not in before
+    assert b"\r\nX-Frame-Options: deny\r\n" in after
 
 
 def test_requests_beyond_max_requests_get_503_until_a_slot_frees() -> None:
