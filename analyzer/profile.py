@@ -17,6 +17,7 @@ to fit a slice.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -126,6 +127,35 @@ def reduce_series(values: np.ndarray, idle_below: float) -> dict[str, float]:
         "stddev": float(values.std()),
         "idle": float((values < idle_below).mean()),
     }
+
+
+def segment_quantiles(segments: Sequence[np.ndarray], qs: Sequence[float]) -> np.ndarray:
+    """[len(qs), len(segments)]: np.quantile's default (linear) quantiles of each non-empty
+    segment, bit for bit: the same virtual index `(n - 1) * q`, neighbours and `_lerp` (which
+    interpolates from the upper neighbour when the weight is at least 0.5).
+
+    One pass over all jobs instead of one np.quantile call each (about 150 us per call: seconds
+    for 10,000 jobs); `reduce_series` stays the definition, tests check the two agree.
+    """
+    lengths = np.array([len(v) for v in segments], dtype=np.intp)
+    out = np.empty((len(qs), len(segments)))
+    if not len(segments):
+        return out
+    ordered = np.concatenate([np.sort(v) for v in segments]).astype(float, copy=False)
+    starts = np.cumsum(lengths) - lengths
+    last = lengths - 1
+    for i, q in enumerate(qs):
+        virtual = last * float(q)
+        below = np.floor(virtual)
+        top = virtual >= last  # np.quantile takes the largest value there
+        prev = starts + np.where(top, last, below.astype(np.intp))
+        nxt = starts + np.where(top, last, below.astype(np.intp) + 1)
+        a, b = ordered[prev], ordered[nxt]
+        t = virtual - below
+        diff = b - a
+        lerp = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+        out[i] = np.where(top, b, lerp)
+    return out
 
 
 def _by_family(samples: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -324,16 +354,31 @@ def stats_from_families(
     )
     for job, start, end, samples, gpus in per_job.itertuples():
         stats[str(job)] = JobStats(start=float(start), end=float(end), samples=int(samples), gpus=int(gpus))
-    for job, (name, values, _) in _chain_steps(fams, info, signals.ACTIVITY, kinds, "mean").items():
+    activity = _chain_steps(fams, info, signals.ACTIVITY, kinds, "mean")
+    quantiles = segment_quantiles([values for _, values, _ in activity.values()], (0.5, 0.95, 0.99))
+    for i, (job, (name, values, _)) in enumerate(activity.items()):
         stats[job].activity_signal = name
-        stats[job].activity = reduce_series(values, idle_below)
-    for job, (name, values, times) in _chain_steps(fams, info, signals.MEMORY, kinds, "max").items():
+        stats[job].activity = {
+            "mean": float(values.mean()),
+            "p50": float(quantiles[0, i]),
+            "p95": float(quantiles[1, i]),
+            "p99": float(quantiles[2, i]),
+            "max": float(values.max()),
+            "count": float(values.size),
+            "stddev": float(values.std()),
+            "idle": float((values < idle_below).mean()),
+        }  # reduce_series(values, idle_below), its quantiles for all jobs at once
+    memory = _chain_steps(fams, info, signals.MEMORY, kinds, "max")
+    p95 = segment_quantiles([values for _, values, _ in memory.values()], (0.95,))[0]
+    for i, (job, (name, values, times)) in enumerate(memory.items()):
         stats[job].memory_signal = name
         stats[job].memory_peak = float(values.max())
-        stats[job].memory_p95 = float(np.quantile(values, 0.95))
+        stats[job].memory_p95 = float(p95[i])
         stats[job].memory_slope = slope(times, values)
-    for job, (_, values, _) in _chain_steps(fams, info, signals.DRAM, kinds, "mean").items():
-        stats[job].dram_p95 = float(np.quantile(values, 0.95))
+    dram = _chain_steps(fams, info, signals.DRAM, kinds, "mean")
+    p95 = segment_quantiles([values for _, values, _ in dram.values()], (0.95,))[0]
+    for i, job in enumerate(dram):
+        stats[job].dram_p95 = float(p95[i])
     for job, (_, values, _) in _chain_steps(fams, info, signals.TENSOR, kinds, "mean").items():
         stats[job].tensor_mean = float(values.mean())
     return identity, stats
@@ -404,12 +449,19 @@ def build_profiles(
     shared_rows = series[series["sharing"].isin(["mps", "time_slicing", "time-slicing"])]
     sharers = shared_rows.groupby("uuid")["job_id"].nunique().to_dict()
     rows = []
-    for job_id, group in series.groupby("job_id", sort=True):
-        job_id = str(job_id)
+    # plain lists and one pass over job boundaries: a groupby with a row Series per job cost
+    # seconds for 10,000 jobs; the series are sorted by job_id, so a job's rows are contiguous
+    # and its first row is the one the sort puts first (the sort is stable)
+    columns = {c: series[c].to_list() for c in ("job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS)}
+    job_ids = columns["job_id"]
+    cuts = [i for i in range(1, len(job_ids)) if job_ids[i] != job_ids[i - 1]]
+    for a, b in zip([0, *cuts], [*cuts, len(job_ids)], strict=True):
+        job_id = str(job_ids[a])
         if job_id not in stats:
             continue
         st = stats[job_id]
-        first = group.iloc[0]
+        first = {c: values[a] for c, values in columns.items()}
+        uuids = columns["uuid"][a:b]
         kind = signals.job_kind(first["sharing"], first["gpu_instance"])
         sharing = first["sharing"] or ("mig" if kind == "mig" else "exclusive")
         model_name, model = resolve_model(models.get(first["uuid"], ""), gpu_model)
@@ -427,7 +479,7 @@ def build_profiles(
             except CatalogError:
                 pass
         elif kind == "shared":
-            share = 1.0 / max(1, max(sharers.get(u, 1) for u in group["uuid"]))
+            share = 1.0 / max(1, max(sharers.get(u, 1) for u in uuids))
         act = st.activity
         expected = round((st.end - st.start) / step_s) + 1 if st.samples else 0
         coverage = min(1.0, act.get("count", 0.0) / expected) if expected else 0.0
@@ -453,7 +505,7 @@ def build_profiles(
                 "gpu_model": model_name,
                 "gpu_model_known": model is not None,
                 "gpus": gpus,
-                "uuids": ",".join(sorted(set(group["uuid"]))),
+                "uuids": ",".join(sorted(set(uuids))),
                 "sharing": sharing.replace("_", "-"),
                 "mig_profile_now": mig_now,
                 "device_sms": device_sms,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.analyzer.profile import profiles_from_samples
+from gpulens.analyzer.profile import profiles_from_samples, segment_quantiles
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat
 
@@ -99,3 +101,27 @@ def test_no_jobs_is_an_error(th):
     frame = synth.frame([SynthJob("a", "GPU-a", flat(3, 0.2), flat(3, GIB))])
     with pytest.raises(AnalyzerError, match="no gpu_job_info"):
         profiles_from_samples(frame[frame["metric"] != "gpu_job_info"], 60, th)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.one_of(
+                st.floats(0.0, 1.0, allow_nan=False),
+                st.floats(0.0, 2.0**50, allow_nan=False),
+                st.sampled_from([0.0, 0.25, 0.5, 1.0]),
+            ),
+            min_size=1,
+            max_size=60,
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=1, max_size=4),
+)
+def test_quantiles_of_all_jobs_at_once_equal_numpys_bit_for_bit(segments, qs):
+    arrays = [np.array(s) for s in segments]
+    got = segment_quantiles(arrays, qs)
+    want = np.array([[np.quantile(a, q) for a in arrays] for q in qs])
+    assert got.tobytes() == want.tobytes()
