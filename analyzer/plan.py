@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 
 import pandas as pd
 
+from gpulens.analyzer.freetime import Capacity, FreeTime
 from gpulens.analyzer.kinds import SHARED, WHOLE, Kind
 from gpulens.analyzer.profile import FleetGpu
 from gpulens.analyzer.recommend import mps_settings
@@ -104,13 +105,18 @@ class GpuBin:
     def peaks(self, item: Item, attrs: tuple[str, ...]) -> dict[str, float]:
         """Largest sum over time of each attribute (and "count") among overlapping items, plus `item`."""
         others = self._overlapping(item)
-        points = [item.start] + [o.start for o in others if o.start > item.start]
         best = dict.fromkeys(attrs, 0.0)
-        for t in points:
-            active = [o for o in others if o.start <= t <= o.end]
-            for attr in attrs:
-                value = len(active) if attr == "count" else sum(getattr(o, attr) or 0 for o in active)
-                best[attr] = max(best[attr], value)
+        if others:  # each attribute read once per job, summed in the jobs' order at every start
+            columns = {a: [getattr(o, a) or 0 for o in others] for a in attrs if a != "count"}
+            spans = [(o.start, o.end) for o in others]
+            for t in [item.start] + [a for a, _ in spans if a > item.start]:
+                active = [n for n, (a, b) in enumerate(spans) if a <= t <= b]
+                for attr, column in columns.items():
+                    value = sum(column[n] for n in active)
+                    if value > best[attr]:
+                        best[attr] = value
+                if "count" in best and len(active) > best["count"]:
+                    best["count"] = len(active)
         return {a: best[a] + (1 if a == "count" else (getattr(item, a) or 0)) for a in attrs}
 
     def max_sum(self, attr: str) -> float:
@@ -243,8 +249,13 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
     # and the peaks over time are the packer's costliest step.
     if item.kind == Kind.MPS and sum(o.thread_pct or 0 for o in gpu.items) + (item.thread_pct or 0) > 100:
         return False
-    # one pass over the GPU's items for every limit (the packer's hottest call)
-    peak = gpu.peaks(item, ("memory", "sm", "load", "p95", "dram", "thread_pct", "count"))
+    # one pass over the GPU's items for every limit this mode has (the packer's hottest call)
+    limits = (
+        ("memory", "dram", "count", "sm")
+        if item.kind == Kind.MPS
+        else ("memory", "dram", "count", "load", "p95")
+    )
+    peak = gpu.peaks(item, limits)
     if peak["memory"] > memory_total or peak["dram"] > th.plan.max_dram_load + 1e-9:
         return False
     if item.kind == Kind.MPS:
@@ -273,6 +284,15 @@ def _resident(item: Item) -> bool:
     return item.kind == item.origin_mode and item.model == item.origin_model and bool(item.origin_uuids)
 
 
+def _free_time(items: Iterable[Item]) -> FreeTime | None:
+    """The interval index of an exclusive pool, or None when a job's times cannot be ordered (NaN:
+    the plain scan then decides, as `fits` does)."""
+    try:
+        return FreeTime(t for i in items for t in (i.start, i.end))
+    except ValueError:
+        return None
+
+
 def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuBin]:
     """First-fit decreasing among the GPUs an item can join at all (same mode and model).
 
@@ -280,6 +300,10 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
     they share now (a GPU's residents stay together, never on another resident group's GPU);
     the others first-fit; then GPUs whose jobs all fit elsewhere are emptied (`_merge`). The
     same GPU count with fewer moves: no swap of two MIG slices between GPUs for nothing.
+
+    Exclusive pools find their first free GPU through a `FreeTime` index (the same GPU the scan
+    with `fits` picks: without it first fit is quadratic in the jobs, ~1 M fits calls for
+    10,000 jobs); the other modes scan their pool with `fits`.
     """
     bins: list[GpuBin] = []
     counters: dict[str, int] = {}
@@ -287,77 +311,169 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
     if in_place:
         order.sort(key=lambda i: not (_resident(i) and i.gpus == 1))  # stable: residents first
     compatible: dict[tuple[str, str], list[GpuBin]] = {}
-    homes: dict[int, set[str]] = {}  # id(bin) -> the GPUs its residents run on now
-    # id(bin) -> the MPS thread shares on it: a full MPS GPU is passed over without calling fits,
-    # which refuses it first anyway (without this, first-fit over a fleet of full MPS GPUs is
-    # quadratic in the jobs: 15 M fits calls for 10,000 jobs)
+    # every GPU a pool ever had, in creation order: a GPU's position there is its slot (its bit in
+    # the bitsets), and first fit goes by it (`compatible` only drops full MPS GPUs)
+    created: dict[tuple[str, str], list[GpuBin]] = {}
+    slot: dict[int, int] = {}  # id(bin) -> its position in `created`
+    homes: dict[tuple[str, str], dict[str, int]] = {}  # pool -> GPU its residents run on now -> slots
+    # id(bin) -> the MPS thread shares on it: an MPS GPU without room for a job's share is passed
+    # over without calling fits, which refuses it first anyway (without this, first-fit over a
+    # fleet of full MPS GPUs is quadratic in the jobs: 15 M fits calls for 10,000 jobs)
     shares: dict[int, int] = {}
     # the smallest MPS share per pool: a GPU without room for it is full and leaves the pool
     least_share: dict[tuple[str, str], int] = {}
+    members: dict[tuple[str, str], list[Item]] = {}
     for item in order:
+        members.setdefault((item.kind, item.model), []).append(item)
         if item.kind == Kind.MPS:
             key = (item.kind, item.model)
             least_share[key] = min(least_share.get(key, 100), item.thread_pct or 0)
+    indexes = {key: _free_time(pool) for key, pool in members.items() if key[0] == Kind.EXCLUSIVE}
+    # MPS pools: each GPU's room (100 - its shares; -1 once full) in a max tree over its slots
+    rooms = {key: Capacity(sum(i.gpus for i in pool)) for key, pool in members.items() if key[0] == Kind.MPS}
     for item in order:
         model = model_for_nvml_name(item.model)
+        key = (item.kind, item.model)
+        pool = compatible.setdefault(key, [])
+        made = created.setdefault(key, [])
+        pool_homes = homes.setdefault(key, {})
+        resident = in_place and _resident(item) and item.gpus == 1
+        allowed = (1 << len(made)) - 1
+        if resident:  # only the GPUs its fellow residents run on (never another resident group's)
+            allowed = 0
+            for uuid in item.origin_uuids:
+                allowed |= pool_homes.get(uuid, 0)
+        index = indexes.get(key)
         chosen: list[GpuBin] = []
-        pool = compatible.setdefault((item.kind, item.model), [])
-        candidates = pool
-        if in_place and _resident(item) and item.gpus == 1:
-            candidates = [g for g in pool if homes.get(id(g), set()) & set(item.origin_uuids)]
-        mps_share = (item.thread_pct or 0) if item.kind == Kind.MPS else None
-        for gpu in candidates:
-            if len(chosen) == item.gpus:
-                break
-            if mps_share is not None and shares.get(id(gpu), 0) + mps_share > 100:
-                continue
-            if fits(gpu, item, model, th):
-                chosen.append(gpu)
+        if index is not None:
+            for free in index.free(item.start, item.end, allowed):
+                if len(chosen) == item.gpus:
+                    break
+                chosen.append(made[free])
+        elif key in rooms:  # MPS: only the GPUs with room for its share, lowest first
+            share, at = item.thread_pct or 0, 0
+            while len(chosen) < item.gpus and (found := rooms[key].first(share, at)) is not None:
+                at = found + 1
+                if allowed >> found & 1 and fits(made[found], item, model, th):
+                    chosen.append(made[found])
+        else:
+            candidates = pool
+            if resident:
+                candidates = [g for g in pool if allowed >> slot[id(g)] & 1]
+            for gpu in candidates:
+                if len(chosen) == item.gpus:
+                    break
+                if fits(gpu, item, model, th):
+                    chosen.append(gpu)
         while len(chosen) < item.gpus:
             counters[item.model] = counters.get(item.model, 0) + 1
             gpu = GpuBin(name=f"{item.model}#{counters[item.model]}", model=item.model, mode=item.kind)
             bins.append(gpu)
             pool.append(gpu)
+            slot[id(gpu)] = len(made)
+            made.append(gpu)
             chosen.append(gpu)
         for gpu in chosen:
             gpu.items.append(item)
+            if index is not None:
+                index.add(slot[id(gpu)], item.start, item.end)
             shares[id(gpu)] = shares.get(id(gpu), 0) + (item.thread_pct or 0)
-            if mps_share is not None and shares[id(gpu)] + least_share[(item.kind, item.model)] > 100:
-                pool.remove(gpu)  # full: no later item of this pool fits (fits refuses it first)
-            if in_place and _resident(item) and item.gpus == 1:
-                homes.setdefault(id(gpu), set()).update(item.origin_uuids)
+            if item.kind == Kind.MPS:
+                room = 100 - shares[id(gpu)]
+                if shares[id(gpu)] + least_share[key] > 100:
+                    pool.remove(gpu)  # full: no later item of this pool fits (fits refuses it first)
+                    room = -1
+                rooms[key].set(slot[id(gpu)], room)
+            if resident:
+                for uuid in item.origin_uuids:
+                    pool_homes[uuid] = pool_homes.get(uuid, 0) | 1 << slot[id(gpu)]
     return _merge(bins, th) if in_place else bins
 
 
+def _bits(mask: int) -> Iterator[int]:
+    """The set bits of `mask`, lowest first."""
+    while mask:
+        low = mask & -mask
+        mask ^= low
+        yield low.bit_length() - 1
+
+
 def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
-    """Empty the GPUs (fewest jobs first) whose every job fits on another GPU of its mode and model."""
-    kept = list(bins)
+    """Empty the GPUs (fewest jobs first) whose every job fits on another GPU of its mode and model.
+
+    Exclusive GPUs are found through a `FreeTime` index and MPS GPUs with room for a share
+    through a `Capacity` tree, as in `pack`; time-sliced and MIG GPUs are scanned."""
     shares = {id(b): sum(i.thread_pct or 0 for i in b.items) for b in bins}  # as in pack
+    groups: dict[tuple[str, str], list[GpuBin]] = {}
+    for b in bins:
+        groups.setdefault((b.mode, b.model), []).append(b)
+    slot = {id(b): n for group in groups.values() for n, b in enumerate(group)}
+    alive = {key: (1 << len(group)) - 1 for key, group in groups.items()}  # the group's kept GPUs
+    indexes: dict[tuple[str, str], FreeTime | None] = {}
+    rooms: dict[tuple[str, str], Capacity] = {}  # MPS groups: each GPU's room for shares, as in pack
+    for key, group in groups.items():
+        if key[0] == Kind.MPS:
+            rooms[key] = Capacity(len(group))
+            for b in group:
+                rooms[key].set(slot[id(b)], 100 - shares[id(b)])
+        if key[0] == Kind.EXCLUSIVE:
+            built = indexes[key] = _free_time(i for b in group for i in b.items)
+            if built is not None:
+                for b in group:
+                    for i in b.items:
+                        built.add(slot[id(b)], i.start, i.end)
     for gpu in sorted(bins, key=lambda b: (len(b.items), b.name)):
         model = model_for_nvml_name(gpu.model)
-        others = [b for b in kept if b is not gpu and b.mode == gpu.mode and b.model == gpu.model]
-        if not others or any(i.gpus != 1 for i in gpu.items):
+        key = (gpu.mode, gpu.model)
+        group, index = groups[key], indexes.get(key)
+        others_mask = alive[key] & ~(1 << slot[id(gpu)])
+        if not others_mask or any(i.gpus != 1 for i in gpu.items):
             continue
         placed: list[tuple[GpuBin, Item]] = []
         for item in gpu.items:
             share = item.thread_pct or 0
             mps = item.kind == Kind.MPS  # MPS GPUs without room for its share are passed over
-            target = next(
-                (b for b in others if not (mps and shares[id(b)] + share > 100) and fits(b, item, model, th)),
-                None,
-            )
+            if index is not None:
+                free = next(index.free(item.start, item.end, others_mask), None)
+                target = None if free is None else group[free]
+            elif key in rooms:
+                target, at = None, 0
+                while (found := rooms[key].first(share, at)) is not None:
+                    at = found + 1
+                    if others_mask >> found & 1 and fits(group[found], item, model, th):
+                        target = group[found]
+                        break
+            else:
+                target = next(
+                    (
+                        b
+                        for b in (group[n] for n in _bits(others_mask))
+                        if not (mps and shares[id(b)] + share > 100) and fits(b, item, model, th)
+                    ),
+                    None,
+                )
             if target is None:
                 break
             target.items.append(item)
+            if index is not None:
+                index.add(slot[id(target)], item.start, item.end)
             shares[id(target)] += share
+            if key in rooms:
+                rooms[key].set(slot[id(target)], 100 - shares[id(target)])
             placed.append((target, item))
         if len(placed) == len(gpu.items):
-            kept.remove(gpu)
+            alive[key] &= ~(1 << slot[id(gpu)])
+            if key in rooms:
+                rooms[key].set(slot[id(gpu)], -1)
         else:
             for target, item in placed:
                 target.items.remove(item)
+                if index is not None:
+                    index.remove(slot[id(target)], item.start, item.end)
                 shares[id(target)] -= item.thread_pct or 0
-    return kept
+                if key in rooms:
+                    rooms[key].set(slot[id(target)], 100 - shares[id(target)])
+    return [b for b in bins if alive[(b.mode, b.model)] >> slot[id(b)] & 1]
 
 
 def _as_mps(item: Item, th: Thresholds) -> Item:
