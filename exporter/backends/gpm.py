@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import logging
 import math
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -50,41 +51,64 @@ MIB = 1024 * 1024
 MIN_WINDOW_SECONDS = 0.1
 
 
-class _Metric(ctypes.Structure):
-    """`c_nvmlGpmMetric_t`'s layout as a plain ctypes struct (no `_PrintableStructure` hooks)."""
-
-    _fields_ = [
-        ("metricId", ctypes.c_uint),
-        ("nvmlReturn", ctypes.c_uint),
-        ("value", ctypes.c_double),
-        ("metricInfo", ctypes.c_void_p * 3),  # short name, long name, unit: not read
-    ]
-
-
+# c_nvmlGpmMetric_t: metricId, nvmlReturn, value, then metricInfo (three name/unit pointers, not read)
+_METRIC = struct.Struct("@IId24x")
+if _METRIC.size != ctypes.sizeof(pynvml.c_nvmlGpmMetric_t):  # pragma: no cover - a layout change
+    raise ImportError("c_nvmlGpmMetric_t no longer has the layout read here")
+_SAMPLES = struct.Struct("@PP")  # sample1, sample2
+_SAMPLES_OFFSET = pynvml.c_nvmlGpmMetricsGet_t.sample1.offset
 _METRICS_OFFSET = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+if pynvml.c_nvmlGpmMetricsGet_t.sample2.offset != _SAMPLES_OFFSET + ctypes.sizeof(ctypes.c_void_p):
+    raise ImportError("c_nvmlGpmMetricsGet_t no longer has its two samples side by side")
+
+
+class _Request:
+    """An `nvmlGpmMetricsGet_t` as plain bytes: version, count and metric ids written once into a
+    template, copied into the buffer before each call (outputs reset as in a fresh request), the two
+    samples packed in, the answers unpacked with `struct`. pynvml's `_PrintableStructure` ran a hook
+    on every field write and read: 64 requests and ~1,000 hooked attribute accesses per `large` cycle.
+    One per thread and kind: the readers of different GPUs run on their own worker threads."""
+
+    def __init__(self, wanted: tuple[tuple[str, int], ...]) -> None:
+        self.wanted = wanted
+        self.buffer = ctypes.create_string_buffer(ctypes.sizeof(pynvml.c_nvmlGpmMetricsGet_t))
+        self.used = _METRICS_OFFSET + len(wanted) * _METRIC.size  # bytes NVML reads and writes
+        header = pynvml.c_nvmlGpmMetricsGet_t()
+        header.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        header.numMetrics = len(wanted)
+        template = bytearray(bytes(header)[:_METRICS_OFFSET])
+        for _, metric_id in wanted:
+            template += _METRIC.pack(metric_id, 0, 0.0)
+        self.template = bytes(template)
+
+    def __call__(self, sample1: Any, sample2: Any) -> list[tuple[int, float]]:
+        """[(nvmlReturn, value)] per wanted metric; raises NVMLError when the call fails."""
+        buffer = self.buffer
+        ctypes.memmove(buffer, self.template, self.used)
+        _SAMPLES.pack_into(buffer, _SAMPLES_OFFSET, _address(sample1), _address(sample2))
+        ret = pynvml._nvmlGetFunctionPointer("nvmlGpmMetricsGet")(buffer)
+        if ret != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(ret)
+        view = memoryview(buffer)[_METRICS_OFFSET : self.used]
+        return [(ret, value) for _, ret, value in _METRIC.iter_unpack(view)]
+
+    __name__ = "nvmlGpmMetricsGet"  # the NVML name in AreaError messages
+
+
+def _address(sample: Any) -> int:
+    """The address an `nvmlGpmSample_t` (a ctypes pointer) holds."""
+    return ctypes.cast(sample, ctypes.c_void_p).value or 0
 
 
 _REQUESTS = threading.local()
 
 
-def _request(rates: bool) -> tuple[Any, Any]:
-    """This thread's metrics request (8 KB: room for every GPM metric) and its metrics array as plain
-    ctypes, with version, count and metric ids filled in once: a request per call was 64 allocations
-    and 100 hooked attribute writes per `large` cycle. Only the two samples change between calls, and
-    NVML writes just the outputs (each metric's return, value and info). Per thread: the readers of
-    different GPUs run on their own worker threads."""
-    cache: dict[bool, tuple[Any, Any]] = _REQUESTS.__dict__.setdefault("requests", {})
+def _request(rates: bool) -> _Request:
+    """This thread's metrics request, whole-GPU (with the PCIe/NVLink rates) or per GPU instance."""
+    cache: dict[bool, _Request] = _REQUESTS.__dict__.setdefault("requests", {})
     made = cache.get(rates)
     if made is None:
-        wanted = GPM_METRICS + GPM_RATES if rates else GPM_METRICS
-        request = pynvml.c_nvmlGpmMetricsGet_t()
-        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(wanted)
-        # the metrics array read and written without pynvml's per-attribute hooks
-        metrics = (_Metric * len(wanted)).from_buffer(request, _METRICS_OFFSET)
-        for metric, (_, metric_id) in zip(metrics, wanted, strict=True):
-            metric.metricId = metric_id
-        made = cache[rates] = (request, metrics)
+        made = cache[rates] = _Request(GPM_METRICS + GPM_RATES if rates else GPM_METRICS)
     return made
 
 
@@ -199,25 +223,16 @@ class GpmProfiler:
 
     @staticmethod
     def _metrics(sample1: Any, sample2: Any, rates: bool = False) -> tuple[tuple[str, float], ...]:
-        wanted = GPM_METRICS + GPM_RATES if rates else GPM_METRICS  # PCIe/NVLink rates: whole GPU only
-        request, metrics = _request(rates)
-        for metric in metrics:  # outputs as in a fresh request, whatever the last call left
-            metric.nvmlReturn = 0
-            metric.value = 0.0
-        request.sample1 = sample1
-        request.sample2 = sample2
-        _gpm_call(pynvml.nvmlGpmMetricsGet, request)
+        request = _request(rates)  # PCIe/NVLink rates: whole GPU only
+        answers = _gpm_call(request, sample1, sample2)
         out: list[tuple[str, float]] = []
-        for metric, (key, _) in zip(metrics, wanted, strict=True):
-            if metric.nvmlReturn != pynvml.NVML_SUCCESS:
-                if metric.nvmlReturn in _LOST:
+        for (key, _), (ret, value) in zip(request.wanted, answers, strict=True):
+            if ret != pynvml.NVML_SUCCESS:
+                if ret in _LOST:
                     raise GpuLostError("GPM metric: GPU is lost")
-                if metric.nvmlReturn not in _ABSENT:
-                    logging.getLogger("gpulens.exporter.gpm").debug(
-                        "GPM metric %s: return %d", key, metric.nvmlReturn
-                    )
+                if ret not in _ABSENT:
+                    logging.getLogger("gpulens.exporter.gpm").debug("GPM metric %s: return %d", key, ret)
                 continue
-            value = float(metric.value)
             if math.isnan(value):
                 continue
             if key in _RATE_KEYS:
