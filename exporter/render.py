@@ -148,11 +148,27 @@ def _render_samples(samples: list[Sample]) -> str | None:
 _PREFIXES: dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], str]] = {}
 _PREFIX_LIMIT = 200_000
 _prefix_count = 0
+# (sample name, label names) -> (the rows last rendered, their text): about half the families of a
+# `large` cycle (info families, limits, thresholds, idle counters) have exactly the rows of the cycle
+# before, which one list comparison finds (floats compare equal across 0.0 and -0.0 only, which
+# renders as "0.0" or "-0.0" whichever came first: the same value to every reader)
+_BODIES: dict[tuple[str, tuple[str, ...]], tuple[list[Row], str]] = {}
 
 
 def _render_rows(name: str, labelnames: tuple[str, ...], rows: list[Row]) -> str | None:
-    global _prefix_count
     key = (name, labelnames)
+    last = _BODIES.get(key)
+    if last is not None and last[0] == rows:
+        return last[1]
+    body = _format_rows(key, rows)
+    if body is not None:
+        _BODIES[key] = (rows, body)
+    return body
+
+
+def _format_rows(key: tuple[str, tuple[str, ...]], rows: list[Row]) -> str | None:
+    global _prefix_count
+    name, labelnames = key
     prefixes = _PREFIXES.get(key)
     if prefixes is None:
         # a repeated label name collapses in the library's label dict: left to its writers
@@ -160,6 +176,7 @@ def _render_rows(name: str, labelnames: tuple[str, ...], rows: list[Row]) -> str
             return None
         if _prefix_count > _PREFIX_LIMIT:
             _PREFIXES.clear()
+            _BODIES.clear()
             _prefix_count = 0
         prefixes = _PREFIXES[key] = {}
     lines: list[str] = []

@@ -52,7 +52,7 @@ from gpulens.exporter.attribution.model import (
 )
 from gpulens.exporter.attribution.pod_resources import PodContainer, PodResourcesClient
 from gpulens.exporter.attribution.procfs import ProcessInfo, ProcfsReader
-from gpulens.exporter.attribution.slurm import UserNames, slurm_identity
+from gpulens.exporter.attribution.slurm import SOURCE_SLURM, UserNames, slurm_identity
 
 SOURCE_MAPPING = "mapping"
 _EMPTY: Mapping[tuple[int, int | None], float] = MappingProxyType({})
@@ -130,6 +130,10 @@ class Attributor:
         self._log = LogOnce(self._logger)
         self._max_jobs = max(2, max_jobs_per_device)
         self._users = UserNames()
+        # pid -> (the procfs facts it was identified from, its sanitized Slurm job): a Slurm identity
+        # depends only on those facts (cgroup, environment, uid -> user name), which the procfs cache
+        # keeps for its TTL, so ~200 processes per `large` sample skip the lookup and the sanitizing
+        self._slurm_jobs: dict[int, tuple[ProcessInfo, JobIdentity]] = {}
         self._procfs = ProcfsReader(config.procfs_root, self._log) if config.enable_procfs else None
         self._pods = PodDirectory(config.pod_logs_dir) if config.enable_procfs else None
         self._pod_resources = (
@@ -246,6 +250,11 @@ class Attributor:
             self._mapping_fresh = True
         pairs: list[tuple[ProcessRef, JobIdentity]] = []
         missing_memory: set[int] = set()
+        # pids that left are forgotten (the procfs cache drops them too)
+        alive = {p.pid for p in unique}
+        slurm_jobs = self._slurm_jobs = {
+            pid: known for pid, known in self._slurm_jobs.items() if pid in alive
+        }
         for proc in unique:
             if proc.used_memory_bytes is None:
                 missing_memory.add(proc.gpu)
@@ -253,14 +262,22 @@ class Attributor:
                 pairs.append((proc, MPS_SERVER_JOB))
                 continue
             info = self._procfs.read(proc.pid) if self._procfs is not None else ProcessInfo()
+            known = slurm_jobs.get(proc.pid)
+            if known is not None and known[0] is info:  # procfs gave the same facts as last sample
+                pairs.append((proc, known[1]))
+                continue
             identity = self._from_procfs(info)
+            from_slurm = identity is not None and identity.source == SOURCE_SLURM
             if identity is None and self._pod_resources is not None:
                 if devices is None:
                     devices = self._pod_resources.devices()
                 identity = self._from_pod_resources(proc, devices)
             if identity is None and mapping:
                 identity = self._from_mapping(proc, info.uid, mapping)
-            pairs.append((proc, _sanitized(identity) if identity is not None else UNKNOWN_JOB))
+            clean = _sanitized(identity) if identity is not None else UNKNOWN_JOB
+            if from_slurm:
+                slurm_jobs[proc.pid] = (info, clean)
+            pairs.append((proc, clean))
         for gpu in sorted(missing_memory):
             self._log.info(
                 ("memory-missing", gpu),

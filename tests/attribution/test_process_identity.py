@@ -145,3 +145,12 @@ def test_ended_job_disappears_at_the_next_sample(node):
     assert {u.identity.job_id for u in attributor.attribute([proc(100), proc(101)])} == {"1", "2"}
     assert {u.identity.job_id for u in attributor.attribute([proc(100)])} == {"1"}
     assert set(attributor._procfs._cache) == {100}
+
+
+def test_a_pid_reused_by_another_job_after_leaving_is_identified_afresh(node):
+    node.process(100, slurm_v2("1"), {})
+    attributor = node.attributor()
+    assert [u.identity.job_id for u in attributor.attribute([proc(100)])] == ["1"]
+    assert attributor.attribute([]) == []  # the process ended
+    node.process(100, slurm_v2("2"), {})  # its pid now belongs to a process of another job
+    assert [u.identity.job_id for u in attributor.attribute([proc(100)])] == ["2"]

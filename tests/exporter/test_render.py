@@ -99,3 +99,19 @@ def test_negotiation_of_a_header_too_long_to_remember_answers_the_same() -> None
     assert wants_openmetrics(accept) and wants_openmetrics(accept.split(",", 1)[1])
     assert not accepts_gzip("identity," * 200 + "gzip;q=0")
     assert accepts_gzip("identity," * 200 + "gzip")
+
+
+def test_a_family_rendered_again_with_one_changed_value_shows_the_new_value() -> None:
+    from gpulens.exporter.families import RowGauge
+
+    def family(power: float) -> RowGauge:
+        g = RowGauge("gpu_power_watts", "h", labels=["gpu"])
+        g.add_metric(["0"], 100.0)
+        g.add_metric(["1"], power)
+        return g
+
+    assert b'gpu_power_watts{gpu="1"} 200.0' in render([family(200.0)]).text
+    assert b'gpu_power_watts{gpu="1"} 200.0' in render([family(200.0)]).text  # unchanged rows
+    again = render([family(250.5)]).text
+    assert b'gpu_power_watts{gpu="1"} 250.5' in again
+    assert b"200.0" not in again
