@@ -284,6 +284,7 @@ class PromSource:
     used: Aggregation | None = None  # the path the last `profiles` call took (RULES or RAW)
     used_reason: str = ""
     used_step_s: float = math.nan  # the step the last `profiles` call aggregated at
+    _answers: dict[str, list[dict]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def window(self) -> str:
@@ -294,7 +295,11 @@ class PromSource:
             print(f"gpulens: {message}", file=self.progress, flush=True)
 
     def _labels(self, family: str, keys: list[str]) -> pd.DataFrame:
-        result = self.client.query(f"last_over_time({family}[{int(self.window_s)}s])", self.end)
+        expr = f"last_over_time({family}[{int(self.window_s)}s])"
+        # identity, fleet and gpu_rows all read gpu_info's labels over the same window: asked once
+        if expr not in self._answers:
+            self._answers[expr] = self.client.query(expr, self.end)
+        result = self._answers[expr]
         rows = [{k: item["metric"].get(k, "") for k in keys} for item in result]
         return pd.DataFrame(rows, columns=keys)
 
@@ -601,11 +606,11 @@ class RuleStats:
             ("dram", signals.DRAM, "avg"),
             ("tensor", signals.TENSOR, "avg"),
         )
-        needed = {
-            rules.record_name(signal, how): None
+        first = {
+            rules.record_name(table[kind][0], how): None
             for _, table, how in tables
             for kind in present_kinds
-            for signal in table[kind]
+            if table[kind]
         }
         queries: dict[tuple[str, str], str] = {
             (rules.PRESENCE, "samples"): f"count_over_time({rules.PRESENCE}[{w}])",
@@ -613,7 +618,9 @@ class RuleStats:
             (rules.PRESENCE_TIME, "start"): f"min_over_time({rules.PRESENCE_TIME}[{w}])",
             (rules.PRESENCE_TIME, "end"): f"max_over_time({rules.PRESENCE_TIME}[{w}])",
         }
-        queries.update({(name, "count"): f"count_over_time({name}[{w}])" for name in needed})
+        # sample counts of each chain's first signal now; a later signal's only for the jobs left
+        # without samples (usually none: most data has the first signal of every chain)
+        queries.update({(name, "count"): f"count_over_time({name}[{w}])" for name in first})
         results = self._run(queries)
         stats: dict[str, JobStats] = {}
         for job, samples in results[(rules.PRESENCE, "samples")].items():
@@ -624,15 +631,30 @@ class RuleStats:
                     samples=int(samples),
                     gpus=int(results[(rules.PRESENCE, "gpus")].get(job, 0)),
                 )
-        # each job's signal per table: the first of its chain with samples (as `_chain`)
+        # each job's signal per table: the first of its chain with samples (as `_chain`), one
+        # position of the chains at a time, counting a record's samples only when a job needs it
         chosen: dict[tuple[str, str], tuple[str, str]] = {}  # (table, job) -> (signal name, record)
-        for table_name, table, how in tables:
-            for job in stats:
-                for signal in table[kinds[job]]:
-                    name = rules.record_name(signal, how)
-                    if results[(name, "count")].get(job, 0) > 0:
-                        chosen[(table_name, job)] = (signal.name, name)
-                        break
+        pending = {(t, job) for t, _, _ in tables for job in stats}
+        depth = 0
+        while pending:
+            wanted: dict[tuple[str, str], tuple[str, str]] = {}  # (table, job) -> (signal, record)
+            for table_name, table, how in tables:
+                for job in stats:
+                    chain = table[kinds[job]]
+                    if (table_name, job) in pending and depth < len(chain):
+                        wanted[(table_name, job)] = (chain[depth].name, rules.record_name(chain[depth], how))
+            if not wanted:
+                break
+            missing = {record for _, record in wanted.values() if (record, "count") not in results}
+            if missing:
+                results.update(
+                    self._run({(r, "count"): f"count_over_time({r}[{w}])" for r in sorted(missing)})
+                )
+            for key, (signal_name, record) in wanted.items():
+                if results[(record, "count")].get(key[1], 0) > 0:
+                    chosen[key] = (signal_name, record)
+                    pending.discard(key)
+            depth += 1
         reductions = {
             "activity": {
                 "mean": "avg_over_time({r}[{w}])",
@@ -641,8 +663,10 @@ class RuleStats:
                 "p99": "quantile_over_time(0.99, {r}[{w}])",
                 "max": "max_over_time({r}[{w}])",
                 "stddev": "stddev_over_time({r}[{w}])",
-                # last_over_time over one interval takes each evaluation exactly once per step,
-                # whatever the group's evaluation offset and the store's lookback
+                # last_over_time over one interval less 1 ms takes each evaluation exactly once per
+                # step, whatever the group's evaluation offset and the store's lookback: Prometheus 2
+                # ranges include their start, so a whole interval would also take, at offset 0, the
+                # previous step's evaluation, and count a job's last step twice
                 "idle": f"avg_over_time((last_over_time({{r}}[{{i}}]) < bool {idle!r})[{{sub}}])",
             },
             "memory": {
@@ -656,7 +680,9 @@ class RuleStats:
         }
         used = {(t, record) for (t, _), (_, record) in chosen.items()}
         second = {
-            (record, f"{t}.{stat}"): template.format(r=record, w=w, sub=sub, i=f"{int(self.step_s)}s")
+            (record, f"{t}.{stat}"): template.format(
+                r=record, w=w, sub=sub, i=f"{int(self.step_s * 1000) - 1}ms"
+            )
             for t, record in sorted(used)
             for stat, template in reductions[t].items()
         }

@@ -25,6 +25,7 @@ from gpulens.analyzer.sources import rules
 from gpulens.analyzer.sources.prometheus import Aggregation, PromClient, PromConfig, PromSource, RuleCoverage
 from gpulens.cli import main
 from gpulens.devtools.bench import tsdb
+from gpulens.devtools.bench.analyzer_bench import backfill, make_cluster, write_openmetrics_blocks
 from gpulens.sim.history import simulate
 from gpulens.sim.scenario import list_builtin
 from tests.support.procs import REPO_ROOT, find_binary
@@ -183,3 +184,22 @@ def test_a_step_other_than_the_rule_interval_reads_raw_series(tmp_path, th, seed
     out, err = capsys.readouterr()
     assert "reading the analyzer recording rules" in err and "step 120 s" in err
     assert {j["recommendation"] for j in json.loads(out)["jobs"]} == {"mps"}
+
+
+@pytest.mark.slow
+def test_rules_evaluated_on_the_step_give_the_raw_paths_profiles(tmp_path, th):
+    # evaluation offset 0 (a group whose hash lands on the step; the bench's generated series): a
+    # range of one whole interval would also hold the previous step's evaluation (Prometheus 2
+    # ranges include their start) and count a job's last step twice in its idle fraction
+    step = 1800
+    cluster = make_cluster(40, step)
+    backfill(write_openmetrics_blocks(cluster, tmp_path / "om", recorded=True), tmp_path / "db")
+    with tsdb.prometheus(tmp_path / "db", tsdb.lookback(step), tmp_path / "p.log", compaction=False) as base:
+        ruled, raw = (
+            PromSource(
+                PromClient(PromConfig(base)), 7 * 86400, cluster.end, step, log=None, aggregation=how
+            ).profiles(th)
+            for how in (Aggregation.RULES, Aggregation.RAW)
+        )
+    assert len(ruled) == 40
+    assert_same_profiles(raw, ruled)
