@@ -276,6 +276,100 @@ def _split_by_job_times(steps: pd.DataFrame) -> list[tuple[str, np.ndarray, np.n
     return [(str(jobs[a]), times[a:b], values[a:b]) for a, b in zip(starts, ends, strict=True)]
 
 
+def _codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(integer code per row, -1 for a missing value; the values the codes stand for)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy(), column.cat.categories.to_numpy(dtype=object)
+    codes, uniques = pd.factorize(column)
+    return codes, np.asarray(uniques, dtype=object)
+
+
+def _segments(
+    job_codes: np.ndarray, job_names: np.ndarray, times: np.ndarray, values: np.ndarray
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(job_id, timestamps, values) per job of rows sorted by job code and timestamp."""
+    if not len(job_codes):
+        return []
+    bounds = np.flatnonzero(job_codes[1:] != job_codes[:-1]) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [len(job_codes)]))
+    return [
+        (str(job_names[job_codes[a]]), times[a:b], values[a:b]) for a, b in zip(starts, ends, strict=True)
+    ]
+
+
+def _signal_segments(
+    samples: dict[str, pd.DataFrame], info: pd.DataFrame, signal: signals.Signal, jobs: list[str], how: str
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """`_split_by_job_times(_signal_steps(...))`, with the common cases in numpy.
+
+    A `job` or `gpu` signal is joined and sorted on integer codes, where pandas' merge and
+    groupby over millions of rows cost seconds. Where a job has several rows at one step (a
+    multi-GPU job, a duplicated series) and the step's value is a mean, those jobs go through
+    `_signal_steps` itself, so the summation order, and so the result, is pandas' bit for bit.
+    """
+    if signal.scope not in ("job", "gpu"):
+        return _split_by_job_times(_signal_steps(samples, info, signal, jobs, how))
+    fam = _family(samples, signal.family, info)
+    fam = fam[fam["value"] >= 0]
+    if fam.empty:
+        return []
+    if signal.scope == "job":
+        job_codes, job_names = _codes(fam["job_id"])
+        times = fam["timestamp"].to_numpy(dtype=float)
+        values = fam["value"].to_numpy(dtype=float)
+    else:
+        job_codes, job_names = _codes(info["job_id"])
+        left_uuids, uuid_names = _codes(info["uuid"])
+        right_uuids, right_names = _codes(fam["uuid"])
+        # the family's uuids in the info frame's codes (-1: a GPU no job ran on)
+        mapped = pd.Index(uuid_names).get_indexer(right_names)
+        right_uuids = np.where(right_uuids >= 0, mapped[right_uuids], -1)
+        right_times = fam["timestamp"].to_numpy(dtype=float)
+        ok = right_uuids >= 0
+        right_uuids, right_times = right_uuids[ok], right_times[ok]
+        right_values = fam["value"].to_numpy(dtype=float)[ok]
+        stamps = np.unique(right_times)
+        key = right_uuids.astype(np.int64) * len(stamps) + np.searchsorted(stamps, right_times)
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        if len(key) > 1 and (key[1:] == key[:-1]).any():  # a GPU with two series of the family
+            return _split_by_job_times(_signal_steps(samples, info, signal, jobs, how))
+        left_times = info["timestamp"].to_numpy(dtype=float)
+        at = np.minimum(np.searchsorted(stamps, left_times), max(len(stamps) - 1, 0))
+        found = (left_uuids >= 0) & (len(stamps) > 0)
+        if len(stamps):
+            found &= stamps[at] == left_times
+        left_key = left_uuids.astype(np.int64) * len(stamps) + at
+        where = np.minimum(np.searchsorted(key, left_key), max(len(key) - 1, 0))
+        if len(key):
+            found &= key[where] == left_key
+        else:
+            found[:] = False
+        job_codes = job_codes[found]
+        times = left_times[found]
+        values = right_values[order][where[found]]
+    pending = set(jobs)  # np.isin over object arrays compares every pair
+    wanted = np.fromiter((str(name) in pending for name in job_names), dtype=bool, count=len(job_names))
+    keep = (job_codes >= 0) & ~np.isnan(times)
+    keep[keep] = wanted[job_codes[keep]]
+    job_codes, times, values = job_codes[keep], times[keep], values[keep]
+    order = np.lexsort((times, job_codes))
+    job_codes, times, values = job_codes[order], times[order], values[order]
+    same = (job_codes[1:] == job_codes[:-1]) & (times[1:] == times[:-1])
+    if not same.any():
+        return _segments(job_codes, job_names, times, values)
+    if how != "max":
+        several = np.unique(job_codes[1:][same])
+        slow = {str(job_names[c]) for c in several}
+        fast = ~np.isin(job_codes, several)
+        done = _segments(job_codes[fast], job_names, times[fast], values[fast])
+        steps = _signal_steps(samples, info, signal, sorted(slow), how)
+        return done + _split_by_job_times(steps)
+    starts = np.flatnonzero(np.concatenate(([True], ~same)))
+    return _segments(job_codes[starts], job_names, times[starts], np.maximum.reduceat(values, starts))
+
+
 def _chain_steps(
     samples: dict[str, pd.DataFrame],
     info: pd.DataFrame,
@@ -291,8 +385,7 @@ def _chain_steps(
         for signal in chain_signals:
             if not pending:
                 break
-            steps = _signal_steps(samples, info, signal, pending, how)
-            for job, times, values in _split_by_job_times(steps):
+            for job, times, values in _signal_segments(samples, info, signal, pending, how):
                 out[job] = (signal.name, values, times)
             pending = [job for job in pending if job not in out]
     return out

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.profile import profiles_from_samples, segment_quantiles
 from tests.analyzer import synth
-from tests.analyzer.synth import SynthJob, flat
+from tests.analyzer.synth import SynthJob, flat, steady
 
 GIB = 1024**3
 
@@ -125,3 +125,37 @@ def test_quantiles_of_all_jobs_at_once_equal_numpys_bit_for_bit(segments, qs):
     got = segment_quantiles(arrays, qs)
     want = np.array([[np.quantile(a, q) for a in arrays] for q in qs])
     assert got.tobytes() == want.tobytes()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(0, 10)), min_size=1, max_size=6))
+def test_numpy_joins_give_the_per_step_values_of_pandas_merges(jobs):
+    """The joined and sorted codes (`_signal_segments`) equal pandas' merge and groupby
+    (`_signal_steps`) bit for bit, for single- and multi-GPU jobs, means and peaks."""
+    from gpulens.analyzer import signals
+    from gpulens.analyzer.profile import _by_family, _signal_segments, _signal_steps, _split_by_job_times
+
+    synth_jobs = [
+        SynthJob(
+            f"j{i}",
+            f"GPU-{i}",
+            steady(steps, 0.1 + 0.1 * extra, seed=i),
+            steady(steps, 0.5, seed=i + 100) * GIB,
+            first_step=start,
+            extra_uuids=[f"GPU-{i}-{k}" for k in range(extra)],
+        )
+        for i, (extra, steps, start) in enumerate(jobs)
+    ]
+    frame = synth.frame(synth_jobs)
+    # each GPU of a multi-GPU job a little different, so order and peaks matter
+    frame["value"] = frame["value"] * (1 + 0.01 * frame["uuid"].str.count("-"))
+    fams = _by_family(frame)
+    info = fams["gpu_job_info"]
+    names = [job.job_id for job in synth_jobs]
+    for chain, how in ((signals.ACTIVITY, "mean"), (signals.MEMORY, "max")):
+        for signal in chain["exclusive"]:
+            want = _split_by_job_times(_signal_steps(fams, info, signal, names, how))
+            got = _signal_segments(fams, info, signal, names, how)
+            assert sorted((j, t.tobytes(), v.tobytes()) for j, t, v in got) == sorted(
+                (j, t.tobytes(), v.tobytes()) for j, t, v in want
+            ), signal.name
