@@ -42,6 +42,9 @@ JOB_FIELDS = (
 )
 
 
+# the job columns emit's context reads (`emit.context_from_rows`, `hosts.inventory_from_rows`)
+EMIT_COLUMNS = ("job_id", "uuids", "instance", "gpu_model", "job_source", "start", "end", "sharing")
+
 INTEGER_FIELDS = ("gpus", "samples", "mps_active_thread_percentage", "mps_pinned_memory_limit_bytes")
 
 
@@ -63,13 +66,10 @@ class Analysis:
         if self.archetypes is not None and len(self.archetypes.labels):
             frame = frame.assign(archetype=frame["job_id"].map(self.archetypes.labels))
         columns = [c for c in JOB_FIELDS if c in frame] + [c for c in frame if c not in JOB_FIELDS]
-        # records, not iterrows: one dict per row without building a Series each (10,000 jobs: 4 s -> 0.3 s)
-        rows = [{k: jsonable(v) for k, v in record.items()} for record in frame[columns].to_dict("records")]
-        for row in rows:
-            for key in INTEGER_FIELDS:
-                if isinstance(row.get(key), float):
-                    row[key] = int(row[key])
-        return rows
+        # column by column, then one dict per row: a float column becomes JSON values in numpy
+        # (10,000 jobs x 80 columns: 1.2 s of per-value jsonable -> 0.2 s)
+        values = [_json_column(frame[c], c in INTEGER_FIELDS) for c in columns]
+        return [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
 
     def headline(self) -> dict[str, float]:
         r = self.recs
@@ -100,6 +100,22 @@ class Analysis:
         if self.kind == "requests" or "action" not in self.recs:
             return []
         return ranked_actions(self.recs, n)
+
+
+def _json_column(column: pd.Series, integer: bool) -> list[Any]:
+    """A column's values as `jsonable` makes them (an integer field's floats as ints)."""
+    if column.dtype == np.float64:
+        array = column.to_numpy()
+        out: list[Any] = array.tolist()
+        for n in np.flatnonzero(~np.isfinite(array)).tolist():
+            out[n] = None
+    elif column.dtype in (np.int64, np.bool_):
+        out = column.to_numpy().tolist()
+    else:
+        out = [jsonable(v) for v in column]
+    if integer:
+        out = [int(v) if isinstance(v, float) else v for v in out]
+    return out
 
 
 def jsonable(value: Any) -> Any:
@@ -149,7 +165,7 @@ def analyze_profiles(
 
 def _emit_context(recs: pd.DataFrame, gpus: list[dict] | None, fleet: list[FleetGpu] | None) -> FleetContext:
     """The inventory emit places the plan on: `gpu_info` rows when given, else the fleet's GPUs."""
-    rows = recs.to_dict("records")
+    rows = recs[[c for c in EMIT_COLUMNS if c in recs]].to_dict("records")
     if gpus is None and fleet:
         return context_from_fleet(fleet, rows)
     return context_from_rows(rows, gpus or [])
