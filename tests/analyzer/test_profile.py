@@ -159,3 +159,17 @@ def test_numpy_joins_give_the_per_step_values_of_pandas_merges(jobs):
             assert sorted((j, t.tobytes(), v.tobytes()) for j, t, v in got) == sorted(
                 (j, t.tobytes(), v.tobytes()) for j, t, v in want
             ), signal.name
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "b", "", None]), st.sampled_from(["x", "y", None])), max_size=40)
+)
+def test_first_rows_are_the_rows_drop_duplicates_keeps(rows):
+    import pandas as pd
+
+    from gpulens.analyzer.profile import _first_rows
+
+    frame = pd.DataFrame(rows, columns=["job_id", "uuid"], dtype=object).astype({"job_id": "category"})
+    kept = frame.iloc[_first_rows(frame, ["job_id", "uuid"])]
+    pd.testing.assert_frame_equal(kept, frame.drop_duplicates())
