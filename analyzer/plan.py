@@ -119,6 +119,26 @@ class GpuBin:
                     best["count"] = len(active)
         return {a: best[a] + (1 if a == "count" else (getattr(item, a) or 0)) for a in attrs}
 
+    def within(self, item: Item, bounds: tuple[tuple[str, float], ...]) -> bool:
+        """Whether `peaks(item, ...)` stays within every (attribute, bound): the same sums, in the
+        same order, stopping at the first start where one goes past its bound (a refused fit,
+        most first-fit probes, then costs a fraction of the peaks)."""
+        own = [1 if attr == "count" else (getattr(item, attr) or 0) for attr, _ in bounds]
+        if any(0.0 + x > bound for x, (_, bound) in zip(own, bounds, strict=True)):
+            return False  # peaks' sums start from 0.0
+        others = self._overlapping(item)
+        if not others:
+            return True
+        columns = [None if a == "count" else [getattr(o, a) or 0 for o in others] for a, _ in bounds]
+        spans = [(o.start, o.end) for o in others]
+        for t in [item.start] + [a for a, _ in spans if a > item.start]:
+            active = [n for n, (a, b) in enumerate(spans) if a <= t <= b]
+            for column, x, (_, bound) in zip(columns, own, bounds, strict=True):
+                value = len(active) if column is None else sum(column[n] for n in active)
+                if value + x > bound:
+                    return False
+        return True
+
     def max_sum(self, attr: str) -> float:
         """Largest sum of `attr` over time among the placed items (committed memory, interference)."""
         return max(
@@ -249,29 +269,29 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
     # and the peaks over time are the packer's costliest step.
     if item.kind == Kind.MPS and sum(o.thread_pct or 0 for o in gpu.items) + (item.thread_pct or 0) > 100:
         return False
-    # one pass over the GPU's items for every limit this mode has (the packer's hottest call)
-    limits = (
-        ("memory", "dram", "count", "sm")
-        if item.kind == Kind.MPS
-        else ("memory", "dram", "count", "load", "p95")
-    )
-    peak = gpu.peaks(item, limits)
+    if item.kind != Kind.MPS:  # time-slicing: every limit a bound, the first excess refuses
+        return gpu.within(
+            item,
+            (
+                ("memory", memory_total),
+                ("dram", th.plan.max_dram_load + 1e-9),
+                ("count", th.time_slicing.max_replicas),
+                ("load", th.plan.max_gpu_load + 1e-9),
+                ("p95", th.time_slicing.max_interference + 1e-9),
+            ),
+        )
+    # one pass over the GPU's items for every limit of MPS (the packer's hottest call)
+    peak = gpu.peaks(item, ("memory", "dram", "count", "sm"))
     if peak["memory"] > memory_total or peak["dram"] > th.plan.max_dram_load + 1e-9:
         return False
-    if item.kind == Kind.MPS:
-        clients = th.mps.max_clients or (model.mps_max_clients if model else 48)
-        if peak["count"] > clients or peak["sm"] > th.mps.max_load + 1e-9:
-            return False
-        sharers = [*gpu._overlapping(item), item]
-        if any(o.source == KUBERNETES for o in sharers):
-            split = 100 // int(peak["count"])
-            return all((o.thread_pct or 0) <= split for o in sharers)
-        return True
-    return (
-        peak["count"] <= th.time_slicing.max_replicas
-        and peak["load"] <= th.plan.max_gpu_load + 1e-9
-        and peak["p95"] <= th.time_slicing.max_interference + 1e-9
-    )
+    clients = th.mps.max_clients or (model.mps_max_clients if model else 48)
+    if peak["count"] > clients or peak["sm"] > th.mps.max_load + 1e-9:
+        return False
+    sharers = [*gpu._overlapping(item), item]
+    if any(o.source == KUBERNETES for o in sharers):
+        split = 100 // int(peak["count"])
+        return all((o.thread_pct or 0) <= split for o in sharers)
+    return True
 
 
 def _size(item: Item) -> float:
