@@ -23,6 +23,7 @@ from gpulens.devtools.bench.profile_cycle import _advance, _exporter, _sync_cycl
 
 _EXPORTER_ROOT = str(Path(gpulens.exporter.__file__).resolve().parent)
 _SIM_ROOT = str(Path(gpulens.sim.__file__).resolve().parent)
+_RAWCALLS = str(Path(_EXPORTER_ROOT) / "backends" / "rawcalls.py")
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class CycleBreakdown:
     cycles: int
     cycle_cpu_ms: float  # median process CPU of a full cycle (threads included), not profiled
     simulated_driver_share: float  # Python code of src/gpulens/sim/** run inside the cycle
-    nvml_binding_share: float  # pynvml.py wrappers + ctypes, and the C library they call
+    nvml_binding_share: float  # pynvml.py wrappers, backends/rawcalls.py, ctypes, and the C library they call
     gpulens_share: float  # exporter/** (backend, sampler, collectors, render, attribution)
     other_share: float  # stdlib, prometheus_client, ...
     driver: str = "native"
@@ -70,7 +71,9 @@ def _category(filename: str, name: str) -> str | None:
         return "nvml" if "ctypes" in name or "CFuncPtr" in name else "other"
     if filename.startswith(_SIM_ROOT):
         return "sim"
-    if filename.endswith("pynvml.py") or "/ctypes/" in filename:
+    # rawcalls.py makes the hot NVML calls through ctypes in pynvml's stead: its time (the C call
+    # inside it included) is the binding's, as pynvml's wrappers' was
+    if filename.endswith("pynvml.py") or filename == _RAWCALLS or "/ctypes/" in filename:
         return "nvml"
     if filename.startswith(_EXPORTER_ROOT):
         return "gpulens"
