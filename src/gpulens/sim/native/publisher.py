@@ -18,6 +18,7 @@ import ctypes
 import logging
 import mmap
 import os
+import struct
 import tempfile
 import threading
 import time
@@ -51,6 +52,11 @@ ENV_SHM = "GPULENS_SIM_SHM"
 STATE_QUANTUM = 0.1  # seconds between publishes: the engine's own state quantum
 EVENT_LOOKBACK = 1.0  # simulated seconds re-read each publish, so an event at the edge is not lost
 BODY_OFFSET = ShmHeader.used_size.offset
+U32 = 0xFFFFFFFF
+
+# One process record in a single `pack_into` instead of eleven ctypes attribute stores (about 200
+# records per publish on `large`); tests/sim/test_native_publisher.py ties it to `ProcRec`.
+PROC_STRUCT = struct.Struct("@QdIIIIIIII32s")
 
 
 def _clip(text: str, size: int) -> bytes:
@@ -77,6 +83,36 @@ def _clock_speed(clock: object) -> float:
         return 0.0
     speed = getattr(clock, "speed", 1.0)
     return float(speed) if isinstance(speed, int | float) and speed > 0 else 1.0
+
+
+if PROC_STRUCT.size != ctypes.sizeof(ProcRec):  # the field-by-field agreement is tested
+    raise RuntimeError(f"PROC_STRUCT is {PROC_STRUCT.size} bytes, ProcRec {ctypes.sizeof(ProcRec)}")
+
+
+def pack_process(
+    buffer: ctypes.Array[ctypes.c_char], offset: int, proc: ProcessState, names: dict[str, bytes]
+) -> None:
+    """Write `proc` as one `ProcRec` at `offset`; `names` caches the clipped names. The name is
+    NUL-padded to its full size (ctypes left the tail of a longer previous name after the NUL)."""
+    name = names.get(proc.name)
+    if name is None:
+        name = names[proc.name] = _clip(proc.name, 32)
+    memory = proc.used_memory_bytes
+    PROC_STRUCT.pack_into(
+        buffer,
+        offset,
+        memory or 0,
+        proc.start_time,
+        proc.pid & U32,
+        PROC_KIND[proc.kind],
+        int(memory is not None),
+        proc.sm_util_percent & U32,
+        proc.mem_util_percent & U32,
+        proc.gpu_instance_id & U32,
+        proc.compute_instance_id & U32,
+        0,
+        name,
+    )
 
 
 class Publisher:
@@ -138,7 +174,8 @@ class Publisher:
             for i in range(gpus)
         ]
         self._events = (EventRec * event_ring).from_buffer(self._staging, self._event_offset)
-        self._procs = (ProcRec * proc_capacity).from_buffer(self._staging, self._proc_offset)
+        self._names: dict[str, bytes] = {}  # clipped process names, MIG uuids and profile names
+        self._mig_engines: dict[tuple[str, int], tuple[int, int, int, int, int]] = {}
         self._header.capacity = self.capacity
         self._header.gpu_offset = self._gpu_offset
         self._header.event_offset = self._event_offset
@@ -296,6 +333,7 @@ class Publisher:
         rec.client_first, rec.client_count, procs = self._add_procs(state.mps_clients, procs)
         instances = state.mig_instances[:MAX_MIG]
         rec.mig_count = len(instances)
+        names = self._names
         for k, mig in enumerate(instances):
             out = rec.mig[k]
             out.activity[:] = self._integrals.get((index, mig.gpu_instance_id), [0.0] * N_ACTIVITY)
@@ -304,10 +342,19 @@ class Publisher:
             out.memory_total, out.memory_used = mig.memory_total_bytes, mig.memory_used_bytes
             out.memory_reserved = mig.memory_reserved_bytes
             out.sm_count, out.slices = mig.profile.sm_count, mig.profile.compute_slices
-            copy, decoder, encoder, jpeg, ofa = _engines(mig.profile, rec.compute_slices)
-            out.copy, out.decoder, out.encoder, out.jpeg, out.ofa = copy, decoder, encoder, jpeg, ofa
-            out.uuid = _clip(mig.uuid, 80)
-            out.profile = _clip(mig.profile.name, 16)
+            key = (mig.profile.name, rec.compute_slices)
+            engines = self._mig_engines.get(key)
+            if engines is None:  # a profile's engine counts are fixed: computed once
+                engines = self._mig_engines[key] = _engines(mig.profile, rec.compute_slices)
+            out.copy, out.decoder, out.encoder, out.jpeg, out.ofa = engines
+            uuid = names.get(mig.uuid)
+            if uuid is None:
+                uuid = names[mig.uuid] = _clip(mig.uuid, 80)
+            out.uuid = uuid
+            profile = names.get(mig.profile.name)
+            if profile is None:
+                profile = names[mig.profile.name] = _clip(mig.profile.name, 16)
+            out.profile = profile
             out.proc_first, out.proc_count, procs = self._add_procs(mig.processes, procs)
             out.client_first, out.client_count, procs = self._add_procs(mig.mps_clients, procs)
         return procs
@@ -321,15 +368,10 @@ class Publisher:
             )
             self._warned_capacity = True
         chosen = group[: max(0, room)]
-        for k, proc in enumerate(chosen):
-            out = self._procs[at + k]
-            out.pid, out.kind = proc.pid, PROC_KIND[proc.kind]
-            out.memory_known = int(proc.used_memory_bytes is not None)
-            out.used_memory = proc.used_memory_bytes or 0
-            out.sm_util, out.mem_util = proc.sm_util_percent, proc.mem_util_percent
-            out.gpu_instance_id, out.compute_instance_id = proc.gpu_instance_id, proc.compute_instance_id
-            out.start_time = proc.start_time
-            out.name = _clip(proc.name, 32)
+        offset = self._proc_offset + at * PROC_STRUCT.size
+        for proc in chosen:
+            pack_process(self._staging, offset, proc, self._names)
+            offset += PROC_STRUCT.size
         return at, len(chosen), at + len(chosen)
 
     def _publish_events(self, now: float) -> None:
