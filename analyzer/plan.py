@@ -323,16 +323,16 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
 
     Exclusive pools find their first free GPU through a `FreeTime` index (the same GPU the scan
     with `fits` picks: without it first fit is quadratic in the jobs, ~1 M fits calls for
-    10,000 jobs); the other modes scan their pool with `fits`.
+    10,000 jobs); MPS pools call `fits` only on GPUs a `Capacity` tree says have room for the
+    job's share; time-sliced and MIG pools scan with `fits`.
     """
     bins: list[GpuBin] = []
     counters: dict[str, int] = {}
     order = sorted(items, key=lambda i: (i.model, i.kind, -_size(i), i.start, i.job_id))
     if in_place:
         order.sort(key=lambda i: not (_resident(i) and i.gpus == 1))  # stable: residents first
-    compatible: dict[tuple[str, str], list[GpuBin]] = {}
-    # every GPU a pool ever had, in creation order: a GPU's position there is its slot (its bit in
-    # the bitsets), and first fit goes by it (`compatible` only drops full MPS GPUs)
+    # each pool's GPUs in creation order: a GPU's position there is its slot (its bit in the
+    # bitsets), and first fit goes by it
     created: dict[tuple[str, str], list[GpuBin]] = {}
     slot: dict[int, int] = {}  # id(bin) -> its position in `created`
     homes: dict[tuple[str, str], dict[str, int]] = {}  # pool -> GPU its residents run on now -> slots
@@ -354,7 +354,6 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
     for item in order:
         model = model_for_nvml_name(item.model)
         key = (item.kind, item.model)
-        pool = compatible.setdefault(key, [])
         made = created.setdefault(key, [])
         pool_homes = homes.setdefault(key, {})
         resident = in_place and _resident(item) and item.gpus == 1
@@ -377,9 +376,9 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
                 if allowed >> found & 1 and fits(made[found], item, model, th):
                     chosen.append(made[found])
         else:
-            candidates = pool
+            candidates = made
             if resident:
-                candidates = [g for g in pool if allowed >> slot[id(g)] & 1]
+                candidates = [g for g in made if allowed >> slot[id(g)] & 1]
             for gpu in candidates:
                 if len(chosen) == item.gpus:
                     break
@@ -389,7 +388,6 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
             counters[item.model] = counters.get(item.model, 0) + 1
             gpu = GpuBin(name=f"{item.model}#{counters[item.model]}", model=item.model, mode=item.kind)
             bins.append(gpu)
-            pool.append(gpu)
             slot[id(gpu)] = len(made)
             made.append(gpu)
             chosen.append(gpu)
@@ -399,11 +397,10 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
                 index.add(slot[id(gpu)], item.start, item.end)
             shares[id(gpu)] = shares.get(id(gpu), 0) + (item.thread_pct or 0)
             if item.kind == Kind.MPS:
-                room = 100 - shares[id(gpu)]
-                if shares[id(gpu)] + least_share[key] > 100:
-                    pool.remove(gpu)  # full: no later item of this pool fits (fits refuses it first)
-                    room = -1
-                rooms[key].set(slot[id(gpu)], room)
+                # full: no later item of this pool fits (fits refuses it first), so it has no room
+                # (a list.remove here compared GPUs field by field: 2 M comparisons at 50,000 jobs)
+                full = shares[id(gpu)] + least_share[key] > 100
+                rooms[key].set(slot[id(gpu)], -1 if full else 100 - shares[id(gpu)])
             if resident:
                 for uuid in item.origin_uuids:
                     pool_homes[uuid] = pool_homes.get(uuid, 0) | 1 << slot[id(gpu)]
