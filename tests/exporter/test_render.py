@@ -115,3 +115,13 @@ def test_a_family_rendered_again_with_one_changed_value_shows_the_new_value() ->
     again = render([family(250.5)]).text
     assert b'gpu_power_watts{gpu="1"} 250.5' in again
     assert b"200.0" not in again
+
+
+def test_a_sample_is_compressed_only_when_a_scrape_asks_for_gzip() -> None:
+    g = GaugeMetricFamily("gpu_up", "h", labels=["gpu"])
+    g.add_metric(["0"], 1)
+    rendered = render([g])
+    assert "text_gzip" not in vars(rendered) and "openmetrics_gzip" not in vars(rendered)
+    first = rendered.body(openmetrics=False, gzipped=True)
+    assert rendered.body(openmetrics=False, gzipped=True) is first  # kept for the next scrapes
+    assert "openmetrics_gzip" not in vars(rendered)

@@ -303,7 +303,7 @@ def test_the_idle_deadline_counts_from_the_last_answer_of_a_kept_alive_connectio
 
 def test_a_client_that_stops_reading_is_cut_off_at_the_write_deadline() -> None:
     body = bytes(range(256)) * (1 << 17)  # 32 MiB, more than loopback socket buffers hold
-    exporter = StubExporter(publication(Rendered(body, body, body, body)), ExporterConfig())
+    exporter = StubExporter(publication(Rendered(body, body)), ExporterConfig())
     server = HttpServer(exporter, "127.0.0.1", 0, limits=Limits(write_timeout=0.5))
     server.start()
     try:
@@ -333,7 +333,7 @@ def test_headers_of_a_reloaded_web_config_are_on_the_next_answer_of_an_open_conn
 
 def test_requests_beyond_max_requests_get_503_until_a_slot_frees() -> None:
     body = bytes(range(256)) * (1 << 17)  # 32 MiB, more than loopback socket buffers hold
-    exporter = StubExporter(publication(Rendered(body, body, body, body)), ExporterConfig())
+    exporter = StubExporter(publication(Rendered(body, body)), ExporterConfig())
     server = HttpServer(exporter, "127.0.0.1", 0, max_requests=2)
     server.start()
     try:
