@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpulens.analyzer import archetypes
 from gpulens.analyzer.archetypes import cluster
 from gpulens.analyzer.profile import profiles_from_samples
 from tests.analyzer import synth
@@ -36,3 +37,15 @@ def test_clusters_are_deterministic_and_named(th):
     assert first.labels["train0"] == "compute-bound training"
     assert first.labels["inf0"] == "bursty inference"
     assert set(first.summary["jobs"]) == {5}
+
+
+def test_above_the_silhouette_sample_size_clusters_stay_deterministic_and_named(th, monkeypatch):
+    # the silhouette is quadratic in the jobs; past SILHOUETTE_SAMPLE it is estimated on a
+    # fixed-seed sample, which must still pick the same groups for a clearly separated fleet
+    monkeypatch.setattr(archetypes, "SILHOUETTE_SAMPLE", 9)
+    profiles = profiles_from_samples(synth.frame(fleet()), synth.STEP, th)
+    first, second = cluster(profiles, th), cluster(profiles, th)
+    assert first.labels.equals(second.labels)
+    assert first.labels["idle0"] == "idle notebook"
+    assert first.labels["train0"] == "compute-bound training"
+    assert first.labels["inf0"] == "bursty inference"
