@@ -11,14 +11,46 @@ through unchanged; `None` means "this board does not have it" and becomes NVML_E
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from gpulens.catalog import GpuModel, MigProfile
 
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId when MIG is off or not attributable
 
 ProcessKind = Literal["compute", "graphics", "mps_server", "mps_client"]
+
+
+def _stored_at_once(cls: type) -> None:
+    """Give a frozen dataclass an `__init__` that stores all its fields in one dict update.
+
+    The `__init__` dataclasses writes for a frozen class stores each field through
+    `object.__setattr__`, about three times slower than this; the engine builds ~500 of these
+    records per 100 ms state quantum on `large` (8 GPUs, 56 MIG instances, ~200 processes) in the
+    `sim run` launcher, ten times a second. Same signature, defaults and default factories as the
+    generated one; the instances are the same frozen, comparable, hashable records.
+    """
+    params: list[str] = []
+    stores: list[str] = []
+    namespace: dict[str, Any] = {"_MISSING": object()}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            namespace[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+            stores.append(f"{f.name!r}: {f.name}")
+        elif f.default_factory is not dataclasses.MISSING:
+            namespace[f"_factory_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_MISSING")
+            stores.append(f"{f.name!r}: _factory_{f.name}() if {f.name} is _MISSING else {f.name}")
+        else:
+            params.append(f.name)
+            stores.append(f"{f.name!r}: {f.name}")
+    source = f"def __init__(self, {', '.join(params)}):\n    self.__dict__.update({{{', '.join(stores)}}})\n"
+    exec(source, namespace)  # as dataclasses itself builds __init__
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -159,6 +191,14 @@ class GpuState:
     mps_clients: tuple[ProcessState, ...] = ()
     activity: ActivityState = field(default_factory=ActivityState)
     accounting_enabled: bool = False
+
+
+# called here rather than as decorators: mypy's dataclass checks (arguments, frozen) still see them
+_stored_at_once(ProcessState)
+_stored_at_once(ActivityState)
+_stored_at_once(NvLinkState)
+_stored_at_once(MigInstanceState)
+_stored_at_once(GpuState)
 
 
 @dataclass(frozen=True)
