@@ -29,6 +29,8 @@ from gpulens.sim.nvml import all_symbols
 from tests.sim.drivers import installed
 from tests.sim.static_node import example_node
 
+REPO = Path(__file__).resolve().parents[2]
+
 C_PROGRAM = r"""
 #include <stdio.h>
 typedef int nvmlReturn_t;
@@ -285,3 +287,18 @@ def test_native_handles_are_distinct_non_null_pointers() -> None:
     for _node, _lib in installed(example_node(), "native"):
         addresses = [ctypes.cast(h, ctypes.c_void_p).value for h in _handles()]
         assert all(addresses) and len(set(addresses)) == len(addresses)
+
+
+def test_a_publisher_nobody_closed_leaves_no_file_when_its_program_exits(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from gpulens.sim.native.publisher import Publisher\n"
+        "from tests.sim.static_node import example_node\n"
+        f"publisher = Publisher(example_node(), directory={str(tmp_path)!r}).start()\n"
+        "print(publisher.path)\n"
+        "sys.exit(0)  # returns without close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []

@@ -14,6 +14,7 @@ quantum, so a reader's view is never older than that. Programs find the file thr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import mmap
@@ -22,6 +23,7 @@ import struct
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from gpulens.sim.native import build
@@ -151,6 +153,10 @@ class Publisher:
         where = directory or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
         fd, name = tempfile.mkstemp(prefix="gpulens-nvml-", suffix=".shm", dir=where)
         self.path = Path(name)
+        # a publisher nobody closed (a script that returns early, a failed start-up below) must not
+        # leave its file in /dev/shm: the finalizer removes it when the object goes away or the
+        # interpreter exits; close() runs it at once (it runs once)
+        self._remove_file = weakref.finalize(self, _remove_quietly, name)
         try:
             os.ftruncate(fd, self.capacity)
             self._map = mmap.mmap(fd, self.capacity)
@@ -424,13 +430,18 @@ class Publisher:
         if not self._map.closed:
             del self._map_anchor
             self._map.close()
-        self.path.unlink(missing_ok=True)
+        self._remove_file()
 
     def __enter__(self) -> Publisher:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _fill_identity(rec: GpuRec, identity: GpuIdentity) -> None:
