@@ -112,11 +112,16 @@ class Identity:
     memory_totals: dict[str, float] = field(default_factory=dict)
 
 
-def reduce_series(values: np.ndarray, idle_below: float) -> dict[str, float]:
-    """The activity reductions, defined as PromQL defines them (linear quantiles, population stddev)."""
+def reduce_series(
+    values: np.ndarray, idle_below: float, quantiles: Sequence[float] | np.ndarray | None = None
+) -> dict[str, float]:
+    """The activity reductions, defined as PromQL defines them (linear quantiles, population stddev).
+
+    `quantiles`: the p50, p95 and p99 of `values` when already computed (`segment_quantiles` does
+    all jobs at once)."""
     if values.size == 0:
         return {}
-    p50, p95, p99 = np.quantile(values, [0.5, 0.95, 0.99])
+    p50, p95, p99 = np.quantile(values, [0.5, 0.95, 0.99]) if quantiles is None else quantiles
     return {
         "mean": float(values.mean()),
         "p50": float(p50),
@@ -470,16 +475,7 @@ def stats_from_families(
     quantiles = segment_quantiles([values for _, values, _ in activity.values()], (0.5, 0.95, 0.99))
     for i, (job, (name, values, _)) in enumerate(activity.items()):
         stats[job].activity_signal = name
-        stats[job].activity = {
-            "mean": float(values.mean()),
-            "p50": float(quantiles[0, i]),
-            "p95": float(quantiles[1, i]),
-            "p99": float(quantiles[2, i]),
-            "max": float(values.max()),
-            "count": float(values.size),
-            "stddev": float(values.std()),
-            "idle": float((values < idle_below).mean()),
-        }  # reduce_series(values, idle_below), its quantiles for all jobs at once
+        stats[job].activity = reduce_series(values, idle_below, quantiles[:, i])
     memory = _chain_steps(fams, info, signals.MEMORY, kinds, "max")
     p95 = segment_quantiles([values for _, values, _ in memory.values()], (0.95,))[0]
     for i, (job, (name, values, times)) in enumerate(memory.items()):
