@@ -66,6 +66,14 @@ def _clip(text: str, size: int) -> bytes:
     return text.encode()[: size - 1]
 
 
+def _clipped(cache: dict[str, bytes], text: str, size: int) -> bytes:
+    """`_clip`, remembered in `cache` (one cache per field size): names repeat every publish."""
+    clipped = cache.get(text)
+    if clipped is None:
+        clipped = cache[text] = _clip(text, size)
+    return clipped
+
+
 def _bus_id(text: str) -> tuple[int, int, int, int] | None:
     try:
         head, function = text.strip().rsplit(".", 1)
@@ -92,13 +100,14 @@ if PROC_STRUCT.size != ctypes.sizeof(ProcRec):  # the field-by-field agreement i
 
 
 def pack_process(
-    buffer: ctypes.Array[ctypes.c_char], offset: int, proc: ProcessState, names: dict[str, bytes]
+    buffer: ctypes.Array[ctypes.c_char],
+    offset: int,
+    proc: ProcessState,
+    names: dict[str, bytes],
 ) -> None:
     """Write `proc` as one `ProcRec` at `offset`; `names` caches the clipped names. The name is
     NUL-padded to its full size (ctypes left the tail of a longer previous name after the NUL)."""
-    name = names.get(proc.name)
-    if name is None:
-        name = names[proc.name] = _clip(proc.name, 32)
+    name = _clipped(names, proc.name, 32)
     memory = proc.used_memory_bytes
     PROC_STRUCT.pack_into(
         buffer,
@@ -180,7 +189,10 @@ class Publisher:
             for i in range(gpus)
         ]
         self._events = (EventRec * event_ring).from_buffer(self._staging, self._event_offset)
-        self._names: dict[str, bytes] = {}  # clipped process names, MIG uuids and profile names
+        # clipped C strings, one cache per field (each has its own size)
+        self._names: dict[str, bytes] = {}  # process names
+        self._mig_uuids: dict[str, bytes] = {}
+        self._mig_profiles: dict[str, bytes] = {}
         self._mig_engines: dict[tuple[str, int], tuple[int, int, int, int, int]] = {}
         self._header.capacity = self.capacity
         self._header.gpu_offset = self._gpu_offset
@@ -339,7 +351,6 @@ class Publisher:
         rec.client_first, rec.client_count, procs = self._add_procs(state.mps_clients, procs)
         instances = state.mig_instances[:MAX_MIG]
         rec.mig_count = len(instances)
-        names = self._names
         for k, mig in enumerate(instances):
             out = rec.mig[k]
             out.activity[:] = self._integrals.get((index, mig.gpu_instance_id), [0.0] * N_ACTIVITY)
@@ -353,14 +364,8 @@ class Publisher:
             if engines is None:  # a profile's engine counts are fixed: computed once
                 engines = self._mig_engines[key] = _engines(mig.profile, rec.compute_slices)
             out.copy, out.decoder, out.encoder, out.jpeg, out.ofa = engines
-            uuid = names.get(mig.uuid)
-            if uuid is None:
-                uuid = names[mig.uuid] = _clip(mig.uuid, 80)
-            out.uuid = uuid
-            profile = names.get(mig.profile.name)
-            if profile is None:
-                profile = names[mig.profile.name] = _clip(mig.profile.name, 16)
-            out.profile = profile
+            out.uuid = _clipped(self._mig_uuids, mig.uuid, 80)
+            out.profile = _clipped(self._mig_profiles, mig.profile.name, 16)
             out.proc_first, out.proc_count, procs = self._add_procs(mig.processes, procs)
             out.client_first, out.client_count, procs = self._add_procs(mig.mps_clients, procs)
         return procs
