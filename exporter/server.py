@@ -44,7 +44,7 @@ class ExporterApp:
         self.web = web
         self._pending_checks = 0
         # the four /metrics answers of the rendered sample now being served, built on first use
-        self._answers_of: Any = None
+        self._answers_of: Rendered | None = None
         self._answers: dict[tuple[bool, bool], Response] = {}
 
     def check_head(self, head: Head) -> Response | None:
