@@ -284,7 +284,7 @@ class PromSource:
     used: Aggregation | None = None  # the path the last `profiles` call took (RULES or RAW)
     used_reason: str = ""
     used_step_s: float = math.nan  # the step the last `profiles` call aggregated at
-    _answers: dict[str, list[dict]] = field(default_factory=dict, init=False, repr=False)
+    _answers: dict[tuple[str, float], list[dict]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def window(self) -> str:
@@ -297,9 +297,10 @@ class PromSource:
     def _labels(self, family: str, keys: list[str]) -> pd.DataFrame:
         expr = f"last_over_time({family}[{int(self.window_s)}s])"
         # identity, fleet and gpu_rows all read gpu_info's labels over the same window: asked once
-        if expr not in self._answers:
-            self._answers[expr] = self.client.query(expr, self.end)
-        result = self._answers[expr]
+        key = (expr, self.end)  # the window is in the expression; the end is not
+        if key not in self._answers:
+            self._answers[key] = self.client.query(expr, self.end)
+        result = self._answers[key]
         rows = [{k: item["metric"].get(k, "") for k in keys} for item in result]
         return pd.DataFrame(rows, columns=keys)
 
