@@ -20,6 +20,14 @@ from collections.abc import Iterable, Iterator
 BLOCK = 16  # time points per leaf: the tree's memory is nodes x slots bits, the end-block checks ~2 x BLOCK
 
 
+def set_bits(mask: int) -> Iterator[int]:
+    """The set bits of `mask` (slots), lowest first."""
+    while mask:
+        low = mask & -mask
+        mask ^= low
+        yield low.bit_length() - 1
+
+
 class FreeTime:
     """Slots (0, 1, ...) holding closed intervals whose endpoints are among `times`."""
 
@@ -117,12 +125,8 @@ class FreeTime:
         maybe = 0
         for k in partial:
             maybe |= self._part[k]
-        left = allowed & ~busy
-        while left:
-            low = left & -left
-            left ^= low
-            slot = low.bit_length() - 1
-            if maybe & low and any(a <= end and start <= b for a, b in self._spans.get(slot, ())):
+        for slot in set_bits(allowed & ~busy):
+            if maybe >> slot & 1 and any(a <= end and start <= b for a, b in self._spans.get(slot, ())):
                 continue
             yield slot
 

@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 
 import pandas as pd
 
-from gpulens.analyzer.freetime import Capacity, FreeTime
+from gpulens.analyzer.freetime import Capacity, FreeTime, set_bits
 from gpulens.analyzer.kinds import SHARED, WHOLE, Kind
 from gpulens.analyzer.profile import FleetGpu
 from gpulens.analyzer.recommend import mps_settings
@@ -407,14 +407,6 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
     return _merge(bins, th) if in_place else bins
 
 
-def _bits(mask: int) -> Iterator[int]:
-    """The set bits of `mask`, lowest first."""
-    while mask:
-        low = mask & -mask
-        mask ^= low
-        yield low.bit_length() - 1
-
-
 def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
     """Empty the GPUs (fewest jobs first) whose every job fits on another GPU of its mode and model.
 
@@ -464,7 +456,7 @@ def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
                 target = next(
                     (
                         b
-                        for b in (group[n] for n in _bits(others_mask))
+                        for b in (group[n] for n in set_bits(others_mask))
                         if not (mps and shares[id(b)] + share > 100) and fits(b, item, model, th)
                     ),
                     None,
