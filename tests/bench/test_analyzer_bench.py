@@ -106,14 +106,20 @@ def test_the_parquet_history_reads_back_with_every_sample(tmp_path):
 def test_targets_are_judged_only_at_full_size():
     lines = analyzer_target_lines(_analyzer(8.0, 25.0, 2 * 10**9 - 1, raw_s=70.0))
     assert lines[0].startswith("analyzer, recording-rule path: 10,000 jobs") and lines[0].endswith(": met")
-    assert "raw path" in lines[1] and "NOT met (over by 10.0, 1.17x the target)" in lines[1]
+    assert "raw path" in lines[1] and "70.0 s" in lines[1] and "met" not in lines[1]
     assert lines[2].endswith("the same recommendation for 10,000 of 10,000 jobs")
     assert "NOT met (over by 5.0, 1.25x the target)" in lines[3]
     assert lines[4].endswith("met, within 0 % of the target")
     close = analyzer_target_lines(_analyzer(9.5, 15.0, 10**9))
     assert close[0].endswith(": met, within 5 % of the target")
     small = analyzer_target_lines(_analyzer(8.0, 25.0, 2 * 10**9, jobs=50))
-    assert "not judged (scaled-down run)" in small[0] and "not judged" in small[1]
+    assert "not judged (scaled-down run)" in small[0]
+
+
+def test_the_raw_path_is_reported_without_a_target_of_its_own():
+    lines = analyzer_target_lines(_analyzer(8.0, 25.0, 10**9, raw_s=70.0))
+    (raw,) = [line for line in lines if "raw path" in line]
+    assert "no target of its own" in raw and "target <=" not in raw
 
 
 def test_a_second_rule_run_gives_the_cost_per_job_and_the_estimate():
@@ -148,7 +154,7 @@ def test_a_missed_target_says_where_the_time_went():
     assert analyzer_why(_analyzer(8.0, 15.0, 10**9)) == []
     why = analyzer_why(_analyzer(12.0, 25.0, 10**9, raw_s=100.0))
     assert why[0].startswith("- Recording-rule path, why: 12.0 s against 10 s")
-    assert any(line.startswith("- Raw path, why: 100.0 s against 60 s") for line in why)
+    assert not any(line.startswith("- Raw path") for line in why)  # the fallback has no target to miss
     assert any(line.startswith("- File path, why: 25.0 s against 20 s") for line in why)
 
 
