@@ -304,7 +304,7 @@ class Exporter:
         """Start the Xid watcher thread and the sampling loop (first sample immediately).
 
         Also shortens the interpreter's GIL switch interval (process-wide) to `SWITCH_INTERVAL`:
-        while a sample runs, up to one worker per GPU plus attribution and rendering compete for
+        while a sample runs, the GPU reader, attribution and rendering compete for
         the GIL (the simulated driver's calls never release it), and a scrape thread needing the
         GIL a few times per request waited one default 5 ms slice per busy thread each time,
         which put the scrape p99 at tens of ms. Serving a scrape needs well under 1 ms of CPU.

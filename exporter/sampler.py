@@ -1,9 +1,10 @@
 """One sampling cycle: NVML -> immutable `NodeSnapshot`, with deadlines so nothing can hang it.
 
-Each GPU is read on its own worker thread. The cycle waits for all of them until one shared
-deadline; a GPU whose read has not finished is reported down (`gpu_up 0`, its collectors failed) and
-is not given new work until the stuck call returns, so one hung GPU costs one thread, never the
-scrape and never the other GPUs. Attribution runs on its own worker with a deadline as well.
+The GPUs are read one after the other on one reader thread (`reader.py` says why), which the
+cycle watches: a GPU whose reads pass the deadline is reported down (`gpu_up 0`, its collectors
+failed), the GPUs after it are read by a fresh thread, and it is not given new work until the stuck
+call returns, so one hung GPU costs one thread, never the scrape and never the other GPUs.
+Attribution runs on its own worker with a deadline as well.
 
 NVML missing or failing is not fatal: the snapshot says `nvml_up = False` and init is retried with
 exponential backoff (1 s doubling to 60 s), logging the error once per distinct message.
@@ -29,6 +30,7 @@ from gpulens.exporter.backends.nvml import (
     SystemInfo,
     error_text,
 )
+from gpulens.exporter.reader import Failed, GpuReader, Hung
 from gpulens.exporter.snapshot import (
     Area,
     AreaTiming,
@@ -48,7 +50,8 @@ HUNG = "(hung)"
 
 
 class Worker:
-    """A daemon thread running one job at a time; `busy` while a job (maybe a hung one) runs."""
+    """A daemon thread running one job at a time; `busy` while a job (maybe a hung one) runs
+    (attribution's; the GPUs have `GpuReader`)."""
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]] | None] = (
@@ -104,7 +107,7 @@ class SamplerSettings:
 
 
 class Sampler:
-    """Owns the backend's lifecycle and the per-GPU workers; `sample()` runs one bounded cycle."""
+    """Owns the backend's lifecycle and the GPU reader; `sample()` runs one bounded cycle."""
 
     def __init__(
         self,
@@ -127,7 +130,7 @@ class Sampler:
         self.log = logger or logging.getLogger("gpulens.exporter.sampler")
         self._attr_late = False  # attribution is past its deadline: logged once until it recovers
         self._attr_misses = 0
-        self._workers: dict[int, Worker] = {}
+        self._reader: GpuReader[tuple[GpuSample, dict[Area, float]]] | None = None
         self._attr_worker: Worker | None = None
         self._identities: dict[int, GpuIdentity] = {}
         self._was_up: dict[int, bool] = {}
@@ -233,41 +236,43 @@ class Sampler:
 
     def _read_gpus(self, count: int) -> tuple[list[GpuSample], dict[Area, float]]:
         settings = self.settings
-        futures: dict[int, Future[Any]] = {}
+        if self._reader is None:
+            self._reader = GpuReader()
+        reader = self._reader
         results: dict[int, GpuSample] = {}
+        wanted: list[int] = []
         for index in range(count):
-            worker = self._workers.get(index)
-            if worker is None:
-                worker = self._workers[index] = Worker(f"gpulens-gpu{index}")
-            if worker.busy:
+            if reader.stuck(index):
                 results[index] = self._down(index, f"previous NVML call on this GPU has not returned {HUNG}")
-                continue
-            futures[index] = worker.submit(self.backend.read_gpu, index, settings.areas, settings.interval)
-        deadline = time.monotonic() + settings.deadline
+            else:
+                wanted.append(index)
+        areas, interval = settings.areas, settings.interval
+        outcomes = reader.read_all(
+            wanted, lambda index: self.backend.read_gpu(index, areas, interval), settings.deadline
+        )
         timings: dict[Area, float] = {}
-        for index, future in futures.items():
-            try:
-                sample, gpu_timings = future.result(timeout=max(0.0, deadline - time.monotonic()))
-            except FutureTimeout:
+        for index in wanted:
+            outcome = outcomes[index]
+            if isinstance(outcome, Hung):
                 results[index] = self._down(
                     index, f"NVML calls did not return within {settings.deadline:g}s {HUNG}"
                 )
                 continue
-            except GpuLostError as exc:
-                results[index] = self._down(index, f"GPU lost: {exc}")
+            if isinstance(outcome, Failed):
+                exc = outcome.error
+                if isinstance(exc, GpuLostError):
+                    results[index] = self._down(index, f"GPU lost: {exc}")
+                elif isinstance(exc, Exception):
+                    results[index] = self._down(index, error_text(exc))
+                else:
+                    raise exc
                 self.backend.forget(index)
                 continue
-            except Exception as exc:
-                results[index] = self._down(index, error_text(exc))
-                self.backend.forget(index)
-                continue
+            sample, gpu_timings = outcome
             self._identities[index] = sample.identity
             results[index] = sample
             for area, seconds in gpu_timings.items():
                 timings[area] = timings.get(area, 0.0) + seconds
-        for index in list(self._workers):
-            if index >= count:
-                self._workers.pop(index).stop()
         gpus = [results[i] for i in range(count)]
         for gpu in gpus:
             self._log_gpu_state(gpu)
@@ -393,9 +398,9 @@ class Sampler:
         )
 
     def close(self) -> None:
-        for worker in self._workers.values():
-            worker.stop()
-        self._workers = {}
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._attr_worker is not None:
             self._attr_worker.stop()
             self._attr_worker = None

@@ -67,7 +67,7 @@ class _Request:
     template, copied into the buffer before each call (outputs reset as in a fresh request), the two
     samples packed in, the answers unpacked with `struct`. pynvml's `_PrintableStructure` ran a hook
     on every field write and read: 64 requests and ~1,000 hooked attribute accesses per `large` cycle.
-    One per thread and kind: the readers of different GPUs run on their own worker threads."""
+    One per thread and kind: a hung GPU's abandoned reader thread may still hold its own."""
 
     def __init__(self, wanted: tuple[tuple[str, int], ...]) -> None:
         self.wanted = wanted

@@ -8,8 +8,9 @@ must cost one series, not the sample. Every call goes through `_Call`, which map
 - GPU_IS_LOST / GPU_NOT_FOUND / RESET_REQUIRED to `GpuLostError`: the whole GPU is down;
 - anything else to `AreaError`: the collector area being read failed on this GPU.
 
-`read_gpu` is called from that GPU's own worker thread (see `sampler.py`), so per-GPU state kept here
-(the last process-utilization timestamp, GPM samples) is only ever touched by one thread.
+`read_gpu` is called from the sampler's GPU reader thread (`reader.py`); a GPU whose call hung is
+not read again until that call returns, so per-GPU state kept here (the last process-utilization
+timestamp, GPM samples) is only ever touched by one thread at a time.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class _NvLinkPlan:
 
 @dataclass
 class _GpuState:
-    """Per-GPU state kept between samples (touched only by that GPU's worker thread)."""
+    """Per-GPU state kept between samples (touched by one reader thread at a time)."""
 
     handle: Any
     identity: GpuIdentity | None = None

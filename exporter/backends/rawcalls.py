@@ -43,7 +43,8 @@ class ProcessList:
     def __init__(self, symbol: str, name: str, capacity: int = 16) -> None:
         self.symbol = symbol
         self.__name__ = name  # the NVML name in AreaError messages
-        self._capacity = capacity  # shared by the GPU worker threads; a stale read only costs a retry
+        # shared by reader threads (an abandoned one may still run); a stale read only costs a retry
+        self._capacity = capacity
 
     def __call__(self, handle: Any) -> list[RawProcess]:
         fn = pynvml._nvmlGetFunctionPointer(self.symbol)

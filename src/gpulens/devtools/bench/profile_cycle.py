@@ -2,9 +2,9 @@
 
 Why in-process: `gpulens bench` measures the whole exporter from /proc, which says *how much* a cycle
 costs but not *where*. This runs the same `Exporter` on the same simulated node (default `large`),
-times full cycles (sample + render) by process CPU time, which counts the per-GPU worker threads
+times full cycles (sample + render) by process CPU time, which counts the GPU reader thread
 too, and, with `--profile`, runs the per-GPU reads synchronously on this thread under cProfile so
-everything the worker threads do in the daemon shows up. The driver is the native simulated one by
+everything the reader thread does in the daemon shows up. The driver is the native simulated one by
 default (its C time appears inside the pynvml calls that make it); `--driver python` profiles
 the ctypes callbacks instead.
 
