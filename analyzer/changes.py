@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpulens.analyzer import frames
 from gpulens.analyzer.kinds import ACTIONS, WHOLE, Action, Kind
 from gpulens.analyzer.plan import Plan
 from gpulens.analyzer.recommend import LEAK_HINT, capability
@@ -163,7 +164,7 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
     placed = _placement(plan)
     crowded = crowded_mps_gpus(recs)
     rows = []
-    for row in recs.itertuples(index=False):
+    for row in frames.rows(recs):
         kind = str(row.recommendation)
         now_mode = _text(row.sharing) or Kind.EXCLUSIVE.value
         now_mig = _text(row.mig_profile_now)
@@ -238,7 +239,7 @@ def crowded_mps_gpus(recs: pd.DataFrame) -> set[str]:
     """GPUs shared under MPS now whose jobs' proposed thread caps sum past 100 % (a job that
     leaves for a whole GPU counts 100): they cannot all stay, and moving one off fixes that."""
     need: dict[str, float] = {}
-    for row in recs[recs["sharing"] == Kind.MPS].itertuples(index=False):
+    for row in frames.rows(recs[recs["sharing"] == Kind.MPS]):
         if row.recommendation == Kind.MPS:
             pct = float(row.mps_active_thread_percentage) if _text(row.mps_active_thread_percentage) else 0.0
         else:
@@ -288,7 +289,7 @@ def ranked_actions(recs: pd.DataFrame, n: int | None = None) -> list[dict[str, A
     if n is not None:
         act = act.head(n)
     out = []
-    for row in act.itertuples(index=False):
+    for row in frames.rows(act):
         todo = row.finding if row.action == Action.FIX else (row.risk_fixed or row.change)
         if row.action == Action.CHANGE and row.finding:
             todo += f"; {row.finding}"  # a job that moves still has its leak or hog to fix

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpulens.analyzer import frames
 from gpulens.analyzer import requests as request_trace
 from gpulens.analyzer.archetypes import Archetypes, cluster
 from gpulens.analyzer.changes import annotate, ranked_actions
@@ -111,6 +112,8 @@ def _json_column(column: pd.Series, integer: bool) -> list[Any]:
             out[n] = None
     elif column.dtype in (np.int64, np.bool_):
         out = column.to_numpy().tolist()
+    elif isinstance(column.dtype, pd.StringDtype) or column.dtype == np.dtype(object):
+        out = [jsonable(v) for v in column.tolist()]  # listed in C: iterating Arrow text is slow
     else:
         out = [jsonable(v) for v in column]
     if integer:
@@ -165,7 +168,7 @@ def analyze_profiles(
 
 def _emit_context(recs: pd.DataFrame, gpus: list[dict] | None, fleet: list[FleetGpu] | None) -> FleetContext:
     """The inventory emit places the plan on: `gpu_info` rows when given, else the fleet's GPUs."""
-    rows = recs[[c for c in EMIT_COLUMNS if c in recs]].to_dict("records")
+    rows = frames.records(recs[[c for c in EMIT_COLUMNS if c in recs]])
     if gpus is None and fleet:
         return context_from_fleet(fleet, rows)
     return context_from_rows(rows, gpus or [])

@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import pandas as pd
 
+from gpulens.analyzer import frames
 from gpulens.analyzer.freetime import Capacity, FreeTime, set_bits
 from gpulens.analyzer.kinds import SHARED, WHOLE, Kind
 from gpulens.analyzer.profile import FleetGpu
@@ -179,7 +180,7 @@ class Plan:
 def fleet_from_recs(recs: pd.DataFrame) -> list[FleetGpu]:
     """The GPUs the jobs used, when no inventory is given (idle GPUs are then unknown)."""
     seen: dict[str, FleetGpu] = {}
-    for row in recs.itertuples(index=False):
+    for row in frames.rows(recs):
         for uuid in _uuids(row.uuids):
             seen.setdefault(uuid, FleetGpu(uuid, str(row.gpu_model), str(getattr(row, "instance", "") or "")))
     return list(seen.values())
@@ -211,7 +212,7 @@ def _num(value: object) -> float:
 
 def _items(recs: pd.DataFrame) -> list[Item]:
     items = []
-    for row in recs.itertuples(index=False):
+    for row in frames.rows(recs):
         kind = row.recommendation
         if kind in (Kind.RECLAIM, Kind.INSUFFICIENT_DATA):
             continue
@@ -617,14 +618,14 @@ def held_changes(recs: pd.DataFrame) -> dict[str, dict]:
     stay = stay[~stay["recommendation"].isin([Kind.RECLAIM, Kind.INSUFFICIENT_DATA])]
     return {
         str(row.job_id): {**_as_now(row), "note": "shares a GPU with a job that has too little data"}
-        for row in stay.itertuples(index=False)
+        for row in frames.rows(stay)
     }
 
 
 def _kept_as_they_are(recs: pd.DataFrame) -> list[GpuBin]:
     """One unchanged GPU per uuid the jobs use now, with those jobs."""
     bins: dict[str, GpuBin] = {}
-    for row in recs.itertuples(index=False):
+    for row in frames.rows(recs):
         for uuid in _uuids(row.uuids):
             gpu = bins.setdefault(
                 uuid,
@@ -711,7 +712,7 @@ def account(
         )
     moved.update(reverted)
     kept = movable[movable["gpu_model"].isin(kept_models) & (movable["recommendation"] != Kind.RECLAIM)]
-    for row in kept.itertuples(index=False):
+    for row in frames.rows(kept):
         moved[str(row.job_id)] = _as_now(row)
     return bins + _kept_as_they_are(kept) + held, moved, notes
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from gpulens import atomicfile
+from gpulens.analyzer import frames
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import format_value
 from gpulens.analyzer.pipeline import Analysis
@@ -29,7 +30,7 @@ def render(analysis: Analysis, now: float | None = None) -> str:
         "# TYPE gpulens_recommendation_info gauge",
     ]
     recs = analysis.recs
-    for row in recs.itertuples(index=False):
+    for row in frames.rows(recs):
         mig = getattr(row, "mig_profile", None)
         lines.append(
             "gpulens_recommendation_info"
@@ -48,7 +49,7 @@ def render(analysis: Analysis, now: float | None = None) -> str:
     ]
     lines += [
         f"gpulens_recommendation_confidence{_labels(job_id=r.job_id)} {format_value(float(r.confidence))}"
-        for r in recs.itertuples(index=False)
+        for r in frames.rows(recs)
     ]
     if "gpu_hours_idle" in recs:
         lines += [
@@ -58,7 +59,7 @@ def render(analysis: Analysis, now: float | None = None) -> str:
         lines += [
             f"gpulens_job_gpu_idle_seconds{_labels(job_id=r.job_id, job_namespace=r.job_namespace)} "
             f"{format_value(round(float(r.gpu_hours_idle) * 3600, 3))}"
-            for r in recs.itertuples(index=False)
+            for r in frames.rows(recs)
         ]
     lines += [
         "# HELP gpulens_plan_gpus GPUs per model before and after the consolidation plan, and freed.",

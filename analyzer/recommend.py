@@ -46,6 +46,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpulens.analyzer import frames
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.signals import DUTY_CYCLE, EQUAL_SPLIT
 from gpulens.analyzer.thresholds import Thresholds
@@ -662,7 +663,7 @@ def recommend(
     fleet = fleet_models(profiles) if fleet is None else fleet
     # plain dict rows and attribute reads, not iterrows / asdict: a Series per row and a deep copy
     # per recommendation were most of the time for 10,000 jobs
-    recs = [recommend_one(row, th, fleet) for row in profiles.to_dict("records")]
+    recs = [recommend_one(row, th, fleet) for row in frames.records(profiles)]
     columns = [f.name for f in fields(Recommendation) if f.name != "numbers"]
     rec_frame = pd.DataFrame([{k: getattr(r, k) for k in columns} for r in recs], columns=columns)
     rec_frame["numbers"] = [r.numbers for r in recs]

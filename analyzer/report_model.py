@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulens.analyzer import frames
 from gpulens.analyzer.hosts import Family
 from gpulens.analyzer.pipeline import Analysis
 from gpulens.catalog import model_for_nvml_name
@@ -110,7 +111,7 @@ def _float(value: object) -> float:
 def energy_by_team(recs: Any) -> dict[str, float]:
     """kWh per team: allocated hours x (idle + mean activity x (board - idle power)) per job."""
     out: dict[str, float] = defaultdict(float)
-    for row in recs.itertuples(index=False):
+    for row in frames.rows(recs):
         model = model_for_nvml_name(str(row.gpu_model))
         if model is None:
             continue
@@ -131,7 +132,7 @@ def _current_by_slot(analysis: Analysis) -> dict[tuple[str, int], list[str]]:
         return {}
     slots = emitted.placement.inventory.by_uuid()
     out: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for row in analysis.recs.itertuples(index=False):
+    for row in frames.rows(analysis.recs):
         mig = str(getattr(row, "mig_profile_now", "") or "")
         how = f"mig {mig}" if mig else str(row.sharing)
         for uuid in str(row.uuids).split(","):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpulens.analyzer import frames
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.pipeline import Analysis
 from gpulens.safeload import load_json
@@ -93,7 +94,7 @@ def _warning(row: Any) -> str:
 def compare(
     analysis: Analysis, jobs: list[dict[str, Any]], plan: dict[str, Any], source: str
 ) -> WeekOverWeek:
-    now = {str(r["job_id"]): r for r in analysis.recs.to_dict("records")}
+    now = {str(r["job_id"]): r for r in frames.records(analysis.recs)}
     out = WeekOverWeek(
         previous_source=source,
         gpus_then=int(plan.get("gpus_before") or 0),
