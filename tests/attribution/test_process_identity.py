@@ -154,3 +154,12 @@ def test_a_pid_reused_by_another_job_after_leaving_is_identified_afresh(node):
     assert attributor.attribute([]) == []  # the process ended
     node.process(100, slurm_v2("2"), {})  # its pid now belongs to a process of another job
     assert [u.identity.job_id for u in attributor.attribute([proc(100)])] == ["2"]
+
+
+def test_a_pid_without_a_procfs_entry_is_not_looked_up_again_while_listed(node):
+    attributor = node.attributor()
+    assert attributor.attribute([proc(100)])[0].identity.job_id == "unknown"  # another pid namespace
+    node.process(100, slurm_v2("1"), {})  # would only be seen by a fresh lookup
+    assert attributor.attribute([proc(100)])[0].identity.job_id == "unknown"
+    attributor.attribute([])  # no longer listed: forgotten
+    assert attributor.attribute([proc(100)])[0].identity.job_id == "1"
