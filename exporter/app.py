@@ -130,6 +130,7 @@ class Exporter:
                 interval=config.interval,
                 deadline=config.read_deadline(),
                 jobs_enabled=Area.JOBS in self.enabled,
+                slow_every=config.slow_every,
             ),
             clock=self.clock,
             xid=self.xid,

@@ -105,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="deadline for one GPU's NVML reads per sample; slower GPUs are reported down (default 2)",
     )
     p.add_argument(
+        "--nvml.slow-fields-every",
+        dest="slow_every",
+        type=int,
+        metavar="N",
+        help="read slowly changing values (power limit, temperature thresholds, max clock, PCIe link,"
+        " modes, aggregate ECC) on every Nth sample only; fault values are read every sample"
+        " (default 12; 1: everything every sample)",
+    )
+    p.add_argument(
         "--simulate", metavar="SCENARIO", help="serve a simulated node (built-in scenario name or YAML file)"
     )
     p.add_argument("--sim-seed", dest="sim_seed", type=int, metavar="N", help="simulation seed (default 0)")
@@ -274,6 +283,7 @@ VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("--web.max-connections", "max_connections", int),
     ("--interval", "interval", float),
     ("--nvml.timeout", "nvml_timeout", float),
+    ("--nvml.slow-fields-every", "slow_every", int),
     ("--simulate", "simulate", str),
     ("--sim-seed", "sim_seed", int),
     ("--sim-speed", "sim_speed", float),

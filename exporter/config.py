@@ -38,11 +38,17 @@ class ConfigError(ValueError):
         return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+# samples between reads of the slow tier (backends/nvml.py SLOW_FIELDS): 12 x the default 5 s = 1 min
+DEFAULT_SLOW_EVERY = 12
+
+
 @dataclass(frozen=True)
 class ExporterConfig:
     listen: str = DEFAULT_LISTEN
     interval: float = 5.0
     nvml_timeout: float = 2.0  # deadline for one GPU's reads in a sample (capped below the interval)
+    # the slow tier (limits, thresholds, modes, PCIe link, aggregate ECC) is read on every Nth sample
+    slow_every: int = DEFAULT_SLOW_EVERY
     simulate: str | None = None
     sim_seed: int = 0
     sim_speed: float = 1.0
@@ -114,6 +120,10 @@ def validate(config: ExporterConfig) -> ExporterConfig:
         raise ConfigError(f"--interval: must be >= 0.1 s (GPM needs 100 ms windows), got {config.interval}")
     if not config.nvml_timeout > 0:
         raise ConfigError(f"--nvml.timeout: must be > 0 seconds, got {config.nvml_timeout}")
+    if config.slow_every < 1:
+        raise ConfigError(
+            f"--nvml.slow-fields-every: must be >= 1 (1: every sample), got {config.slow_every}"
+        )
     if not config.sim_speed > 0:
         raise ConfigError(f"--sim-speed: must be > 0, got {config.sim_speed}")
     if config.log_level not in LOG_LEVELS:

@@ -104,6 +104,7 @@ class SamplerSettings:
     interval: float
     deadline: float  # seconds a GPU's (and attribution's) work may take per sample
     jobs_enabled: bool
+    slow_every: int = 1  # samples between reads of the backend's slow tier (1: every sample)
 
 
 class Sampler:
@@ -130,6 +131,7 @@ class Sampler:
         self.log = logger or logging.getLogger("gpulens.exporter.sampler")
         self._attr_late = False  # attribution is past its deadline: logged once until it recovers
         self._attr_misses = 0
+        self._cycles = 0  # samples with NVML up: the slow tier is read on every `slow_every`th
         self._reader: GpuReader[tuple[GpuSample, dict[Area, float]]] | None = None
         self._attr_worker: Worker | None = None
         self._identities: dict[int, GpuIdentity] = {}
@@ -247,8 +249,10 @@ class Sampler:
             else:
                 wanted.append(index)
         areas, interval = settings.areas, settings.interval
+        slow = self._cycles % settings.slow_every == 0
+        self._cycles += 1
         outcomes = reader.read_all(
-            wanted, lambda index: self.backend.read_gpu(index, areas, interval), settings.deadline
+            wanted, lambda index: self.backend.read_gpu(index, areas, interval, slow), settings.deadline
         )
         timings: dict[Area, float] = {}
         for index in wanted:

@@ -16,6 +16,7 @@ timestamp, GPM samples) is only ever touched by one thread at a time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -106,6 +107,24 @@ _PCIE_FIELDS = FieldRequest(
         pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
         pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,
     ]
+)
+
+# The slow tier: values that change only when an operator or the driver reconfigures the GPU,
+# read on every `--nvml.slow-fields-every`th sample and repeated in between (`_GpuState.slow`).
+# Fault fields (Xid events, volatile ECC, retired pages, remapped rows, clock event reasons, NVLink
+# state and errors, PCIe replays) are never in it. docs/exporter.md lists the same.
+SLOW_FIELDS: tuple[str, ...] = (
+    "compute_mode",
+    "persistence_mode",
+    "power_limit",
+    "temperature_thresholds",
+    "sm_clock_max",
+    "clock_events_supported",
+    "pcie_link_generation",
+    "pcie_link_width",
+    "ecc_mode",
+    "ecc_aggregate_corrected",
+    "ecc_aggregate_uncorrected",
 )
 
 # Areas whose reads need the process lists.
@@ -199,6 +218,15 @@ class _GpuState:
     # MIG device UUID -> (GPU instance, compute instance, profile, SMs): fixed for the device's life
     mig_static: dict[str, tuple[int, int | None, str, int | None]] = field(default_factory=dict)
     nvlink_plan: _NvLinkPlan | None = None  # rebuilt when the set of present links changes
+    # the slow tier's last answers (`SLOW_FIELDS`), by key; refreshed when a read is `slow_due`
+    slow: dict[str, Any] = field(default_factory=dict)
+    slow_due: bool = True  # this read refreshes the slow tier (set per read by `read_gpu`)
+
+    def slow_value(self, key: str, read: Callable[[], Any]) -> Any:
+        """`read()` on a slow-tier read (or when never read), else its last answer."""
+        if self.slow_due or key not in self.slow:
+            self.slow[key] = read()
+        return self.slow[key]
 
 
 @dataclass(frozen=True)
@@ -309,13 +337,16 @@ class NvmlBackend:
 
     # ---- one GPU ---------------------------------------------------------------------------
     def read_gpu(
-        self, index: int, areas: frozenset[Area], interval: float
+        self, index: int, areas: frozenset[Area], interval: float, slow: bool = True
     ) -> tuple[GpuSample, dict[Area, float]]:
         """Read the enabled `areas` of GPU `index`. Returns the sample and seconds spent per area.
 
+        `slow`: read the slow tier too (`SLOW_FIELDS`); otherwise its fields repeat the last
+        answers (a GPU never read, or forgotten after a loss, reads them anyway).
         Raises GpuLostError when the GPU is lost; the sampler turns that into `gpu_up 0`.
         """
         state = self._state(index)
+        state.slow_due = slow
         handle = state.handle
         if state.identity is None:
             state.identity = self._read_identity(index, handle)
@@ -344,12 +375,12 @@ class NvmlBackend:
                 timings[area] = timings.get(area, 0.0) + time.perf_counter() - start
 
         readers: dict[Area, Callable[[], dict[str, Any]]] = {
-            Area.DEVICE: lambda: self._read_device(handle),
+            Area.DEVICE: lambda: self._read_device(state),
             Area.MEMORY: lambda: self._read_memory(handle),
-            Area.POWER_THERMAL: lambda: self._read_power_thermal(handle),
-            Area.CLOCKS: lambda: self._read_clocks(handle),
+            Area.POWER_THERMAL: lambda: self._read_power_thermal(state),
+            Area.CLOCKS: lambda: self._read_clocks(state),
             Area.PCIE_NVLINK: lambda: self._read_pcie_nvlink(state),
-            Area.HEALTH: lambda: self._read_health(handle),
+            Area.HEALTH: lambda: self._read_health(state),
         }
         for area, reader in readers.items():
             if area in areas:
@@ -416,14 +447,15 @@ class NvmlBackend:
             minor_number=int(minor) if minor is not None else None,
         )
 
-    def _read_device(self, handle: Any) -> dict[str, Any]:
+    def _read_device(self, state: _GpuState) -> dict[str, Any]:
+        handle, slow = state.handle, state.slow_value
         out: dict[str, Any] = {}
         util = _call(pynvml.nvmlDeviceGetUtilizationRates, handle)
         if util is not None:
             out["utilization_ratio"] = util.gpu / 100.0
             out["memory_utilization_ratio"] = util.memory / 100.0
         out["performance_state"] = _call(pynvml.nvmlDeviceGetPerformanceState, handle)
-        mode = _call(pynvml.nvmlDeviceGetComputeMode, handle)
+        mode = slow("compute_mode", lambda: _call(pynvml.nvmlDeviceGetComputeMode, handle))
         out["compute_mode"] = None if mode is None else COMPUTE_MODES.get(int(mode), str(mode))
         fan = _call(pynvml.nvmlDeviceGetFanSpeed, handle)
         out["fan_speed_ratio"] = None if fan is None else fan / 100.0
@@ -431,7 +463,7 @@ class NvmlBackend:
         out["encoder_utilization_ratio"] = None if encoder is None else encoder[0] / 100.0
         decoder = _call(pynvml.nvmlDeviceGetDecoderUtilization, handle)
         out["decoder_utilization_ratio"] = None if decoder is None else decoder[0] / 100.0
-        persistence = _call(pynvml.nvmlDeviceGetPersistenceMode, handle)
+        persistence = slow("persistence_mode", lambda: _call(pynvml.nvmlDeviceGetPersistenceMode, handle))
         out["persistence_mode"] = None if persistence is None else bool(persistence)
         return out
 
@@ -450,11 +482,12 @@ class NvmlBackend:
             out["bar1_used_bytes"] = int(bar1.bar1Used)
         return out
 
-    def _read_power_thermal(self, handle: Any) -> dict[str, Any]:
+    def _read_power_thermal(self, state: _GpuState) -> dict[str, Any]:
+        handle, slow = state.handle, state.slow_value
         out: dict[str, Any] = {}
         power = _call(pynvml.nvmlDeviceGetPowerUsage, handle)
         out["power_watts"] = None if power is None else power / 1000.0
-        limit = _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        limit = slow("power_limit", lambda: _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle))
         out["power_limit_watts"] = None if limit is None else limit / 1000.0
         energy = _call(pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
         out["energy_joules"] = None if energy is None else energy / 1000.0
@@ -463,24 +496,24 @@ class NvmlBackend:
         values = _field_values(handle, _MEMORY_TEMP_FIELDS)
         mem_temp = values.get((pynvml.NVML_FI_DEV_MEMORY_TEMP, 0))
         out["memory_temperature_celsius"] = None if mem_temp is None else float(mem_temp)
-        thresholds: list[tuple[str, float]] = []
-        for name, kind in TEMPERATURE_THRESHOLDS:
-            celsius = _call(pynvml.nvmlDeviceGetTemperatureThreshold, handle, kind)
-            if celsius is not None:
-                thresholds.append((name, float(celsius)))
-        out["temperature_thresholds"] = tuple(thresholds)
+        out["temperature_thresholds"] = slow("temperature_thresholds", lambda: _thresholds(handle))
         return out
 
-    def _read_clocks(self, handle: Any) -> dict[str, Any]:
+    def _read_clocks(self, state: _GpuState) -> dict[str, Any]:
+        handle, slow = state.handle, state.slow_value
         out: dict[str, Any] = {}
         sm = _call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
         out["sm_clock_hertz"] = None if sm is None else sm * 1e6
         mem = _call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
         out["memory_clock_hertz"] = None if mem is None else mem * 1e6
-        sm_max = _call(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM)
+        sm_max = slow(
+            "sm_clock_max", lambda: _call(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM)
+        )
         out["sm_clock_max_hertz"] = None if sm_max is None else sm_max * 1e6
         current = _call(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle)
-        supported = _call(pynvml.nvmlDeviceGetSupportedClocksEventReasons, handle)
+        supported = slow(
+            "clock_events_supported", lambda: _call(pynvml.nvmlDeviceGetSupportedClocksEventReasons, handle)
+        )
         if current is not None:
             mask = 0xFFFFFFFFFFFFFFFF if supported is None else int(supported)
             out["clock_events"] = tuple(
@@ -503,8 +536,13 @@ class NvmlBackend:
         out["pcie_tx_bytes"] = None if tx is None else int(tx)
         out["pcie_rx_bytes"] = None if rx is None else int(rx)
         out["pcie_replays"] = _call(pynvml.nvmlDeviceGetPcieReplayCounter, handle)
-        out["pcie_link_generation"] = _call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
-        out["pcie_link_width"] = _call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
+        slow = state.slow_value
+        out["pcie_link_generation"] = slow(
+            "pcie_link_generation", lambda: _call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
+        )
+        out["pcie_link_width"] = slow(
+            "pcie_link_width", lambda: _call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
+        )
         link_count = values.get((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0))
         out["nvlinks"] = self._read_nvlinks(state, None if link_count is None else int(link_count))
         return out
@@ -553,9 +591,10 @@ class NvmlBackend:
             )
         return tuple(out)
 
-    def _read_health(self, handle: Any) -> dict[str, Any]:
+    def _read_health(self, state: _GpuState) -> dict[str, Any]:
+        handle, slow = state.handle, state.slow_value
         out: dict[str, Any] = {}
-        ecc_mode = _call(pynvml.nvmlDeviceGetEccMode, handle)
+        ecc_mode = slow("ecc_mode", lambda: _call(pynvml.nvmlDeviceGetEccMode, handle))
         ecc_enabled = None if ecc_mode is None else bool(ecc_mode[0])
         out["ecc_enabled"] = ecc_enabled
         if ecc_enabled:
@@ -568,7 +607,11 @@ class NvmlBackend:
                     ("volatile", pynvml.NVML_VOLATILE_ECC),
                     ("aggregate", pynvml.NVML_AGGREGATE_ECC),
                 ):
-                    count = _call(pynvml.nvmlDeviceGetTotalEccErrors, handle, error_type, counter)
+                    read = functools.partial(
+                        _call, pynvml.nvmlDeviceGetTotalEccErrors, handle, error_type, counter
+                    )
+                    # volatile counts are fault fields (every sample); aggregate ones are slow
+                    count = read() if scope == "volatile" else slow(f"ecc_aggregate_{error}", read)
                     if count is not None:
                         errors.append((error, scope, int(count)))
             out["ecc_errors"] = tuple(errors)
@@ -787,6 +830,15 @@ class NvmlBackend:
 
 
 # ---- helpers -------------------------------------------------------------------------------
+def _thresholds(handle: Any) -> tuple[tuple[str, float], ...]:
+    thresholds: list[tuple[str, float]] = []
+    for name, kind in TEMPERATURE_THRESHOLDS:
+        celsius = _call(pynvml.nvmlDeviceGetTemperatureThreshold, handle, kind)
+        if celsius is not None:
+            thresholds.append((name, float(celsius)))
+    return tuple(thresholds)
+
+
 def _memory_fields(total: int, free: int, reserved: int | None) -> dict[str, Any]:
     """Normalise memory info so that total = used + free + reserved ("used excludes reserved").
 

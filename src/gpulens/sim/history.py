@@ -112,6 +112,7 @@ def simulate(
             job_mapping_dir=paths["job-mapping"],
             pod_resources_socket=None,
             collectors=COLLECTORS,
+            slow_every=1,  # a history records every value at every step
         )
         quiet = logging.getLogger("gpulens.simulate")
         quiet.setLevel(logging.CRITICAL)
