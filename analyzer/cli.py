@@ -33,6 +33,10 @@ PROFILE_TABLE = (
     "gpu_hours_allocated",
     "gpu_hours_used",
 )
+# the top-level modules `pip install 'gpulens[analyzer]'` brings (numpy through pandas)
+ANALYZER_EXTRA_MODULES = frozenset({"pandas", "numpy", "pyarrow", "sklearn", "matplotlib"})
+INSTALL_HINT = "pip install 'gpulens[analyzer]'"
+
 RECOMMEND_TABLE = (
     "job_id",
     "gpu_model",
@@ -61,6 +65,10 @@ def _guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         except Exception as exc:
             if os.environ.get("GPULENS_DEBUG"):
                 raise
+            missing = _missing_extra(exc)
+            if missing:  # the base install has no analyzer libraries: say what to install
+                print(f"gpulens: error: the analyzer needs {missing}: {INSTALL_HINT}", file=sys.stderr)
+                return 2
             first = str(exc).splitlines()[0] if str(exc) else ""
             print(
                 f"gpulens: error: unexpected {type(exc).__name__}: {first} (GPULENS_DEBUG=1 for details)",
@@ -69,6 +77,14 @@ def _guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
             return 1
 
     return run
+
+
+def _missing_extra(exc: BaseException) -> str | None:
+    """The `[analyzer]` extra's module whose absence `exc` reports, if it is one."""
+    if not isinstance(exc, ModuleNotFoundError):
+        return None
+    missing = (exc.name or "").partition(".")[0]
+    return missing if missing in ANALYZER_EXTRA_MODULES else None
 
 
 def _source_args(parser: argparse.ArgumentParser) -> None:

@@ -192,3 +192,29 @@ def test_corrupt_trace_via_the_cli_in_a_subprocess(tmp_path):
     assert result.returncode == 2
     line = one_error_line(result.stderr)
     assert "openb_pod_list_default.csv" in line
+
+
+# a base install: importing pandas fails as it does when the [analyzer] extra is not installed
+WITHOUT_PANDAS = """
+import sys
+class NoPandas:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "pandas":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoPandas())
+from gpulens.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_without_the_analyzer_extra_recommend_names_the_install_command(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PANDAS, "recommend", "--history", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert one_error_line(done.stderr) == (
+        "gpulens: error: the analyzer needs pandas: pip install 'gpulens[analyzer]'"
+    )
