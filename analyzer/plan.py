@@ -113,7 +113,7 @@ class GpuBin:
             for t in [item.start] + [a for a, _ in spans if a > item.start]:
                 active = [n for n, (a, b) in enumerate(spans) if a <= t <= b]
                 for attr, column in columns.items():
-                    value = sum(column[n] for n in active)
+                    value = sum(map(column.__getitem__, active))
                     if value > best[attr]:
                         best[attr] = value
                 if "count" in best and len(active) > best["count"]:
@@ -130,12 +130,20 @@ class GpuBin:
         others = self._overlapping(item)
         if not others:
             return True
-        columns = [None if a == "count" else [getattr(o, a) or 0 for o in others] for a, _ in bounds]
         spans = [(o.start, o.end) for o in others]
+        # an attribute's column is read when its bound is first checked: most refusals come on
+        # memory at the item's start, before the other columns are needed
+        columns: list[list[float] | None] = [None] * len(bounds)
         for t in [item.start] + [a for a, _ in spans if a > item.start]:
             active = [n for n, (a, b) in enumerate(spans) if a <= t <= b]
-            for column, x, (_, bound) in zip(columns, own, bounds, strict=True):
-                value = len(active) if column is None else sum(column[n] for n in active)
+            for k, ((attr, bound), x) in enumerate(zip(bounds, own, strict=True)):
+                if attr == "count":
+                    value: float = len(active)
+                else:
+                    column = columns[k]
+                    if column is None:
+                        column = columns[k] = [getattr(o, attr) or 0 for o in others]
+                    value = sum(map(column.__getitem__, active))
                 if value + x > bound:
                     return False
         return True
