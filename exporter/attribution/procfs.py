@@ -5,11 +5,13 @@ the pid having vanished (the process then simply has no procfs identity). Result
 pid for a short TTL (cgroup and environ rarely change during a process's life) and dropped as soon
 as the pid is no longer listed by NVML, so ended jobs leave no state behind.
 
-A pid without a readable entry is remembered as such for the same TTL. NVML keeps listing such a
-pid when it lives in another pid namespace (an exporter without hostPID, or a simulated node's
-processes): asking procfs again every cycle cost three failing opens per pid and sample (about
-600 on the `large` node, ~15 ms of CPU per cycle, procfs lookups of absent pids being slow in the
-kernel) for the same answer. A pid that really exited stops being listed and is forgotten.
+A pid without an entry is looked up again with a back-off: at the next sample, then after as long
+as it has been missing so far (doubling), at most every TTL. NVML keeps listing such a pid when it
+lives in another pid namespace (an exporter without hostPID, or a simulated node's processes):
+asking procfs every cycle cost failing opens per pid and sample (~200 pids on the `large` node,
+procfs lookups of absent pids being slow in the kernel) for the same answer, while an entry that
+shows up again (a transient failure) is still found within as long as it was missing. A pid that
+really exited stops being listed and is forgotten.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ class ProcessInfo:
     cgroup: CgroupIdentity = field(default_factory=CgroupIdentity)
     slurm_env: dict[str, str] = field(default_factory=dict)
     uid: int | None = None
+
+
+_NO_ENTRY = ProcessInfo()
+
+
+class _Vanished(Exception):
+    """The pid has no procfs entry (or the --procfs root is wrong)."""
 
 
 def parse_environ(data: bytes, keys: frozenset[str] = SLURM_ENV_KEYS) -> dict[str, str]:
@@ -78,22 +87,18 @@ class ProcfsReader:
         self._ttl_s = ttl_s
         self._clock = clock
         self._cache: dict[int, tuple[float, ProcessInfo]] = {}
+        # pid -> (first lookup that found no entry, latest such lookup), for the back-off
+        self._missing: dict[int, tuple[float, float]] = {}
 
     def _read(self, pid: int, name: str, limit: int) -> bytes | None:
+        """The file's first `limit` bytes; None when unreadable. Raises `_Vanished` without an entry."""
         path = f"{self._prefix}{pid}/{name}"
         try:
             with open(path, "rb") as handle:
                 return handle.read(limit)
         except OSError as exc:
             if exc.errno in _VANISHED:
-                if not self._root.is_dir():  # not a vanished pid: the whole --procfs root is wrong
-                    self._log.warning(
-                        "procfs-root-missing",
-                        "attribution: procfs root %s is not a directory (check --procfs); processes are "
-                        "identified from other sources only",
-                        self._root,
-                    )
-                return None
+                raise _Vanished from None
             if exc.errno in (errno.EACCES, errno.EPERM):
                 self._log.warning(
                     ("procfs-denied", name),
@@ -106,18 +111,35 @@ class ProcfsReader:
             self._log.warning(("procfs-error", name), "attribution: cannot read %s: %s", path, exc)
             return None
 
+    def _missing_root(self) -> None:
+        if not self._root.is_dir():  # not a vanished pid: the whole --procfs root is wrong
+            self._log.warning(
+                "procfs-root-missing",
+                "attribution: procfs root %s is not a directory (check --procfs); processes are "
+                "identified from other sources only",
+                self._root,
+            )
+
     def read(self, pid: int) -> ProcessInfo:
         now = self._clock()
         cached = self._cache.get(pid)
         if cached is not None and now - cached[0] < self._ttl_s:
             return cached[1]
-        cgroup_bytes = self._read(pid, "cgroup", MAX_CGROUP_BYTES)
-        environ = self._read(pid, "environ", MAX_ENVIRON_BYTES)
-        status = self._read(pid, "status", MAX_CGROUP_BYTES)
-        if cgroup_bytes is None and environ is None and status is None:
-            info = ProcessInfo()  # vanished, unreadable or in another pid namespace (module docstring)
-            self._cache[pid] = (now, info)
-            return info
+        missing = self._missing.get(pid)
+        if missing is not None:
+            first, latest = missing
+            if now - latest < min(self._ttl_s, latest - first):  # back-off (module docstring)
+                return _NO_ENTRY
+        try:
+            cgroup_bytes = self._read(pid, "cgroup", MAX_CGROUP_BYTES)
+            environ = self._read(pid, "environ", MAX_ENVIRON_BYTES)
+            status = self._read(pid, "status", MAX_CGROUP_BYTES)
+        except _Vanished:  # no entry (exited, or another pid namespace): nothing else to read
+            self._cache.pop(pid, None)
+            self._missing[pid] = (now if missing is None else missing[0], now)
+            self._missing_root()
+            return _NO_ENTRY
+        self._missing.pop(pid, None)
         info = ProcessInfo(
             cgroup=parse_cgroup(cgroup_bytes.decode("utf-8", "replace"))
             if cgroup_bytes
@@ -133,3 +155,5 @@ class ProcfsReader:
         keep = set(pids)
         for pid in [p for p in self._cache if p not in keep]:
             del self._cache[pid]
+        for pid in [p for p in self._missing if p not in keep]:
+            del self._missing[pid]

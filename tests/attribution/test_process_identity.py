@@ -5,6 +5,8 @@ import os
 import shutil
 
 from gpulens.exporter.attribution import JobIdentity
+from gpulens.exporter.attribution.logonce import LogOnce
+from gpulens.exporter.attribution.procfs import ProcfsReader
 from tests.attribution.fakes import (
     CID_A,
     CID_B,
@@ -156,10 +158,63 @@ def test_a_pid_reused_by_another_job_after_leaving_is_identified_afresh(node):
     assert [u.identity.job_id for u in attributor.attribute([proc(100)])] == ["2"]
 
 
-def test_a_pid_without_a_procfs_entry_is_not_looked_up_again_while_listed(node):
-    attributor = node.attributor()
-    assert attributor.attribute([proc(100)])[0].identity.job_id == "unknown"  # another pid namespace
-    node.process(100, slurm_v2("1"), {})  # would only be seen by a fresh lookup
-    assert attributor.attribute([proc(100)])[0].identity.job_id == "unknown"
-    attributor.attribute([])  # no longer listed: forgotten
-    assert attributor.attribute([proc(100)])[0].identity.job_id == "1"
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _reader(node, clock: _Clock) -> ProcfsReader:  # type: ignore[no-untyped-def]
+    node.procfs.mkdir(parents=True, exist_ok=True)
+    return ProcfsReader(node.procfs, LogOnce(logging.getLogger("tests.attribution")), ttl_s=30.0, clock=clock)
+
+
+def test_a_pid_without_a_procfs_entry_is_looked_up_again_at_the_next_sample(node):
+    clock = _Clock()
+    reader = _reader(node, clock)
+    assert reader.read(100).cgroup.slurm_job_id is None  # vanished between NVML's list and our read
+    clock.now += 1.0
+    node.process(100, slurm_v2("1"), {})  # a transient miss: the entry is back
+    assert reader.read(100).cgroup.slurm_job_id == "1"
+
+
+def test_a_pid_missing_for_long_is_looked_up_less_often_and_found_within_as_long_as_it_was_missing(node):
+    clock = _Clock()
+    reader = _reader(node, clock)
+    for _ in range(20):  # another pid namespace: listed by NVML every second, never in procfs
+        reader.read(100)
+        clock.now += 1.0
+    node.process(100, slurm_v2("1"), {})
+    assert reader.read(100).cgroup.slurm_job_id is None  # within the back-off: not asked again yet
+    found_after = 0.0
+    while reader.read(100).cgroup.slurm_job_id != "1":
+        clock.now += 1.0
+        found_after += 1.0
+    assert found_after <= 20.0
+
+
+def test_a_pid_missing_for_ever_is_looked_up_at_least_every_ttl(node):
+    clock = _Clock()
+    reader = _reader(node, clock)
+    for _ in range(600):
+        reader.read(100)
+        clock.now += 1.0
+    node.process(100, slurm_v2("1"), {})
+    for _ in range(31):
+        clock.now += 1.0
+        if reader.read(100).cgroup.slurm_job_id == "1":
+            return
+    raise AssertionError("not looked up again within the TTL")
+
+
+def test_a_pid_no_longer_listed_is_forgotten_with_its_back_off(node):
+    clock = _Clock()
+    reader = _reader(node, clock)
+    for _ in range(20):
+        reader.read(100)
+        clock.now += 1.0
+    reader.retain([])  # the process ended; its pid is reused by a new process of job 2
+    node.process(100, slurm_v2("2"), {})
+    assert reader.read(100).cgroup.slurm_job_id == "2"
