@@ -43,7 +43,7 @@ from gpulens.exporter.collectors import (
 )
 from gpulens.exporter.collectors import exporter as meta
 from gpulens.exporter.config import ExporterConfig
-from gpulens.exporter.render import Rendered, render
+from gpulens.exporter.render import Rendered, Renderer
 from gpulens.exporter.sampler import Sampler, SamplerSettings
 from gpulens.exporter.snapshot import Area, AreaTiming, NodeSnapshot, sm_figure
 from gpulens.httpd.metrics import families as http_families
@@ -85,6 +85,9 @@ class Exporter:
     ) -> None:
         self.config = config
         self.log = logger or logging.getLogger("gpulens.exporter")
+        # keeps each family's label prefixes and last body between cycles (render.py); rendering
+        # happens on the sampling thread only
+        self._renderer = Renderer()
         self.node = node
         procfs = config.procfs
         if node is not None and procfs is None and getattr(node, "procfs_root", None):
@@ -268,11 +271,13 @@ class Exporter:
         return self.families_with_status(snapshot)[0]
 
     def render(self, snapshot: NodeSnapshot) -> Rendered:
-        return render(self.families(snapshot))
+        return self._renderer.render(self.families(snapshot))
 
     def _publish(self, snapshot: NodeSnapshot, ready: bool) -> Published:
         families, statuses = self.families_with_status(snapshot)
-        return Published(snapshot=snapshot, rendered=render(families), statuses=statuses, ready=ready)
+        return Published(
+            snapshot=snapshot, rendered=self._renderer.render(families), statuses=statuses, ready=ready
+        )
 
     def refresh(self) -> Published:
         """Sample, render and publish once (what the background loop does every interval)."""

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import gzip
+import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -82,13 +83,13 @@ def _escape(value: str) -> str:
     return value
 
 
-def _fast_render(families: list[Metric]) -> tuple[bytes, bytes] | None:
+def _fast_render(families: list[Metric], render_rows: _RowsWriter) -> tuple[bytes, bytes] | None:
     """Both formats in one pass for plain gauge/counter families, byte-identical to prometheus_client.
 
     prometheus_client's writers re-validate every label name of every sample, which costs more
     than the whole NVML sample on a large node; our families are known-good, so names are checked
     once per family. Row families (`families.py`, what the collectors build) skip the per-sample
-    dicts: each label-value tuple's `name{labels} ` prefix is made once and cached across cycles.
+    dicts: `render_rows` formats them (a `Renderer`'s, which keeps its caches across cycles).
     Anything else (units, timestamps, exemplars, other types) returns None and the library's
     writers are used.
     """
@@ -100,7 +101,7 @@ def _fast_render(families: list[Metric]) -> tuple[bytes, bytes] | None:
         rows = rows_of(family)
         if rows is not None:
             # a row counter's samples are all `<name>_total`: a valid OpenMetrics counter
-            body = _render_rows(*rows)
+            body = render_rows(*rows)
             if body is None:
                 return None
             text_name, om_type = (
@@ -154,60 +155,15 @@ def _render_samples(samples: list[Sample]) -> str | None:
     return "".join(lines)
 
 
-# (sample name, label names) -> label values -> 'name{k="v",...} ': label sets repeat every cycle
-# (one per device and family), so each prefix is formatted once; cleared when it grows past
-# _PREFIX_LIMIT (churning processes or jobs keep adding label sets)
-_PREFIXES: dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], str]] = {}
-_PREFIX_LIMIT = 200_000
-_prefix_count = 0
-# (sample name, label names) -> (the rows last rendered, their text): about half the families of a
-# `large` cycle (info families, limits, thresholds, idle counters) have exactly the rows of the cycle
-# before, which one list comparison finds (floats compare equal across 0.0 and -0.0 only, which
-# renders as "0.0" or "-0.0" whichever came first: the same value to every reader)
-_BODIES: dict[tuple[str, tuple[str, ...]], tuple[list[Row], str]] = {}
-
-
-def _render_rows(name: str, labelnames: tuple[str, ...], rows: list[Row]) -> str | None:
-    key = (name, labelnames)
-    last = _BODIES.get(key)
-    if last is not None and last[0] == rows:
-        return last[1]
-    body = _format_rows(key, rows)
-    if body is not None:
-        _BODIES[key] = (rows, body)
-    return body
-
-
-def _format_rows(key: tuple[str, tuple[str, ...]], rows: list[Row]) -> str | None:
-    global _prefix_count
-    name, labelnames = key
-    prefixes = _PREFIXES.get(key)
-    if prefixes is None:
-        # a repeated label name collapses in the library's label dict: left to its writers
-        if len(set(labelnames)) != len(labelnames) or not all(_LEGACY_NAME.match(k) for k in labelnames):
-            return None
-        if _prefix_count > _PREFIX_LIMIT:
-            _PREFIXES.clear()
-            _BODIES.clear()
-            _prefix_count = 0
-        prefixes = _PREFIXES[key] = {}
-    lines: list[str] = []
-    for values, value in rows:
-        prefix = prefixes.get(values)
-        if prefix is None:
-            if len(values) != len(labelnames):  # zip() in the library drops or ignores the rest
-                return None
-            prefix = prefixes[values] = _prefix(name, labelnames, values)
-            _prefix_count += 1
-        lines.append(prefix + _go_float(value) + "\n")
-    return "".join(lines)
-
-
 def _prefix(name: str, labelnames: tuple[str, ...], values: tuple[str, ...]) -> str:
     if not labelnames:
         return name + " "
     pairs = sorted(zip(labelnames, values, strict=True))
     return name + "{" + ",".join([f'{k}="{_escape(v)}"' for k, v in pairs]) + "} "
+
+
+# Go's %g switches to an exponent at 1e6 where Python's repr waits for 1e16 (floatToGoString)
+_GO_EXPONENT = 1e6
 
 
 def _go_float(value: float) -> str:
@@ -237,15 +193,111 @@ def _openmetrics_safe(family: Metric) -> Metric:
     return copy
 
 
+RowsKey = tuple[str, tuple[str, ...]]  # (sample name, label names)
+_RowsWriter = Callable[[str, tuple[str, ...], list[Row]], "str | None"]
+
+
+@dataclass
+class _Shape:
+    """A row family's label sets of the last cycle, in order, and the `%` template that puts each
+    value's text after its `name{labels} ` prefix."""
+
+    labels: tuple[tuple[str, ...], ...]
+    template: str
+
+
+class Renderer:
+    """Renders metric families to both formats, keeping what repeats between cycles: one per
+    exporter (never module state), so exporters in one process do not share or grow each other's
+    caches.
+
+    Per row family (`families.py`): the label sets repeat from cycle to cycle (one per device and
+    family), so the family's `%r` template is built once per sequence of label sets (each prefix
+    formatted once, `_prefixes`) and a cycle's body is one `template % texts`, the texts made by
+    `repr` in C when the family's values, checked in bulk, are all finite and below Go's exponent
+    threshold, else value by value (`_go_float`). About half of a `large` cycle's families
+    (info families, limits, thresholds, idle counters) have exactly the rows of the cycle before,
+    which one list comparison finds (`_bodies`; floats compare equal across 0.0 and -0.0 only, which
+    renders as "0.0" or "-0.0" whichever came first: the same value to every reader). Caches are
+    dropped when the label sets seen pass `prefix_limit` (churning processes or jobs add sets).
+    """
+
+    def __init__(self, prefix_limit: int = 200_000) -> None:
+        self._prefix_limit = prefix_limit
+        self._prefix_count = 0
+        self._prefixes: dict[RowsKey, dict[tuple[str, ...], str]] = {}
+        self._shapes: dict[RowsKey, _Shape] = {}
+        self._bodies: dict[RowsKey, tuple[list[Row], str]] = {}
+
+    def render(self, families: Iterable[Metric]) -> Rendered:
+        family_list = list(families)
+        fast = _fast_render(family_list, self._render_rows)
+        if fast is not None:
+            text, openmetrics = fast
+        else:
+            text = generate_latest(registry_for(family_list))
+            openmetrics = generate_openmetrics(registry_for([_openmetrics_safe(f) for f in family_list]))
+        return Rendered(text=text, openmetrics=openmetrics)
+
+    def _render_rows(self, name: str, labelnames: tuple[str, ...], rows: list[Row]) -> str | None:
+        key = (name, labelnames)
+        last = self._bodies.get(key)
+        if last is not None and last[0] == rows:
+            return last[1]
+        body = self._format_rows(key, rows)
+        if body is not None:
+            self._bodies[key] = (rows, body)
+        return body
+
+    def _format_rows(self, key: RowsKey, rows: list[Row]) -> str | None:
+        if not rows:
+            return ""
+        labels, raw_values = zip(*rows, strict=True)
+        shape = self._shapes.get(key)
+        if shape is None or shape.labels != labels:
+            prefixes = self._prefixes_of(key, labels)
+            if prefixes is None:
+                return None
+            shape = self._shapes[key] = _Shape(
+                labels, "".join([p.replace("%", "%%") + "%s\n" for p in prefixes])
+            )
+        values = tuple(map(float, raw_values))
+        if max(values) < _GO_EXPONENT and min(values) != -math.inf and not any(map(math.isnan, values)):
+            return shape.template % tuple(map(repr, values))  # what Go prints below 1e6
+        return shape.template % tuple(map(_go_float, values))
+
+    def _prefixes_of(self, key: RowsKey, labels: tuple[tuple[str, ...], ...]) -> list[str] | None:
+        """Each label set's `name{k="v",...} ` prefix; None when the library's writers must render
+        the family (a repeated or non-legacy label name, a label set of the wrong length)."""
+        name, labelnames = key
+        if self._prefix_count + len(labels) > self._prefix_limit:
+            # label sets of gone processes or jobs pile up otherwise; what is current is remade
+            self._prefixes.clear()
+            self._shapes.clear()
+            self._bodies.clear()
+            self._prefix_count = 0
+        prefixes = self._prefixes.get(key)
+        if prefixes is None:
+            # a repeated label name collapses in the library's label dict: left to its writers
+            if len(set(labelnames)) != len(labelnames) or not all(_LEGACY_NAME.match(k) for k in labelnames):
+                return None
+            prefixes = self._prefixes[key] = {}
+        out: list[str] = []
+        for values in labels:
+            prefix = prefixes.get(values)
+            if prefix is None:
+                if len(values) != len(labelnames):  # zip() in the library drops or ignores the rest
+                    return None
+                prefix = prefixes[values] = _prefix(name, labelnames, values)
+                self._prefix_count += 1
+            out.append(prefix)
+        return out
+
+
 def render(families: Iterable[Metric]) -> Rendered:
-    family_list = list(families)
-    fast = _fast_render(family_list)
-    if fast is not None:
-        text, openmetrics = fast
-    else:
-        text = generate_latest(registry_for(family_list))
-        openmetrics = generate_openmetrics(registry_for([_openmetrics_safe(f) for f in family_list]))
-    return Rendered(text=text, openmetrics=openmetrics)
+    """Both formats of `families`, without caches kept for a next cycle (an exporter keeps a
+    `Renderer`)."""
+    return Renderer().render(families)
 
 
 # what /metrics can send, in order of preference on a tie (the text format for */*)

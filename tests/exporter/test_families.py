@@ -9,7 +9,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from gpulens.exporter.families import RowCounter, RowGauge, rows_of, sample_count
-from gpulens.exporter.render import registry_for, render
+from gpulens.exporter.render import Renderer, registry_for, render
 
 label_values = st.text(st.characters(codec="utf-8"), max_size=8)
 values = st.one_of(
@@ -70,3 +70,54 @@ def test_counting_samples_does_not_turn_rows_into_samples() -> None:
     family.add_metric([], 1.0)
     assert sample_count(family) == 1
     assert rows_of(family) == ("g", (), [((), 1.0)])
+
+
+def _gauges(data: list) -> tuple[RowGauge, GaugeMetricFamily]:
+    ours, theirs = RowGauge("g", "help", ["b", "a"]), GaugeMetricFamily("g", "help", labels=["b", "a"])
+    for labels, value in data:
+        ours.add_metric(list(labels), value)
+        theirs.add_metric(list(labels), value)
+    return ours, theirs
+
+
+@given(st.lists(rows, min_size=2, max_size=4))
+def test_a_renderer_kept_across_cycles_renders_each_cycle_as_the_library_does(cycles: list) -> None:
+    renderer = Renderer()  # caches label sets, templates and bodies from one cycle to the next
+    for data in cycles:
+        ours, theirs = _gauges(data)
+        rendered = renderer.render([ours])
+        assert (rendered.text, rendered.openmetrics) == _library([theirs])
+
+
+@given(st.lists(st.tuples(label_values, label_values), min_size=1, max_size=5, unique=True), st.data())
+def test_the_same_label_sets_with_new_values_render_as_the_library_does(labels: list, data) -> None:  # type: ignore[no-untyped-def]
+    renderer = Renderer()
+    for _ in range(3):  # same devices every cycle, values anywhere (small, past 1e6, inf, nan)
+        cycle = [(pair, data.draw(values)) for pair in labels]
+        ours, theirs = _gauges(cycle)
+        assert renderer.render([ours]).text == generate_latest(registry_for([theirs]))
+
+
+def test_percent_signs_in_label_values_are_rendered_literally() -> None:
+    renderer = Renderer()
+    for value in (1.0, 2.5e9):
+        ours, theirs = _gauges([(("100%", "%s%r"), value)])
+        assert renderer.render([ours]).text == generate_latest(registry_for([theirs]))
+
+
+def test_renderers_share_no_cache() -> None:
+    first, second = Renderer(), Renderer()
+    ours, _ = _gauges([(("x", "y"), 1.0)])
+    first.render([ours])
+    other, theirs = _gauges([(("x", "y"), 2.0)])
+    assert second.render([other]).text == generate_latest(registry_for([theirs]))
+    assert first._bodies and len(second._bodies) == 1
+
+
+def test_a_renderer_drops_its_caches_past_its_limit_and_still_renders_correctly() -> None:
+    renderer = Renderer(prefix_limit=3)
+    for cycle in range(4):
+        data = [((f"{cycle}-{i}", "v"), float(i)) for i in range(3)]
+        ours, theirs = _gauges(data)
+        assert renderer.render([ours]).text == generate_latest(registry_for([theirs]))
+        assert renderer._prefix_count <= 3
