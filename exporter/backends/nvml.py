@@ -857,18 +857,14 @@ def _memory_fields(total: int, free: int, reserved: int | None) -> dict[str, Any
 
 def _field_values(handle: Any, request: FieldRequest) -> dict[tuple[int, int], float | int]:
     """nvmlDeviceGetFieldValues, keeping only entries whose own nvmlReturn is SUCCESS."""
-    values = _call(request, handle)
-    out: dict[tuple[int, int], float | int] = {}
-    if values is None:
-        return out
-    for key, ret, value in values:
-        if ret != pynvml.NVML_SUCCESS:
-            if ret in _LOST:
-                raise GpuLostError(f"field {key[0]}: GPU is lost")
-            continue
-        if value is not None:
-            out[key] = value
-    return out
+    answers = _call(request, handle)
+    if answers is None:
+        return {}
+    values, failed = answers
+    for key, ret in failed:
+        if ret in _LOST:
+            raise GpuLostError(f"field {key[0]}: GPU is lost")
+    return values
 
 
 def _profile_from_name(name: str) -> str:

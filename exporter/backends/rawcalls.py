@@ -88,6 +88,12 @@ _FIELD = struct.Struct("@IIqqII8x")
 if _FIELD.size != ctypes.sizeof(pynvml.c_nvmlFieldValue_t):  # pragma: no cover - a layout change
     raise ImportError("c_nvmlFieldValue_t no longer has the layout read here")
 _VALUE_OFFSET = pynvml.c_nvmlFieldValue_t.value.offset
+# the same entry with its value union as an unsigned long long, for one unpack of a whole array
+_FLAT_ENTRY = "IIqqIIQ"
+_FLAT_FIELDS = len(_FLAT_ENTRY)
+_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+if struct.calcsize("@" + _FLAT_ENTRY * 2) != 2 * _FIELD.size:  # pragma: no cover - a layout change
+    raise ImportError("c_nvmlFieldValue_t arrays no longer have the layout read here")
 # nvmlValueType_t -> the native struct format of the union member holding it
 _VALUE_FORMATS: dict[int, struct.Struct] = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: struct.Struct("@d"),
@@ -115,18 +121,42 @@ class FieldRequest:
             (r, 0) if isinstance(r, int) else (int(r[0]), int(r[1])) for r in requests
         )
         self._template = b"".join(_FIELD.pack(fid, scope, 0, 0, 0, 0) for fid, scope in self.keys)
+        # the whole answer array at once, each value union read as unsigned long long
+        self._flat = struct.Struct("@" + _FLAT_ENTRY * len(self.keys))
 
-    def __call__(self, handle: Any) -> list[tuple[tuple[int, int], int, float | int | None]]:
-        """[(request, nvmlReturn, value)] in request order; value is None unless the entry
-        succeeded with a known type (a NaN double is None too)."""
-        count = len(self.keys)
-        if not count:
-            return []
+    def _fill(self, handle: Any) -> ctypes.Array[ctypes.c_char]:
         buffer = ctypes.create_string_buffer(self._template, len(self._template))
         fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
-        ret = fn(handle, ctypes.c_int32(count), buffer)
+        ret = fn(handle, ctypes.c_int32(len(self.keys)), buffer)
         if ret != pynvml.NVML_SUCCESS:
             raise pynvml.NVMLError(ret)
+        return buffer
+
+    def __call__(
+        self, handle: Any
+    ) -> tuple[dict[tuple[int, int], float | int], list[tuple[tuple[int, int], int]]]:
+        """({request: value} of the entries that succeeded with a value, [(request, nvmlReturn)] of
+        those that failed). The common answer (every entry succeeded, all unsigned long long: the
+        NVLink and PCIe counters) is read with one `struct` unpack of the whole array and no
+        per-entry Python; anything else goes entry by entry (a NaN double counts as no value)."""
+        if not self.keys:
+            return {}, []
+        buffer = self._fill(handle)
+        flat = self._flat.unpack(buffer)
+        if not any(flat[5::_FLAT_FIELDS]) and flat[4::_FLAT_FIELDS].count(_ULL) == len(self.keys):
+            return dict(zip(self.keys, flat[6::_FLAT_FIELDS], strict=True)), []
+        found: dict[tuple[int, int], float | int] = {}
+        failed: list[tuple[tuple[int, int], int]] = []
+        for key, ret, value in self._entries(buffer):
+            if ret != pynvml.NVML_SUCCESS:
+                failed.append((key, ret))
+            elif value is not None:
+                found[key] = value
+        return found, failed
+
+    def _entries(
+        self, buffer: ctypes.Array[ctypes.c_char]
+    ) -> list[tuple[tuple[int, int], int, float | int | None]]:
         out: list[tuple[tuple[int, int], int, float | int | None]] = []
         offset = _VALUE_OFFSET
         for key, entry in zip(self.keys, _FIELD.iter_unpack(buffer), strict=True):
