@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 
 import pynvml
 import pytest
 
-from gpulens.exporter.app import Exporter
+from gpulens.exporter.app import GC_YOUNG_THRESHOLD, Exporter
 from gpulens.exporter.collectors import DEFAULT_ENABLED
 from tests.exporter.conftest import make_exporter
 from tests.exporter.expo import samples, value
@@ -331,3 +332,27 @@ def test_disabling_every_collector_leaves_only_the_exporters_own_metrics(node: S
     names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
     assert names and all(name.startswith("gpulens_") for name in names)
     assert value(text, "gpulens_gpus") == 4
+
+
+def test_a_started_exporter_collects_young_objects_less_often_than_cpython_by_default(node) -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(700, *before[1:])
+    exporter = make_exporter(node)
+    try:
+        exporter.start()
+        assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
+    finally:
+        exporter.close()
+        gc.set_threshold(*before)
+
+
+def test_an_embedding_program_that_switched_collection_off_keeps_it_off(node) -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(0, *before[1:])
+    exporter = make_exporter(node)
+    try:
+        exporter.start()
+        assert gc.get_threshold()[0] == 0
+    finally:
+        exporter.close()
+        gc.set_threshold(*before)
