@@ -3,7 +3,9 @@
 Processes come and go between NVML listing them and us reading procfs, so every read tolerates
 the pid having vanished (the process then simply has no procfs identity). Results are cached per
 pid for a short TTL (cgroup and environ rarely change during a process's life) and dropped as soon
-as the pid is no longer listed by NVML, so ended jobs leave no state behind.
+as the pid is no longer listed by NVML, so ended jobs leave no state behind. When the TTL runs out,
+the cgroup file is read again first: if it is unchanged and names a job or pod, the answer stands
+without reading environ and status again (two of three opens per pid and TTL).
 
 A pid without an entry is looked up again with a back-off: at the next sample, then after as long
 as it has been missing so far (doubling), at most every TTL. NVML keeps listing such a pid when it
@@ -86,7 +88,8 @@ class ProcfsReader:
         self._log = log
         self._ttl_s = ttl_s
         self._clock = clock
-        self._cache: dict[int, tuple[float, ProcessInfo]] = {}
+        # pid -> (when read, what was found, the cgroup file's bytes then)
+        self._cache: dict[int, tuple[float, ProcessInfo, bytes | None]] = {}
         # pid -> (first lookup that found no entry, latest such lookup), for the back-off
         self._missing: dict[int, tuple[float, float]] = {}
 
@@ -132,6 +135,11 @@ class ProcfsReader:
                 return _NO_ENTRY
         try:
             cgroup_bytes = self._read(pid, "cgroup", MAX_CGROUP_BYTES)
+            if cached is not None and cgroup_bytes == cached[2] and not cached[1].cgroup.empty:
+                # the cgroup still names the same job or pod: environ and uid only matter to the
+                # identity when it does not (both read at the process's first sight)
+                self._cache[pid] = (now, cached[1], cgroup_bytes)
+                return cached[1]
             environ = self._read(pid, "environ", MAX_ENVIRON_BYTES)
             status = self._read(pid, "status", MAX_CGROUP_BYTES)
         except _Vanished:  # no entry (exited, or another pid namespace): nothing else to read
@@ -147,7 +155,7 @@ class ProcfsReader:
             slurm_env=parse_environ(environ) if environ else {},
             uid=parse_status_uid(status.decode("utf-8", "replace")) if status else None,
         )
-        self._cache[pid] = (now, info)
+        self._cache[pid] = (now, info, cgroup_bytes)
         return info
 
     def retain(self, pids: Iterable[int]) -> None:

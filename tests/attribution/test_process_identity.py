@@ -218,3 +218,34 @@ def test_a_pid_no_longer_listed_is_forgotten_with_its_back_off(node):
     reader.retain([])  # the process ended; its pid is reused by a new process of job 2
     node.process(100, slurm_v2("2"), {})
     assert reader.read(100).cgroup.slurm_job_id == "2"
+
+
+def test_after_the_ttl_an_unchanged_job_cgroup_keeps_the_identity_without_rereading_the_rest(node):
+    clock = _Clock()
+    reader = _reader(node, clock)
+    node.process(100, slurm_v2("1"), {"SLURM_JOB_USER": "alice"})
+    first = reader.read(100)
+    (node.procfs / "100" / "environ").unlink()  # would read as no Slurm env if it were read again
+    clock.now += 31.0
+    assert reader.read(100) is first
+
+
+def test_after_the_ttl_a_changed_cgroup_is_read_afresh(node):
+    clock = _Clock()
+    reader = _reader(node, clock)
+    node.process(100, slurm_v2("1"), {})
+    assert reader.read(100).cgroup.slurm_job_id == "1"
+    node.process(100, slurm_v2("2"), {"SLURM_JOB_USER": "bob"})  # moved to another job's cgroup
+    clock.now += 31.0
+    info = reader.read(100)
+    assert (info.cgroup.slurm_job_id, info.slurm_env.get("SLURM_JOB_USER")) == ("2", "bob")
+
+
+def test_after_the_ttl_a_process_without_a_job_cgroup_rereads_its_environment(node):
+    clock = _Clock()
+    reader = _reader(node, clock)
+    node.process(100, "0::/user.slice\n", {})
+    assert reader.read(100).slurm_env == {}
+    node.process(100, "0::/user.slice\n", {"SLURM_JOB_ID": "7"})  # identity only from the env
+    clock.now += 31.0
+    assert reader.read(100).slurm_env == {"SLURM_JOB_ID": "7"}
