@@ -302,3 +302,28 @@ def test_a_publisher_nobody_closed_leaves_no_file_when_its_program_exits(tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith(str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_publisher_removes_the_files_of_publishers_that_were_killed(tmp_path: Path) -> None:
+    code = (
+        "import os, sys\n"
+        "from gpulens.sim.native.publisher import Publisher\n"
+        "from tests.sim.static_node import example_node\n"
+        f"publisher = Publisher(example_node(), directory={str(tmp_path)!r}).start()\n"
+        "print(publisher.path, flush=True)\n"
+        "os.kill(os.getpid(), 9)  # nothing runs after SIGKILL: the file stays\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    stale = Path(done.stdout.strip())
+    assert stale.exists()
+    live = tmp_path / f"gpulens-nvml-{os.getpid()}-other.shm"  # a running publisher's file
+    live.write_bytes(b"")
+    unrelated = tmp_path / "gpulens-nvml-notes.txt"
+    unrelated.write_bytes(b"")
+    publisher = Publisher(example_node(), directory=tmp_path)
+    try:
+        assert not stale.exists()
+        assert live.exists() and unrelated.exists() and publisher.path.exists()
+        assert publisher.path.name.startswith(f"gpulens-nvml-{os.getpid()}-")
+    finally:
+        publisher.close()

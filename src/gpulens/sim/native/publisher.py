@@ -159,8 +159,9 @@ class Publisher:
         self._event_ring = event_ring
         self.capacity = self._proc_offset + proc_capacity * ctypes.sizeof(ProcRec)
 
-        where = directory or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
-        fd, name = tempfile.mkstemp(prefix="gpulens-nvml-", suffix=".shm", dir=where)
+        where = directory or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+        remove_stale_files(where)
+        fd, name = tempfile.mkstemp(prefix=f"{FILE_PREFIX}{os.getpid()}-", suffix=FILE_SUFFIX, dir=where)
         self.path = Path(name)
         # a publisher nobody closed (a script that returns early, a failed start-up below) must not
         # leave its file in /dev/shm: the finalizer removes it when the object goes away or the
@@ -442,6 +443,44 @@ class Publisher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# a published node's file: gpulens-nvml-<publisher pid>-<random>.shm
+FILE_PREFIX = "gpulens-nvml-"
+FILE_SUFFIX = ".shm"
+
+
+def remove_stale_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the files of publishers that died without cleaning up (SIGKILL, OOM kill): a node's
+    file is ~0.5 MB of /dev/shm (memory) and nothing else ever removes it. A file is stale when
+    the pid in its name runs no process; one whose pid is alive (or cannot be checked: another
+    user's) is left alone. Returns what was removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX)):
+            continue
+        pid_text = name[len(FILE_PREFIX) :].split("-", 1)[0]
+        if not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's process (or not a pid we can ask about): not ours to judge
+    return True
 
 
 def _remove_quietly(path: str) -> None:
