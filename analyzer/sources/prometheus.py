@@ -507,6 +507,9 @@ class RuleCoverage:
     first: float
     last: float
     interval_s: float
+    # the threshold the `_idle` series were recorded with over the whole window; NaN: not recorded
+    # (rules from before them, deployed within the window, or thresholds changed within it)
+    idle_below: float = math.nan
 
     @property
     def offset_s(self) -> float:
@@ -535,17 +538,25 @@ def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[Rule
     evaluating at different offsets, does not change it. The rules cover the window
     when they ran from its first step to its last, or when no job existed before they started.
     """
-    hb, w = rules.HEARTBEAT, f"{int(window_s)}s"
+    hb, idle, w = rules.HEARTBEAT, rules.IDLE_BELOW, f"{int(window_s)}s"
     expr = " or ".join(
         f'label_replace({e}, "stat", "{stat}", "", "")'
         for stat, e in (
             ("first", f"min(min_over_time({hb}[{w}]))"),
             ("last", f"max(max_over_time({hb}[{w}]))"),
             ("interval", f"min(quantile_over_time(0.5, idelta({hb}[1h])[{w}:1h]))"),
+            ("evaluations", f"sum(count_over_time({hb}[{w}]))"),
+            ("idle_evaluations", f"sum(count_over_time({idle}[{w}]))"),
+            ("idle_min", f"min(min_over_time({idle}[{w}]))"),
+            ("idle_max", f"max(max_over_time({idle}[{w}]))"),
         )
     )
     values = {item["metric"].get("stat", ""): _value(item) for item in client.query(expr, end)}
     first, last, interval = (values.get(k, math.nan) for k in ("first", "last", "interval"))
+    # the idle series count when recorded at every evaluation of the window, with one threshold
+    idle_below = values.get("idle_min", math.nan)
+    if values.get("idle_evaluations") != values.get("evaluations") or values.get("idle_max") != idle_below:
+        idle_below = math.nan
     if math.isnan(first) or math.isnan(last):
         return (
             None,
@@ -567,7 +578,7 @@ def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[Rule
         )
         if jobs and _value(jobs[0]) > 0:
             return None, f"the analyzer rules start at {first:.0f}, after jobs in the window began"
-    return RuleCoverage(first, last, interval), f"heartbeat from {first:.0f} to {last:.0f}"
+    return RuleCoverage(first, last, interval, idle_below), f"heartbeat from {first:.0f} to {last:.0f}"
 
 
 @dataclass
@@ -656,6 +667,16 @@ class RuleStats:
                     chosen[key] = (signal_name, record)
                     pending.discard(key)
             depth += 1
+        if self.coverage.idle_below == idle:
+            # the recorded idle twin (1 under the threshold, else 0): the same 0/1 values, in the
+            # same order, as the subquery below, without evaluating it at every step
+            idle_reduction = "avg_over_time({ri}[{w}])"
+        else:
+            # last_over_time over one interval less 1 ms takes each evaluation exactly once per
+            # step, whatever the group's evaluation offset and the store's lookback: Prometheus 2
+            # ranges include their start, so a whole interval would also take, at offset 0, the
+            # previous step's evaluation, and count a job's last step twice
+            idle_reduction = f"avg_over_time((last_over_time({{r}}[{{i}}]) < bool {idle!r})[{{sub}}])"
         reductions = {
             "activity": {
                 "mean": "avg_over_time({r}[{w}])",
@@ -664,11 +685,7 @@ class RuleStats:
                 "p99": "quantile_over_time(0.99, {r}[{w}])",
                 "max": "max_over_time({r}[{w}])",
                 "stddev": "stddev_over_time({r}[{w}])",
-                # last_over_time over one interval less 1 ms takes each evaluation exactly once per
-                # step, whatever the group's evaluation offset and the store's lookback: Prometheus 2
-                # ranges include their start, so a whole interval would also take, at offset 0, the
-                # previous step's evaluation, and count a job's last step twice
-                "idle": f"avg_over_time((last_over_time({{r}}[{{i}}]) < bool {idle!r})[{{sub}}])",
+                "idle": idle_reduction,
             },
             "memory": {
                 "max": "max_over_time({r}[{w}])",
@@ -682,7 +699,7 @@ class RuleStats:
         used = {(t, record) for (t, _), (_, record) in chosen.items()}
         second = {
             (record, f"{t}.{stat}"): template.format(
-                r=record, w=w, sub=sub, i=f"{int(self.step_s * 1000) - 1}ms"
+                r=record, ri=rules.idle_record(record), w=w, sub=sub, i=f"{int(self.step_s * 1000) - 1}ms"
             )
             for t, record in sorted(used)
             for stat, template in reductions[t].items()

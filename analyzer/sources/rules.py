@@ -15,6 +15,12 @@ job and signal, so the weekly query only reduces stored series with `*_over_time
 - `cluster:gpulens_analyzer_rules:timestamp_seconds` is a heartbeat (the evaluation time, with
   or without jobs): the analyzer reads the rules only when it spans the whole window, and derives
   the rule interval (= the analysis step) from it. Otherwise it falls back to the raw series.
+- Each activity series has an idle twin, `<record>_idle` (1 at a step under the idle threshold,
+  else 0: the raw path's `< bool activity.idle_below`), so the idle fraction is an
+  `avg_over_time` of stored series instead of a subquery over every step.
+  `cluster:gpulens_analyzer_rules:idle_below` records the threshold they were recorded with (the
+  thresholds file's default unless `--idle-below` says otherwise): the analyzer reads the twins only
+  when that threshold is its own over the whole window, else it keeps the subquery.
 
 The mixin config (src/gpulens/mixin: selector, cluster label) applies here as to the alert and
 recording rules: every scraped series read gets the selector and every `by` / `on` list the cluster
@@ -47,6 +53,7 @@ DEFAULT_INTERVAL = "1m"
 HEARTBEAT = "cluster:gpulens_analyzer_rules:timestamp_seconds"
 PRESENCE = "job_id:gpu_job_info:count"
 PRESENCE_TIME = "job_id:gpu_job_info:timestamp_seconds"
+IDLE_BELOW = "cluster:gpulens_analyzer_rules:idle_below"  # the threshold of the `_idle` series
 JOBS = f'job_source!="{signals.SYSTEM_SOURCE}"'
 # per-step aggregation of each signal table (profile._chain_steps: activity averaged, memory peaked)
 TABLES: tuple[tuple[dict[str, tuple[signals.Signal, ...]], str], ...] = (
@@ -89,7 +96,35 @@ def signal_rules() -> list[Recorded]:
     return list(out.values())
 
 
-def all_rules() -> list[Recorded]:
+def idle_record(record: str) -> str:
+    """The idle twin of an activity record: 1 at a step under the idle threshold, else 0."""
+    return f"{record}_idle"
+
+
+def default_idle_below() -> float:
+    """The idle threshold the rules record by default: `activity.idle_below` of thresholds.yaml."""
+    from gpulens.analyzer.thresholds import load_thresholds
+
+    return load_thresholds().activity.idle_below
+
+
+def idle_rules(idle_below: float) -> list[Recorded]:
+    """One idle twin per activity record, from the signal's own expression (not from the recorded
+    series: a rule does not see the series an earlier rule of its group recorded in the same
+    evaluation when promtool backfills them)."""
+    from gpulens.analyzer.sources.prometheus import signal_expr
+
+    out: dict[str, Recorded] = {}
+    for chain in signals.ACTIVITY.values():
+        for signal in chain:
+            name = idle_record(record_name(signal, "avg"))
+            out.setdefault(name, Recorded(name, f"{signal_expr(signal, None, 'avg')} < bool {idle_below!r}"))
+    return list(out.values())
+
+
+def all_rules(idle_below: float | None = None) -> list[Recorded]:
+    """Every rule of the group; `idle_below` (default: `default_idle_below()`) for the idle twins."""
+    idle = default_idle_below() if idle_below is None else idle_below
     presence = f"count by (job_id) (gpu_job_info{{{JOBS}}})"
     return [
         Recorded(HEARTBEAT, "vector(time())"),
@@ -97,6 +132,8 @@ def all_rules() -> list[Recorded]:
         # the data's own timestamp, not the evaluation's: the raw path's steps are the data's
         Recorded(PRESENCE_TIME, f"max by (job_id) (timestamp(gpu_job_info{{{JOBS}}}))"),
         *signal_rules(),
+        Recorded(IDLE_BELOW, f"vector({idle!r})"),
+        *idle_rules(idle),
     ]
 
 
@@ -106,6 +143,7 @@ HEADER = """\
 # the analyzer's raw PromQL path uses (analyzer/signals.py) by `gpulens mixin build` (make rules),
 # or with another interval by
 #   python -m gpulens.analyzer.sources.rules --out FILE [--interval 5m] [--config mixin.yaml]
+#     [--idle-below 0.05]
 # so the rules and the raw path compute the same per-step numbers. Mixin config:
 {settings}#
 # The group interval is the analysis step (the analyzer reads it from the heartbeat): 1m matches
@@ -118,22 +156,33 @@ HEADER = """\
 #   job_id:gpu_job_sm_utilization_ratio:avg_of_sm_active | :avg_of_utilization  the job's share of
 #     its GPU's SM figure where the GPU publishes the unattributed remainder (MPS, time-slicing)
 #   job_id:<family>:avg_share  the GPU's value divided by the jobs on it (older data without shares)
+#   {idle_below}  the idle threshold of the _idle series ({idle!r})
+#   job_id:<family>:<activity>_idle  1 where that activity series is under the threshold, else 0
 """
 
 
-def render(interval: str = DEFAULT_INTERVAL, config: MixinConfig = DEFAULT) -> str:
+def render(
+    interval: str = DEFAULT_INTERVAL, config: MixinConfig = DEFAULT, idle_below: float | None = None
+) -> str:
     """The rule file (YAML) with a header; `interval` is the group's evaluation interval, `config`
-    the mixin's selector and cluster label (the default is what alerts/ holds)."""
+    the mixin's selector and cluster label (the default is what alerts/ holds), `idle_below` the
+    idle twins' threshold (default: thresholds.yaml's)."""
+    idle = default_idle_below() if idle_below is None else idle_below
     rule_scope = scope(config)
     group = {
         "name": GROUP,
         "interval": interval,
-        "rules": [{"record": r.record, "expr": apply(r.expr, rule_scope)} for r in all_rules()],
+        "rules": [{"record": r.record, "expr": apply(r.expr, rule_scope)} for r in all_rules(idle)],
     }
     body = yaml.safe_dump({"groups": [group]}, sort_keys=False, width=200)
     settings = "".join(f"#   {line}\n" for line in config.describe() if not line.startswith("runbook"))
     header = HEADER.format(
-        heartbeat=HEARTBEAT, presence=PRESENCE, presence_time=PRESENCE_TIME, settings=settings
+        heartbeat=HEARTBEAT,
+        presence=PRESENCE,
+        presence_time=PRESENCE_TIME,
+        settings=settings,
+        idle_below=IDLE_BELOW,
+        idle=idle,
     )
     return header + "\n" + body
 
@@ -143,13 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", default=DEFAULT_INTERVAL, help="group evaluation interval (1m..5m)")
     parser.add_argument("--out", type=Path, help="write here instead of stdout")
     parser.add_argument("--config", type=Path, help="mixin config (selector, clusterLabel); default built in")
+    parser.add_argument(
+        "--idle-below",
+        type=float,
+        help="idle threshold of the _idle series (activity.idle_below; default: thresholds.yaml's)",
+    )
     args = parser.parse_args(argv)
+    if args.idle_below is not None and not 0.0 <= args.idle_below <= 1.0:
+        parser.exit(2, f"gpulens: error: --idle-below must be in [0, 1], got {args.idle_below}\n")
     try:
         config = load(args.config) if args.config is not None else DEFAULT
     except ConfigError as exc:
         print(f"gpulens analyzer rules: {exc}", file=sys.stderr)
         return 2
-    text = render(args.interval, config)
+    text = render(args.interval, config, args.idle_below)
     if args.out:
         from gpulens import atomicfile
 

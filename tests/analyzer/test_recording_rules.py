@@ -11,8 +11,10 @@ raw path's subquery steps do, so the two paths reduce the same numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +22,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gpulens.analyzer import signals
 from gpulens.analyzer.pipeline import analyze_profiles
+from gpulens.analyzer.profile import Identity
 from gpulens.analyzer.sources import rules
-from gpulens.analyzer.sources.prometheus import Aggregation, PromClient, PromConfig, PromSource, RuleCoverage
+from gpulens.analyzer.sources.prometheus import (
+    Aggregation,
+    PromClient,
+    PromConfig,
+    PromSource,
+    RuleCoverage,
+    RuleStats,
+    rule_coverage,
+)
 from gpulens.cli import main
 from gpulens.devtools.bench import tsdb
 from gpulens.devtools.bench.analyzer_bench import backfill, make_cluster, write_openmetrics_blocks
@@ -71,6 +83,93 @@ def test_rule_queries_run_where_the_windows_hold_the_raw_paths_steps():
 
 def test_interval_is_the_groups_evaluation_interval():
     assert "interval: 5m\n" in rules.render("5m")
+
+
+def test_every_activity_series_has_an_idle_twin_at_the_recorded_threshold():
+    recorded = {r.record: r.expr for r in rules.all_rules(0.1)}
+    assert recorded[rules.IDLE_BELOW] == "vector(0.1)"
+    for chain in signals.ACTIVITY.values():
+        for signal in chain:
+            record = rules.record_name(signal, "avg")
+            assert recorded[rules.idle_record(record)] == f"{recorded[record]} < bool 0.1"
+
+
+class AnsweringClient:
+    """A PromClient stand-in: `answer(expr)` is the result of every query; `asked` keeps them."""
+
+    def __init__(self, answer: Callable[[str], list[dict]]) -> None:
+        self.answer = answer
+        self.asked: list[str] = []
+        self.base = "http://prometheus.test"
+
+    def query(self, expr: str, at: float) -> list[dict]:
+        self.asked.append(expr)
+        return self.answer(expr)
+
+
+def coverage_with(**stats: float) -> RuleCoverage | None:
+    """What `rule_coverage` makes of a heartbeat over the whole week and these idle statistics."""
+    week = 7 * 86400.0
+    answers = {"first": END - week + 300, "last": END, "interval": 300.0, **stats}
+
+    def answer(expr: str) -> list[dict]:
+        return [{"metric": {"stat": k}, "value": [END, repr(v)]} for k, v in answers.items()]
+
+    coverage, _ = rule_coverage(AnsweringClient(answer), week, END)
+    return coverage
+
+
+def test_idle_twins_count_when_recorded_at_every_evaluation_with_one_threshold():
+    coverage = coverage_with(evaluations=2016, idle_evaluations=2016, idle_min=0.05, idle_max=0.05)
+    assert coverage is not None and coverage.idle_below == 0.05
+
+
+@pytest.mark.parametrize(
+    "idle",
+    [
+        {},  # rules from before the twins
+        {"idle_evaluations": 1000, "idle_min": 0.05, "idle_max": 0.05},  # deployed within the window
+        {"idle_evaluations": 2016, "idle_min": 0.05, "idle_max": 0.1},  # threshold changed within it
+    ],
+    ids=["absent", "part-of-the-window", "two-thresholds"],
+)
+def test_idle_twins_not_recorded_over_the_whole_window_at_one_threshold_do_not_count(idle):
+    coverage = coverage_with(evaluations=2016, **idle)
+    assert coverage is not None and np.isnan(coverage.idle_below)
+
+
+def idle_queries(th, recorded_idle_below: float) -> list[str]:
+    """The idle-fraction queries of the rule path for one exclusive job."""
+    identity = Identity(
+        series=pd.DataFrame(
+            {"job_id": ["a"], "uuid": ["GPU-0"], "gpu_instance": [""], "sharing": ["exclusive"]}
+        ),
+        gpus=pd.DataFrame(columns=["uuid", "model", "instance"]),
+        migs=pd.DataFrame(columns=["uuid", "gpu_instance", "mig_profile"]),
+    )
+
+    def answer(expr: str) -> list[dict]:  # job "a" has SM activity and job memory, nothing else
+        has = any(name in expr for name in ("gpu_job_info", "gpu_sm_active_ratio", "gpu_job_memory"))
+        return [{"metric": {"job_id": "a"}, "value": [END, "1"]}] if has else []
+
+    client = AnsweringClient(answer)
+    prom = PromSource(client, 7 * 86400, END, 300.0, log=None)
+    coverage = RuleCoverage(END - 7 * 86400, END, 300.0, recorded_idle_below)
+    stats = RuleStats(prom, coverage).stats(identity, th)
+    assert stats["a"].activity_signal == "sm_active"
+    return [e for e in client.asked if "_idle" in e or "bool" in e]
+
+
+def test_the_idle_fraction_reads_the_idle_twin_recorded_at_the_analyzers_threshold(th):
+    assert idle_queries(th, th.activity.idle_below) == [
+        "avg_over_time(job_id:gpu_sm_active_ratio:avg_idle[604800s])"
+    ]
+
+
+def test_another_threshold_than_the_recorded_one_evaluates_the_idle_subquery(th):
+    (query,) = idle_queries(th, th.activity.idle_below * 2)
+    assert query.startswith("avg_over_time((last_over_time(job_id:gpu_sm_active_ratio:avg[299999ms]) < bool")
+    assert query.endswith(f"{th.activity.idle_below!r})[604800s:300s])")
 
 
 @dataclass
@@ -187,10 +286,14 @@ def test_a_step_other_than_the_rule_interval_reads_raw_series(tmp_path, th, seed
 
 
 @pytest.mark.slow
-def test_rules_evaluated_on_the_step_give_the_raw_paths_profiles(tmp_path, th):
+@pytest.mark.parametrize("idle_below", [None, 0.3], ids=["recorded-idle-twins", "idle-subquery"])
+def test_rules_evaluated_on_the_step_give_the_raw_paths_profiles(tmp_path, th, idle_below):
     # evaluation offset 0 (a group whose hash lands on the step; the bench's generated series): a
     # range of one whole interval would also hold the previous step's evaluation (Prometheus 2
-    # ranges include their start) and count a job's last step twice in its idle fraction
+    # ranges include their start) and count a job's last step twice in its idle fraction; at
+    # another threshold than the recorded twins' the idle fraction comes from a subquery
+    if idle_below is not None:
+        th = dataclasses.replace(th, activity=dataclasses.replace(th.activity, idle_below=idle_below))
     step = 1800
     cluster = make_cluster(40, step)
     backfill(write_openmetrics_blocks(cluster, tmp_path / "om", recorded=True), tmp_path / "db")

@@ -21,6 +21,7 @@ from gpulens.devtools.bench.analyzer_bench import (
     file_step,
     make_cluster,
     recorded_families,
+    recorded_idle,
     run_analyzer_bench,
     write_history,
     write_openmetrics_blocks,
@@ -250,7 +251,7 @@ def _recorded_series(base: str, at: float, window_s: int) -> dict[tuple, list[tu
     import urllib.parse
     import urllib.request
 
-    expr = f'{{__name__=~"job_id:.+|{rules.HEARTBEAT}"}}[{window_s}s]'
+    expr = f'{{__name__=~"job_id:.+|{rules.HEARTBEAT}|{rules.IDLE_BELOW}"}}[{window_s}s]'
     query = urllib.parse.urlencode({"query": expr, "time": str(at)})
     with urllib.request.urlopen(f"{base}/api/v1/query?{query}", timeout=60) as resp:
         result = json.load(resp)["data"]["result"]
@@ -282,11 +283,20 @@ def test_generated_recorded_series_equal_promtools_evaluation_of_the_rules(tmp_p
         return (round(t - offset, 3), repr(round(float(v) - offset, 3)) if key == heartbeat else v)
 
     shifted = {key: [at_step(key, t, v) for t, v in samples] for key, samples in evaluated.items()}
-    # promtool also evaluates the step after the data: the heartbeat alone records it
-    shifted[heartbeat] = [(t, v) for t, v in shifted[heartbeat] if t in steps]
+    # promtool also evaluates the step after the data: the series recorded with or without jobs
+    # (the heartbeat, the idle threshold) alone record it
+    for key in (heartbeat, (("__name__", rules.IDLE_BELOW),)):
+        shifted[key] = [(t, v) for t, v in shifted[key] if t in steps]
     written[heartbeat] = [(t, repr(float(v))) for t, v in written[heartbeat]]
     assert set(shifted) == set(written)
     names = {dict(key)["__name__"] for key in written}
-    assert names == {rules.HEARTBEAT, rules.PRESENCE, rules.PRESENCE_TIME, *recorded_families()}
+    assert names == {
+        rules.HEARTBEAT,
+        rules.IDLE_BELOW,
+        rules.PRESENCE,
+        rules.PRESENCE_TIME,
+        *recorded_families(),
+        *recorded_idle(),
+    }
     for key in written:
         assert shifted[key] == written[key], key

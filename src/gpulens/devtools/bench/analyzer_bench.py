@@ -51,6 +51,7 @@ from typing import TextIO
 
 import numpy as np
 
+from gpulens.analyzer import signals
 from gpulens.analyzer.sources import rules
 from gpulens.devtools.bench import tsdb as tsdbs
 
@@ -181,6 +182,12 @@ def recorded_families() -> dict[str, str]:
     return out
 
 
+def recorded_idle() -> dict[str, str]:
+    """Idle twin of an activity record (`rules.idle_rules`) -> the generated raw family it thresholds."""
+    activity = {rules.record_name(signal, "avg") for chain in signals.ACTIVITY.values() for signal in chain}
+    return {rules.idle_record(r): family for r, family in recorded_families().items() if r in activity}
+
+
 def write_openmetrics_blocks(cluster: Cluster, out_dir: Path, recorded: bool = False) -> list[Path]:
     """OpenMetrics files of whole 2 h blocks; within a file, series are contiguous and in time order.
 
@@ -217,11 +224,16 @@ def write_openmetrics_blocks(cluster: Cluster, out_dir: Path, recorded: bool = F
     }
     ts_int = [str(int(t)) for t in times]
     records = recorded_families() if recorded else {}
+    idle_records = recorded_idle() if recorded else {}
+    idle_below = rules.default_idle_below()
+    idle_text = ["1" if float(r) < idle_below else "0" for r in ratio]  # PromQL's `< bool`
     record_prefix = [_series("", {"job_id": job_id(j)}) for j in range(cluster.jobs)]
     block = (times // BLOCK_S).astype(np.int64)
     # promtool 2.42 re-reads a whole file once per 2 h block in it: one block per file for a large
     # cluster, the whole week in one file for a tiny one (about 200,000 samples per file at most)
-    per_step = SAMPLES_PER_GPU_STEP + len(records) + 2 if recorded else SAMPLES_PER_GPU_STEP
+    per_step = (
+        SAMPLES_PER_GPU_STEP + len(records) + len(idle_records) + 2 if recorded else SAMPLES_PER_GPU_STEP
+    )
     per_block = cluster.gpus * per_step * max(1, BLOCK_S // cluster.step_s)
     block = block // max(1, 200_000 // per_block)
     paths = []
@@ -259,9 +271,17 @@ def write_openmetrics_blocks(cluster: Cluster, out_dir: Path, recorded: bool = F
                 # a job's steps are contiguous on its one GPU, so GPU-major order keeps each series together
                 prefixes = [record_prefix[j] for j in jobs]
                 own = {rules.PRESENCE: ones, rules.PRESENCE_TIME: ts_int[k0:k1] * cluster.gpus}
-                for record in (rules.PRESENCE, rules.PRESENCE_TIME, *records):
+                thousandths = {
+                    "gpu_sm_active_ratio": cluster.activity,
+                    "gpu_job_sm_utilization_ratio": cluster.job_util,
+                }
+                idle_of = {
+                    record: [idle_text[v] for v in thousandths[fam][:, k0:k1].ravel().tolist()]
+                    for record, fam in idle_records.items()
+                }
+                for record in (rules.PRESENCE, rules.PRESENCE_TIME, *records, *idle_records):
                     out.write(f"# TYPE {record} gauge\n")
-                    values = own.get(record) or values_of[records[record]]
+                    values = own.get(record) or idle_of.get(record) or values_of[records[record]]
                     name = record
                     out.write(
                         "".join([name + p + v + t for p, v, t in zip(prefixes, values, ts, strict=True)])
@@ -271,6 +291,8 @@ def write_openmetrics_blocks(cluster: Cluster, out_dir: Path, recorded: bool = F
                 out.write(
                     "".join(f"{heartbeat} {v}{t}" for v, t in zip(ts_int[k0:k1], ts_text[k0:k1], strict=True))
                 )
+                out.write(f"# TYPE {rules.IDLE_BELOW} gauge\n")
+                out.write("".join(f"{rules.IDLE_BELOW} {idle_below!r}{t}" for t in ts_text[k0:k1]))
             out.write("# EOF\n")
         paths.append(path)
     return paths
