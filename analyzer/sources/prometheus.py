@@ -618,55 +618,6 @@ class RuleStats:
             ("dram", signals.DRAM, "avg"),
             ("tensor", signals.TENSOR, "avg"),
         )
-        first = {
-            rules.record_name(table[kind][0], how): None
-            for _, table, how in tables
-            for kind in present_kinds
-            if table[kind]
-        }
-        queries: dict[tuple[str, str], str] = {
-            (rules.PRESENCE, "samples"): f"count_over_time({rules.PRESENCE}[{w}])",
-            (rules.PRESENCE, "gpus"): f"max_over_time({rules.PRESENCE}[{w}])",
-            (rules.PRESENCE_TIME, "start"): f"min_over_time({rules.PRESENCE_TIME}[{w}])",
-            (rules.PRESENCE_TIME, "end"): f"max_over_time({rules.PRESENCE_TIME}[{w}])",
-        }
-        # sample counts of each chain's first signal now; a later signal's only for the jobs left
-        # without samples (usually none: most data has the first signal of every chain)
-        queries.update({(name, "count"): f"count_over_time({name}[{w}])" for name in first})
-        results = self._run(queries)
-        stats: dict[str, JobStats] = {}
-        for job, samples in results[(rules.PRESENCE, "samples")].items():
-            if job in kinds and samples > 0:
-                stats[job] = JobStats(
-                    start=results[(rules.PRESENCE_TIME, "start")].get(job, math.nan),
-                    end=results[(rules.PRESENCE_TIME, "end")].get(job, math.nan),
-                    samples=int(samples),
-                    gpus=int(results[(rules.PRESENCE, "gpus")].get(job, 0)),
-                )
-        # each job's signal per table: the first of its chain with samples (as `_chain`), one
-        # position of the chains at a time, counting a record's samples only when a job needs it
-        chosen: dict[tuple[str, str], tuple[str, str]] = {}  # (table, job) -> (signal name, record)
-        pending = {(t, job) for t, _, _ in tables for job in stats}
-        depth = 0
-        while pending:
-            wanted: dict[tuple[str, str], tuple[str, str]] = {}  # (table, job) -> (signal, record)
-            for table_name, table, how in tables:
-                for job in stats:
-                    chain = table[kinds[job]]
-                    if (table_name, job) in pending and depth < len(chain):
-                        wanted[(table_name, job)] = (chain[depth].name, rules.record_name(chain[depth], how))
-            if not wanted:
-                break
-            missing = {record for _, record in wanted.values() if (record, "count") not in results}
-            if missing:
-                results.update(
-                    self._run({(r, "count"): f"count_over_time({r}[{w}])" for r in sorted(missing)})
-                )
-            for key, (signal_name, record) in wanted.items():
-                if results[(record, "count")].get(key[1], 0) > 0:
-                    chosen[key] = (signal_name, record)
-                    pending.discard(key)
-            depth += 1
         if self.coverage.idle_below == idle:
             # the recorded idle twin (1 under the threshold, else 0): the same 0/1 values, in the
             # same order, as the subquery below, without evaluating it at every step
@@ -679,6 +630,7 @@ class RuleStats:
             idle_reduction = f"avg_over_time((last_over_time({{r}}[{{i}}]) < bool {idle!r})[{{sub}}])"
         reductions = {
             "activity": {
+                "count": "count_over_time({r}[{w}])",
                 "mean": "avg_over_time({r}[{w}])",
                 "p50": "quantile_over_time(0.5, {r}[{w}])",
                 "p95": "quantile_over_time(0.95, {r}[{w}])",
@@ -696,15 +648,93 @@ class RuleStats:
             "dram": {"p95": "quantile_over_time(0.95, {r}[{w}])"},
             "tensor": {"mean": "avg_over_time({r}[{w}])"},
         }
-        used = {(t, record) for (t, _), (_, record) in chosen.items()}
-        second = {
-            (record, f"{t}.{stat}"): template.format(
-                r=record, ri=rules.idle_record(record), w=w, sub=sub, i=f"{int(self.step_s * 1000) - 1}ms"
-            )
-            for t, record in sorted(used)
-            for stat, template in reductions[t].items()
+        # a reduction every job with samples in the series has: *_over_time answers for a series
+        # exactly when its range holds a sample, as count_over_time does
+        witness = {"activity": "count", "memory": "max", "dram": "p95", "tensor": "mean"}
+        step_ms = f"{int(self.step_s * 1000) - 1}ms"
+
+        def reduce(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+            """The reductions of (table, record) pairs not asked yet."""
+            return {
+                (record, f"{t}.{stat}"): template.format(
+                    r=record, ri=rules.idle_record(record), w=w, sub=sub, i=step_ms
+                )
+                for t, record in sorted(pairs)
+                for stat, template in reductions[t].items()
+                if (record, f"{t}.{stat}") not in results
+            }
+
+        results: dict[tuple[str, str], dict[str, float]] = {}
+        queries: dict[tuple[str, str], str] = {
+            (rules.PRESENCE, "samples"): f"count_over_time({rules.PRESENCE}[{w}])",
+            (rules.PRESENCE, "gpus"): f"max_over_time({rules.PRESENCE}[{w}])",
+            (rules.PRESENCE_TIME, "start"): f"min_over_time({rules.PRESENCE_TIME}[{w}])",
+            (rules.PRESENCE_TIME, "end"): f"max_over_time({rules.PRESENCE_TIME}[{w}])",
         }
-        results.update(self._run(second))
+        # the reductions of each chain's first signal with the presence, in one round: most data
+        # has the first signal of every chain, whose reductions every job of the kind then uses
+        # (the witness tells which jobs have samples); a later signal's samples are counted first,
+        # and only for the jobs left without samples
+        queries.update(
+            reduce(
+                {
+                    (t, rules.record_name(table[kind][0], how))
+                    for t, table, how in tables
+                    for kind in present_kinds
+                    if table[kind]
+                }
+            )
+        )
+        results.update(self._run(queries))
+        stats: dict[str, JobStats] = {}
+        for job, samples in results[(rules.PRESENCE, "samples")].items():
+            if job in kinds and samples > 0:
+                stats[job] = JobStats(
+                    start=results[(rules.PRESENCE_TIME, "start")].get(job, math.nan),
+                    end=results[(rules.PRESENCE_TIME, "end")].get(job, math.nan),
+                    samples=int(samples),
+                    gpus=int(results[(rules.PRESENCE, "gpus")].get(job, 0)),
+                )
+
+        def sampled(t: str, record: str) -> dict[str, float]:
+            """job -> a value for each job with samples in `record` (its witness, else its count)."""
+            key = (record, f"{t}.{witness[t]}")
+            return results[key] if key in results else results[(record, "count")]
+
+        # each job's signal per table: the first of its chain with samples (as `_chain`), one
+        # position of the chains at a time, counting a record's samples only when a job needs it
+        chosen: dict[tuple[str, str], tuple[str, str]] = {}  # (table, job) -> (signal name, record)
+        pending = {(t, job) for t, _, _ in tables for job in stats}
+        depth = 0
+        while pending:
+            wanted: dict[tuple[str, str], tuple[str, str]] = {}  # (table, job) -> (signal, record)
+            for table_name, table, how in tables:
+                for job in stats:
+                    chain = table[kinds[job]]
+                    if (table_name, job) in pending and depth < len(chain):
+                        wanted[(table_name, job)] = (chain[depth].name, rules.record_name(chain[depth], how))
+            if not wanted:
+                break
+            missing = {
+                record
+                for (t, _), (_, record) in wanted.items()
+                if (record, f"{t}.{witness[t]}") not in results and (record, "count") not in results
+            }
+            if missing:
+                results.update(
+                    self._run({(r, "count"): f"count_over_time({r}[{w}])" for r in sorted(missing)})
+                )
+            for key, (signal_name, record) in wanted.items():
+                if key[1] in sampled(key[0], record):
+                    chosen[key] = (signal_name, record)
+                    pending.discard(key)
+            depth += 1
+        for record in {record for (t, _), (_, record) in chosen.items() if t == "activity"}:
+            if (record, "count") in results:  # counted already: not asked again
+                results.setdefault((record, "activity.count"), results[(record, "count")])
+        second = reduce({(t, record) for (t, _), (_, record) in chosen.items()})
+        if second:
+            results.update(self._run(second))
         for (table_name, job), (signal_name, record) in chosen.items():
             st = stats[job]
 
@@ -713,8 +743,7 @@ class RuleStats:
 
             if table_name == "activity":
                 st.activity_signal = signal_name
-                st.activity = {k: get(k) for k in STAT_KEYS if k != "count"}
-                st.activity["count"] = results[(record, "count")][job]
+                st.activity = {k: get(k) for k in STAT_KEYS}
             elif table_name == "memory":
                 st.memory_signal = signal_name
                 st.memory_peak, st.memory_p95, st.memory_slope = get("max"), get("p95"), get("slope")

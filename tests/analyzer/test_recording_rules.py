@@ -24,7 +24,7 @@ import pytest
 
 from gpulens.analyzer import signals
 from gpulens.analyzer.pipeline import analyze_profiles
-from gpulens.analyzer.profile import Identity
+from gpulens.analyzer.profile import Identity, JobStats
 from gpulens.analyzer.sources import rules
 from gpulens.analyzer.sources.prometheus import (
     Aggregation,
@@ -138,8 +138,9 @@ def test_idle_twins_not_recorded_over_the_whole_window_at_one_threshold_do_not_c
     assert coverage is not None and np.isnan(coverage.idle_below)
 
 
-def idle_queries(th, recorded_idle_below: float) -> list[str]:
-    """The idle-fraction queries of the rule path for one exclusive job."""
+def rule_stats(th, has: tuple[str, ...], recorded_idle_below: float = 0.05) -> tuple[JobStats, list[str]]:
+    """The rule path's stats of one exclusive job "a" with samples in the series named in `has`
+    (substrings of the queries), and the queries it sent."""
     identity = Identity(
         series=pd.DataFrame(
             {"job_id": ["a"], "uuid": ["GPU-0"], "gpu_instance": [""], "sharing": ["exclusive"]}
@@ -148,16 +149,22 @@ def idle_queries(th, recorded_idle_below: float) -> list[str]:
         migs=pd.DataFrame(columns=["uuid", "gpu_instance", "mig_profile"]),
     )
 
-    def answer(expr: str) -> list[dict]:  # job "a" has SM activity and job memory, nothing else
-        has = any(name in expr for name in ("gpu_job_info", "gpu_sm_active_ratio", "gpu_job_memory"))
-        return [{"metric": {"job_id": "a"}, "value": [END, "1"]}] if has else []
+    def answer(expr: str) -> list[dict]:
+        sampled = any(name in expr for name in ("job_id:gpu_job_info:", *has))
+        return [{"metric": {"job_id": "a"}, "value": [END, "1"]}] if sampled else []
 
     client = AnsweringClient(answer)
     prom = PromSource(client, 7 * 86400, END, 300.0, log=None)
     coverage = RuleCoverage(END - 7 * 86400, END, 300.0, recorded_idle_below)
     stats = RuleStats(prom, coverage).stats(identity, th)
-    assert stats["a"].activity_signal == "sm_active"
-    return [e for e in client.asked if "_idle" in e or "bool" in e]
+    return stats["a"], client.asked
+
+
+def idle_queries(th, recorded_idle_below: float) -> list[str]:
+    """The idle-fraction queries of the rule path for an exclusive job with SM activity."""
+    st, asked = rule_stats(th, ("gpu_sm_active_ratio:avg", "gpu_job_memory"), recorded_idle_below)
+    assert st.activity_signal == "sm_active"
+    return [e for e in asked if "_idle" in e or "bool" in e]
 
 
 def test_the_idle_fraction_reads_the_idle_twin_recorded_at_the_analyzers_threshold(th):
@@ -170,6 +177,27 @@ def test_another_threshold_than_the_recorded_one_evaluates_the_idle_subquery(th)
     (query,) = idle_queries(th, th.activity.idle_below * 2)
     assert query.startswith("avg_over_time((last_over_time(job_id:gpu_sm_active_ratio:avg[299999ms]) < bool")
     assert query.endswith(f"{th.activity.idle_below!r})[604800s:300s])")
+
+
+def test_each_chains_first_signal_is_reduced_without_counting_its_samples_apart(th):
+    st, asked = rule_stats(th, ("gpu_sm_active_ratio:avg", "gpu_job_memory"))
+    assert (st.activity_signal, st.memory_signal) == ("sm_active", "job_memory")
+    assert st.activity["count"] == 1
+    # the first signals' reductions tell which jobs have samples: no count of their own
+    counted = sorted(e for e in asked if e.startswith("count_over_time(job_id:"))
+    assert counted == [
+        "count_over_time(job_id:gpu_job_info:count[604800s])",
+        "count_over_time(job_id:gpu_sm_active_ratio:avg[604800s])",  # the activity's sample count
+    ]
+
+
+def test_a_job_without_its_chains_first_signal_takes_the_next_one_with_samples(th):
+    st, asked = rule_stats(th, ("gpu_utilization_ratio:avg", "gpu_job_memory"))
+    assert st.activity_signal == "utilization" and st.activity["count"] == 1
+    assert "count_over_time(job_id:gpu_utilization_ratio:avg[604800s])" in asked
+    assert "quantile_over_time(0.95, job_id:gpu_utilization_ratio:avg[604800s])" in asked
+    # the signals after it in the chain are not asked
+    assert not any("gpu_job_sm_utilization_ratio" in e for e in asked)
 
 
 @dataclass
