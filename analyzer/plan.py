@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import pandas as pd
 
@@ -182,7 +182,29 @@ class Plan:
     freed: list[dict] = field(default_factory=list)  # GPUs the plan gives back: node, uuid, model, why
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """`dataclasses.asdict(self)`: the same copy, walked without its generic recursion (its
+        deepcopy of every leaf cost ~0.35 s for a 10,000-job plan)."""
+        return {f.name: _copied(getattr(self, f.name)) for f in fields(self)}
+
+
+def _copied(value: object) -> object:
+    """What `dataclasses.asdict` makes of a field's value: plain dicts, lists and tuples walked,
+    immutable scalars as they are, anything else as asdict copies it."""
+    kind = type(value)
+    if kind is dict:
+        return {_copied(k): _copied(v) for k, v in value.items()}  # type: ignore[attr-defined]
+    if kind is list:
+        return [_copied(v) for v in value]  # type: ignore[attr-defined]
+    if kind in (str, int, float, bool) or value is None:
+        return value
+    return asdict(_Wrapped(value))["value"]
+
+
+@dataclass
+class _Wrapped:
+    """One value, for `asdict`'s own treatment of what `_copied` does not walk itself."""
+
+    value: object
 
 
 def fleet_from_recs(recs: pd.DataFrame) -> list[FleetGpu]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import yaml
@@ -34,6 +36,13 @@ def test_seed_case_is_the_textbook_answer(th):
     assert all(entry["sharing"] == "mps" for entry in plan.layout)
     assert plan.utilization_after == pytest.approx(2 * plan.utilization_before, rel=0.01)
     assert sum(len(e["jobs"]) for e in plan.layout) == 4
+
+
+def test_a_plan_as_a_dict_is_its_dataclass_as_a_dict(th):
+    _, plan = plan_for(synth.seed_case(), th)
+    assert plan.layout and plan.freed
+    assert plan.as_dict() == dataclasses.asdict(plan)
+    assert plan.as_dict()["layout"] is not plan.layout  # a copy, as asdict makes
 
 
 def test_mig_jobs_are_packed_with_valid_placements(th):

@@ -55,6 +55,14 @@ def test_the_models_people_run_are_known_by_their_common_names(name, key):
     assert model_for_nvml_name(model.nvml_name) is model
 
 
+def test_a_model_is_found_by_key_nvml_name_or_alias_whatever_the_case_and_spaces():
+    for key, model in MODELS.items():
+        assert get_model(f" {key.lower()} ") is model
+        assert get_model(model.nvml_name.upper()) is model
+    with pytest.raises(CatalogError, match="unknown GPU model 'H1000'"):
+        get_model("H1000")
+
+
 @pytest.mark.parametrize(("key", "profiles"), sorted(BALANCED.items()))
 def test_mig_parteds_balanced_geometry_places_on_every_seven_slice_model(key, profiles):
     small, medium, large = profiles
