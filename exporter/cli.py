@@ -16,11 +16,12 @@ or file prints one line naming it and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import select
 import signal
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -357,25 +358,35 @@ class Signals:
 
     Installed before anything is built, so a signal during start-up (or a SIGHUP at any time) never
     takes the default action, which would kill the process and leave the simulator's files behind.
+
+    The main thread sleeps in `select` on a wake-up pipe (`signal.set_wakeup_fd`): the C-level
+    handler writes to it from whichever thread the kernel delivered the signal to, so the main
+    thread wakes to run Python's handler. It used to wake every 0.5 s to look, which costs an
+    idle exporter ~0.2 ms of CPU a second on a virtual machine; `SAFETY_WAKEUP_S` remains as a
+    net only.
     """
+
+    SAFETY_WAKEUP_S = 10.0
 
     def __init__(self) -> None:
         self._received: list[int] = []
-        self._wake = threading.Event()
+        self._wake_read, wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(wake_write, False)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._record)
+        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
 
     def _record(self, signum: int, _frame: Any) -> None:
         self._received.append(signum)
-        self._wake.set()
 
     def next(self) -> int:
         """Block until a signal arrives and return it (oldest first)."""
         while not self._received:
-            # a timeout, not a plain wait: the main thread has to wake up to run Python's signal
-            # handlers when the kernel delivered the signal to one of the other threads
-            self._wake.wait(0.5)
-            self._wake.clear()
+            # woken by the pipe; the handler runs at the loop's next check, before the condition
+            select.select([self._wake_read], [], [], self.SAFETY_WAKEUP_S)
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_read, 512)
         return self._received.pop(0)
 
 

@@ -279,7 +279,8 @@ class Server:
         self._finished.clear()
         try:
             self._resume_accept()
-            self._heartbeat()
+            if threading.current_thread() is threading.main_thread():
+                self._heartbeat()
             self._started.set()
             loop.run_forever()
         finally:
@@ -297,11 +298,13 @@ class Server:
             self._finished.set()
 
     def _heartbeat(self) -> None:
-        """Wake the loop twice a second even when idle.
+        """Wake the loop twice a second even when idle, when it runs on the main thread.
 
-        When the loop runs on the main thread (the receiver), Python runs signal handlers only
-        there, and a signal the kernel delivered to another thread does not interrupt epoll_wait:
-        without a wake-up, SIGTERM could wait for the next connection.
+        There (the receiver), Python runs signal handlers only on that thread, and a signal the
+        kernel delivered to another thread does not interrupt epoll_wait: without a wake-up,
+        SIGTERM could wait for the next connection. A loop on another thread (the exporter's)
+        runs no signal handler, so it sleeps until there is work: each idle wake-up costs ~0.1 ms
+        of CPU on a virtual machine.
         """
         assert self._loop is not None
         self._loop.call_later(HEARTBEAT_SECONDS, self._heartbeat)
