@@ -22,8 +22,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,10 +51,13 @@ enum {
 #define MIB (1024.0 * 1024.0)
 #define FI_MAX 308
 #define GPM_METRIC_MAX 477
-/* A waiting nvmlEventSetWait looks at the ring every 100 ms, the engine's state quantum (events are
- * published no faster). Each look wakes the waiting thread, which a real driver does not do: at
- * 20 ms an idle Xid watcher cost the exporter ~2.5 ms of CPU per second, all of it simulator. */
-#define EVENT_POLL_NS 100000000L
+/* A waiting nvmlEventSetWait sleeps on a futex in the shared mapping that the publisher wakes when
+ * it publishes events, as a real driver's wait sleeps until an interrupt: polling woke the waiting
+ * thread 10-50 times a second, which cost an idle Xid watcher ~1-2.5 ms of CPU per second on a
+ * virtual machine, all of it simulator, charged to the exporter by `make bench`. EVENT_POLL_NS is
+ * the longest sleep between looks (a net for a missed wake-up) and the poll interval where the
+ * kernel refuses the futex. */
+#define EVENT_POLL_NS 1000000000L
 
 /* ---------------------------------------------------------------------------------------------
  * The mapping and the per-thread snapshot
@@ -1438,10 +1444,21 @@ static int next_event(const ShmHeader *h, EventSet *set, EventRec *found) {
     return 0;
 }
 
+/* The low 32 bits of the header's events_total, in the mapping: the futex word that waiting calls
+ * sleep on and the publisher wakes (a shared, not private, futex: the two sides are processes). */
+static uint32_t *events_word(const ShmHeader *h) {
+    const uint32_t *word = (const uint32_t *)&h->events_total;
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    word += 1;
+#endif
+    return (uint32_t *)word;
+}
+
 /* Whether the ring may hold events the set has not looked at: the published count, read under the
  * seqlock straight from the mapping, against the set's cursor. Saves a waiting call the copy of the
- * whole node that view() makes after every publish; 1 (look) whenever it cannot tell. */
-static int events_pending(void *set_ptr) {
+ * whole node that view() makes after every publish; 1 (look) whenever it cannot tell. `word` gets
+ * the futex word's value the answer was based on. */
+static int events_pending(void *set_ptr, uint32_t *word) {
     const unsigned char *map = __atomic_load_n(&g_map, __ATOMIC_ACQUIRE);
     if (!map) return 1;
     const ShmHeader *shared = (const ShmHeader *)map;
@@ -1450,6 +1467,7 @@ static int events_pending(void *set_ptr) {
     uint64_t total = __atomic_load_n(&shared->events_total, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     if (__atomic_load_n(&shared->seq, __ATOMIC_RELAXED) != seq) return 1;
+    *word = (uint32_t)total;
     pthread_mutex_lock(&g_lock);
     EventSet *set = (EventSet *)object_find(set_ptr, KIND_EVENT_SET);
     int pending = !set || !set->started || set->cursor < total;
@@ -1457,15 +1475,27 @@ static int events_pending(void *set_ptr) {
     return pending;
 }
 
+/* Sleep until the publisher publishes events (the futex word moves from `seen`) or `seconds` pass. */
+static void wait_for_events(uint32_t seen, double seconds) {
+    const unsigned char *map = __atomic_load_n(&g_map, __ATOMIC_ACQUIRE);
+    if (map) {
+        struct timespec ts = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
+        long rc = syscall(SYS_futex, events_word((const ShmHeader *)map), FUTEX_WAIT, seen, &ts, NULL, 0);
+        if (rc == 0 || errno == EAGAIN || errno == ETIMEDOUT || errno == EINTR) return;
+    }
+    sleep_seconds(seconds < 0.1 ? seconds : 0.1); /* no futex here: poll at the state quantum */
+}
+
 API nvmlReturn_t nvmlEventSetWait_v2(void *set_ptr, EventData *data, unsigned timeout_ms) {
     NEED_INIT();
     double deadline = monotonic_seconds() + timeout_ms / 1000.0;
     EventRec event;
     for (int first = 1;; first = 0) {
-        if (!first && !events_pending(set_ptr)) {
+        uint32_t seen = 0;
+        if (!first && !events_pending(set_ptr, &seen)) {
             double left = deadline - monotonic_seconds();
             if (left <= 0) return E_TIMEOUT;
-            sleep_seconds(left < EVENT_POLL_NS / 1e9 ? left : EVENT_POLL_NS / 1e9);
+            wait_for_events(seen, left < EVENT_POLL_NS / 1e9 ? left : EVENT_POLL_NS / 1e9);
             continue;
         }
         const ShmHeader *h = view();
@@ -2113,11 +2143,15 @@ API nvmlReturn_t nvmlGpmMetricsGet(GpmMetricsGet *request) {
 /* Write a new body under the seqlock: the writer's side of view(). */
 API void gpulens_sim_publish(void *map, const void *body, uint64_t offset, uint64_t length) {
     ShmHeader *h = map;
+    uint32_t *word = events_word(h);
+    uint32_t events_before = __atomic_load_n(word, __ATOMIC_RELAXED);
     uint64_t seq = __atomic_load_n(&h->seq, __ATOMIC_RELAXED);
     __atomic_store_n(&h->seq, seq | 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
     memcpy((unsigned char *)map + offset, body, length);
     __atomic_store_n(&h->seq, (seq | 1) + 1, __ATOMIC_RELEASE);
+    if (__atomic_load_n(word, __ATOMIC_RELAXED) != events_before) /* new events: wake the waits */
+        syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
 /* Sizes and offsets of the layout as this library was compiled, checked against layout.py. */
