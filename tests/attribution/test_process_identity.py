@@ -171,6 +171,13 @@ def _reader(node, clock: _Clock) -> ProcfsReader:  # type: ignore[no-untyped-def
     return ProcfsReader(node.procfs, LogOnce(logging.getLogger("tests.attribution")), ttl_s=30.0, clock=clock)
 
 
+def _listed_without_entry(reader: ProcfsReader, clock: _Clock, seconds: int) -> None:
+    """NVML lists pid 100 every second for `seconds` while procfs shows no entry for it."""
+    for _ in range(seconds):
+        reader.read(100)
+        clock.now += 1.0
+
+
 def test_a_pid_without_a_procfs_entry_is_looked_up_again_at_the_next_sample(node):
     clock = _Clock()
     reader = _reader(node, clock)
@@ -198,9 +205,7 @@ def test_a_pid_missing_for_long_is_looked_up_less_often_and_found_within_as_long
 def test_a_pid_missing_for_ever_is_looked_up_at_least_every_ttl(node):
     clock = _Clock()
     reader = _reader(node, clock)
-    for _ in range(600):
-        reader.read(100)
-        clock.now += 1.0
+    _listed_without_entry(reader, clock, seconds=600)
     node.process(100, slurm_v2("1"), {})
     for _ in range(31):
         clock.now += 1.0
@@ -212,9 +217,7 @@ def test_a_pid_missing_for_ever_is_looked_up_at_least_every_ttl(node):
 def test_a_pid_no_longer_listed_is_forgotten_with_its_back_off(node):
     clock = _Clock()
     reader = _reader(node, clock)
-    for _ in range(20):
-        reader.read(100)
-        clock.now += 1.0
+    _listed_without_entry(reader, clock, seconds=20)
     reader.retain([])  # the process ended; its pid is reused by a new process of job 2
     node.process(100, slurm_v2("2"), {})
     assert reader.read(100).cgroup.slurm_job_id == "2"
