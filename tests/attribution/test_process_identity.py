@@ -190,9 +190,7 @@ def test_a_pid_without_a_procfs_entry_is_looked_up_again_at_the_next_sample(node
 def test_a_pid_missing_for_long_is_looked_up_less_often_and_found_within_as_long_as_it_was_missing(node):
     clock = _Clock()
     reader = _reader(node, clock)
-    for _ in range(20):  # another pid namespace: listed by NVML every second, never in procfs
-        reader.read(100)
-        clock.now += 1.0
+    _listed_without_entry(reader, clock, seconds=20)  # e.g. a process of another pid namespace
     node.process(100, slurm_v2("1"), {})
     assert reader.read(100).cgroup.slurm_job_id is None  # within the back-off: not asked again yet
     found_after = 0.0
