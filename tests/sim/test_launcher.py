@@ -43,6 +43,30 @@ def test_run_finds_python_on_the_path_of_gpulens_environment() -> None:
     assert result.stdout == "8\n"
 
 
+CTYPES_COUNT = (
+    "import ctypes; lib = ctypes.CDLL('libnvidia-ml.so.1'); n = ctypes.c_uint(); "
+    "assert lib.nvmlInit_v2() == 0; assert lib.nvmlDeviceGetCount_v2(ctypes.byref(n)) == 0; print(n.value)"
+)
+
+
+def test_an_interpreter_without_gpulens_runs_on_the_native_library(tmp_path: Path) -> None:
+    # a bare virtual environment: the base interpreter without gpulens' site-packages
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    result = gpulens("sim", "run", "dgx-h100", "--", bare, "-c", CTYPES_COUNT)
+    assert (result.returncode, result.stdout) == (0, "8\n"), result.stderr
+    # it is told once that psutil cannot see the simulated processes, not stopped
+    assert result.stderr.count("cannot import gpulens") == 1
+
+
+def test_the_python_driver_still_needs_gpulens_in_the_interpreter(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    result = gpulens("sim", "run", "dgx-h100", "--driver", "python", "--", bare, "-c", "print(1)")
+    assert result.returncode == 2
+    assert "use gpulens' interpreter" in result.stderr
+
+
 def test_run_passes_the_exit_code_through() -> None:
     result = gpulens("sim", "run", "dgx-h100", "--", sys.executable, "-c", "raise SystemExit(7)")
     assert result.returncode == 7

@@ -51,11 +51,21 @@ import sys as _sys
 
 try:
     from gpulens.sim.launcher import activate_from_environment as _activate
-except ImportError as _error:  # this interpreter cannot import gpulens: say so, do not guess
-    _sys.stderr.write(f"gpulens sim: cannot import gpulens ({_error}); use gpulens' interpreter\\n")
-    _sys.stderr.flush()
-    _os._exit(2)  # SystemExit here would make site.py print a fatal-error traceback
-_activate()
+except ImportError as _error:  # an interpreter without gpulens (another venv, the system's python)
+    if _os.environ.get("GPULENS_SIM_SCENARIO"):  # --driver python: the driver is gpulens itself
+        _sys.stderr.write(f"gpulens sim: cannot import gpulens ({_error}); use gpulens' interpreter\\n")
+        _sys.stderr.flush()
+        _os._exit(2)  # SystemExit here would make site.py print a fatal-error traceback
+    # the native library serves NVML to any program; only psutil's view of the simulated
+    # processes needs gpulens: say so once per process tree, and run on
+    if _os.environ.get("GPULENS_SIM_PROCVIEW") and not _os.environ.get("GPULENS_SIM_WARNED"):
+        _os.environ["GPULENS_SIM_WARNED"] = "1"
+        _sys.stderr.write(
+            f"gpulens sim: {_sys.executable} cannot import gpulens ({_error}): NVML is simulated, "
+            "but psutil sees only the host's processes\\n"
+        )
+else:
+    _activate()
 '''
 
 

@@ -4,7 +4,7 @@
 checkout that is not installed) records every probe on the real GPUs while a small CUDA workload
 runs, records the same probes on the simulator configured as the same model (and MIG layout),
 prints the differences, and runs the exporter on the real GPU for a few samples. Files written:
-`real.json`, `sim.json`, `diff.txt`, `exporter.txt`, `summary.json`.
+`real.json`, `sim.json`, `diff.txt`, `exporter.txt`, `exporter.prom` (the scrape), `summary.json`.
 
 `gpulens conformance diff REAL.json` replays a committed real record against today's simulator:
 that is the regression test once a GPU run has happened.
@@ -115,6 +115,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             "promtool": report.promtool,
         }
         _write(out / "exporter.txt", text + "\n")
+        if report.exposition:
+            _write(out / "exporter.prom", report.exposition)
         print(f"exporter: {text}")
     summary["finished"] = time.time()
     _write(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True))

@@ -43,6 +43,7 @@ class ExporterReport:
     problems: list[str] = field(default_factory=list)
     families: list[str] = field(default_factory=list)
     promtool: str = "not run"
+    exposition: str = ""  # the scraped text, kept so that values can be read against docs/metrics.md
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
@@ -110,6 +111,7 @@ def run_exporter_check(extra_args: list[str], seconds: float, hopper: bool, mig:
             report.problems.append(f"exporter output: {out[-2000:]}")
     if not text:
         return report
+    report.exposition = text
     report.families = sorted(parse_exposition(text))
     report.problems += check_exposition(text, hopper=hopper, mig=mig)
     promtool = shutil.which("promtool")
