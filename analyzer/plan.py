@@ -48,6 +48,7 @@ import pandas as pd
 
 from gpulens.analyzer import frames
 from gpulens.analyzer.freetime import Capacity, FreeTime, set_bits
+from gpulens.analyzer.instantload import COLUMNS, InstantLoad
 from gpulens.analyzer.kinds import SHARED, WHOLE, Kind
 from gpulens.analyzer.profile import FleetGpu
 from gpulens.analyzer.recommend import mps_settings
@@ -301,16 +302,7 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
     if item.kind == Kind.MPS and sum(o.thread_pct or 0 for o in gpu.items) + (item.thread_pct or 0) > 100:
         return False
     if item.kind != Kind.MPS:  # time-slicing: every limit a bound, the first excess refuses
-        return gpu.within(
-            item,
-            (
-                ("memory", memory_total),
-                ("dram", th.plan.max_dram_load + 1e-9),
-                ("count", th.time_slicing.max_replicas),
-                ("load", th.plan.max_gpu_load + 1e-9),
-                ("p95", th.time_slicing.max_interference + 1e-9),
-            ),
-        )
+        return gpu.within(item, _sliced_bounds(item, model, th))
     # one pass over the GPU's items for every limit of MPS (the packer's hottest call)
     peak = gpu.peaks(item, ("memory", "dram", "count", "sm"))
     if peak["memory"] > memory_total or peak["dram"] > th.plan.max_dram_load + 1e-9:
@@ -323,6 +315,35 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
         split = 100 // int(peak["count"])
         return all((o.thread_pct or 0) <= split for o in sharers)
     return True
+
+
+def _sliced_bounds(item: Item, model: GpuModel | None, th: Thresholds) -> tuple[tuple[str, float], ...]:
+    """A time-sliced GPU's limits for `item`, in the order `GpuBin.within` checks them."""
+    return (
+        ("memory", model.memory_bytes if model else item.device_memory),
+        ("dram", th.plan.max_dram_load + 1e-9),
+        ("count", th.time_slicing.max_replicas),
+        ("load", th.plan.max_gpu_load + 1e-9),
+        ("p95", th.time_slicing.max_interference + 1e-9),
+    )
+
+
+def _own(item: Item, bounds: tuple[tuple[str, float], ...]) -> list[float]:
+    """`item`'s own part of each bounded sum (as `GpuBin.within` counts it)."""
+    return [1 if attr == "count" else (getattr(item, attr) or 0) for attr, _ in bounds]
+
+
+def _over(load: InstantLoad | None, item: Item, model: GpuModel | None, th: Thresholds) -> list[bool]:
+    """The time-sliced GPUs that certainly refuse `item` at its start (none without an index)."""
+    if load is None:
+        return []
+    bounds = _sliced_bounds(item, model, th)
+    return load.over(item.start, _own(item, bounds), bounds)
+
+
+def _place(load: InstantLoad | None, slot: int, item: Item) -> None:
+    if load is not None:
+        load.add(slot, id(item), item.start, item.end, [getattr(item, c) or 0 for c in COLUMNS])
 
 
 def _size(item: Item) -> float:
@@ -382,6 +403,13 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
     indexes = {key: _free_time(pool) for key, pool in members.items() if key[0] == Kind.EXCLUSIVE}
     # MPS pools: each GPU's room (100 - its shares; -1 once full) in a max tree over its slots
     rooms = {key: Capacity(sum(i.gpus for i in pool)) for key, pool in members.items() if key[0] == Kind.MPS}
+    # time-sliced pools: what each GPU carries at an instant, to pass over the GPUs a job's start
+    # already rules out (nearly every refused fit) without testing them one by one
+    loads = {
+        key: InstantLoad(sum(i.gpus for i in pool))
+        for key, pool in members.items()
+        if key[0] == Kind.TIME_SLICING
+    }
     for item in order:
         model = model_for_nvml_name(item.model)
         key = (item.kind, item.model)
@@ -410,10 +438,12 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
             candidates = made
             if resident:
                 candidates = [g for g in made if allowed >> slot[id(g)] & 1]
+            over = _over(loads.get(key), item, model, th) if candidates else []
             for gpu in candidates:
                 if len(chosen) == item.gpus:
                     break
-                if fits(gpu, item, model, th):
+                n = slot[id(gpu)]
+                if not (n < len(over) and over[n]) and fits(gpu, item, model, th):
                     chosen.append(gpu)
         while len(chosen) < item.gpus:
             counters[item.model] = counters.get(item.model, 0) + 1
@@ -426,6 +456,7 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
             gpu.items.append(item)
             if index is not None:
                 index.add(slot[id(gpu)], item.start, item.end)
+            _place(loads.get(key), slot[id(gpu)], item)
             shares[id(gpu)] = shares.get(id(gpu), 0) + (item.thread_pct or 0)
             if item.kind == Kind.MPS:
                 # full: no later item of this pool fits (fits refuses it first), so it has no room
@@ -451,7 +482,13 @@ def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
     alive = {key: (1 << len(group)) - 1 for key, group in groups.items()}  # the group's kept GPUs
     indexes: dict[tuple[str, str], FreeTime | None] = {}
     rooms: dict[tuple[str, str], Capacity] = {}  # MPS groups: each GPU's room for shares, as in pack
+    loads: dict[tuple[str, str], InstantLoad] = {}  # time-sliced groups, as in pack
     for key, group in groups.items():
+        if key[0] == Kind.TIME_SLICING:
+            loads[key] = InstantLoad(sum(len(b.items) for b in group))
+            for b in group:
+                for i in b.items:
+                    _place(loads[key], slot[id(b)], i)
         if key[0] == Kind.MPS:
             rooms[key] = Capacity(len(group))
             for b in group:
@@ -484,11 +521,14 @@ def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
                         target = group[found]
                         break
             else:
+                over = _over(loads.get(key), item, model, th)
                 target = next(
                     (
-                        b
-                        for b in (group[n] for n in set_bits(others_mask))
-                        if not (mps and shares[id(b)] + share > 100) and fits(b, item, model, th)
+                        group[n]
+                        for n in set_bits(others_mask)
+                        if not (n < len(over) and over[n])
+                        and not (mps and shares[id(group[n])] + share > 100)
+                        and fits(group[n], item, model, th)
                     ),
                     None,
                 )
@@ -497,6 +537,7 @@ def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
             target.items.append(item)
             if index is not None:
                 index.add(slot[id(target)], item.start, item.end)
+            _place(loads.get(key), slot[id(target)], item)
             shares[id(target)] += share
             if key in rooms:
                 rooms[key].set(slot[id(target)], 100 - shares[id(target)])
@@ -510,6 +551,8 @@ def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
                 target.items.remove(item)
                 if index is not None:
                     index.remove(slot[id(target)], item.start, item.end)
+                if key in loads:
+                    loads[key].remove(slot[id(target)], id(item))
                 shares[id(target)] -= item.thread_pct or 0
                 if key in rooms:
                     rooms[key].set(slot[id(target)], 100 - shares[id(target)])
