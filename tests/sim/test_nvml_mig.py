@@ -68,9 +68,17 @@ def test_slot_beyond_the_maximum_is_invalid_argument(sim) -> None:
         mig(7)
 
 
-def test_mig_device_handle_on_a_gpu_without_mig_is_not_supported(sim) -> None:
-    with pytest.raises(pynvml.NVMLError_NotSupported):
+def test_mig_device_handle_with_mig_off_is_not_found(sim) -> None:
+    """Every slot of a MIG-capable GPU with MIG off is empty (real H200, driver 580)."""
+    with pytest.raises(pynvml.NVMLError_NotFound):
         pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle(1), 0)
+
+
+def test_mig_device_handle_on_a_gpu_without_mig_is_not_supported(sim) -> None:
+    node, _ = sim
+    node.update(3, mig_mode_current=None, mig_mode_pending=None)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle(3), 0)
 
 
 def test_is_mig_device_handle_returns_a_c_uint(sim) -> None:
@@ -92,17 +100,30 @@ def test_gpu_and_compute_instance_ids(sim) -> None:
 
 
 @pytest.mark.parametrize(
-    "api",
-    [
-        pynvml.nvmlDeviceGetGpuInstanceId,
-        pynvml.nvmlDeviceGetComputeInstanceId,
-        pynvml.nvmlDeviceGetAttributes,
-        pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle,
-    ],
+    "api", [pynvml.nvmlDeviceGetAttributes, pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle]
 )
 def test_mig_only_calls_are_not_supported_on_physical_handles(sim, api) -> None:
     with pytest.raises(pynvml.NVMLError_NotSupported):
         api(handle(0))
+
+
+INSTANCE_ID_CALLS = [pynvml.nvmlDeviceGetGpuInstanceId, pynvml.nvmlDeviceGetComputeInstanceId]
+
+
+@pytest.mark.parametrize("api", INSTANCE_ID_CALLS)
+@pytest.mark.parametrize("gpu", [0, 1], ids=["mig-on", "mig-off"])
+def test_instance_ids_of_a_full_gpu_handle_are_an_invalid_argument(sim, api, gpu) -> None:
+    """A real H200 (MIG off, driver 580) raises INVALID_ARGUMENT for a MIG-capable GPU's handle."""
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        api(handle(gpu))
+
+
+@pytest.mark.parametrize("api", INSTANCE_ID_CALLS)
+def test_instance_ids_on_a_gpu_without_mig_are_not_supported(sim, api) -> None:
+    node, _ = sim
+    node.update(3, mig_mode_current=None, mig_mode_pending=None)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        api(handle(3))
 
 
 def test_mig_uuid_and_attributes(sim) -> None:
@@ -124,12 +145,34 @@ def test_gpu_instance_profile_info_v1(sim) -> None:
     info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(
         handle(0), pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, version=1
     )
-    assert (info.id, info.sliceCount, info.multiprocessorCount, info.memorySizeMB) == (4, 7, 132, 81152)
+    assert (info.id, info.sliceCount, info.multiprocessorCount, info.memorySizeMB) == (0, 7, 132, 81152)
 
 
-def test_gpu_instance_profile_info_needs_mig_on_and_a_known_profile(sim) -> None:
+def test_gpu_instance_profile_id_is_the_one_nvidia_smi_lists(sim) -> None:
+    """`id` is the device's profile id (`nvidia-smi mig -lgip`), not the NVML_GPU_INSTANCE_PROFILE_*
+    argument: a real H200 answers 19 for 1_SLICE."""
+    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(0), pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+    assert info.id == 19
+
+
+def test_hopper_1g_profile_has_one_decoder_and_one_jpeg_engine(sim) -> None:
+    """As a real H200 reports its 1g.18gb: Hopper's NVDECs and NVJPGs go one per compute slice."""
+    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(0), pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+    engines = (info.copyEngineCount, info.decoderCount, info.encoderCount, info.jpegCount, info.ofaCount)
+    assert engines == (1, 1, 0, 1, 0)
+
+
+def test_gpu_instance_profile_info_is_served_with_mig_off(sim) -> None:
+    """A real H200 with MIG disabled describes its profiles (tools size instances before enabling)."""
+    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(1), pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+    assert (info.name, info.sliceCount, info.instanceCount) == ("MIG 1g.10gb", 1, 7)
+
+
+def test_gpu_instance_profile_info_needs_mig_support_and_a_known_profile(sim) -> None:
+    node, _ = sim
+    node.update(3, mig_mode_current=None, mig_mode_pending=None)
     with pytest.raises(pynvml.NVMLError_NotSupported):
-        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(1), pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(3), pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
     with pytest.raises(pynvml.NVMLError_NotSupported):
         pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(0), pynvml.NVML_GPU_INSTANCE_PROFILE_6_SLICE)
 

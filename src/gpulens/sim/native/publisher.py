@@ -194,7 +194,7 @@ class Publisher:
         self._names: dict[str, bytes] = {}  # process names
         self._mig_uuids: dict[str, bytes] = {}
         self._mig_profiles: dict[str, bytes] = {}
-        self._mig_engines: dict[tuple[str, int], tuple[int, int, int, int, int]] = {}
+        self._mig_engines: dict[tuple[str, int, int], tuple[int, int, int, int, int]] = {}
         self._header.capacity = self.capacity
         self._header.gpu_offset = self._gpu_offset
         self._header.event_offset = self._event_offset
@@ -360,10 +360,10 @@ class Publisher:
             out.memory_total, out.memory_used = mig.memory_total_bytes, mig.memory_used_bytes
             out.memory_reserved = mig.memory_reserved_bytes
             out.sm_count, out.slices = mig.profile.sm_count, mig.profile.compute_slices
-            key = (mig.profile.name, rec.compute_slices)
+            key = (mig.profile.name, rec.compute_slices, rec.architecture)  # 1g.10gb: A100 and H100
             engines = self._mig_engines.get(key)
             if engines is None:  # a profile's engine counts are fixed: computed once
-                engines = self._mig_engines[key] = _engines(mig.profile, rec.compute_slices)
+                engines = self._mig_engines[key] = _engines(mig.profile, rec.compute_slices, rec.architecture)
             out.copy, out.decoder, out.encoder, out.jpeg, out.ofa = engines
             out.uuid = _clipped(self._mig_uuids, mig.uuid, 80)
             out.profile = _clipped(self._mig_profiles, mig.profile.name, 16)
@@ -523,9 +523,9 @@ def _fill_identity(rec: GpuRec, identity: GpuIdentity) -> None:
         out.valid = int(profile is not None)
         if profile is None:
             continue
-        copy, decoder, encoder, jpeg, ofa = _engines(profile, model.compute_slices)
+        copy, decoder, encoder, jpeg, ofa = _engines(profile, model.compute_slices, model.nvml_architecture)
         out.id, out.slices, out.instances = (
-            profile.nvml_profile,
+            profile.smi_profile_id,  # as the Python driver: the id `nvidia-smi mig -lgip` prints
             profile.compute_slices,
             profile.max_instances,
         )
@@ -534,8 +534,8 @@ def _fill_identity(rec: GpuRec, identity: GpuIdentity) -> None:
         out.name = _clip(f"MIG {profile.name}", 32)
 
 
-def _engines(profile: object, model_slices: int) -> tuple[int, int, int, int, int]:
+def _engines(profile: object, model_slices: int, architecture: int) -> tuple[int, int, int, int, int]:
     from gpulens.sim.nvml.mig import engine_counts
 
-    counts = engine_counts(profile, model_slices)  # type: ignore[arg-type]
+    counts = engine_counts(profile, model_slices, architecture)  # type: ignore[arg-type]
     return counts["copy"], counts["decoder"], counts["encoder"], counts["jpeg"], counts["ofa"]

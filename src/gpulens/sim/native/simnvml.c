@@ -293,6 +293,9 @@ static nvmlReturn_t device(nvmlDevice_t handle, Target *t) {
 
 static int mig_enabled(const Target *t) { return t->g->mig_current == 1; }
 
+/* The physical GPU has a MIG mode at all (nvmlDeviceGetMigMode answers), on or off. */
+static int mig_capable(const Target *t) { return !t->mig && t->g->mig_current >= 0; }
+
 static nvmlReturn_t physical(nvmlDevice_t handle, Target *t) {
     TRY(device(handle, t));
     return t->mig ? E_NOT_SUPPORTED : SUCCESS;
@@ -1785,13 +1788,15 @@ API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t handle, unsigned *o
     return SUCCESS;
 }
 
-/* NOT_FOUND for an empty slot: callers iterate 0..max-1 and skip the holes. */
+/* NOT_FOUND for an empty slot: callers iterate 0..max-1 and skip the holes. With MIG off on a
+ * MIG-capable GPU every slot is empty: NOT_FOUND too (a real H200, driver 580), not NOT_SUPPORTED. */
 API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t handle, unsigned slot, nvmlDevice_t *out) {
     NEED_INIT();
     Target t;
     TRY(device(handle, &t));
     if (t.mig) return E_INVALID_ARGUMENT;
-    if (!mig_enabled(&t)) return E_NOT_SUPPORTED;
+    if (!mig_capable(&t)) return E_NOT_SUPPORTED;
+    if (!mig_enabled(&t)) return E_NOT_FOUND;
     if (slot >= max_mig_devices(&t)) return E_INVALID_ARGUMENT;
     if (!mig_by_slot(t.g, slot)) return E_NOT_FOUND;
     OUT(out, mig_handle(t.index, slot));
@@ -1819,10 +1824,18 @@ API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t handl
     return SUCCESS;
 }
 
+/* The GPU/compute-instance id calls: a full-GPU handle of a MIG-capable GPU is an invalid argument
+ * (a real H200, MIG off, driver 580); a GPU without MIG stays NOT_SUPPORTED. */
+static nvmlReturn_t instance_of(nvmlDevice_t handle, Target *t) {
+    TRY(device(handle, t));
+    if (t->mig) return SUCCESS;
+    return mig_capable(t) ? E_INVALID_ARGUMENT : E_NOT_SUPPORTED;
+}
+
 API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t handle, unsigned *out) {
     NEED_INIT();
     Target t;
-    TRY(mig_only(handle, &t));
+    TRY(instance_of(handle, &t));
     OUT(out, t.mig->gpu_instance_id);
     return SUCCESS;
 }
@@ -1830,7 +1843,7 @@ API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t handle, unsigned *out) 
 API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t handle, unsigned *out) {
     NEED_INIT();
     Target t;
-    TRY(mig_only(handle, &t));
+    TRY(instance_of(handle, &t));
     OUT(out, t.mig->compute_instance_id);
     return SUCCESS;
 }
@@ -1872,7 +1885,8 @@ typedef struct {
 static nvmlReturn_t profile_of(nvmlDevice_t handle, unsigned id, const ProfileRec **out) {
     Target t;
     TRY(device(handle, &t));
-    if (t.mig || !mig_enabled(&t)) return E_NOT_SUPPORTED;
+    /* MIG need not be on: a MIG-capable GPU describes its profiles with MIG off (a real H200) */
+    if (!mig_capable(&t)) return E_NOT_SUPPORTED;
     if (id >= MAX_PROFILES) return E_INVALID_ARGUMENT;
     if (!t.g->profiles[id].valid) return E_NOT_SUPPORTED;
     *out = &t.g->profiles[id];

@@ -6,7 +6,7 @@ import ctypes
 
 import pynvml
 
-from gpulens.catalog import MigProfile
+from gpulens.catalog import ARCH_HOPPER, MigProfile
 from gpulens.sim.nvml._core import (
     DEV,
     MIB,
@@ -21,6 +21,7 @@ from gpulens.sim.nvml._core import (
     out_struct,
     out_uint,
 )
+from gpulens.sim.state import MigInstanceState
 
 TABLE = SymbolTable()
 
@@ -33,6 +34,11 @@ def mig_mode(ctx: Context, handle: int, current: int, pending: int) -> None:
         raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
     out_uint(current, state.mig_mode_current)
     out_uint(pending, state.mig_mode_current if state.mig_mode_pending is None else state.mig_mode_pending)
+
+
+def mig_capable(target: Target) -> bool:
+    """The physical GPU has a MIG mode at all (nvmlDeviceGetMigMode answers), on or off."""
+    return not target.is_mig and target.state.mig_mode_current is not None
 
 
 def max_mig_devices(target: Target) -> int:
@@ -49,12 +55,15 @@ def max_mig_device_count(ctx: Context, handle: int, out: int) -> None:
 
 @TABLE.define("nvmlDeviceGetMigDeviceHandleByIndex", DEV, UINT, PTR)
 def mig_device_handle_by_index(ctx: Context, handle: int, slot: int, out: int) -> None:
-    """NOT_FOUND for an empty slot: callers iterate 0..max-1 and skip the holes."""
+    """NOT_FOUND for an empty slot: callers iterate 0..max-1 and skip the holes. With MIG off on a
+    MIG-capable GPU every slot is empty: NOT_FOUND too (a real H200, driver 580), not NOT_SUPPORTED."""
     target = ctx.device(handle)
     if target.is_mig:
         raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    if not target.mig_enabled:
+    if not mig_capable(target):
         raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    if not target.mig_enabled:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND)
     if slot >= max_mig_devices(target):
         raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     if not any(m.slot == slot for m in target.state.mig_instances):
@@ -79,27 +88,49 @@ def parent_handle(ctx: Context, handle: int, out: int) -> None:
     out_ptr(out, ctx.gpu_handle(mig_only(ctx, handle).index))
 
 
+def instance_of(ctx: Context, handle: int) -> MigInstanceState:
+    """The MIG instance behind a handle for the GPU/compute-instance id calls. A full-GPU handle of
+    a MIG-capable GPU is an invalid argument to them (a real H200, MIG off, driver 580, raises
+    INVALID_ARGUMENT, where the reference says NOT_SUPPORTED); a GPU without MIG stays NOT_SUPPORTED."""
+    target = ctx.device(handle)
+    if target.mig is not None:
+        return target.mig
+    if mig_capable(target):
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
 @TABLE.define("nvmlDeviceGetGpuInstanceId", DEV, PTR)
 def gpu_instance_id(ctx: Context, handle: int, out: int) -> None:
-    mig = mig_only(ctx, handle).mig
-    assert mig is not None
-    out_uint(out, mig.gpu_instance_id)
+    out_uint(out, instance_of(ctx, handle).gpu_instance_id)
 
 
 @TABLE.define("nvmlDeviceGetComputeInstanceId", DEV, PTR)
 def compute_instance_id(ctx: Context, handle: int, out: int) -> None:
-    mig = mig_only(ctx, handle).mig
-    assert mig is not None
-    out_uint(out, mig.compute_instance_id)
+    out_uint(out, instance_of(ctx, handle).compute_instance_id)
 
 
-def engine_counts(profile: MigProfile, model_slices: int) -> dict[str, int]:
-    """Copy/decoder/encoder/JPEG/OFA engines of a profile (A100/H100 MIG user guide tables)."""
+def engine_counts(profile: MigProfile, model_slices: int, architecture: int) -> dict[str, int]:
+    """Copy/decoder/encoder/JPEG/OFA engines of a profile (NVIDIA MIG user guide tables).
+
+    Hopper has one NVDEC and one NVJPG per compute slice (7 each), so every profile gets as many as
+    it has slices, and the one OFA goes with the full GPU or +me (a real H200's 1g.18gb: one decoder,
+    one JPEG, no OFA). Ampere has 5 NVDECs and one NVJPG/OFA: small profiles share them unevenly.
+    Blackwell keeps Ampere's table until a real record says otherwise.
+    """
     full = profile.compute_slices == model_slices
+    media = 1 if full or profile.media_extensions else 0
+    if architecture == ARCH_HOPPER:
+        return {
+            "copy": profile.copy_engines,
+            "decoder": profile.compute_slices,
+            "encoder": 0,
+            "jpeg": profile.compute_slices,
+            "ofa": media,
+        }
     decoders = {1: 0, 2: 1, 3: 2, 4: 2}.get(profile.compute_slices, 5 if full else 4)
     if profile.media_extensions:
         decoders = 1
-    media = 1 if full or profile.media_extensions else 0
     return {
         "copy": profile.copy_engines,
         "decoder": decoders if model_slices != 4 else profile.compute_slices,
@@ -114,7 +145,8 @@ def attributes(ctx: Context, handle: int, out: int) -> None:
     target = mig_only(ctx, handle)
     mig = target.mig
     assert mig is not None
-    engines = engine_counts(mig.profile, target.identity.model.compute_slices)
+    model = target.identity.model
+    engines = engine_counts(mig.profile, model.compute_slices, model.nvml_architecture)
     attrs = out_struct(out, pynvml.c_nvmlDeviceAttributes)
     attrs.multiprocessorCount = mig.profile.sm_count
     attrs.sharedCopyEngineCount = engines["copy"]
@@ -128,8 +160,10 @@ def attributes(ctx: Context, handle: int, out: int) -> None:
 
 
 def _profile(ctx: Context, handle: int, profile_id: int) -> tuple[Target, MigProfile]:
+    # MIG mode need not be on: a MIG-capable GPU describes its profiles with MIG off (a real H200,
+    # driver 580), which is how tools size instances before enabling MIG
     target = ctx.device(handle)
-    if target.is_mig or not target.mig_enabled:
+    if not mig_capable(target):
         raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
     if profile_id >= pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
         raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -140,8 +174,10 @@ def _profile(ctx: Context, handle: int, profile_id: int) -> tuple[Target, MigPro
 
 
 def _fill_profile(info: ctypes.Structure, target: Target, profile: MigProfile) -> None:
-    engines = engine_counts(profile, target.identity.model.compute_slices)
-    info.id = profile.nvml_profile
+    model = target.identity.model
+    engines = engine_counts(profile, model.compute_slices, model.nvml_architecture)
+    info.id = profile.smi_profile_id  # the profile's id on the device (`nvidia-smi mig -lgip`), not
+    # the NVML_GPU_INSTANCE_PROFILE_* argument: a real H200 answers 19 for 1_SLICE (0)
     info.isP2pSupported = 0
     info.sliceCount = profile.compute_slices
     info.instanceCount = profile.max_instances
