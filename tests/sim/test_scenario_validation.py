@@ -28,7 +28,27 @@ def error_of(data: Any) -> str:
 CASES = [
     (
         {"gpus": [{"model": "H100-80GB", "modle": 1}]},
-        "t.yaml: gpus[0].modle: expected one of the keys model, count, mig, mps, overrides, found 'modle'",
+        "t.yaml: gpus[0].modle: expected one of the keys model, count, mig, mps, nvlink, overrides, "
+        "found 'modle'",
+    ),
+    (
+        {"gpus": [{"model": "H200", "nvlink": "off"}]},
+        "t.yaml: gpus[0].nvlink: expected true or false, found 'off'",
+    ),
+    (
+        {
+            "gpus": [{"model": "H200", "nvlink": False}],
+            "processes": [proc(workload={"pattern": "constant", "memory": "1GiB", "nvlink_gbps": 50})],
+        },
+        "t.yaml: processes[0].workload.nvlink_gbps: expected 0 (GPU 0 exposes no NVLink: nvlink: false)"
+        ", found 50",
+    ),
+    (
+        {
+            "gpus": [{"model": "H200", "nvlink": False}],
+            "faults": {"timeline": [{"at": 5, "gpu": 0, "nvlink_error": {"link": 0}}]},
+        },
+        "t.yaml: faults.timeline[0].gpu: expected a GPU with NVLink, found 0",
     ),
     (
         {"gpus": [{"model": "H100-80GB", "count": "two"}]},

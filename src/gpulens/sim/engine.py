@@ -972,7 +972,7 @@ class ScenarioNode:
                 faults.remap_pending,
                 faults.remap_failed,
             )
-        links = model.nvlink_links
+        links = model.nvlink_links if g.nvlink else 0  # no links exposed: NvLink calls are NS
         nvlinks = tuple(
             NvLinkState(
                 link=link,

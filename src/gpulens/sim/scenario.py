@@ -89,6 +89,9 @@ class GpuSpec:
     ecc_aggregate: tuple[int, int]  # (corrected, uncorrected) before the simulation started
     remapped_rows: tuple[int, int]  # (correctable, uncorrectable) rows before the simulation
     ambient_c: float
+    # False: the GPU exposes none of its model's NVLink links (PCIe boards of NVLink models, VMs with
+    # GPU passthrough); every NvLink call then answers NOT_SUPPORTED, as on a real H200 in a VM
+    nvlink: bool = True
 
 
 @dataclass(frozen=True)
@@ -609,12 +612,13 @@ def _parse_gpus(c: _Check, raw: Any, hostname: str, users: dict[str, int]) -> tu
     gpus: list[GpuSpec] = []
     for i, entry in enumerate(entries):
         p = f"gpus[{i}]"
-        m = c.mapping(p, entry, ("model",), ("count", "mig", "mps", "overrides"))
+        m = c.mapping(p, entry, ("model",), ("count", "mig", "mps", "nvlink", "overrides"))
         try:
             model = get_model(c.string(f"{p}.model", m["model"]))
         except CatalogError as e:
             raise c.fail(f"{p}.model", f"expected a catalog model, found {m['model']!r} ({e})") from None
         count = c.integer(f"{p}.count", m.get("count", 1), 1, 64)
+        nvlink = c.boolean(f"{p}.nvlink", m.get("nvlink", True))
         mig = None
         if "mig" in m:
             if not model.mig_capable:
@@ -730,6 +734,7 @@ def _parse_gpus(c: _Check, raw: Any, hostname: str, users: dict[str, int]) -> tu
                         ),
                     ),
                     ambient_c=c.number(f"{p}.overrides.ambient_c", ov.get("ambient_c", 28), 0, 60),
+                    nvlink=nvlink,
                 )
             )
     return tuple(gpus)
@@ -945,6 +950,12 @@ def parse_process(
     env = c.any_mapping(f"{path}.environ", m.get("environ", {}))
     environ = tuple((str(k), c.string(f"{path}.environ.{k}", v)) for k, v in env.items())
     workload = parse_workload(c, f"{path}.workload", m["workload"], limit, limit_what)
+    if workload.nvlink_gbps and not gpu.nvlink:
+        raise c.expected(
+            f"{path}.workload.nvlink_gbps",
+            f"0 (GPU {gpu_index} exposes no NVLink: nvlink: false)",
+            m["workload"]["nvlink_gbps"],
+        )
     return ProcessSpec(
         pid=pid,
         gpu=gpu_index,
@@ -1133,7 +1144,7 @@ def _pcie_replay(e: _FaultEntry) -> Fault:
 def _nvlink_error(e: _FaultEntry) -> Fault:
     c, gpu = e.c, e.gpu_spec
     m = c.mapping(e.vpath, e.value, ("link",), ("counter", "count"))
-    if gpu.model.nvlink_links == 0:
+    if gpu.model.nvlink_links == 0 or not gpu.nvlink:
         raise c.expected(f"{e.path}.gpu", "a GPU with NVLink", gpu.index)
     return NvlinkErrorFault(
         at=e.at,
