@@ -13,7 +13,13 @@ from gpulens.devtools.conformance.diff import compare_records, compare_values
 from gpulens.devtools.conformance.exporter_check import check_exposition, parse_exposition
 from gpulens.devtools.conformance.record import describe
 
-FACTS = Path(__file__).resolve().parents[1] / "data" / "nvml-reference-facts.json"
+DATA = Path(__file__).resolve().parents[1] / "data"
+FACTS = DATA / "nvml-reference-facts.json"
+# records the simulator must match exactly: documented behaviour, then every real GPU run
+REPLAYED = {
+    "documented": FACTS,
+    "real-h200": DATA / "real-h200.json",  # 2026-12-04: H200, driver 580.159.04, VM without NVLink
+}
 
 
 def _record(probes: dict, mig: list | None = None) -> dict:
@@ -66,10 +72,11 @@ def test_missing_mig_devices_in_the_simulator_are_reported():
     assert mismatch.where == "gpu0/mig0"
 
 
-def test_simulator_matches_the_documented_nvml_behaviour():
-    """Replays the reference-derived record (tests/data) against today's simulator."""
+@pytest.mark.parametrize("record", REPLAYED.values(), ids=REPLAYED.keys())
+def test_simulator_matches_the_replayed_record(record):
+    """Replays a committed record (tests/data) against today's simulator."""
     result = subprocess.run(
-        [sys.executable, "-m", "gpulens.cli", "conformance", "diff", str(FACTS), "--strict"],
+        [sys.executable, "-m", "gpulens.cli", "conformance", "diff", str(record), "--strict"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -97,6 +104,23 @@ def test_a_bad_record_file_is_one_clear_error(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and str(bad) in result.stderr
+
+
+def test_a_real_gpu_without_nvlink_is_simulated_without_nvlink():
+    from gpulens.devtools.conformance.cli import _real_shape
+
+    shape = _real_shape(json.loads(REPLAYED["real-h200"].read_text()))
+    assert (shape.model, shape.mig_profiles, shape.nvlink) == ("H200-141GB", (), False)
+
+
+def test_a_real_gpu_with_nvlink_is_simulated_with_it():
+    from gpulens.devtools.conformance.cli import _real_shape
+
+    probes = {
+        "nvmlDeviceGetName": {"type": "str", "value": "NVIDIA H200"},
+        "nvmlDeviceGetNvLinkState(0)": {"type": "int", "value": 1},
+    }
+    assert _real_shape(_record(probes)).nvlink is True
 
 
 EXPOSITION = """# HELP gpu_up x

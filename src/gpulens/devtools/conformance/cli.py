@@ -16,6 +16,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +25,47 @@ from gpulens.devtools.conformance.diff import compare_records, render
 from gpulens.devtools.conformance.record import record_node
 
 
-def _real_model(record: dict[str, Any]) -> tuple[str | None, list[str]]:
-    """The catalog key of the first real GPU and the MIG profile names seen on it."""
+@dataclass(frozen=True)
+class RealShape:
+    """What the simulated node copies from a real record so that both answer the same probes."""
+
+    model: str | None  # catalog key of the first real GPU
+    mig_profiles: tuple[str, ...] = ()  # MIG profile names seen on it
+    nvlink: bool = True  # False: the real driver exposes no NVLink (PCIe card, VM passthrough)
+
+
+def _real_shape(record: dict[str, Any]) -> RealShape:
+    """The model, MIG layout and NVLink exposure of the first real GPU in a record."""
     from gpulens.catalog import model_for_nvml_name
 
     gpus = record.get("gpus") or []
     if not gpus:
-        return None, []
-    name = gpus[0]["probes"].get("nvmlDeviceGetName", {}).get("value")
+        return RealShape(None)
+    probes = gpus[0]["probes"]
+    name = probes.get("nvmlDeviceGetName", {}).get("value")
     model = model_for_nvml_name(name) if name else None
     profiles = []
     for mig in gpus[0].get("mig", []):
         mig_name = mig["probes"].get("nvmlDeviceGetName", {}).get("value", "")
         if " MIG " in mig_name:
             profiles.append(mig_name.split(" MIG ", 1)[1])
-    return (model.key if model else None), profiles
+    # the link-0 state is NOT_SUPPORTED only when the driver exposes no NVLink at all
+    nvlink = probes.get("nvmlDeviceGetNvLinkState(0)", {}).get("error") != "NVMLError_NotSupported"
+    return RealShape(model.key if model else None, tuple(profiles), nvlink)
 
 
-def simulated_record(model_key: str, mig_profiles: list[str], gpus: int = 1) -> dict[str, Any]:
-    """Record the probes on a simulated node of `gpus` GPUs of `model_key` with one busy process."""
+def simulated_record(
+    model_key: str, mig_profiles: Sequence[str], gpus: int = 1, *, nvlink: bool = True
+) -> dict[str, Any]:
+    """Record the probes on a simulated node of `gpus` GPUs of `model_key` with one busy process;
+    `nvlink=False` simulates GPUs whose NVLink the driver does not expose."""
     import pynvml
 
     from gpulens.sim.engine import build_node
     from gpulens.sim.install import simulated
     from gpulens.sim.scenario import parse_scenario
 
-    gpu_entry: dict[str, Any] = {"model": model_key, "count": gpus}
+    gpu_entry: dict[str, Any] = {"model": model_key, "count": gpus, "nvlink": nvlink}
     if mig_profiles:
         gpu_entry["mig"] = list(mig_profiles)
     data: dict[str, Any] = {"name": f"conformance-{model_key}", "gpus": [gpu_entry]}
@@ -86,13 +103,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(status, file=sys.stderr)
         real = record_node(pynvml, "real")
     _write(out / "real.json", json.dumps(real, indent=1, sort_keys=True))
-    model_key, profiles = _real_model(real)
-    summary["model"], summary["mig_profiles"] = model_key, profiles
+    shape = _real_shape(real)
+    model_key, profiles = shape.model, list(shape.mig_profiles)
+    summary["model"], summary["mig_profiles"], summary["nvlink"] = model_key, profiles, shape.nvlink
     if model_key is None:
         summary["diff"] = "no GPU model from the catalog found: nothing to compare"
     else:
         try:
-            sim = simulated_record(model_key, profiles)
+            sim = simulated_record(model_key, profiles, nvlink=shape.nvlink)
             _write(out / "sim.json", json.dumps(sim, indent=1, sort_keys=True))
             mismatches = compare_records(real, sim)
             summary["differences"] = len(mismatches)
@@ -131,17 +149,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
             f"gpulens conformance: {args.record}: expected a conformance JSON record: {exc}", file=sys.stderr
         )
         return 2
-    model_key, profiles = _real_model(real)
-    if args.model:
-        model_key = args.model
+    shape = _real_shape(real)
+    model_key = args.model or shape.model
     if model_key is None:
         print(
             f"gpulens conformance: {args.record}: no catalog GPU model in the record; pass --model",
             file=sys.stderr,
         )
         return 2
+    gpus = len(real.get("gpus", [])) or 1
     mismatches = compare_records(
-        real, simulated_record(model_key, profiles, gpus=len(real.get("gpus", [])) or 1)
+        real, simulated_record(model_key, shape.mig_profiles, gpus=gpus, nvlink=shape.nvlink)
     )
     print(render(mismatches))
     return 1 if mismatches and args.strict else 0
