@@ -26,12 +26,16 @@ def test_memory_info_v1_reports_total_used_and_free(sim) -> None:
     assert info.free == info.total - info.used
 
 
-def test_memory_info_v2_adds_reserved(sim) -> None:
-    info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(3), version=pynvml.nvmlMemory_v2)
+def test_memory_info_v2_reports_reserved_apart_from_used(sim) -> None:
+    """As a real H200 (driver 580): v2 `used` = v1 `used` - `reserved`, `free` is the same."""
+    handle = pynvml.nvmlDeviceGetHandleByIndex(3)
+    v1 = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
     assert isinstance(info, pynvml.c_nvmlMemory_v2_t)
     assert info.reserved == 512 * 1024**2
-    assert info.used == info.reserved  # an idle GPU: v2 used includes reserved
-    assert info.total == info.used + info.free
+    assert info.used == v1.used - info.reserved == 0  # an idle GPU
+    assert info.free == v1.free
+    assert info.total == info.used + info.reserved + info.free
 
 
 def test_memory_info_v2_with_a_wrong_struct_version_is_a_version_mismatch(sim) -> None:

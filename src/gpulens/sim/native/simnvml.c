@@ -695,7 +695,10 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t handle, Memory_v2 *out)
     TRY(device(handle, &t));
     uint64_t total, reserved, used;
     memory_of(&t, &total, &reserved, &used);
-    out->total = total, out->reserved = reserved, out->used = used;
+    /* v1 `used` includes the driver's reserved memory, v2 `used` does not (free is the same in
+     * both): a real H200, driver 580. MIG devices keep v1's `used` (no real record of them yet). */
+    out->total = total, out->reserved = reserved;
+    out->used = t.mig ? used : (used > reserved ? used - reserved : 0);
     out->free = total > used ? total - used : 0;
     return SUCCESS;
 }
@@ -1918,6 +1921,7 @@ API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t handle, unsig
     const ProfileRec *p;
     TRY(profile_of(handle, id, &p));
     FILL_PROFILE(out, p);
+    out->version = 0; /* a real H200 (driver 580) hands the struct back with its version cleared */
     snprintf(out->name, sizeof out->name, "%s", p->name);
     return SUCCESS;
 }

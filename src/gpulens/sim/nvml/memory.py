@@ -39,9 +39,13 @@ def memory_info(ctx: Context, handle: int, out: int) -> None:
 def memory_info_v2(ctx: Context, handle: int, out: int) -> None:
     if in_struct(out, pynvml.c_nvmlMemory_v2_t).version != pynvml.nvmlMemory_v2:
         raise NvmlFail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-    total, reserved, used = _memory(ctx.device(handle))
+    target = ctx.device(handle)
+    total, reserved, used = _memory(target)
     info = out_struct(out, pynvml.c_nvmlMemory_v2_t)
-    info.total, info.reserved, info.used = total, reserved, used
+    # v1 `used` includes the driver's reserved memory, v2 `used` does not (free is the same in
+    # both): a real H200, driver 580. MIG devices keep v1's `used` (no real record of them yet).
+    used_v2 = used if target.is_mig else max(0, used - reserved)
+    info.total, info.reserved, info.used = total, reserved, used_v2
     info.free = max(0, total - used)
 
 
