@@ -136,7 +136,7 @@ def test_mig_uuid_and_attributes(sim) -> None:
 
 def test_gpu_instance_profile_info_v2_names_the_profile(sim) -> None:
     info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(0), pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
-    assert info.version == pynvml.nvmlGpuInstanceProfileInfo_v2
+    assert info.version == 0  # cleared on the way out, as a real H200 (driver 580) does
     assert (info.name, info.sliceCount, info.instanceCount, info.memorySizeMB) == ("MIG 1g.10gb", 1, 7, 9984)
     assert info.multiprocessorCount == 16
 

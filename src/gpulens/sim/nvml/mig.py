@@ -206,4 +206,5 @@ def gpu_instance_profile_info_v(ctx: Context, handle: int, profile_id: int, out:
     target, profile = _profile(ctx, handle, profile_id)
     info = out_struct(out, pynvml.c_nvmlGpuInstanceProfileInfo_v2_t)
     _fill_profile(info, target, profile)
+    info.version = 0  # a real H200 (driver 580) hands the struct back with its version cleared
     info.name = f"MIG {profile.name}".encode()
