@@ -105,6 +105,8 @@ class GpuModel:
     row_remapping: bool = True  # Ampere and newer remap rows instead of retiring pages
     gpm_supported: bool = False  # NVML GPM: Hopper and newer
     mps_max_clients: int = 48
+    # framebuffer the driver keeps (NVML v2 `reserved`), where a real GPU showed it; None: estimated
+    memory_reserved_bytes: int | None = None
 
     @property
     def mig_capable(self) -> bool:
@@ -728,6 +730,7 @@ MODELS: dict[str, GpuModel] = {
             compute_slices=7,
             memory_slices=8,
             gpm_supported=True,
+            memory_reserved_bytes=644939776,  # 615.06 MiB: a real H200, driver 580.159.04
             mig_profiles=_profiles_7(
                 {"1g": 18, "1g2": 35, "2g": 35, "3g": 71, "4g": 71, "7g": 141},
                 {"1g": 16384, "1g2": 33280, "2g": 33280, "3g": 66816, "4g": 66816, "7g": 143360},

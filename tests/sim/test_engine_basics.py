@@ -111,3 +111,10 @@ def test_processes_starting_with_the_node_are_there_at_once_on_any_start_time() 
     )
     node = build_node(scenario, clock=ManualClock(1_700_000_000.123))  # mid-quantum
     assert [p.pid for p in node.gpu_state(0).processes] == [9]
+
+
+def test_an_h200_reserves_what_the_real_one_does() -> None:
+    """615.06 MiB: nvidia-smi's "Reserved 616 MiB" on a real H200 (driver 580.159.04)."""
+    node = build_node(parse_scenario({"gpus": [{"model": "H200"}]}, "t.yaml"), seed=1)
+    state = node.gpu_state(0)
+    assert state.memory_reserved_bytes == state.memory_used_bytes == 644_939_776

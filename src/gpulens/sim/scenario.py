@@ -354,7 +354,10 @@ def make_uuid(*keys: int | str) -> str:
 
 
 def gpu_reserved_bytes(model: GpuModel) -> int:
-    """Memory the driver keeps for itself on a whole GPU (NVML v2 `reserved`)."""
+    """Memory the driver keeps for itself on a whole GPU (NVML v2 `reserved`): the catalog's figure
+    where a real GPU showed it, else 0.65 % of the framebuffer in whole MiB."""
+    if model.memory_reserved_bytes is not None:
+        return model.memory_reserved_bytes
     return int(model.memory_bytes * 0.0065) // (1024**2) * 1024**2
 
 
