@@ -78,7 +78,9 @@ def make_profiler_factory(
     use_gpm = config.profiling in ("auto", "gpm")
 
     def factory(_backend: Any) -> Any:
-        gpm = GpmProfiler(clock, interval=config.interval, logger=log) if use_gpm else None
+        # the PCIe/NVLink rates are read by the --compat families only
+        rates = bool(config.compat_spec())
+        gpm = GpmProfiler(clock, interval=config.interval, logger=log, rates=rates) if use_gpm else None
         if settings is None:
             return gpm
         dcgm = DcgmProfiler(

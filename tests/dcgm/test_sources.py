@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from gpulens.exporter.backends.gpm import GpmProfiler
+from gpulens.exporter.backends.profiling_source import make_profiler_factory
+from gpulens.exporter.config import ExporterConfig
 from gpulens.sim.dcgm import BINDINGS_DIR, hostengine
 from gpulens.sim.dcgm.hostengine import EngineOptions
 from tests.dcgm.conftest import STEP, Sim, one, series, two_samples
@@ -177,3 +180,28 @@ def test_auto_falls_back_when_dcgm_reads_blank_not_supported(simulate: Callable[
     assert sources(families)["6"] == "gpm"
     assert one(families, "gpu_sm_active_ratio", gpu="6") is not None
     assert sources(families)["5"] == "dcgm"
+
+
+# ---- the PCIe/NVLink rates feed only the --compat families: not asked of the driver otherwise ---
+
+
+@pytest.mark.parametrize("rates", [False, True])
+def test_gpm_asks_for_the_link_rates_only_when_told(simulate: Callable[[str], Sim], rates: bool) -> None:
+    sim = simulate("dgx-h100")
+    profiler = GpmProfiler(sim.clock.now, interval=STEP, rates=rates)
+    profiler.read(3, sim.handle(3), [])
+    sim.clock.advance(STEP)
+    _, values, _ = profiler.read(3, sim.handle(3), [])
+    assert "sm" in dict(values)
+    assert ("pcie_tx_bytes_per_second" in dict(values)) is rates
+
+
+@pytest.mark.parametrize(("compat", "rates"), [("", False), ("dcgm", True), ("jobstats", True)])
+def test_the_compat_families_decide_whether_gpm_reads_link_rates(
+    simulate: Callable[[str], Sim], compat: str, rates: bool
+) -> None:
+    sim = simulate("dgx-h100")
+    config = ExporterConfig(interval=STEP, profiling="gpm", compat=compat)
+    factory = make_profiler_factory(config, sim.clock.now, node=sim.node)
+    assert factory is not None
+    assert factory(None).rates is rates
