@@ -81,4 +81,4 @@ class InstantLoad:
                 continue
             sums = np.bincount(slots, weights=self._values[name][:used][active], minlength=self._slots)
             refused |= sums + x > bound + MARGIN * max(1.0, abs(bound))
-        return refused.tolist()  # type: ignore[no-any-return]
+        return refused.tolist()
