@@ -218,3 +218,34 @@ def test_without_the_analyzer_extra_recommend_names_the_install_command(tmp_path
     assert one_error_line(done.stderr) == (
         "gpulens: error: the analyzer needs pandas: pip install 'gpulens[analyzer]'"
     )
+
+
+def test_a_command_runs_with_fewer_young_collections_and_gives_the_threshold_back():
+    import gc
+
+    from gpulens.analyzer.cli import GC_YOUNG_THRESHOLD, _guard
+
+    seen = []
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        _guard(lambda _args: seen.append(gc.get_threshold()) or 0)(None)
+        assert seen == [(GC_YOUNG_THRESHOLD, 10, 10)]
+        assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_collection_switched_off_by_the_calling_program_stays_off():
+    import gc
+
+    from gpulens.analyzer.cli import _guard
+
+    seen = []
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(0)
+        _guard(lambda _args: seen.append(gc.get_threshold()[0]) or 0)(None)
+        assert seen == [0]
+    finally:
+        gc.set_threshold(*before)
