@@ -76,10 +76,9 @@ def make_profiler_factory(
     log = logger or logging.getLogger("gpulens.exporter")
     settings = dcgm_settings(config, simulating=node is not None)
     use_gpm = config.profiling in ("auto", "gpm")
+    rates = bool(config.compat_spec())  # the PCIe/NVLink rates are read by the --compat families only
 
     def factory(_backend: Any) -> Any:
-        # the PCIe/NVLink rates are read by the --compat families only
-        rates = bool(config.compat_spec())
         gpm = GpmProfiler(clock, interval=config.interval, logger=log, rates=rates) if use_gpm else None
         if settings is None:
             return gpm
