@@ -6,30 +6,23 @@ aggregates, for chunks of jobs at a time (a `job_id=~"a|b|..."` matcher), so the
 with the TSDB. Signals and reductions are the ones `profile.stats_from_samples` computes with
 pandas (`signals.py` is shared), so both paths give the same profile for the same data.
 
-Works with Prometheus, Thanos, Mimir and VictoriaMetrics (plain `/api/v1/query`, POST form).
-Transient failures (connection errors, 429, 5xx) are retried with backoff; anything else is one
-clear `AnalyzerError` line. Requests go through `gpulens.httpclient`: each attempt has a total
-deadline (`timeout_s`, not a per-read timeout), answers are bounded (`max_response_bytes`), and a
-redirect to another origin is refused, so the bearer token or basic auth never leaves for it.
+Works with Prometheus, Thanos, Mimir and VictoriaMetrics through `promclient.PromClient`. A run's
+queries overlap where one does not need another's answer: identity, the rules' coverage and the
+rule path's presence counts are asked together (`PromClient.ask`), the reductions as soon as the
+job kinds are known.
 """
 
 from __future__ import annotations
 
-import base64
 import enum
 import math
-import ssl
 import sys
-import time
-import urllib.parse
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TextIO
 
 import pandas as pd
 
-from gpulens import httpclient
 from gpulens.analyzer import signals
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.profile import (
@@ -41,136 +34,15 @@ from gpulens.analyzer.profile import (
     fleet_from_gpus,
     job_kinds,
 )
-from gpulens.analyzer.sources import rules
+from gpulens.analyzer.sources import promqueries, rules
+from gpulens.analyzer.sources.promclient import PromClient, PromConfig, sample_value
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.catalog import GpuModel
-from gpulens.safeload import load_json
 
-RETRY_STATUS = {429, 500, 502, 503, 504}
+__all__ = ["Aggregation", "PromClient", "PromConfig", "PromSource", "RuleCoverage", "RuleStats"]
+
 # a stats query repeats the job matcher ~7 times; VictoriaMetrics rejects queries over 16 KiB by default
 MAX_REGEX_CHARS = 1800
-
-
-@dataclass
-class PromConfig:
-    """How to reach the API."""
-
-    url: str
-    bearer_token: str | None = None
-    bearer_token_file: str | None = None
-    basic_auth: tuple[str, str] | None = None
-    ca_file: str | None = None
-    insecure_skip_verify: bool = False
-    timeout_s: float = 120.0  # per attempt, in total; Prometheus' own --query.timeout is 2m
-    retries: int = 3
-    backoff_s: float = 0.5
-    max_response_bytes: int = 256 << 20
-
-
-class PromClient:
-    """Instant queries with auth, TLS options, retries and strict response checking."""
-
-    def __init__(self, config: PromConfig) -> None:
-        self.config = config
-        self.base = config.url.rstrip("/")
-        parsed = urllib.parse.urlparse(self.base)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise AnalyzerError(f"--prometheus: {config.url!r} is not an http(s) URL")
-        self.headers = {"Accept": "application/json", "User-Agent": "gpulens-analyzer"}
-        token = config.bearer_token
-        if config.bearer_token_file:
-            try:
-                token = Path(config.bearer_token_file).read_text().strip()
-            except OSError as exc:
-                raise AnalyzerError(
-                    f"{config.bearer_token_file}: cannot read bearer token: {exc.strerror}"
-                ) from exc
-        if token:
-            self.headers["Authorization"] = f"Bearer {token}"
-        elif config.basic_auth:
-            user, password = config.basic_auth
-            encoded = base64.b64encode(f"{user}:{password}".encode()).decode()
-            self.headers["Authorization"] = f"Basic {encoded}"
-        self.context: ssl.SSLContext | None = None
-        if parsed.scheme == "https":
-            try:
-                self.context = ssl.create_default_context(cafile=config.ca_file)
-            except (OSError, ssl.SSLError) as exc:
-                raise AnalyzerError(f"{config.ca_file}: cannot load CA file: {exc}") from exc
-            if config.insecure_skip_verify:
-                self.context.check_hostname = False
-                self.context.verify_mode = ssl.CERT_NONE
-
-    def _post(self, path: str, params: dict[str, str]) -> bytes:
-        data = urllib.parse.urlencode(params).encode()
-        url = f"{self.base}{path}"
-        headers = {**self.headers, "Content-Type": "application/x-www-form-urlencoded"}
-        last = ""
-        for attempt in range(self.config.retries + 1):
-            if attempt:
-                time.sleep(self.config.backoff_s * 2 ** (attempt - 1))
-            try:
-                answer = httpclient.request(
-                    "POST",
-                    url,
-                    deadline=self.config.timeout_s,
-                    headers=headers,
-                    body=data,
-                    max_bytes=self.config.max_response_bytes,
-                    context=self.context,
-                )
-            except (httpclient.TooLarge, httpclient.RedirectRefused) as exc:
-                raise AnalyzerError(str(exc)) from None  # retrying cannot help
-            except httpclient.HttpError as exc:
-                last = str(exc).removeprefix(f"POST {url}: ")
-                continue
-            if 200 <= answer.status < 300:
-                return answer.body
-            if answer.status in RETRY_STATUS:
-                last = f"HTTP {answer.status}"
-                continue
-            if answer.status in (400, 422):
-                return answer.body  # PromQL errors come back as JSON with status "error"
-            if answer.status in (401, 403):
-                raise AnalyzerError(f"{url}: HTTP {answer.status}: check the bearer token / basic auth")
-            raise AnalyzerError(f"{url}: HTTP {answer.status}")
-        raise AnalyzerError(
-            f"{url}: cannot reach Prometheus after {self.config.retries + 1} attempts: {last}"
-        )
-
-    def query(self, expr: str, at: float) -> list[dict]:
-        """Instant vector query; returns the `result` list (labels in `metric`, `[ts, "v"]`)."""
-        body = self._post("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
-        where = f"{self.base}/api/v1/query"
-        try:
-            payload = load_json(body)
-        except ValueError as exc:
-            raise AnalyzerError(f"{where}: malformed response (not JSON): {body[:60]!r}") from exc
-        if not isinstance(payload, dict) or "status" not in payload:
-            raise AnalyzerError(f'{where}: malformed response: no "status" field')
-        if payload["status"] != "success":
-            kind, error = payload.get("errorType", "error"), payload.get("error", "unknown error")
-            raise AnalyzerError(f"{where}: query failed ({kind}): {error}")
-        data = payload.get("data")
-        if not isinstance(data, dict) or not isinstance(data.get("result"), list):
-            raise AnalyzerError(f"{where}: malformed response: data.result is not a list")
-        if data.get("resultType") not in ("vector", None):
-            raise AnalyzerError(f"{where}: expected an instant vector, got {data.get('resultType')!r}")
-        for item in data["result"]:
-            if not isinstance(item, dict) or "metric" not in item or not _is_sample(item.get("value")):
-                raise AnalyzerError(f"{where}: malformed response: a result lacks metric/value")
-        return data["result"]
-
-
-def _is_sample(value: object) -> bool:
-    return isinstance(value, list) and len(value) == 2 and isinstance(value[1], str)
-
-
-def _value(item: dict) -> float:
-    try:
-        return float(item["value"][1])
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def _regex(jobs: list[str]) -> str:
@@ -255,7 +127,7 @@ def _by_job(result: list[dict]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for item in result:
         job = item["metric"].get("job_id", "")
-        out.setdefault(job, {})[item["metric"].get("stat", "")] = _value(item)
+        out.setdefault(job, {})[item["metric"].get("stat", "")] = sample_value(item)
     return out
 
 
@@ -277,7 +149,9 @@ class PromSource:
     step_s: float
     chunk_size: int = 200
     progress: TextIO | None = None
-    concurrency: int = 4  # chunks (raw) or queries (rules) in flight at once
+    # chunks of the raw path in flight at once; the rule path's queries (and every query asked
+    # ahead) run `client.config.in_flight` at a time
+    concurrency: int = 4
     aggregation: Aggregation = Aggregation.AUTO
     step_given: bool = True  # False: `step_s` is only the default, the rules' interval may replace it
     log: TextIO | None = field(default_factory=lambda: sys.stderr)  # the one line saying which path ran
@@ -295,7 +169,7 @@ class PromSource:
             print(f"gpulens: {message}", file=self.progress, flush=True)
 
     def _labels(self, family: str, keys: list[str]) -> pd.DataFrame:
-        expr = f"last_over_time({family}[{int(self.window_s)}s])"
+        expr = promqueries.labels(family, self.window_s)
         # identity, fleet and gpu_rows all read gpu_info's labels over the same window: asked once
         key = (expr, self.end)  # the window is in the expression; the end is not
         if key not in self._answers:
@@ -306,7 +180,7 @@ class PromSource:
 
     def identity(self) -> Identity:
         series = self._labels(
-            f'gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"}}',
+            promqueries.JOB_INFO,
             ["job_id", "uuid", "gpu_instance", *signals.IDENTITY_LABELS],
         )
         if series.empty:
@@ -315,13 +189,11 @@ class PromSource:
                 f"{self.end:.0f}: no jobs to profile (check --window/--end and that the exporter is scraped)"
             )
         series = series.drop_duplicates().reset_index(drop=True)
-        gpus = self._labels("gpu_info", ["uuid", "model", "instance"]).drop_duplicates("uuid")
-        migs = self._labels("gpu_mig_instance_info", ["uuid", "gpu_instance", "mig_profile"])
+        gpus = self._labels(promqueries.GPU_INFO, ["uuid", "model", "instance"]).drop_duplicates("uuid")
+        migs = self._labels(promqueries.MIG_INFO, ["uuid", "gpu_instance", "mig_profile"])
         migs = migs.drop_duplicates(["uuid", "gpu_instance"])
-        totals = self.client.query(
-            f"max by (uuid) (max_over_time(gpu_memory_total_bytes[{int(self.window_s)}s]))", self.end
-        )
-        memory = {item["metric"].get("uuid", ""): _value(item) for item in totals}
+        totals = self.client.query(promqueries.memory_totals(self.window_s), self.end)
+        memory = {item["metric"].get("uuid", ""): sample_value(item) for item in totals}
         memory = {u: v for u, v in memory.items() if u and v > 0}
         return Identity(series, gpus.reset_index(drop=True), migs.reset_index(drop=True), memory)
 
@@ -449,21 +321,33 @@ class PromSource:
 
     def fleet(self, gpu_model: GpuModel | None = None) -> list[FleetGpu]:
         """Every GPU with a `gpu_info` series in the window, idle ones included."""
-        return fleet_from_gpus(self._labels("gpu_info", ["uuid", "model", "instance"]), gpu_model)
+        return fleet_from_gpus(self._labels(promqueries.GPU_INFO, ["uuid", "model", "instance"]), gpu_model)
 
     def gpu_rows(self) -> list[dict]:
         """One row per GPU of `gpu_info` in the window (uuid, model, instance and the `gpu` index
         label): the inventory emit and the report name node/GPU from, as the file path's rows."""
-        frame = self._labels("gpu_info", ["uuid", "model", "instance", "gpu"])
+        frame = self._labels(promqueries.GPU_INFO, ["uuid", "model", "instance", "gpu"])
         frame = frame[frame["uuid"] != ""].drop_duplicates("uuid", keep="last")
         return frame.astype(str).to_dict("records")
 
+    def ask_first(self) -> None:
+        """Ask the queries every run starts with ahead (the CLI does it before its imports)."""
+        promqueries.ask_first(self.client, self.window_s, self.end, self.aggregation is not Aggregation.RAW)
+
     def profiles(self, thresholds: Thresholds, gpu_model: GpuModel | None = None) -> pd.DataFrame:
+        self.ask_first()
+        # the coverage answer comes first (it is quick): the rule path's presence counts then run
+        # beside identity; the path is said (or refused) after identity, whose "no jobs in the
+        # window" comes first
+        coverage, reason = self._path()
+        rule_stats = RuleStats(self, coverage) if coverage is not None else None
+        if rule_stats is not None:
+            rule_stats.ask_presence()
         identity = self.identity()
-        coverage = self.choose_path()
-        if coverage is not None:
-            stats = RuleStats(self, coverage).stats(identity, thresholds)
-            step = coverage.interval_s
+        self._take(coverage, reason)
+        if rule_stats is not None:
+            stats = rule_stats.stats(identity, thresholds)
+            step = rule_stats.step_s
         else:
             stats = self.stats(identity, thresholds)
             step = self.step_s
@@ -472,19 +356,26 @@ class PromSource:
 
     def choose_path(self) -> RuleCoverage | None:
         """The recording rules' coverage when their path is taken, else None (raw); logs the choice."""
-        coverage: RuleCoverage | None = None
+        coverage, reason = self._path()
+        self._take(coverage, reason)
+        return coverage
+
+    def _path(self) -> tuple[RuleCoverage | None, str]:
+        """The rules' coverage when their path would be taken (else None), and why."""
         if self.aggregation is Aggregation.RAW:
-            reason = "--aggregation raw"
-        else:
-            coverage, reason = rule_coverage(self.client, self.window_s, self.end)
-            if coverage is not None and self.step_given and abs(coverage.interval_s - self.step_s) > 1e-6:
-                reason = (
-                    f"the analyzer rules evaluate every {coverage.interval_s:g} s but --step is "
-                    f"{self.step_s:g} s"
-                )
-                coverage = None
-            if coverage is None and self.aggregation is Aggregation.RULES:
-                raise AnalyzerError(f"{self.client.base}: --aggregation rules: {reason}")
+            return None, "--aggregation raw"
+        coverage, reason = rule_coverage(self.client, self.window_s, self.end)
+        if coverage is not None and self.step_given and abs(coverage.interval_s - self.step_s) > 1e-6:
+            reason = (
+                f"the analyzer rules evaluate every {coverage.interval_s:g} s but --step is {self.step_s:g} s"
+            )
+            coverage = None
+        return coverage, reason
+
+    def _take(self, coverage: RuleCoverage | None, reason: str) -> None:
+        """Record and log the path; `--aggregation rules` without coverage is an error."""
+        if coverage is None and self.aggregation is Aggregation.RULES:
+            raise AnalyzerError(f"{self.client.base}: --aggregation rules: {reason}")
         self.used = Aggregation.RULES if coverage is not None else Aggregation.RAW
         self.used_reason = reason
         if coverage is not None:
@@ -497,7 +388,6 @@ class PromSource:
             )
         if self.log is not None:
             print(f"gpulens: {message}", file=self.log, flush=True)
-        return coverage
 
 
 @dataclass(frozen=True)
@@ -538,20 +428,9 @@ def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[Rule
     evaluating at different offsets, does not change it. The rules cover the window
     when they ran from its first step to its last, or when no job existed before they started.
     """
-    hb, idle, w = rules.HEARTBEAT, rules.IDLE_BELOW, f"{int(window_s)}s"
-    expr = " or ".join(
-        f'label_replace({e}, "stat", "{stat}", "", "")'
-        for stat, e in (
-            ("first", f"min(min_over_time({hb}[{w}]))"),
-            ("last", f"max(max_over_time({hb}[{w}]))"),
-            ("interval", f"min(quantile_over_time(0.5, idelta({hb}[1h])[{w}:1h]))"),
-            ("evaluations", f"sum(count_over_time({hb}[{w}]))"),
-            ("idle_evaluations", f"sum(count_over_time({idle}[{w}]))"),
-            ("idle_min", f"min(min_over_time({idle}[{w}]))"),
-            ("idle_max", f"max(max_over_time({idle}[{w}]))"),
-        )
-    )
-    values = {item["metric"].get("stat", ""): _value(item) for item in client.query(expr, end)}
+    hb = rules.HEARTBEAT
+    answer = client.query(promqueries.coverage(window_s), end)
+    values = {item["metric"].get("stat", ""): sample_value(item) for item in answer}
     first, last, interval = (values.get(k, math.nan) for k in ("first", "last", "interval"))
     # the idle series count when recorded at every evaluation of the window, with one threshold
     idle_below = values.get("idle_min", math.nan)
@@ -576,7 +455,7 @@ def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[Rule
             f'count(last_over_time(gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"}}[{int(before)}s]))',
             first - interval,
         )
-        if jobs and _value(jobs[0]) > 0:
+        if jobs and sample_value(jobs[0]) > 0:
             return None, f"the analyzer rules start at {first:.0f}, after jobs in the window began"
     return RuleCoverage(first, last, interval, idle_below), f"heartbeat from {first:.0f} to {last:.0f}"
 
@@ -602,9 +481,23 @@ class RuleStats:
         return self.coverage.query_time(self.source.end)
 
     def _query(self, expr: str) -> dict[str, float]:
+        answer = self.source.client.query(expr, self.at)
+        return {item["metric"].get("job_id", ""): sample_value(item) for item in answer}
+
+    def presence_queries(self) -> dict[tuple[str, str], str]:
+        """Each job's samples, devices, first and last step: asked whatever the jobs' kinds."""
+        w = f"{int(self.source.window_s)}s"
         return {
-            item["metric"].get("job_id", ""): _value(item) for item in self.source.client.query(expr, self.at)
+            (rules.PRESENCE, "samples"): f"count_over_time({rules.PRESENCE}[{w}])",
+            (rules.PRESENCE, "gpus"): f"max_over_time({rules.PRESENCE}[{w}])",
+            (rules.PRESENCE_TIME, "start"): f"min_over_time({rules.PRESENCE_TIME}[{w}])",
+            (rules.PRESENCE_TIME, "end"): f"max_over_time({rules.PRESENCE_TIME}[{w}])",
         }
+
+    def ask_presence(self) -> None:
+        """Ask `presence_queries` ahead: they need no identity, so they run beside it."""
+        for expr in self.presence_queries().values():
+            self.source.client.ask(expr, self.at)
 
     def stats(self, identity: Identity, thresholds: Thresholds) -> dict[str, JobStats]:
         w = f"{int(self.source.window_s)}s"
@@ -665,12 +558,7 @@ class RuleStats:
             }
 
         results: dict[tuple[str, str], dict[str, float]] = {}
-        queries: dict[tuple[str, str], str] = {
-            (rules.PRESENCE, "samples"): f"count_over_time({rules.PRESENCE}[{w}])",
-            (rules.PRESENCE, "gpus"): f"max_over_time({rules.PRESENCE}[{w}])",
-            (rules.PRESENCE_TIME, "start"): f"min_over_time({rules.PRESENCE_TIME}[{w}])",
-            (rules.PRESENCE_TIME, "end"): f"max_over_time({rules.PRESENCE_TIME}[{w}])",
-        }
+        queries = self.presence_queries()
         # the reductions of each chain's first signal with the presence, in one round: most data
         # has the first signal of every chain, whose reductions every job of the kind then uses
         # (the witness tells which jobs have samples); a later signal's samples are counted first,
@@ -754,17 +642,10 @@ class RuleStats:
         return dict(sorted(stats.items()))
 
     def _run(self, queries: dict[tuple[str, str], str]) -> dict[tuple[str, str], dict[str, float]]:
-        """Every query, `concurrency` at a time; per key, job -> value."""
-        out: dict[tuple[str, str], dict[str, float]] = {}
-        with ThreadPoolExecutor(max_workers=max(1, self.source.concurrency)) as pool:
-            futures = {pool.submit(self._query, expr): key for key, expr in queries.items()}
-            try:
-                for future in as_completed(futures):
-                    out[futures[future]] = future.result()
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
+        """Every query, asked at once (the client runs `in_flight` at a time); per key, job -> value."""
+        for expr in queries.values():
+            self.source.client.ask(expr, self.at)
+        out = {key: self._query(expr) for key, expr in queries.items()}
         self.source._say(f"prometheus: {len(queries)} recording-rule queries done")
         return out
 

@@ -17,7 +17,7 @@ import pytest
 
 from gpulens import httpclient
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.analyzer.sources.prometheus import PromClient, PromConfig
+from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 from gpulens.remediate.kubernetes import KubernetesClient, KubernetesError, KubernetesIsolator
 from gpulens.remediate.model import IsolationRequest
 

@@ -373,7 +373,7 @@ def test_fuzzed_prometheus_json_ends_in_one_line(
 
 def test_a_prometheus_that_never_answers_times_out_with_one_line(bad_input: Count) -> None:
     from gpulens.analyzer.errors import AnalyzerError
-    from gpulens.analyzer.sources.prometheus import PromClient, PromConfig
+    from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 
     bad_input("Prometheus answer (timeout)")
     fake = FakePrometheus(lambda _q: Answer(200, vector(), delay=3.0))
