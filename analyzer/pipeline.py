@@ -113,7 +113,8 @@ def _json_column(column: pd.Series, integer: bool) -> list[Any]:
     elif column.dtype in (np.int64, np.bool_):
         out = column.to_numpy().tolist()
     elif isinstance(column.dtype, pd.StringDtype) or column.dtype == np.dtype(object):
-        out = [jsonable(v) for v in column.tolist()]  # listed in C: iterating Arrow text is slow
+        # listed in C (iterating Arrow text is slow); a str, the most values, is kept without a call
+        out = [v if type(v) in UNCHANGED else jsonable(v) for v in column.tolist()]
     else:
         out = [v if type(v) in UNCHANGED else jsonable(v) for v in column]
     if integer:
@@ -135,8 +136,11 @@ def jsonable(value: Any) -> Any:
         value = value.item()
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
-    if isinstance(value, dict):
-        return {k: v if type(v) in UNCHANGED else jsonable(v) for k, v in value.items()}
+    if isinstance(value, dict):  # a job's `numbers`: mostly finite floats, kept without a call
+        return {
+            k: v if type(v) in UNCHANGED or (type(v) is float and math.isfinite(v)) else jsonable(v)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     if value is pd.NA or value is pd.NaT:

@@ -16,17 +16,24 @@ from gpulens.devtools.bench import tsdb as tsdbs
 from gpulens.devtools.bench.analyzer_bench import (
     FAMILIES,
     JOBS_PER_GPU,
+    Run,
     backfill,
     backfill_week,
     file_step,
     make_cluster,
+    median_run,
     recorded_families,
     recorded_idle,
     run_analyzer_bench,
     write_history,
     write_openmetrics_blocks,
 )
-from gpulens.devtools.bench.analyzer_report import analyzer_target_lines, analyzer_why, cost_per_job
+from gpulens.devtools.bench.analyzer_report import (
+    analyzer_markdown,
+    analyzer_target_lines,
+    analyzer_why,
+    cost_per_job,
+)
 from gpulens.devtools.bench.report import render_markdown
 
 
@@ -115,6 +122,31 @@ def test_targets_are_judged_only_at_full_size():
     assert close[0].endswith(": met, within 5 % of the target")
     small = analyzer_target_lines(_analyzer(8.0, 25.0, 2 * 10**9, jobs=50))
     assert "not judged (scaled-down run)" in small[0]
+
+
+def _run(wall_s: float, returncode: int = 0) -> Run:
+    return Run(wall_s, 2**20, returncode, "", 10)
+
+
+def test_the_reported_run_is_the_one_with_the_median_wall_time():
+    runs = [(_run(12.0), 0.5, 20), (_run(9.0), 0.4, 21), (_run(10.0), 0.3, 22)]
+    assert median_run(runs)[0].wall_s == 10.0
+    assert median_run(runs[:2])[0].wall_s == 12.0  # an even count: the upper of the two middle runs
+    assert median_run([(_run(3.0), 0.1, 1)])[0].wall_s == 3.0
+
+
+def test_a_failed_run_is_the_one_reported():
+    runs = [(_run(9.0), 0.4, 21), (_run(1.0, returncode=2), 0.3, 3)]
+    assert median_run(runs)[0].returncode == 2
+
+
+def test_every_runs_wall_time_is_listed_with_the_reported_one_in_bold():
+    analyzer = _analyzer(10.0, 15.0, 10**9)
+    analyzer["repeats"] = 3
+    analyzer["paths"][0]["walls_s"] = [12.0, 9.0, 10.0]
+    markdown = "\n".join(analyzer_markdown(analyzer))
+    assert "| every run's wall time (s), in order | 12.0 / 9.0 / **10.0** |" in markdown
+    assert "Every path runs 3 time(s) on the same data" in markdown
 
 
 def test_the_raw_path_is_reported_without_a_target_of_its_own():
@@ -220,6 +252,8 @@ def test_tiny_analyzer_bench_runs_every_path_end_to_end(tmp_path):
             "50000",
             "--no-analyzer-compaction",
             "--no-analyzer-thanos",  # tests/analyzer/test_thanos.py covers Thanos
+            "--analyzer-repeats",
+            "2",
             "--out",
             str(tmp_path / "b.md"),
             "--json",
@@ -242,6 +276,7 @@ def test_tiny_analyzer_bench_runs_every_path_end_to_end(tmp_path):
     ]
     assert abs(paths["history"]["samples"] - 50_000) < 1_000
     assert all(p["max_rss_bytes"] > 10 * 2**20 and p["wall_s"] > 0 for p in paths.values())
+    assert all(len(p["walls_s"]) == 2 and p["wall_s"] in p["walls_s"] for p in paths.values())
     assert "## Analyzer" in (tmp_path / "b.md").read_text()
     assert result.stdout.strip().splitlines()[-1].startswith("analyzer, file path: peak RSS")
 

@@ -437,6 +437,8 @@ class PathResult:
     error: str = ""
     extra: dict[str, float] = field(default_factory=dict)
     aggregation: str = ""  # rules | raw: what the analyzer said it read (PromQL paths)
+    # every run's wall time, in run order: `wall_s` (and RSS, CPU, queries) is the median run's
+    walls_s: list[float] = field(default_factory=list)
     # job_id -> recommendation (kind, MIG profile, MPS settings); compared across paths, not reported
     recommendations: dict[str, list] = field(default_factory=dict, repr=False)
 
@@ -520,20 +522,27 @@ def _measure(
     progress: TextIO | None,
     setup: dict[str, float],
     extra: dict[str, float],
+    repeats: int = 1,
 ) -> PathResult:
-    """One `gpulens recommend` against `base`, with the queries it cost the server."""
-    before = tsdbs.query_requests(base)
-    load = os.getloadavg()[0]
+    """`gpulens recommend` against `base` `repeats` times: the median run, with the queries it
+    cost the server, and every run's wall time (one run on a shared machine is one draw)."""
     shown = ["gpulens", *args]
     shown[shown.index(base)] = "URL"
-    _say(progress, f"{name}: {' '.join(shown)}")
-    run = run_analyzer(args, workdir, f"recommend-{name}", progress)
-    queries = tsdbs.query_requests(base) - before
+    _say(progress, f"{name}: {' '.join(shown)}" + (f" ({repeats} runs)" if repeats > 1 else ""))
+    measured: list[tuple[Run, float, int]] = []
+    for _ in range(max(1, repeats)):
+        before = tsdbs.query_requests(base)
+        load = os.getloadavg()[0]
+        run = run_analyzer(args, workdir, f"recommend-{name}", progress)
+        measured.append((run, load, tsdbs.query_requests(base) - before))
+        _say(progress, f"{name}: {run.wall_s:.1f} s, {run.max_rss_bytes / MIB:.0f} MiB")
+        if run.returncode:
+            break  # a failing run fails again: report it
+    run, load, queries = median_run(measured)
     chunks = re.findall(r"chunk \d+/(\d+)", run.stderr)
     cluster = data.cluster
     step = re.search(r"step (\d+) s", run.stderr)
-    _say(progress, f"{name}: {run.wall_s:.1f} s, {run.max_rss_bytes / MIB:.0f} MiB")
-    return _result(
+    result = _result(
         name,
         " ".join(shown),
         cluster,
@@ -547,6 +556,17 @@ def _measure(
         aggregation=_aggregation(run.first_lines),
         recommendations=_recommendations(workdir / f"recommend-{name}.json") if run.returncode == 0 else {},
     )
+    result.walls_s = [round(r.wall_s, 2) for r, _, _ in measured]
+    return result
+
+
+def median_run(measured: list[tuple[Run, float, int]]) -> tuple[Run, float, int]:
+    """The run with the median wall time (the upper one of an even count); a failed run if any."""
+    failed = [m for m in measured if m[0].returncode]
+    if failed:
+        return failed[0]
+    ordered = sorted(measured, key=lambda m: m[0].wall_s)
+    return ordered[len(ordered) // 2]
 
 
 def _result(
@@ -600,7 +620,12 @@ def _recommendations(path: Path) -> dict[str, list]:
 
 
 def bench_single(
-    data: Backfilled, workdir: Path, progress: TextIO | None, paths: tuple[str, ...], compaction: bool = True
+    data: Backfilled,
+    workdir: Path,
+    progress: TextIO | None,
+    paths: tuple[str, ...],
+    compaction: bool = True,
+    repeats: int = 1,
 ) -> list[PathResult]:
     """One Prometheus holding the whole week (raw + rule blocks): the rules path, and the raw path."""
     tsdb = workdir / "tsdb"
@@ -619,14 +644,15 @@ def bench_single(
         for path in paths:
             aggregation = "auto" if path.startswith("rules") else "raw"
             args = _analyzer_args(base, data.cluster, aggregation)
-            results.append(
-                _measure(path, base, args, data, workdir, progress, setup, {"tsdb_blocks": blocks})
-            )
+            extra = {"tsdb_blocks": float(blocks)}
+            results.append(_measure(path, base, args, data, workdir, progress, setup, extra, repeats))
     shutil.rmtree(tsdb, ignore_errors=True)
     return results
 
 
-def bench_thanos(data: Backfilled, workdir: Path, progress: TextIO | None) -> PathResult | None:
+def bench_thanos(
+    data: Backfilled, workdir: Path, progress: TextIO | None, repeats: int = 1
+) -> PathResult | None:
     """Thanos: the week split at its middle into two Prometheus shards, each with a sidecar and the
     rule blocks of its half; the analyzer asks the querier."""
     if tsdbs.thanos_binary() is None:
@@ -650,7 +676,7 @@ def bench_thanos(data: Backfilled, workdir: Path, progress: TextIO | None) -> Pa
         setup["compaction_s"] = time.monotonic() - began
         args = _analyzer_args(base, data.cluster, "auto")
         extra = {"tsdb_blocks": float(blocks), "shards": float(len(members)), "split_at": float(mid)}
-        result = _measure("thanos", base, args, data, workdir, progress, setup, extra)
+        result = _measure("thanos", base, args, data, workdir, progress, setup, extra, repeats)
     for shard in shards:
         shutil.rmtree(shard, ignore_errors=True)
     return result
@@ -668,8 +694,11 @@ def file_step(jobs: int, samples: int) -> int:
     return max(1, round(WEEK_S / steps))
 
 
-def bench_history(jobs: int, samples: int, workdir: Path, progress: TextIO | None) -> PathResult:
-    """Write about `samples` raw samples as a history and time `gpulens recommend --history`."""
+def bench_history(
+    jobs: int, samples: int, workdir: Path, progress: TextIO | None, repeats: int = 1
+) -> PathResult:
+    """Write about `samples` raw samples as a history and time `gpulens recommend --history`
+    (`repeats` times: the median run)."""
     step_s = file_step(jobs, samples)
     began = time.monotonic()
     cluster = make_cluster(jobs, step_s, seed=1)
@@ -678,12 +707,20 @@ def bench_history(jobs: int, samples: int, workdir: Path, progress: TextIO | Non
     setup = {"generate_parquet_s": round(time.monotonic() - began, 2)}
     args = ["recommend", "--history", "DIR"]
     _say(progress, f"file path: {rows:,} samples (step {step_s} s), gpulens recommend --history")
-    load = os.getloadavg()[0]
-    run = run_analyzer(["recommend", "--history", str(history)], workdir, "recommend-history", progress)
+    measured: list[tuple[Run, float, int]] = []
+    for _ in range(max(1, repeats)):
+        load = os.getloadavg()[0]
+        run = run_analyzer(["recommend", "--history", str(history)], workdir, "recommend-history", progress)
+        measured.append((run, load, 0))
+        if run.returncode:
+            break
+    run, load, _ = median_run(measured)
     assert rows == cluster.samples, "the history holds every sample of the cluster"
     parquet = float((history / "samples.parquet").stat().st_size)
     command = "gpulens " + " ".join(args)
-    return _result("history", command, cluster, run, load, step_s, setup, {"parquet_bytes": parquet})
+    result = _result("history", command, cluster, run, load, step_s, setup, {"parquet_bytes": parquet})
+    result.walls_s = [round(r.wall_s, 2) for r, _, _ in measured]
+    return result
 
 
 def agreement(a: PathResult | None, b: PathResult | None) -> dict[str, object] | None:
@@ -713,6 +750,7 @@ def run_analyzer_bench(
     large_jobs: int = 50_000,
     thanos: bool = True,
     runs: frozenset[str] = frozenset(RUNS),
+    repeats: int = 3,
 ) -> dict:
     """The selected `runs` (all by default); returns the JSON-ready `analyzer` section.
 
@@ -720,7 +758,9 @@ def run_analyzer_bench(
     paths on one Prometheus, the rule path through Thanos over two shards holding half the week
     each; the rule path again for `large_jobs` (0: skipped) on a week whose recorded series the
     generator writes (`recorded_families`: promtool's evaluation of a 50,000-job week alone
-    takes over 15 minutes on 2 cores); the file path on `samples` raw samples.
+    takes over 15 minutes on 2 cores); the file path on `samples` raw samples. Every path
+    runs `repeats` times on the same data and reports its median run (`walls_s`: every run's
+    wall time); setup is done once.
     """
     unknown = set(runs) - set(RUNS)
     if unknown:
@@ -731,12 +771,14 @@ def run_analyzer_bench(
     single = tuple(r for r in ("rules", "raw") if r in runs)
     if single or (thanos and "thanos" in runs):
         week = backfill_week(jobs, prom_step_s, workdir / "week", progress)
-        measured = bench_single(week, workdir / "single", progress, single, compaction) if single else []
+        measured = (
+            bench_single(week, workdir / "single", progress, single, compaction, repeats) if single else []
+        )
         by_name = {r.path: r for r in measured}
         rules_run, raw_run = by_name.get("rules"), by_name.get("raw")
         if thanos and "thanos" in runs:
             try:
-                thanos_run = bench_thanos(week, workdir / "thanos", progress)
+                thanos_run = bench_thanos(week, workdir / "thanos", progress, repeats)
             except tsdbs.TsdbError as exc:  # the other paths are still worth reporting
                 _say(progress, f"thanos: {exc}")
                 not_measured.append(f"Thanos: {exc}")
@@ -746,13 +788,15 @@ def run_analyzer_bench(
             big = backfill_week(
                 large_jobs, prom_step_s, workdir / "week-large", progress, evaluate_rules=False
             )
-            (large_run,) = bench_single(big, workdir / "single-large", progress, ("rules-large",), compaction)
+            (large_run,) = bench_single(
+                big, workdir / "single-large", progress, ("rules-large",), compaction, repeats
+            )
         except tsdbs.TsdbError as exc:  # the other paths are still worth reporting
             _say(progress, f"rules-large: {exc}")
             not_measured.append(f"recording rules, {large_jobs:,} jobs: {exc}")
         shutil.rmtree(workdir / "week-large", ignore_errors=True)
     if "history" in runs:
-        hist = bench_history(jobs, samples, workdir / "file", progress)
+        hist = bench_history(jobs, samples, workdir / "file", progress, repeats)
         _say(progress, f"file path: {hist.wall_s:.1f} s, {hist.max_rss_bytes / MIB:.0f} MiB")
         shutil.rmtree(workdir / "file" / "history", ignore_errors=True)
     agreements = [
@@ -770,6 +814,7 @@ def run_analyzer_bench(
         ),
         "families": list(FAMILIES),
         "prometheus_compaction": compaction,
+        "repeats": repeats,
         "thanos_version": tsdbs.THANOS_VERSION if thanos_run else None,
         "paths": [dataclasses.asdict(r) for r in done],
         "agreement": [a for a in agreements if a is not None],

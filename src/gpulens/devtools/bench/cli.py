@@ -87,6 +87,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                 large_jobs=args.analyzer_large_jobs,
                 thanos=args.analyzer_thanos,
                 runs=frozenset(args.analyzer_runs),
+                repeats=args.analyzer_repeats,
             )
         except RuntimeError as exc:  # a missing tool, a failed backfill: the exporter part still counts
             print(f"gpulens bench: the analyzer run failed: {exc}", file=sys.stderr)
@@ -273,6 +274,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="RUN,...",
         help=f"which analyzer runs, comma-separated (default: all of {','.join(RUNS)}); e.g. rules "
         "alone for the recording-rule path at --analyzer-jobs",
+    )
+    parser.add_argument(
+        "--analyzer-repeats",
+        type=_positive,
+        default=3,
+        help="runs of each analyzer path on the same data; the median run is reported (default 3)",
     )
     parser.add_argument(
         "--analyzer-compaction",
