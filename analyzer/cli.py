@@ -260,12 +260,22 @@ def _prom_source(args: argparse.Namespace, target: _PromTarget) -> Any:
     )
 
 
-def _analysis(args: argparse.Namespace, with_archetypes: bool = True) -> Any:
-    """Run the pipeline on the chosen source."""
+def _early_source(args: argparse.Namespace) -> _PromTarget | None:
+    """The source options checked and, for `--prometheus`, the run's first queries asked.
+
+    Light (no pandas): a command calls it before anything that imports the analysis, so those
+    queries run in Prometheus while Python loads (`_analysis` calls it when the command did not).
+    """
     if bool(args.prometheus) == bool(args.history):
         raise AnalyzerError("give exactly one source: --prometheus URL --window 7d, or --history DIR")
-    # before the imports below: its first queries run while they load
-    prometheus = _prom_target(args) if args.prometheus else None
+    return _prom_target(args) if args.prometheus else None
+
+
+def _analysis(
+    args: argparse.Namespace, with_archetypes: bool = True, early: _PromTarget | None = None
+) -> Any:
+    """Run the pipeline on the chosen source (`early`: what `_early_source` gave, if called)."""
+    prometheus = early if early is not None else _early_source(args)
 
     from gpulens.analyzer import pipeline
     from gpulens.analyzer.profile import parse_model_option
@@ -336,10 +346,11 @@ def _profile_columns() -> tuple[str, ...]:
 
 @_guard
 def cmd_recommend(args: argparse.Namespace) -> int:
+    analysis = _analysis(args, with_archetypes=False)  # first: it asks Prometheus before importing
+
     from gpulens.analyzer import jsonout
     from gpulens.analyzer.pipeline import jsonable
 
-    analysis = _analysis(args, with_archetypes=False)
     if args.textfile:
         from gpulens.analyzer.publish import write_textfile
 
@@ -367,6 +378,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_report(args: argparse.Namespace) -> int:
+    early = _early_source(args)  # before the imports below (see `_early_source`)
+
     from gpulens.analyzer.report import write_report
     from gpulens.analyzer.report_model import parse_prices
 
@@ -374,7 +387,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         prices = parse_prices(args.gpu_price)
     except ValueError as exc:
         raise AnalyzerError(str(exc)) from exc
-    analysis = _analysis(args)
+    analysis = _analysis(args, early=early)
     previous = None
     if args.previous:
         from gpulens.analyzer.weekly import compare, load_previous
