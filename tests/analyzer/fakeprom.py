@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 @contextlib.contextmanager
-def fake_prometheus(responses: list[tuple[int, bytes]]) -> Iterator[tuple[str, list[dict]]]:
-    """Serve `responses` in order (the last repeats); yields (base URL, recorded requests)."""
+def fake_prometheus(
+    responses: list[tuple[int, bytes]] | Callable[[bytes, int], tuple[int, bytes]],
+) -> Iterator[tuple[str, list[dict]]]:
+    """Serve `responses` in order of arrival (the last repeats), or what `responses(body, n)` gives
+    for the n-th request (from 0) with that body; yields (base URL, recorded requests)."""
     seen: list[dict] = []
+    lock = threading.Lock()  # the client sends queries concurrently
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", 0))
-            seen.append({"path": self.path, "headers": dict(self.headers), "body": self.rfile.read(length)})
-            status, body = responses[min(len(seen) - 1, len(responses) - 1)]
+            request = {"path": self.path, "headers": dict(self.headers), "body": self.rfile.read(length)}
+            with lock:
+                same = sum(1 for r in seen if r["body"] == request["body"])
+                seen.append(request)
+                arrived = len(seen) - 1
+            if callable(responses):
+                status, body = responses(request["body"], same)
+            else:
+                status, body = responses[min(arrived, len(responses) - 1)]
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
