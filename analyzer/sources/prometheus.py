@@ -35,11 +35,9 @@ from gpulens.analyzer.profile import (
     job_kinds,
 )
 from gpulens.analyzer.sources import promqueries, rules
-from gpulens.analyzer.sources.promclient import PromClient, PromConfig, sample_value
+from gpulens.analyzer.sources.promclient import PromClient, sample_value
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.catalog import GpuModel
-
-__all__ = ["Aggregation", "PromClient", "PromConfig", "PromSource", "RuleCoverage", "RuleStats"]
 
 # a stats query repeats the job matcher ~7 times; VictoriaMetrics rejects queries over 16 KiB by default
 MAX_REGEX_CHARS = 1800

@@ -16,9 +16,8 @@ from gpulens.analyzer.pipeline import gpu_info_rows
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.signals import ACTIVITY
 from gpulens.analyzer.sources import files
+from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 from gpulens.analyzer.sources.prometheus import (
-    PromClient,
-    PromConfig,
     PromSource,
     _regex,
     chunk_jobs,

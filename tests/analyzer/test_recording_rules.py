@@ -26,10 +26,9 @@ from gpulens.analyzer import signals
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.profile import Identity, JobStats
 from gpulens.analyzer.sources import rules
+from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 from gpulens.analyzer.sources.prometheus import (
     Aggregation,
-    PromClient,
-    PromConfig,
     PromSource,
     RuleCoverage,
     RuleStats,

@@ -19,7 +19,8 @@ import pytest
 
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.sources import rules
-from gpulens.analyzer.sources.prometheus import Aggregation, PromClient, PromConfig, PromSource
+from gpulens.analyzer.sources.promclient import PromClient, PromConfig
+from gpulens.analyzer.sources.prometheus import Aggregation, PromSource
 from gpulens.devtools.bench import tsdb
 from gpulens.devtools.bench.analyzer_bench import backfill, make_cluster, write_openmetrics_blocks
 from tests.support.procs import REPO_ROOT, find_binary

@@ -1,0 +1,54 @@
+"""A pure call in a forked child: its value comes back, and where a fork is not safe or the
+child fails the parent computes it itself."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from gpulens.analyzer import forked, plan
+from tests.analyzer import synth
+from tests.analyzer.test_plan_emit import plan_for
+
+
+def test_the_childs_value_comes_back():
+    parent = os.getpid()
+    pending = forked.start(lambda: (os.getpid(), [1.5, {"a": (2, None)}]))
+    child, value = pending.result()
+    assert child != parent and value == [1.5, {"a": (2, None)}]
+
+
+def test_with_another_thread_running_the_call_is_made_here():
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        pending = forked.start(os.getpid)
+    finally:
+        stop.set()
+        other.join()
+    assert pending.pid == 0 and pending.result() == os.getpid()
+
+
+def test_a_call_that_fails_in_the_child_raises_here_with_its_own_error():
+    def fails() -> None:
+        raise ValueError("no fit")
+
+    with pytest.raises(ValueError, match="no fit"):
+        forked.start(fails).result()
+
+
+def test_an_answer_that_cannot_be_pickled_is_computed_here():
+    parent = os.getpid()
+    value = forked.start(lambda: (os.getpid(), lambda: None)).result()
+    assert value[0] == parent
+
+
+def test_a_plan_packed_in_a_child_is_the_plan_packed_here(th, monkeypatch):
+    jobs = synth.seed_case()
+    _, here = plan_for(jobs, th)
+    monkeypatch.setattr(plan, "FORK_MIN_ITEMS", 0)
+    _, beside = plan_for(jobs, th)
+    assert beside.as_dict() == here.as_dict()
