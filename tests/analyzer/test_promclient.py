@@ -11,12 +11,12 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.sources.promclient import PromClient, PromConfig
+from tests.analyzer.fakeprom import fake_prometheus
 
 
 def _vector(value: str) -> bytes:
@@ -34,45 +34,27 @@ class Server:
         self.most_in_flight = 0
         self.lock = threading.Lock()
 
+    def answer(self, body: bytes, _: int) -> tuple[int, bytes]:
+        query = urllib.parse.parse_qs(body.decode())["query"][0]
+        with self.lock:
+            self.queries.append(query)
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        time.sleep(self.delay_s)
+        with self.lock:
+            self.in_flight -= 1
+        if query == "bad":
+            return 400, json.dumps(
+                {"status": "error", "errorType": "bad_data", "error": "parse error"}
+            ).encode()
+        return 200, _vector(query)
+
 
 @contextmanager
 def serving(delay_s: float = 0.0) -> Iterator[tuple[str, Server]]:
     state = Server(delay_s)
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
-            query = form["query"][0]
-            with state.lock:
-                state.queries.append(query)
-                state.in_flight += 1
-                state.most_in_flight = max(state.most_in_flight, state.in_flight)
-            time.sleep(state.delay_s)
-            with state.lock:
-                state.in_flight -= 1
-            if query == "bad":
-                status = 400
-                body = json.dumps(
-                    {"status": "error", "errorType": "bad_data", "error": "parse error"}
-                ).encode()
-            else:
-                status, body = 200, _vector(query)
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
+    with fake_prometheus(state.answer) as (url, _):
+        yield url, state
 
 
 def test_an_asked_query_is_sent_once_and_answers_the_call_that_takes_it():
