@@ -11,8 +11,10 @@ and an error raises there with its own traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +39,9 @@ class Pending(Generic[T]):
         with os.fdopen(self.fd, "rb") as pipe:
             while chunk := pipe.read(1 << 20):
                 chunks.append(chunk)
+        self.fd = -1
         _, status = os.waitpid(self.pid, 0)
+        self.pid = 0
         if os.waitstatus_to_exitcode(status) == 0 and chunks:
             try:
                 value: T = pickle.loads(b"".join(chunks))
@@ -46,14 +50,33 @@ class Pending(Generic[T]):
                 pass
         return self.call()
 
+    def close(self) -> None:
+        """Stop a child whose answer is no longer wanted (the caller failed before `result`):
+        it would otherwise wait on a full pipe for a reader that never comes."""
+        if self.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            self.pid = 0
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
-def start(call: Callable[[], T]) -> Pending[T]:
-    """`call()` begun in a forked child; `Pending.result()` gives its value.
+    def __enter__(self) -> Pending[T]:
+        return self
 
-    Not forked (the call then runs in `result()`) where `os.fork` does not exist, or while other
-    threads run: a lock one of them holds would stay held forever in the child.
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start(call: Callable[[], T], fork: bool = True) -> Pending[T]:
+    """`call()` begun in a forked child; `Pending.result()` gives its value (use it as a context
+    manager, so a child whose answer is not taken is stopped).
+
+    Not forked (the call then runs in `result()`) when `fork` is False, where `os.fork` does not
+    exist, or while other threads run: a lock one of them holds would stay held in the child.
     """
-    if not hasattr(os, "fork") or threading.active_count() > 1:
+    if not fork or not hasattr(os, "fork") or threading.active_count() > 1:
         return Pending(call)
     read, write = os.pipe()
     pid = os.fork()

@@ -674,13 +674,13 @@ def _fewest_moves(items: list[Item], th: Thresholds) -> tuple[list[GpuBin], dict
     def packing(in_place: bool) -> tuple[list[GpuBin], dict[str, dict]]:
         return settle_lone_sharers(pack([replace(i) for i in items], th, in_place=in_place), th)
 
-    scratch = forked.start(lambda: packing(False)) if len(items) >= FORK_MIN_ITEMS else None
-    best: tuple[int, int, list[GpuBin], dict[str, dict]] | None = None
-    for in_place in (True, False):
-        bins, moved = scratch.result() if scratch is not None and not in_place else packing(in_place)
-        score = (len(bins), _moves(bins))
-        if best is None or score < best[:2]:
-            best = (*score, bins, moved)
+    with forked.start(lambda: packing(False), fork=len(items) >= FORK_MIN_ITEMS) as scratch:
+        best: tuple[int, int, list[GpuBin], dict[str, dict]] | None = None
+        for in_place in (True, False):
+            bins, moved = packing(True) if in_place else scratch.result()
+            score = (len(bins), _moves(bins))
+            if best is None or score < best[:2]:
+                best = (*score, bins, moved)
     assert best is not None
     return best[2], best[3]
 

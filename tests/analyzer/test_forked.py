@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -44,6 +45,19 @@ def test_an_answer_that_cannot_be_pickled_is_computed_here():
     parent = os.getpid()
     value = forked.start(lambda: (os.getpid(), lambda: None)).result()
     assert value[0] == parent
+
+
+def test_a_child_whose_answer_is_not_taken_is_stopped():
+    with forked.start(lambda: time.sleep(60)) as pending:
+        child = pending.pid
+        assert child
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)  # stopped and reaped
+    assert pending.fd == -1
+
+
+def test_not_forking_when_told_not_to():
+    assert forked.start(os.getpid, fork=False).result() == os.getpid()
 
 
 def test_a_plan_packed_in_a_child_is_the_plan_packed_here(th, monkeypatch):
