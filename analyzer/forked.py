@@ -40,9 +40,13 @@ class Pending(Generic[T]):
             while chunk := pipe.read(1 << 20):
                 chunks.append(chunk)
         self.fd = -1
-        _, status = os.waitpid(self.pid, 0)
+        try:
+            _, status = os.waitpid(self.pid, 0)
+            exited_cleanly = os.waitstatus_to_exitcode(status) == 0
+        except ChildProcessError:  # reaped already (a host program ignoring SIGCHLD)
+            exited_cleanly = True  # a whole answer unpickles, a truncated one does not
         self.pid = 0
-        if os.waitstatus_to_exitcode(status) == 0 and chunks:
+        if exited_cleanly and chunks:
             try:
                 value: T = pickle.loads(b"".join(chunks))
                 return value
@@ -56,7 +60,8 @@ class Pending(Generic[T]):
         if self.pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
             self.pid = 0
         if self.fd >= 0:
             os.close(self.fd)

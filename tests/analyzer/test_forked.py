@@ -4,6 +4,7 @@ child fails the parent computes it itself."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -54,6 +55,14 @@ def test_a_child_whose_answer_is_not_taken_is_stopped():
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)  # stopped and reaped
     assert pending.fd == -1
+
+
+def test_the_answer_comes_back_where_children_are_reaped_by_the_system():
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # as some host programs set it
+    try:
+        assert forked.start(lambda: [1, 2]).result() == [1, 2]
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
 
 
 def test_not_forking_when_told_not_to():
