@@ -129,7 +129,7 @@ class PromClient:
         other queries): at most `config.in_flight` asked queries run at once, each on a daemon
         thread, so an error or an interrupt in the caller never waits for them to finish.
         """
-        key = (expr, f"{at:.3f}")
+        key = (expr, _time(at))
         with self._lock:
             if key in self._asked:
                 return
@@ -150,11 +150,11 @@ class PromClient:
     def query(self, expr: str, at: float) -> list[dict]:
         """Instant vector query; returns the `result` list (labels in `metric`, `[ts, "v"]`)."""
         with self._lock:
-            asked = self._asked.pop((expr, f"{at:.3f}"), None)
+            asked = self._asked.pop((expr, _time(at)), None)
         return asked.result() if asked is not None else self._send(expr, at)
 
     def _send(self, expr: str, at: float) -> list[dict]:
-        body = self._post("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
+        body = self._post("/api/v1/query", {"query": expr, "time": _time(at)})
         where = f"{self.base}/api/v1/query"
         try:
             payload = load_json(body)
@@ -174,6 +174,11 @@ class PromClient:
             if not isinstance(item, dict) or "metric" not in item or not _is_sample(item.get("value")):
                 raise AnalyzerError(f"{where}: malformed response: a result lacks metric/value")
         return data["result"]
+
+
+def _time(at: float) -> str:
+    """The `time` parameter as sent, and so the key an asked answer is kept under."""
+    return f"{at:.3f}"
 
 
 def _is_sample(value: object) -> bool:

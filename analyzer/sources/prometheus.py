@@ -450,7 +450,7 @@ def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[Rule
         # rules deployed inside the window: fine only if no job ran before they started
         before = first - interval - start
         jobs = client.query(
-            f'count(last_over_time(gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"}}[{int(before)}s]))',
+            f"count({promqueries.labels(promqueries.JOB_INFO, before)})",
             first - interval,
         )
         if jobs and sample_value(jobs[0]) > 0:

@@ -44,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -529,16 +530,15 @@ def _measure(
     shown = ["gpulens", *args]
     shown[shown.index(base)] = "URL"
     _say(progress, f"{name}: {' '.join(shown)}" + (f" ({repeats} runs)" if repeats > 1 else ""))
-    measured: list[tuple[Run, float, int]] = []
-    for _ in range(max(1, repeats)):
+
+    def once() -> tuple[Run, float, int]:
         before = tsdbs.query_requests(base)
         load = os.getloadavg()[0]
         run = run_analyzer(args, workdir, f"recommend-{name}", progress)
-        measured.append((run, load, tsdbs.query_requests(base) - before))
         _say(progress, f"{name}: {run.wall_s:.1f} s, {run.max_rss_bytes / MIB:.0f} MiB")
-        if run.returncode:
-            break  # a failing run fails again: report it
-    run, load, queries = median_run(measured)
+        return run, load, tsdbs.query_requests(base) - before
+
+    (run, load, queries), walls = _repeat(once, repeats)
     chunks = re.findall(r"chunk \d+/(\d+)", run.stderr)
     cluster = data.cluster
     step = re.search(r"step (\d+) s", run.stderr)
@@ -556,8 +556,21 @@ def _measure(
         aggregation=_aggregation(run.first_lines),
         recommendations=_recommendations(workdir / f"recommend-{name}.json") if run.returncode == 0 else {},
     )
-    result.walls_s = [round(r.wall_s, 2) for r, _, _ in measured]
+    result.walls_s = walls
     return result
+
+
+def _repeat(
+    once: Callable[[], tuple[Run, float, int]], repeats: int
+) -> tuple[tuple[Run, float, int], list[float]]:
+    """`once()` (run, load at start, queries) `repeats` times, stopping at a failed run (it fails
+    again): the run reported (`median_run`) and every run's wall time, in order."""
+    measured: list[tuple[Run, float, int]] = []
+    for _ in range(max(1, repeats)):
+        measured.append(once())
+        if measured[-1][0].returncode:
+            break
+    return median_run(measured), [round(m[0].wall_s, 2) for m in measured]
 
 
 def median_run(measured: list[tuple[Run, float, int]]) -> tuple[Run, float, int]:
@@ -707,19 +720,18 @@ def bench_history(
     setup = {"generate_parquet_s": round(time.monotonic() - began, 2)}
     args = ["recommend", "--history", "DIR"]
     _say(progress, f"file path: {rows:,} samples (step {step_s} s), gpulens recommend --history")
-    measured: list[tuple[Run, float, int]] = []
-    for _ in range(max(1, repeats)):
+
+    def once() -> tuple[Run, float, int]:
         load = os.getloadavg()[0]
         run = run_analyzer(["recommend", "--history", str(history)], workdir, "recommend-history", progress)
-        measured.append((run, load, 0))
-        if run.returncode:
-            break
-    run, load, _ = median_run(measured)
+        return run, load, 0
+
+    (run, load, _), walls = _repeat(once, repeats)
     assert rows == cluster.samples, "the history holds every sample of the cluster"
     parquet = float((history / "samples.parquet").stat().st_size)
     command = "gpulens " + " ".join(args)
     result = _result("history", command, cluster, run, load, step_s, setup, {"parquet_bytes": parquet})
-    result.walls_s = [round(r.wall_s, 2) for r, _, _ in measured]
+    result.walls_s = walls
     return result
 
 
