@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,7 +24,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from gpulens import atomicfile
-from gpulens.analyzer import units
+from gpulens.analyzer import jsonout, units
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.pipeline import Analysis, jsonable
 from gpulens.analyzer.report_model import Prices, ReportModel, build
@@ -577,8 +576,9 @@ def write_report(
         "html": html_report(analysis, prices, previous),
         "markdown": markdown(analysis, prices, previous),
         "csv": frame.to_csv(index=False),
-        "json": json.dumps({"jobs": analysis.job_records()}, indent=1, default=str),
-        "plan": json.dumps(jsonable(analysis.plan.as_dict()), indent=1),
+        # the same writer as `recommend --format json` (orjson; NaN as null, so always valid JSON)
+        "json": jsonout.dumps({"jobs": analysis.job_records()}),
+        "plan": jsonout.dumps(jsonable(analysis.plan.as_dict())),
     }
     if analysis.emitted is not None:
         for name, text in analysis.emitted.files.items():

@@ -3,6 +3,7 @@ GPU-hours and cost, energy per team and the actions; layout per host; how to app
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpulens.analyzer import units
 from gpulens.analyzer.history import read_history
-from gpulens.analyzer.pipeline import analyze_history
+from gpulens.analyzer.pipeline import analyze_history, jsonable
 from gpulens.analyzer.report import html_report, markdown, signal_label, write_report
 from gpulens.analyzer.report_model import Prices, build, parse_prices
 from gpulens.sim.history import simulate
@@ -93,6 +94,18 @@ def test_how_to_apply_links_each_emitted_file_that_is_written(dgx, tmp_path):
     for step in dgx.emitted.apply:
         assert f"href='config/{step.file}'" in page
         assert (tmp_path / "r" / "config" / step.file).exists()
+
+
+def _strict(constant: str) -> None:
+    raise AssertionError(f"{constant} is not JSON")
+
+
+def test_the_reports_json_files_are_strict_json_with_every_job(dgx, tmp_path):
+    written = write_report(dgx, tmp_path / "r")
+    jobs = json.loads(written["json"].read_text(), parse_constant=_strict)["jobs"]
+    plan = json.loads(written["plan"].read_text(), parse_constant=_strict)
+    assert len(jobs) == len(dgx.recs)
+    assert plan == json.loads(json.dumps(jsonable(dgx.plan.as_dict())))
 
 
 def test_per_job_detail_is_collapsible_and_reasons_wrap(page):
