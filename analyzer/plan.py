@@ -10,7 +10,8 @@
    sharing mode), takes a partner from a fuller GPU of its mode (never one already running that
    way there) or stays on a whole GPU. The packing is done twice, from scratch and in place (jobs
    that already share a GPU stay together on it, the others join; GPUs that empty into others go);
-   the fewest GPUs win, then the fewest jobs moved, so a plan never moves a job for nothing.
+   per GPU model the fewest GPUs win, then the fewest jobs moved, so a plan never moves a job
+   for nothing.
 3. **account**: GPUs before = every GPU of the inventory (`gpu_info` over the window, idle GPUs
    included); the plan never uses more GPUs of a model than the fleet has: jobs moved to a model
    without room go back to their own, and a model whose packing would need more GPUs than it has
@@ -668,21 +669,51 @@ FORK_MIN_ITEMS = 2_000
 
 
 def _fewest_moves(items: list[Item], th: Thresholds) -> tuple[list[GpuBin], dict[str, dict]]:
-    """Pack twice (first-fit decreasing, and in place) on copies of the items; the fewest GPUs
-    wins, then the fewest jobs moved: a layout that frees nothing more never moves a job."""
+    """Pack twice (first-fit decreasing, and in place) on copies of the items and keep, per GPU
+    model, the packing with the fewest GPUs, then the fewest jobs moved (in place on a tie): a
+    layout that frees nothing more never moves a job, and one model's gain never costs another
+    model needless moves."""
 
     def packing(in_place: bool) -> tuple[list[GpuBin], dict[str, dict]]:
         return settle_lone_sharers(pack([replace(i) for i in items], th, in_place=in_place), th)
 
     with forked.start(lambda: packing(False), fork=len(items) >= FORK_MIN_ITEMS) as scratch:
-        best: tuple[int, int, list[GpuBin], dict[str, dict]] | None = None
-        for in_place in (True, False):
-            bins, moved = packing(True) if in_place else scratch.result()
-            score = (len(bins), _moves(bins))
-            if best is None or score < best[:2]:
-                best = (*score, bins, moved)
-    assert best is not None
-    return best[2], best[3]
+        in_place = packing(True)
+        from_scratch = scratch.result()
+    return best_per_model([in_place, from_scratch], {i.job_id: i.model for i in items})
+
+
+def best_per_model(
+    packings: list[tuple[list[GpuBin], dict[str, dict]]], model_of: dict[str, str]
+) -> tuple[list[GpuBin], dict[str, dict]]:
+    """Per GPU model, the bins and lone-sharer changes of the packing with the fewest GPUs of that
+    model, then the fewest jobs moved there; the first packing on a tie.
+
+    Why per model: neither step crosses models (an item packs only onto GPUs of its own model,
+    lone sharers settle among them), so each model's part of a packing is a whole plan for that
+    model, and the best part of each is never worse than the best whole packing: a model that
+    frees a GPU only from scratch no longer makes another model's jobs move for nothing.
+    `model_of`: job id -> the model it is packed on (the same in every packing)."""
+    chosen: dict[str, int] = {}
+    scores: dict[str, tuple[int, int, int]] = {}
+    for n, (bins, _) in enumerate(packings):
+        per_model: dict[str, list[GpuBin]] = {}
+        for gpu in bins:
+            per_model.setdefault(gpu.model, []).append(gpu)
+        for model, group in per_model.items():
+            score = (len(group), _moves(group), n)
+            if model not in scores or score < scores[model]:
+                scores[model], chosen[model] = score, n
+    if len(set(chosen.values())) <= 1:  # one packing wins everywhere: it is the plan as it is
+        return packings[next(iter(chosen.values()), 0)]
+    bins = [gpu for n, (packed, _) in enumerate(packings) for gpu in packed if chosen[gpu.model] == n]
+    moved = {
+        job: change
+        for n, (_, changes) in enumerate(packings)
+        for job, change in changes.items()
+        if chosen.get(model_of.get(job, ""), n) == n
+    }
+    return bins, moved
 
 
 def hold(recs: pd.DataFrame) -> tuple[pd.DataFrame, list[GpuBin]]:
