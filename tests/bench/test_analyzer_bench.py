@@ -168,6 +168,13 @@ def test_a_second_rule_run_gives_the_cost_per_job_and_the_estimate():
     assert cost_per_job(_analyzer(6.0, 15.0, 10**9)) is None
 
 
+def test_a_cost_line_below_zero_at_no_jobs_is_said_so():
+    analyzer = _analyzer(6.0, 15.0, 10**9)
+    analyzer["paths"].append(_path("rules-large", 32.0, 2**28, 50_000))  # 0.65 s per 1,000 jobs
+    line = next(x for x in analyzer_target_lines(analyzer) if "cost per 1,000 jobs" in x)
+    assert "fixed part, -0.5 s, is below zero" in line and "on top of" not in line
+
+
 def test_only_the_selected_analyzer_runs_are_measured(tmp_path):
     data = run_analyzer_bench(50, 50_000, 300, tmp_path, None, runs=frozenset({"history"}))
     assert [p["path"] for p in data["paths"]] == ["history"]

@@ -116,11 +116,18 @@ def analyzer_target_lines(analyzer: dict[str, Any]) -> list[str]:
     if cost is not None:
         large = paths["rules-large"]
         small = paths["rules"]
+        # two runs fix a line; noise or the plan's second core can put its fixed part below zero
+        fixed = (
+            f"on top of {cost['fixed_s']:.1f} s"
+            if cost["fixed_s"] >= 0
+            else f"(the line's fixed part, {cost['fixed_s']:.1f} s, is below zero: the larger run "
+            "cost less than proportionally more)"
+        )
         lines.append(
             f"analyzer, recording-rule path: {large['jobs']:,} jobs in {large['wall_s']:.1f} s (load average "
             f"{large['extra'].get('load_average_1m', float('nan')):.1f} at start); cost per 1,000 jobs "
             f"between the {small['jobs']:,}- and {large['jobs']:,}-job runs: {cost['per_job_ms']:.2f} s of "
-            f"wall time ({cost['cpu_per_job_ms']:.2f} s of analyzer CPU) on top of {cost['fixed_s']:.1f} s; "
+            f"wall time ({cost['cpu_per_job_ms']:.2f} s of analyzer CPU) {fixed}; "
             f"a linear estimate (not measured) for {ESTIMATE_JOBS:,} jobs: about {cost['estimate_s']:.0f} s"
         )
     raw = paths.get("raw")

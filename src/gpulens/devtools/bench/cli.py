@@ -52,7 +52,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="gpulens-bench-"))
     results = run_exporters(args, workdir) if args.exporter else []
     data: dict = {
-        "command": "make bench  (= gpulens bench " + " ".join(sys.argv[2:]) + ")",
+        "command": "make bench (= " + " ".join(["gpulens bench", *sys.argv[2:]]) + ")",
         "scenario": args.scenario,
         "machine": _machine(),
         "exporters": [dataclasses.asdict(r) for r in results],
