@@ -6,13 +6,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv system-deps tools migcheck thanos native test test-fast lint typecheck format demo demo-stop bench dashboards rules clean
+.PHONY: help venv system-deps tools migcheck thanos prometheus3 native test test-fast lint typecheck format demo demo-stop bench dashboards rules clean
 
 help:
 	@echo "make demo       run the demo on the simulated node (no GPU needed)"
 	@echo "make test       install what the tests need and run the whole suite"
 	@echo "make tools      build helm (for the chart tests) into $(TOOLS_BIN)"
 	@echo "make thanos     build thanos (for the analyzer's distributed-TSDB test and bench) into $(TOOLS_BIN)"
+	@echo "make prometheus3  build Prometheus 3 (the PromQL tests run on it and on Debian's 2.x) into $(TOOLS_BIN)"
 	@echo "make lint       ruff check + format check + mypy"
 	@echo "make bench      benchmarks (writes docs/benchmarks.md)"
 	@echo "make native     build the native simulated NVML library (libnvidia-ml.so.1) with the system cc"
@@ -81,6 +82,26 @@ thanos:
 	[ -d "$$dir" ] || { echo "make thanos: go mod download github.com/thanos-io/thanos@$(THANOS_VERSION) failed" >&2; exit 1; }; \
 	mkdir -p $(TOOLS_BIN) && cd "$$dir" && nice -n 10 go build -trimpath -tags slicelabels -ldflags "$(THANOS_LDFLAGS)" -o $(THANOS).tmp ./cmd/thanos && mv $(THANOS).tmp $(THANOS)
 
+# Prometheus 3 (prometheus + promtool) beside Debian's 2.x: the analyzer's PromQL tests and the rule
+# unit tests run on both, because Prometheus 3's left-open ranges change every windowed function at
+# the window's edge (tests/support/procs.py: PROMETHEUS_ENGINES). Built from its Go module (tagged
+# v0.3xx.y for Prometheus 3.xx.y; no replace directives, so `go install module@version` works) with
+# the `netgo` tag of its release build and without `builtinassets`: the web UI is not needed, the
+# HTTP API is. About 5 minutes of two cores the first time, then skipped.
+PROMETHEUS3_VERSION := 3.16.0
+PROMETHEUS3 := $(TOOLS_BIN)/prometheus-$(PROMETHEUS3_VERSION)
+PROMETHEUS3_MODULE := github.com/prometheus/prometheus
+prometheus3:
+	@[ -x $(PROMETHEUS3)/prometheus ] && [ -x $(PROMETHEUS3)/promtool ] && exit 0; \
+	command -v go >/dev/null || { echo "make prometheus3: go is needed to build prometheus $(PROMETHEUS3_VERSION)" >&2; exit 1; }; \
+	echo "building prometheus and promtool $(PROMETHEUS3_VERSION) from their Go module into $(PROMETHEUS3) (about 5 minutes, once)"; \
+	version=v0.$$(echo $(PROMETHEUS3_VERSION) | awk -F. '{printf "%d%02d.%d", $$1, $$2, $$3}'); \
+	rm -rf $(PROMETHEUS3).tmp && mkdir -p $(PROMETHEUS3).tmp && \
+	GOBIN=$(PROMETHEUS3).tmp nice -n 10 go install -tags netgo \
+	  -ldflags "-X github.com/prometheus/common/version.Version=$(PROMETHEUS3_VERSION)" \
+	  $(PROMETHEUS3_MODULE)/cmd/prometheus@$$version $(PROMETHEUS3_MODULE)/cmd/promtool@$$version && \
+	rm -rf $(PROMETHEUS3) && mv $(PROMETHEUS3).tmp $(PROMETHEUS3)
+
 # The simulated libnvidia-ml.so.1 (gpulens/sim/native/simnvml.c), built with the system C compiler
 # into the cache directory it prints; the package also builds it on first use.
 native: venv
@@ -95,8 +116,8 @@ $(MIGCHECK): tools/migcheck/main.go tools/migcheck/go.mod tools/migcheck/go.sum
 	@command -v go >/dev/null || { echo "make migcheck: go is needed to build tools/migcheck" >&2; exit 1; }
 	mkdir -p $(TOOLS_BIN) && cd tools/migcheck && CGO_CFLAGS=-w nice -n 10 go build -o $(MIGCHECK) .
 
-test: venv system-deps tools native thanos
-	GPULENS_HELM=$(HELM) GPULENS_MIGCHECK=$(MIGCHECK) GPULENS_THANOS=$(THANOS) $(BIN)/python -m pytest -q
+test: venv system-deps tools native thanos prometheus3
+	GPULENS_HELM=$(HELM) GPULENS_MIGCHECK=$(MIGCHECK) GPULENS_THANOS=$(THANOS) GPULENS_PROMETHEUS3=$(PROMETHEUS3) $(BIN)/python -m pytest -q
 
 test-fast: venv native
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tests.alerts import rulefiles
-from tests.support.procs import find_binary
+from tests.support.procs import PROMETHEUS_ENGINES, find_binary, use_prometheus
 
 ALERTS = rulefiles.alerts()
 ALERT_NAMES = [a.name for a in ALERTS]
@@ -19,14 +19,18 @@ def _run(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=rulefiles.ALERTS_DIR, capture_output=True, text=True, timeout=300)
 
 
-def test_promtool_check_rules_accepts_every_rule_file():
+@pytest.mark.parametrize("engine", PROMETHEUS_ENGINES)
+def test_promtool_check_rules_accepts_every_rule_file(engine, monkeypatch):
+    use_prometheus(engine, monkeypatch)
     promtool = find_binary("promtool")
     files = (rulefiles.RECORDING_RULES, rulefiles.ANALYZER_RULES, rulefiles.ALERT_RULES)
     result = _run(promtool, "check", "rules", *[str(p) for p in files])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_promtool_unit_tests_pass():
+@pytest.mark.parametrize("engine", PROMETHEUS_ENGINES)
+def test_promtool_unit_tests_pass(engine, monkeypatch):
+    use_prometheus(engine, monkeypatch)
     promtool = find_binary("promtool")
     result = _run(promtool, "test", "rules", *[str(p) for p in rulefiles.RULE_TESTS])
     assert result.returncode == 0, result.stdout + result.stderr

@@ -26,7 +26,14 @@ from gpulens.analyzer.sources.prometheus import (
 from gpulens.cli import main
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady
-from tests.support.procs import find_binary, free_port, prometheus, running
+from tests.support.procs import (
+    PROMETHEUS_ENGINES,
+    find_binary,
+    free_port,
+    prometheus,
+    running,
+    use_prometheus,
+)
 
 GIB = 1024**3
 STEPS = 60
@@ -106,7 +113,9 @@ def history_frame(start: float) -> pd.DataFrame:
 
 
 @pytest.mark.slow
-def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, capsys):
+@pytest.mark.parametrize("engine", PROMETHEUS_ENGINES)
+def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, capsys, engine, monkeypatch):
+    use_prometheus(engine, monkeypatch)
     promtool = find_binary("promtool")
     start = 1_767_225_600.0  # aligned to the step, as `gpulens simulate` aligns its histories
     write_history(tmp_path / "h", history_frame(start), {"step_s": synth.STEP})

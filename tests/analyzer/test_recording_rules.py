@@ -39,7 +39,7 @@ from gpulens.devtools.bench import tsdb
 from gpulens.devtools.bench.analyzer_bench import backfill, make_cluster, write_openmetrics_blocks
 from gpulens.sim.history import simulate
 from gpulens.sim.scenario import list_builtin
-from tests.support.procs import REPO_ROOT, find_binary
+from tests.support.procs import PROMETHEUS_ENGINES, REPO_ROOT, find_binary, use_prometheus
 
 STEP = 120.0
 LOOKBACK = "119s999ms"  # just under the step
@@ -249,8 +249,10 @@ def assert_same_profiles(raw: pd.DataFrame, ruled: pd.DataFrame) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("engine", PROMETHEUS_ENGINES)
 @pytest.mark.parametrize("scenario", list_builtin())
-def test_rules_and_raw_series_give_the_same_recommendations(tmp_path, th, scenario):
+def test_rules_and_raw_series_give_the_same_recommendations(tmp_path, th, scenario, engine, monkeypatch):
+    use_prometheus(engine, monkeypatch)  # the rules evaluated and the week read by that version
     deployment = deploy(tmp_path, scenario)
     db = with_blocks(deployment, deployment.rule_blocks, tmp_path / "db")
     with tsdb.prometheus(db, LOOKBACK, tmp_path / "prometheus.log", compaction=False) as base:

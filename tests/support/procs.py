@@ -46,6 +46,26 @@ def find_binary(*names: str) -> str:
     raise AssertionError("unreachable")
 
 
+# The Prometheus versions the PromQL-facing tests run on: Debian's (2.x, on PATH) and Prometheus 3,
+# whose ranges are left-open and whose extrapolation therefore differs at every window's edge,
+# built by `make prometheus3` into the directory GPULENS_PROMETHEUS3 names (prometheus, promtool).
+PROMETHEUS_ENGINES = ("prometheus-2", "prometheus-3")
+
+
+def use_prometheus(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `engine`'s prometheus and promtool the first on PATH for this test (skip locally, fail
+    in CI when Prometheus 3 is not built)."""
+    if engine == "prometheus-2":
+        return
+    built = os.environ.get("GPULENS_PROMETHEUS3", "")
+    if not (built and all(os.access(Path(built) / b, os.X_OK) for b in ("prometheus", "promtool"))):
+        message = "Prometheus 3 is not built (make prometheus3; GPULENS_PROMETHEUS3 names its directory)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    monkeypatch.setenv("PATH", f"{built}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
     """Wait until `url` answers 200, failing early if `proc` died."""
     deadline = time.monotonic() + timeout
