@@ -35,7 +35,15 @@ from tests.alerts.remediate_support import (
     write_fake_scontrol,
 )
 from tests.alerts.test_alertmanager import shipped_config_copy
-from tests.support.procs import alertmanager, exporter, free_port, prometheus, running
+from tests.support.procs import (
+    PROMETHEUS_ENGINES,
+    alertmanager,
+    exporter,
+    free_port,
+    prometheus,
+    running,
+    use_prometheus,
+)
 
 NODE = "gpu-faulty-01"  # the scenario's hostname; Prometheus relabels the instance to it
 TOKEN = "e2e-loop-token"
@@ -131,7 +139,11 @@ def returned(state: Path) -> bool:
 
 
 @pytest.mark.slow
-def test_xid79_is_isolated_rebooted_held_down_and_returned_on_slurm_and_kubernetes(tmp_path):
+@pytest.mark.parametrize("engine", PROMETHEUS_ENGINES)
+def test_xid79_is_isolated_rebooted_held_down_and_returned_on_slurm_and_kubernetes(
+    tmp_path, engine, monkeypatch
+):
+    use_prometheus(engine, monkeypatch)
     token = tmp_path / "webhook.token"
     token.write_text(TOKEN + "\n")
     bin_dir, record = write_fake_scontrol(tmp_path, stateful=True)

@@ -11,6 +11,9 @@ every target of every panel must return a series on the healthy dgx-h100 node (t
 once per sharing mode). The few panels that can only show something when a GPU is broken, or on a
 time-sliced GPU, are listed below with the reason, and must return a series on the node of that
 scenario instead.
+
+The whole stack runs twice: with Debian's Prometheus 2.42 and with Prometheus 3.16 (`make
+prometheus3`), whose left-open ranges leave one sample fewer in every range selector.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import pytest
 from gpulens.dashboards import queries
 from gpulens.dashboards.common import CRITICAL_XID_REGEX
 from tests.dashboards.model import REPO, PanelRef, dashboards, data_panels, metric_names
-from tests.support.procs import PromAPI, exporter, prometheus
+from tests.support.procs import PROMETHEUS_ENGINES, PromAPI, exporter, prometheus, use_prometheus
 
 RULE_FILES = [REPO / "alerts" / "recording_rules.yml", REPO / "alerts" / "gpu_alerts.yml"]
 RATE_INTERVAL = "10s"  # Grafana: max(4 x scrape interval, $__interval + scrape interval); scrape is 1 s
@@ -162,10 +165,12 @@ class Stack:
         return max(30, int(time.time() - self.started))
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=PROMETHEUS_ENGINES)
+def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """The scenario nodes scraped by one Prometheus per version: every panel is asked of both."""
     base = tmp_path_factory.mktemp("dashboards-e2e")
-    with contextlib.ExitStack() as stack_:
+    with contextlib.ExitStack() as stack_, pytest.MonkeyPatch.context() as monkeypatch:
+        use_prometheus(request.param, monkeypatch)
         nodes = {}
         for scenario in SCENARIOS:
             (base / scenario).mkdir()

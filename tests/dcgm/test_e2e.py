@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import PromAPI, exporter, prometheus
+from tests.support.procs import PROMETHEUS_ENGINES, PromAPI, exporter, prometheus, use_prometheus
 
 # grafana/dcgm-exporter-dashboard.json (grafana.com #12239), every panel expression verbatim
 DASHBOARD_EXPRESSIONS = (
@@ -47,7 +47,11 @@ def all_value(values: list[str]) -> str:
 
 
 @pytest.mark.slow
-def test_every_panel_of_the_dcgm_exporter_dashboard_returns_data(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", PROMETHEUS_ENGINES)
+def test_every_panel_of_the_dcgm_exporter_dashboard_returns_data(
+    tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_prometheus(engine, monkeypatch)
     with (
         exporter(tmp_path, "--simulate", "dgx-h100", "--compat", "dcgm", "--interval", "1") as target,
         prometheus(tmp_path, [target]) as prom,

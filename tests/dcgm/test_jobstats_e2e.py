@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import PromAPI, exporter, prometheus
+from tests.support.procs import PROMETHEUS_ENGINES, PromAPI, exporter, prometheus, use_prometheus
 
 CLUSTER = "della"
 DIFF = 20  # seconds of "job run time" the subqueries look back over
@@ -42,10 +42,15 @@ def job_stats(prom: PromAPI, queries: dict[str, str], jobid: int) -> dict[str, d
     return nodes
 
 
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module", params=PROMETHEUS_ENGINES)
+def prom(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """jobstats' queries against Prometheus 2 and 3 (left-open ranges and subqueries)."""
     tmp_path: Path = tmp_path_factory.mktemp("jobstats")
-    with exporter(tmp_path, "--simulate", "dgx-h100", "--compat", "jobstats", "--interval", "1") as target:
+    with (
+        pytest.MonkeyPatch.context() as monkeypatch,
+        exporter(tmp_path, "--simulate", "dgx-h100", "--compat", "jobstats", "--interval", "1") as target,
+    ):
+        use_prometheus(request.param, monkeypatch)
         scrape = {"static_configs": [{"targets": [target], "labels": {"cluster": CLUSTER}}]}
         with prometheus(tmp_path, [target], scrape_config=scrape) as api:
             api.wait_for("count(nvidia_gpu_jobId) >= 13", timeout=60)
