@@ -694,16 +694,15 @@ def best_per_model(
     model, and the best part of each is never worse than the best whole packing: a model that
     frees a GPU only from scratch no longer makes another model's jobs move for nothing.
     `model_of`: job id -> the model it is packed on (the same in every packing)."""
-    chosen: dict[str, int] = {}
-    scores: dict[str, tuple[int, int, int]] = {}
+    best: dict[str, tuple[int, int, int]] = {}  # model -> (GPUs, moves, packing): the least wins
     for n, (bins, _) in enumerate(packings):
         per_model: dict[str, list[GpuBin]] = {}
         for gpu in bins:
             per_model.setdefault(gpu.model, []).append(gpu)
         for model, group in per_model.items():
             score = (len(group), _moves(group), n)
-            if model not in scores or score < scores[model]:
-                scores[model], chosen[model] = score, n
+            best[model] = min(best.get(model, score), score)
+    chosen = {model: score[2] for model, score in best.items()}
     if len(set(chosen.values())) <= 1:  # one packing wins everywhere: it is the plan as it is
         return packings[next(iter(chosen.values()), 0)]
     bins = [gpu for n, (packed, _) in enumerate(packings) for gpu in packed if chosen[gpu.model] == n]

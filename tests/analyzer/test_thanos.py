@@ -8,7 +8,6 @@ binary the test skips locally and fails in CI.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from pathlib import Path
@@ -23,7 +22,7 @@ from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 from gpulens.analyzer.sources.prometheus import Aggregation, PromSource
 from gpulens.devtools.bench import tsdb
 from gpulens.devtools.bench.analyzer_bench import backfill, make_cluster, write_openmetrics_blocks
-from tests.support.procs import REPO_ROOT, find_binary
+from tests.support.procs import REPO_ROOT, find_binary, unavailable
 
 STEP = 300
 LOOKBACK = "299s999ms"  # just under the step: backfilled blocks carry no staleness markers
@@ -39,10 +38,7 @@ RECOMMENDATION = (
 def thanos() -> str:
     binary = tsdb.thanos_binary()
     if binary is None:
-        message = f"thanos {tsdb.THANOS_VERSION} is not built (make thanos)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"thanos {tsdb.THANOS_VERSION} is not built (make thanos)")
     return str(binary)
 
 
