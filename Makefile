@@ -102,7 +102,7 @@ prometheus3:
 	  $(PROMETHEUS3_MODULE)/cmd/prometheus@$$version $(PROMETHEUS3_MODULE)/cmd/promtool@$$version && \
 	rm -rf $(PROMETHEUS3) && mv $(PROMETHEUS3).tmp $(PROMETHEUS3)
 
-# The simulated libnvidia-ml.so.1 (gpulens/sim/native/simnvml.c), built with the system C compiler
+# The simulated libnvidia-ml.so.1 (sim/native/simnvml.c), built with the system C compiler
 # into the cache directory it prints; the package also builds it on first use.
 native: venv
 	@command -v $${CC:-cc} >/dev/null || command -v gcc >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq gcc libc6-dev; }
@@ -131,7 +131,7 @@ TYPECHECK_TREE := build/typecheck/gpulens
 typecheck: venv
 	@rm -rf $(dir $(TYPECHECK_TREE)) && mkdir -p $(TYPECHECK_TREE)
 	@for p in src/gpulens/*; do ln -s "$(CURDIR)/$$p" $(TYPECHECK_TREE)/; done
-	@for p in exporter analyzer dashboards; do ln -s "$(CURDIR)/$$p" $(TYPECHECK_TREE)/$$p; done
+	@for p in exporter analyzer dashboards sim remediate mixin devtools; do ln -s "$(CURDIR)/$$p" $(TYPECHECK_TREE)/$$p; done
 	cd $(dir $(TYPECHECK_TREE)) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml gpulens
 
 format: venv
@@ -156,7 +156,7 @@ dashboards: venv
 	$(BIN)/gpulens dashboards build
 	$(BIN)/python deploy/helm/generate.py
 
-# alerts/{gpu_alerts,recording_rules}.yml and the runbooks' quoted rules from src/gpulens/mixin/rules,
+# alerts/{gpu_alerts,recording_rules}.yml and the runbooks' quoted rules from mixin/rules,
 # then the PrometheusRule and the Helm chart's copies
 rules: venv
 	$(BIN)/gpulens mixin build

@@ -1,7 +1,8 @@
 """Package discovery for the fixed top-level layout (DESIGN section 2).
 
-`exporter/` installs as `gpulens.exporter`, `analyzer/` as `gpulens.analyzer` and `dashboards/`
-as `gpulens.dashboards`, so that site-packages never gets generic top-level names. setuptools'
+Each part's top-level folder installs under `gpulens.` and its name (`exporter/` as
+`gpulens.exporter`, `sim/` as `gpulens.sim` ...), so that site-packages never gets generic
+top-level names; `src/gpulens/` is the small shared core. setuptools'
 automatic discovery cannot express that mapping for subpackages, hence this file.
 """
 
@@ -12,6 +13,10 @@ ROOTS = {
     "gpulens.exporter": "exporter",
     "gpulens.analyzer": "analyzer",
     "gpulens.dashboards": "dashboards",
+    "gpulens.sim": "sim",
+    "gpulens.remediate": "remediate",
+    "gpulens.mixin": "mixin",
+    "gpulens.devtools": "devtools",
 }
 
 packages: list[str] = []

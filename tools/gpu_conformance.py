@@ -20,6 +20,8 @@ PACKAGES = {
     "gpulens": ROOT / "src" / "gpulens",
     "gpulens.exporter": ROOT / "exporter",
     "gpulens.analyzer": ROOT / "analyzer",
+    "gpulens.sim": ROOT / "sim",
+    "gpulens.devtools": ROOT / "devtools",
 }
 
 

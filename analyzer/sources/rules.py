@@ -22,7 +22,7 @@ job and signal, so the weekly query only reduces stored series with `*_over_time
   thresholds file's default unless `--idle-below` says otherwise): the analyzer reads the twins only
   when that threshold is its own over the whole window, else it keeps the subquery.
 
-The mixin config (src/gpulens/mixin: selector, cluster label) applies here as to the alert and
+The mixin config (mixin: selector, cluster label) applies here as to the alert and
 recording rules: every scraped series read gets the selector and every `by` / `on` list the cluster
 label, so the rules read only gpulens' scrape jobs and never join or merge two clusters' series.
 The raw path reads the series by name, as before: over gpulens' own series the two agree.

@@ -3,7 +3,7 @@
 
 The chart packs the rules and dashboards as plain files that its templates embed with `.Files.Get`
 (never templated: rule annotations hold Prometheus' own `{{ $labels }}` templates, dashboards hold
-Grafana's `${var}`s). They are built by the mixin (src/gpulens/mixin: `gpulens mixin build`) with
+Grafana's `${var}`s). They are built by the mixin (mixin: `gpulens mixin build`) with
 `CHART_CONFIG`, a config of placeholders, one per setting, that the chart's templates replace by
 `.Values.mixin` (templates/_mixin.tpl): only text the mixin put there is replaced, so a chart
 rendered with some values holds what `gpulens mixin build --config` writes for the same config

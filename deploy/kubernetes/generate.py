@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate `deploy/kubernetes/prometheusrule.yaml` from the shipped rule files in `alerts/`.
 
-The alert and recording rules are written once (sources in src/gpulens/mixin/rules, built into
+The alert and recording rules are written once (sources in mixin/rules, built into
 `alerts/` by `gpulens mixin build`) and unit-tested there (promtool); the
 Prometheus Operator wants them wrapped in a `PrometheusRule` object. Generating the wrapper keeps one
 source of truth: `python deploy/kubernetes/generate.py` rewrites it, `--check` fails (exit 1) when

@@ -1,7 +1,7 @@
 """The story `make demo` tells: its week (`typical-fleet`) is a fleet as usually found, and the
 report finds savings an SRE can apply. Pins the story, not the report's text.
 
-Job ids are the scenario's (src/gpulens/sim/scenarios/typical-fleet.yaml): 7101 the heavy trainer,
+Job ids are the scenario's (sim/scenarios/typical-fleet.yaml): 7101 the heavy trainer,
 7102 the bursty inference service, 7103 the memory hog, 7104-7106 small jobs on whole GPUs, 7107
 the leaking notebook; GPU 7 runs nothing.
 """

@@ -50,7 +50,7 @@ def test_the_idle_gpu_of_dgx_h100_is_counted(dgx):
 
 def test_the_leaking_notebook_of_dgx_h100_is_a_leak_to_fix(dgx):
     recs = dgx.recs.set_index("job_id")
-    # job 5113's kernel grows from 4 to 60 GiB over two hours (src/gpulens/sim/scenarios/dgx-h100.yaml)
+    # job 5113's kernel grows from 4 to 60 GiB over two hours (sim/scenarios/dgx-h100.yaml)
     assert recs.loc["5113", "memory_trend_bytes_per_hour"] == pytest.approx(28 * GIB, rel=0.05)
     assert recs.loc["5113", "proposed_mode"] == "exclusive"  # alone until fixed, not packed
     assert recs.loc["5113", "finding"].startswith("memory leak")

@@ -1,4 +1,4 @@
-"""The attributor reads the files the simulated node writes (src/gpulens/sim/procfs.py) as real ones.
+"""The attributor reads the files the simulated node writes (sim/procfs.py) as real ones.
 
 This ties the two sides together: if the simulator's renderings of `/proc/<pid>/cgroup`, `environ`,
 `/var/log/pods` or the mapping directory drift from what the attributor understands, this fails.

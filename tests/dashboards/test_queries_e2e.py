@@ -46,7 +46,7 @@ SCOPE = {"cluster": CLUSTER, "job": "gpulens"}  # tests.support.procs.prometheus
 HEALTHY = "dgx-h100"  # 8x H100: MIG, MPS, exclusive and idle GPUs
 SCENARIOS = {
     HEALTHY: "every panel must show data here unless listed below",
-    "faults": "lost GPU, Xids, ECC, row remaps, throttling (src/gpulens/sim/scenarios/faults.yaml)",
+    "faults": "lost GPU, Xids, ECC, row remaps, throttling (sim/scenarios/faults.yaml)",
     "k8s-a100-mixed": "the built-in scenario with a time-sliced GPU",
 }
 # (dashboard uid, panel title) -> (scenario whose node must show it, why the healthy node cannot)

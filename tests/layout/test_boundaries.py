@@ -10,8 +10,9 @@ SHIPPED = (
     ROOT / "exporter",
     ROOT / "analyzer",
     ROOT / "dashboards",
-    ROOT / "src/gpulens/remediate",
-    ROOT / "src/gpulens/sim",
+    ROOT / "remediate",
+    ROOT / "sim",
+    ROOT / "mixin",
     ROOT / "src/gpulens/cli.py",
     ROOT / "src/gpulens/catalog.py",
     ROOT / "src/gpulens/httpclient.py",
@@ -54,11 +55,15 @@ def test_the_cli_reaches_the_development_tools_by_name_only() -> None:
 
 
 def test_every_path_the_architecture_page_names_exists() -> None:
-    """Paths from the repository root (`exporter/...`, `src/gpulens/...`) named on the page are real."""
+    """Paths from the repository root (`exporter/...`, `sim/...`) named on the page are real."""
     tops = (
         "exporter/",
         "analyzer/",
         "dashboards/",
+        "sim/",
+        "remediate/",
+        "mixin/",
+        "devtools/",
         "alerts/",
         "src/",
         "deploy/",

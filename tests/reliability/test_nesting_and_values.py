@@ -406,7 +406,7 @@ def test_a_gzip_member_that_expands_beyond_the_limit_is_refused_before_decompres
     )
 
 
-SEED_CASE = Path(__file__).resolve().parents[2] / "src" / "gpulens" / "sim" / "scenarios" / "seed-case.yaml"
+SEED_CASE = Path(__file__).resolve().parents[2] / "sim" / "scenarios" / "seed-case.yaml"
 
 
 @pytest.mark.parametrize(

@@ -322,7 +322,7 @@ def test_the_image_build_context_holds_every_package_root_setup_py_maps():
     # setup.py maps gpulens.* onto top-level directories; the image must copy (and not ignore) each
     roots = re.search(r"ROOTS = \{(.*?)\}", (REPO / "setup.py").read_text(), flags=re.DOTALL).group(1)
     paths = {p.split("/")[0] for p in re.findall(r'"gpulens[\w.]*": "([^"]+)"', roots)}
-    assert paths >= {"src", "exporter", "analyzer", "dashboards"}
+    assert paths >= {"src", "exporter", "analyzer", "dashboards", "sim", "remediate", "mixin", "devtools"}
     copied = set(re.findall(r"^COPY (\S+) ", DOCKERFILE.read_text(), flags=re.MULTILINE))
     ignore = (REPO / "deploy" / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
     for path in paths:

@@ -15,10 +15,10 @@ from pathlib import Path
 from gpulens.mixin import rules
 from gpulens.mixin.config import DEFAULT, MixinConfig
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[1]
 ALERTS_DIR = REPO / "alerts"
 RUNBOOKS_DIR = ALERTS_DIR / "runbooks"
-IN_SOURCE_TREE = RUNBOOKS_DIR.is_dir() and (REPO / "src" / "gpulens" / "mixin").is_dir()
+IN_SOURCE_TREE = RUNBOOKS_DIR.is_dir() and (REPO / "mixin" / "rules").is_dir()
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def default_step(history_s: int) -> str:
 
 def find_repo_root() -> Path:
     """The gpulens checkout: the demo uses its shipped `alerts/` rules and Alertmanager config."""
-    candidates = [Path(__file__).resolve().parents[2], Path.cwd()]
+    candidates = [Path(__file__).resolve().parents[1], Path.cwd()]
     for candidate in candidates:
         if (candidate / "alerts").is_dir() and (candidate / "setup.py").is_file():
             return candidate

@@ -42,7 +42,7 @@ class CycleBreakdown:
     scenario: str
     cycles: int
     cycle_cpu_ms: float  # median process CPU of a full cycle (threads included), not profiled
-    simulated_driver_share: float  # Python code of src/gpulens/sim/** run inside the cycle
+    simulated_driver_share: float  # Python code of sim/** run inside the cycle
     nvml_binding_share: float  # pynvml.py wrappers, backends/rawcalls.py, ctypes, and the C library they call
     gpulens_share: float  # exporter/** (backend, sampler, collectors, render, attribution)
     other_share: float  # stdlib, prometheus_client, ...
