@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.server import HttpServer
-from gpulens.httpd.metrics import families
+from gpulens.httpd.metrics import CLOSE_REASONS, families
 from gpulens.httpd.parse import Head
 from gpulens.httpd.server import REFUSAL_CODES, Limits, Request, Response, Server, text
 from gpulens.remediate.auth import Authenticator
@@ -125,6 +125,54 @@ def test_requests_over_max_requests_are_refused_and_those_in_flight_are_counted(
         wait_for(lambda: metric(server, "gpulens_http_requests_in_flight") == 0)
 
 
+def connect_from(server: Server, source: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", server.port))
+    return sock
+
+
+def test_one_address_gets_at_most_its_share_of_the_slots_and_others_are_served() -> None:
+    gate = Gate()
+    with serving(gate, Limits(max_requests=10, max_requests_per_client=2)) as server:
+        held = [connect_from(server, "127.0.0.2") for _ in range(2)]
+        for sock in held:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        for _ in held:
+            assert gate.arrived.acquire(timeout=5)
+        third = connect_from(server, "127.0.0.2")
+        refused = answer(third, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        other = connect_from(server, "127.0.0.3")
+        other.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert gate.arrived.acquire(timeout=5)  # another address still gets a slot
+        assert server.requests_in_flight_of("127.0.0.2") == 2
+        assert server._loop is not None and gate.event is not None
+        server._loop.call_soon_threadsafe(gate.event.set)
+        for sock in (*held, other):
+            assert sock.recv(100).startswith(b"HTTP/1.1 200")
+            sock.close()
+    assert refused.startswith(b"HTTP/1.1 503") and b"from one address" in refused
+
+
+def test_health_and_readiness_are_answered_when_every_slot_is_taken() -> None:
+    gate = Gate()
+    with serving(gate, Limits(max_requests=2, max_requests_per_client=0)) as server:
+        held = [connect(server) for _ in range(2)]
+        for sock in held:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        for _ in held:
+            assert gate.arrived.acquire(timeout=5)
+        probe = connect(server)
+        probe.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        assert gate.arrived.acquire(timeout=5)  # it reached the application, past the full slots
+        assert server._loop is not None and gate.event is not None
+        server._loop.call_soon_threadsafe(gate.event.set)
+        assert probe.recv(100).startswith(b"HTTP/1.1 200")
+        for sock in (*held, probe):
+            sock.close()
+
+
 def test_connections_past_the_cap_close_the_oldest_idle_one_and_are_counted() -> None:
     with serving(Gate(), Limits(max_connections=8)) as server:
         idle = [connect(server) for _ in range(8)]
@@ -152,6 +200,28 @@ def test_a_connection_at_the_cap_with_nothing_idle_is_refused_and_counted() -> N
         assert metric(server, "gpulens_http_connections_closed_total", reason="refused_at_cap") == 1
         assert server._loop is not None and gate.event is not None
         server._loop.call_soon_threadsafe(gate.event.set)
+
+
+def test_at_the_cap_with_nothing_idle_an_answer_nobody_reads_is_closed_to_make_room() -> None:
+    body = b"x" * (32 << 20)  # more than loopback socket buffers hold
+
+    class Big(Gate):
+        async def handle(self, request: Request) -> Response:
+            return Response(200, body)
+
+    with serving(Big(), Limits(max_connections=8, unread_grace=0.0)) as server:
+        stuck = [connect(server) for _ in range(8)]
+        for sock in stuck:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        wait_for(lambda: server.open_connections() == 8 and len(server._idle_new) == 0)
+        probe = connect(server)
+        probe.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        assert probe.recv(100).startswith(b"HTTP/1.1 200")
+        assert metric(server, "gpulens_http_connections_closed_total", reason="unread_evicted") >= 1
+        assert metric(server, "gpulens_http_connections_closed_total", reason="refused_at_cap") == 0
+        for sock in (*stuck, probe):
+            sock.close()
 
 
 def test_a_trickled_head_times_out_with_a_408_and_is_counted() -> None:
@@ -207,7 +277,7 @@ def test_the_exporters_metrics_carry_its_servers_series_as_of_the_last_render() 
         assert value(body, "gpulens_http_requests_rejected_total", code="400") == 1
         assert value(body, "gpulens_http_connections_accepted_total") >= 1
         assert value(body, "gpulens_http_connections_max") == server.server.max_connections
-        assert len(samples(body, "gpulens_http_connections_closed_total")) == 3
+        assert len(samples(body, "gpulens_http_connections_closed_total")) == len(CLOSE_REASONS)
     finally:
         server.stop()
         exporter.close()

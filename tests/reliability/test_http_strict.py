@@ -331,34 +331,54 @@ def test_headers_of_a_reloaded_web_config_are_on_the_next_answer_of_an_open_conn
     assert b"\r\nX-Frame-Options: deny\r\n" in after
 
 
-def test_requests_beyond_max_requests_get_503_until_a_slot_frees() -> None:
+def test_answers_nobody_reads_hold_no_request_slot() -> None:
     body = bytes(range(256)) * (1 << 17)  # 32 MiB, more than loopback socket buffers hold
     exporter = StubExporter(publication(Rendered(body, body)), ExporterConfig())
     server = HttpServer(exporter, "127.0.0.1", 0, max_requests=2)
     server.start()
+    stuck = []
     try:
-        stuck = []
-        for _ in range(2):  # 32 MiB answers that nobody reads hold their slot
+        for _ in range(4):  # twice the slots: 32 MiB answers that nobody reads
             sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             stuck.append(sock)
-        time.sleep(0.3)
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
-        conn.request("GET", "/-/healthy")
-        refused = conn.getresponse()
-        refused_body = refused.read()
-        stuck[0].close()
-        time.sleep(0.3)
-        conn.request("GET", "/-/healthy")
+        conn.request("GET", "/metrics")
         served = conn.getresponse()
         served_body = served.read()
         conn.close()
-        stuck[1].close()
     finally:
+        for sock in stuck:
+            sock.close()
         server.stop()
-    assert refused.status == 503 and b"limit of 2 concurrent requests" in refused_body
-    assert served.status == 200 and served_body == b"OK\n"
+    assert served.status == 200 and served_body == body
+
+
+def test_pipelined_requests_followed_by_a_half_close_are_all_answered() -> None:
+    with exporter_server() as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+        sock.shutdown(socket.SHUT_WR)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        sock.close()
+    assert received.count(b"HTTP/1.1 200 OK\r\n") == 3
+    assert received.count(b"Connection: close") == 1  # on the last answer only
+    assert received.endswith(b"OK\n")
+
+
+def test_a_partial_request_after_a_half_close_is_dropped_after_the_complete_ones() -> None:
+    with exporter_server() as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nGET /-/healthy HTTP/1.1\r\nHo")
+        sock.shutdown(socket.SHUT_WR)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        sock.close()
+    assert received.count(b"HTTP/1.1 ") == 1
 
 
 EMFILE_SCRIPT = textwrap.dedent(

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -69,15 +70,20 @@ def use_prometheus(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", f"{built}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
-def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    """Wait until `url` answers 200, failing early if `proc` died."""
+def wait_http(
+    url: str,
+    timeout: float = 30.0,
+    proc: subprocess.Popen | None = None,
+    context: ssl.SSLContext | None = None,
+) -> None:
+    """Wait until `url` answers 200 (over HTTPS trusting `context`), failing early if `proc` died."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with urllib.request.urlopen(url, timeout=2, context=context) as response:
                 if response.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError, OSError) as exc:
@@ -94,6 +100,7 @@ def running(
     timeout: float = 30.0,
     env: dict[str, str] | None = None,
     preexec_fn: Callable[[], None] | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> Iterator[subprocess.Popen]:
     """Run `cmd` until the context exits; the log goes to `log_path` and is shown on failure.
 
@@ -110,7 +117,7 @@ def running(
     )
     try:
         try:
-            wait_http(ready_url, timeout=timeout, proc=proc)
+            wait_http(ready_url, timeout=timeout, proc=proc, context=context)
         except Exception:
             log.flush()
             sys.stderr.write(log_path.read_text(errors="replace")[-4000:])

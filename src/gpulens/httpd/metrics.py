@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 from gpulens.httpd.server import REFUSAL_CODES, Server
 
 # why a connection was closed by the server rather than by its client
-CLOSE_REASONS = ("idle_evicted", "refused_at_cap", "timed_out")
+CLOSE_REASONS = ("idle_evicted", "unread_evicted", "refused_at_cap", "timed_out")
 
 
 def families(server: Server) -> list[Metric]:
@@ -29,12 +29,19 @@ def families(server: Server) -> list[Metric]:
     closed = CounterMetricFamily(
         "gpulens_http_connections_closed_total",
         "Connections the HTTP server closed itself, by reason: idle_evicted (the oldest idle one, to"
-        " make room at the connection cap or when out of file descriptors), refused_at_cap (closed"
+        " make room at the connection cap or when out of file descriptors), unread_evicted (the one"
+        " whose answer waited longest for its reader, when none is idle), refused_at_cap (closed"
         " at once: at the cap with nothing idle), timed_out (a head, body, idle, write or linger"
         " deadline).",
         labels=["reason"],
     )
-    for reason, count in zip(CLOSE_REASONS, (stats.evicted, stats.refused, stats.timed_out), strict=True):
+    closed_counts = (
+        stats.evicted - stats.stalled_closed,
+        stats.stalled_closed,
+        stats.refused,
+        stats.timed_out,
+    )
+    for reason, count in zip(CLOSE_REASONS, closed_counts, strict=True):
         closed.add_metric([reason], float(count))
     backoffs = CounterMetricFamily(
         "gpulens_http_accept_backoffs_total",
@@ -48,7 +55,7 @@ def families(server: Server) -> list[Metric]:
         "Requests the HTTP server answered itself with an error, by status: malformed or ambiguous"
         " framing (400), head or body too slow (408), length required (411), body too large (413),"
         " request line or head too large (414, 431), unsupported Expect (417), over"
-        " --web.max-requests (503), not HTTP/1.x (505).",
+        " --web.max-requests or the per-address limit (503), not HTTP/1.x (505).",
         labels=["code"],
     )
     counts = dict(stats.refused_requests)
@@ -65,7 +72,9 @@ def families(server: Server) -> list[Metric]:
     )
     open_max.add_metric([], float(server.max_connections))
     in_flight = GaugeMetricFamily(
-        "gpulens_http_requests_in_flight", "Requests being handled or answered now.", labels=[]
+        "gpulens_http_requests_in_flight",
+        "Requests being handled now (an answer being sent holds no slot).",
+        labels=[],
     )
     in_flight.add_metric([], float(server.in_flight))
     in_flight_max = GaugeMetricFamily(

@@ -13,20 +13,33 @@ asyncio event loop (epoll, timers, a thread pool), `ssl.SSLObject` over memory b
 head parser (`parse.py`).
 
 Per connection the loop keeps a few KiB: a read buffer bounded by the head limit, and for a slow
-reader memoryviews into the response body (the exporter's bodies are shared cached bytes). Request
-handling that may block (bcrypt, the remediation backends) runs in the worker pool.
+reader memoryviews into the response body (the exporter's bodies are shared cached bytes; over TLS
+at most one encrypted chunk of it at a time). Request handling that may block (bcrypt, the
+remediation backends) runs in the worker pool.
+
+Slots: `max_requests` bounds the requests being handled at once, and `max_requests_per_client`
+those of one source address, so that one client cannot take every slot. A slot is held while the
+application works and given back as soon as the answer is queued: a client that never reads its
+answer holds only its connection, until the write deadline drops it (and a full table may close it
+sooner). Requests for `reserved_paths` (health and readiness) take no slot at all, so a flood can
+never make the liveness probe fail.
 
 Life of a connection (each state has one deadline, none of them reset by trickled bytes):
   head   waiting for a request head: `header_timeout` from accept (TLS handshake included) or from
          the first byte after a keep-alive response; `idle_timeout` before that first byte
   body   reading (or, for refused requests, draining) a `Content-Length` body: `body_timeout`
   busy   the application handles it; then writing the answer: `write_timeout` until sent
+         (a total deadline: a reader that takes one byte at a time is dropped all the same)
   linger after the last answer, reading and dropping what the client still sends, so that closing
          with unread input does not reset the connection before the client read the answer
 Connections in `head`, `body` and `linger` are idle: when `max_connections` are open (or accept
 fails with EMFILE) the one idle the longest is closed to make room, taking connections that never
 completed a request (idle from the start, trickling a head) before kept-alive ones (a scraper
-between two scrapes).
+between two scrapes), and when none is idle, the one whose answer has waited longest for its
+reader (at least `Limits.unread_grace`).
+
+A client may pipeline requests and half-close its side: every complete request it sent is answered,
+in order, before the connection closes; an incomplete one is dropped.
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ import logging
 import resource
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections import OrderedDict, deque
@@ -58,6 +72,9 @@ ACCEPT_BATCH = 64
 LINGER_SECONDS = 1.0
 HEARTBEAT_SECONDS = 0.5
 HEAD_CACHE_SIZE = 64
+# over TLS the answer is encrypted this much at a time, as the reader takes it
+TLS_CHUNK = 64 << 10
+LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
 # accept(2) errors that mean "out of descriptors or memory": retrying at once would spin
 _EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 # descriptors left to the rest of the process (files, NVML, sockets of its own clients)
@@ -69,15 +86,21 @@ class Limits:
     """Resource bounds of one server; see the module docstring for what each deadline covers."""
 
     max_connections: int = 512
-    max_requests: int = 40  # requests handled or being answered at once; 0 means no limit
+    max_requests: int = 40  # requests being handled at once; 0 means no limit
+    max_requests_per_client: int = 8  # of those, from one source address; 0 means no limit
     header_timeout: float = 10.0
     idle_timeout: float = 120.0
     body_timeout: float = 30.0
-    write_timeout: float = 30.0
+    # Prometheus gives up on a scrape after its scrape_timeout (10 s by default): an answer still
+    # unread by then has no reader worth waiting for
+    write_timeout: float = 10.0
+    unread_grace: float = 1.0  # an answer unsent this long may be closed to make room at the cap
     max_body: int = 1 << 20
     drain_limit: int = 4 << 20  # a refused body up to this size is read and dropped first
     workers: int = 4
     head: HeadLimits = field(default_factory=HeadLimits)
+    # answered without a slot: what liveness and readiness probes ask for
+    reserved_paths: tuple[str, ...] = ("/-/healthy", "/-/ready")
 
     def effective_connections(self) -> int:
         """`max_connections`, capped at half the soft RLIMIT_NOFILE so the process keeps the rest."""
@@ -134,7 +157,8 @@ class Stats:
     refused: int = 0  # accepted and closed at once: nothing idle to close instead
     timed_out: int = 0
     rejected_heads: int = 0  # 4xx/5xx from the parser
-    over_limit: int = 0  # 503 for max_requests
+    over_limit: int = 0  # 503 for max_requests or max_requests_per_client
+    stalled_closed: int = 0  # answers never read, closed to make room
     accept_backoffs: int = 0
     peak_connections: int = 0
     refused_requests: dict[int, int] = field(default_factory=lambda: dict.fromkeys(REFUSAL_CODES, 0))
@@ -258,7 +282,10 @@ class Server:
         # start, trickling a head, lingering) are closed before kept-alive ones such as Prometheus'
         self._idle_new: OrderedDict[_Connection, None] = OrderedDict()
         self._idle_kept: OrderedDict[_Connection, None] = OrderedDict()
+        # connections whose answer is not all sent, by when it was queued (oldest first)
+        self._writing: OrderedDict[_Connection, float] = OrderedDict()
         self.in_flight = 0
+        self._in_flight_of: dict[str, int] = {}  # source address -> its requests being handled
         self._backoff = 0.0
         self._accepting = False
         self._last_exhausted_log = -1e9
@@ -406,15 +433,20 @@ class Server:
             self.log.debug("setting up a connection from %s failed: %s", peer, exc)
             sock.close()
             return
-        conn = _Connection(self, sock, f"{peer[0]}:{peer[1]}", session)
+        conn = _Connection(self, sock, str(peer[0]), int(peer[1]), session)
         self._conns.add(conn)
         self.stats.peak_connections = max(self.stats.peak_connections, len(self._conns))
 
     def _evict_oldest(self) -> bool:
+        limits = self.limits
         idle = self._idle_new or self._idle_kept
-        if not idle:
+        if idle:
+            conn, _ = idle.popitem(last=False)
+        elif self._writing and next(iter(self._writing.values())) <= time.monotonic() - limits.unread_grace:
+            conn, _ = self._writing.popitem(last=False)
+            self.stats.stalled_closed += 1
+        else:
             return False
-        conn, _ = idle.popitem(last=False)
         self.stats.evicted += 1
         conn.abort()
         now = time.monotonic()
@@ -432,10 +464,37 @@ class Server:
     def open_connections(self) -> int:
         return len(self._conns)
 
+    def requests_in_flight_of(self, client: str) -> int:
+        return self._in_flight_of.get(client, 0)
+
     # ---- used by connections ---------------------------------------------------------------
     def _forget(self, conn: _Connection) -> None:
         self._conns.discard(conn)
         self._mark_busy(conn)
+        self._writing.pop(conn, None)
+
+    def _take_slot(self, client: str) -> str | None:
+        """Count a request as being handled; the reason it may not be, when a limit is reached."""
+        limits = self.limits
+        if limits.max_requests and self.in_flight >= limits.max_requests:
+            return f"limit of {limits.max_requests} concurrent requests reached, try again later"
+        mine = self._in_flight_of.get(client, 0)
+        if limits.max_requests_per_client and mine >= limits.max_requests_per_client:
+            return (
+                f"limit of {limits.max_requests_per_client} concurrent requests from one address "
+                "reached, try again later"
+            )
+        self.in_flight += 1
+        self._in_flight_of[client] = mine + 1
+        return None
+
+    def _give_slot(self, client: str) -> None:
+        self.in_flight -= 1
+        left = self._in_flight_of.get(client, 0) - 1
+        if left > 0:
+            self._in_flight_of[client] = left
+        else:
+            self._in_flight_of.pop(client, None)
 
     def _mark_idle(self, conn: _Connection) -> None:
         kept = conn.served > 0 and conn.state != "linger"
@@ -479,6 +538,7 @@ class _Connection:
         "body",
         "body_left",
         "buffer",
+        "client",
         "close_after",
         "counted",
         "due",
@@ -489,6 +549,7 @@ class _Connection:
         "out",
         "peer",
         "peer_closed",
+        "plain",
         "reading",
         "served",
         "server",
@@ -499,20 +560,24 @@ class _Connection:
         "tls",
     )
 
-    def __init__(self, server: Server, sock: socket.socket, peer: str, tls: TlsSession | None) -> None:
+    def __init__(
+        self, server: Server, sock: socket.socket, client: str, port: int, tls: TlsSession | None
+    ) -> None:
         assert server._loop is not None
         self.server = server
         self.loop = server._loop
         self.sock = sock
         self.fd = sock.fileno()
-        self.peer = peer
+        self.client = client  # the source address: what per-client limits count
+        self.peer = f"{client}:{port}"
         self.tls = tls
         self.buffer = bytearray()
         self.body = bytearray()
         self.body_left = 0
         self.head: Head | None = None
         self.early: Response | None = None  # answer decided before the body was drained
-        self.out: deque[memoryview] = deque()
+        self.out: deque[memoryview] = deque()  # bytes for the socket, in order
+        self.plain: deque[memoryview] = deque()  # over TLS: the answer not yet encrypted
         self.state = "head"
         self.timer: asyncio.TimerHandle | None = None
         self.due: float | None = None  # loop time of the current deadline (see `_deadline`)
@@ -530,7 +595,7 @@ class _Connection:
 
     # ---- plumbing --------------------------------------------------------------------------
     def _read(self, on: bool) -> None:
-        if on and not self.reading and self.state != "closed":
+        if on and not self.reading and self.state != "closed" and not self.peer_closed:
             self.loop.add_reader(self.fd, self._on_readable)
             self.reading = True
         elif not on and self.reading:
@@ -563,31 +628,63 @@ class _Connection:
         if self.out:
             self.loop.remove_writer(self.fd)
             self.out.clear()
+            # a reset, not a FIN queued behind the unsent answer: the kernel would otherwise keep
+            # that answer (and the connection) for a reader that does not read
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+        self.plain.clear()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         self.due = None
         if self.task is not None and not self.task.done():
             self.task.cancel()
-        if self.counted:
-            self.server.in_flight -= 1
-            self.counted = False
+        self._release()
         self.server._forget(self)
         with contextlib.suppress(OSError):
             self.sock.close()
 
+    def _release(self) -> None:
+        """Give back the request's slot (once): its answer is queued, or the connection is gone."""
+        if self.counted:
+            self.counted = False
+            self.server._give_slot(self.client)
+
     def _send(self, parts: list[bytes], response: bool = True) -> None:
         """Queue `parts` for the client; for a response, `_sent()` runs once all of it has left."""
         if self.tls is not None and response:
-            try:
-                parts = [self.tls.encrypt(b"".join(parts))]
-            except ssl.SSLError:
-                self.abort()
-                return
+            # encrypted a chunk at a time as the reader takes it, never all at once: an answer
+            # nobody reads costs views into the shared body, not a private encrypted copy of it
+            self.awaiting_sent = True
+            self.plain.extend(memoryview(p) for p in parts)
+            if not self.out:
+                self._pump()
+            return
         self.awaiting_sent = self.awaiting_sent or response
         if self.out:
             self.out.extend(memoryview(p) for p in parts)
             return
+        self._write_now(parts)
+
+    def _pump(self) -> None:
+        """Over TLS: encrypt the next chunk of the answer and send it (`out` is empty)."""
+        assert self.tls is not None
+        chunk = bytearray()
+        while self.plain and len(chunk) < TLS_CHUNK:
+            part = self.plain.popleft()
+            take = TLS_CHUNK - len(chunk)
+            chunk += part[:take]
+            if len(part) > take:
+                self.plain.appendleft(part[take:])
+        try:
+            ciphertext = self.tls.encrypt(bytes(chunk))
+        except ssl.SSLError:
+            self.abort()
+            return
+        self._write_now([ciphertext])
+
+    def _write_now(self, parts: list[bytes]) -> None:
+        """Send what the socket takes now; queue the rest and wait until it is writable."""
         try:
             sent = self.sock.sendmsg(parts)
         except (BlockingIOError, InterruptedError):
@@ -603,9 +700,18 @@ class _Connection:
             sent = 0
         if self.out:
             self.loop.add_writer(self.fd, self._on_writable)
+            if self.awaiting_sent and self not in self.server._writing:
+                self.server._writing[self] = time.monotonic()
+        elif self.plain:
+            self.loop.call_soon(self._pump_more)
         elif self.awaiting_sent:
             self.awaiting_sent = False
+            self.server._writing.pop(self, None)
             self._sent()
+
+    def _pump_more(self) -> None:
+        if self.state != "closed" and self.plain and not self.out:
+            self._pump()
 
     def _on_writable(self) -> None:
         try:
@@ -621,8 +727,12 @@ class _Connection:
             self.abort()
             return
         self.loop.remove_writer(self.fd)
+        if self.plain:
+            self._pump()
+            return
         if self.awaiting_sent:
             self.awaiting_sent = False
+            self.server._writing.pop(self, None)
             self._sent()
 
     def _on_readable(self) -> None:
@@ -682,7 +792,9 @@ class _Connection:
         try:
             end = head_end(self.buffer, limits.head)
             if end < 0:
-                if first:  # the head deadline runs from its first byte (a whole head needs none)
+                if self.peer_closed:  # the client sent all it will: a partial head is dropped
+                    self.abort()
+                elif first:  # the head deadline runs from its first byte (a whole head needs none)
                     self._deadline(limits.header_timeout)
                 return
             head = parse_head(bytes(self.buffer[: end - 4]), limits.head)
@@ -756,14 +868,14 @@ class _Connection:
         server._mark_busy(self)
         self.state = "busy"
         self._deadline(None)
-        if server.limits.max_requests and server.in_flight >= server.limits.max_requests:
-            server.stats.over_limit += 1
-            server.stats.refuse(503)
-            limit = server.limits.max_requests
-            self._answer(text(503, f"limit of {limit} concurrent requests reached, try again later"))
-            return
-        server.in_flight += 1
-        self.counted = True
+        if self.head.path not in server.limits.reserved_paths:
+            refusal = server._take_slot(self.client)
+            if refusal is not None:
+                server.stats.over_limit += 1
+                server.stats.refuse(503)
+                self._answer(text(503, refusal))
+                return
+            self.counted = True
         request = Request(self.head, body, self.peer, self.tls is not None, server.run_blocking)
         try:
             result = server.app.handle(request)
@@ -793,8 +905,11 @@ class _Connection:
     def _answer(self, response: Response) -> None:
         if self.state == "closed":
             return
+        self._release()
         head = self.head
-        keep = head is not None and head.keep_alive and not response.close and not self.peer_closed
+        # a client that half-closed after pipelining still gets an answer to every request it sent
+        more = not self.peer_closed or bool(self.buffer)
+        keep = head is not None and head.keep_alive and not response.close and more
         self.close_after = not keep
         self.state = "busy"
         self.server._mark_busy(self)
@@ -804,15 +919,12 @@ class _Connection:
         self._deadline(None)
         head_only = head is not None and head.method == "HEAD"
         self._send(self.server._response_bytes(response, head_only, self.close_after))
-        if self.out and self.state == "busy":
+        if (self.out or self.plain) and self.state == "busy":
             self._deadline(self.server.limits.write_timeout)
 
     def _sent(self) -> None:
         if self.state != "busy":
             return
-        if self.counted:
-            self.server.in_flight -= 1
-            self.counted = False
         self.head = None
         self.served += 1
         if self.close_after:
@@ -847,10 +959,12 @@ class _Connection:
         self._read(True)
 
     def _peer_eof(self) -> None:
-        self.peer_closed = True
         self._read(False)
-        if self.state in ("head", "linger"):
-            self.abort()  # nothing complete to answer (a partial head is dropped)
+        self.peer_closed = True
+        if self.state == "head" and self.buffer:
+            self._parse()  # pipelined requests sent before the half-close are answered
+        elif self.state in ("head", "linger"):
+            self.abort()  # nothing complete to answer
         elif self.state == "body":
             if self.early is not None:
                 early, self.early = self.early, None
