@@ -1,6 +1,10 @@
 """Configuration that realises a plan on the real hosts: mig-parted, the NVIDIA device plugin, Slurm.
 
-`hosts.place` first puts every planned GPU on a GPU of the inventory. Then, per host:
+`hosts.place` first puts every planned GPU on a GPU of the inventory, and `nodestate.changes`
+compares each with what it runs now. Files are changes, never whole-fleet targets: a host where
+the plan changes no GPU gets no line in any file, a plan that changes nothing emits no file (and
+says so), and a GPU left as it is keeps its mode, MIG instances and advertised resources in the
+files of a host that does change. Then, per changed host:
 
 - `mig-parted.yaml`: one config per host that has or had MIG GPUs (`gpulens-<host>`), one entry
   per geometry with the model's PCI `device-filter` and the GPU indices; `all-disabled` too.
@@ -29,6 +33,7 @@ import yaml
 
 from gpulens.analyzer import hosts as fleet
 from gpulens.analyzer.hosts import Adjustment, Family, Inventory, Orchestrator, PlacedGpu, Placement
+from gpulens.analyzer.nodestate import Changes, GpuChange, GpuNow, Mode, changes, gpus_now
 from gpulens.analyzer.plan import Plan
 from gpulens.analyzer.validate import InvalidConfig, Problem, mig_parted, slurm
 from gpulens.analyzer.validate import device_plugin as dp
@@ -64,6 +69,8 @@ class Emitted:
     adjustments: list[Adjustment] = field(default_factory=list)
     apply: list[ApplyStep] = field(default_factory=list)
     placement: Placement | None = None
+    changes: list[GpuChange] = field(default_factory=list)  # per GPU: before -> after, jobs
+    now: Mapping[str, GpuNow] = field(default_factory=dict)  # uuid -> what it runs now
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,8 @@ class FleetContext:
     job_uuids: Mapping[str, tuple[str, ...]]
     windows: Mapping[str, tuple[float, float]]
     mig_now: frozenset[str] = frozenset()  # UUIDs of GPUs in MIG mode now
+    now: Mapping[str, GpuNow] = field(default_factory=dict)  # uuid -> what it runs now
+    now_known: bool = False  # the rows said how each job runs now (their `sharing`)
 
 
 def context_from_rows(
@@ -90,7 +99,8 @@ def context_from_rows(
         if r.get("start") is not None and r.get("end") is not None
     }
     mig_now = frozenset(u for r in rows if r.get("sharing") == "mig" for u in uuids[str(r["job_id"])])
-    return FleetContext(inventory, uuids, windows, mig_now)
+    known = any(r.get("sharing") for r in rows)
+    return FleetContext(inventory, uuids, windows, mig_now, gpus_now(rows) if known else {}, known)
 
 
 def context_from_fleet(fleet: Iterable[object], jobs: Iterable[Mapping[str, object]] = ()) -> FleetContext:
@@ -154,24 +164,26 @@ def _is_mig(gpu: PlacedGpu) -> bool:
     return gpu.entry.get("sharing") == "mig" and bool(gpu.entry.get("mig_layout"))
 
 
-def mig_parted_spec(placement: Placement, mig_now: set[str]) -> tuple[dict, dict[str, str]]:
-    """The spec, and host -> config name for hosts whose planned GPUs have or had MIG.
+def mig_parted_spec(placement: Placement, mig_now: set[str], delta: Changes) -> tuple[dict, dict[str, str]]:
+    """The spec, and host -> config name for changed hosts whose changed GPUs have or had MIG.
 
-    A host's config lists only the GPUs the plan changes: a GPU left as it is (and a free one)
-    is in no entry, so mig-parted leaves its MIG mode and instances alone.
+    A host's config lists only the GPUs the plan changes: a GPU left as it is is in no entry, so
+    mig-parted leaves its MIG mode and instances alone; a MIG GPU the plan empties is cleared
+    (`mig-enabled: false`), as Slurm's and the device plugin's files then describe it.
     """
     configs: dict[str, list[dict]] = {"all-disabled": [{"devices": "all", "mig-enabled": False}]}
     names: dict[str, str] = {}
     for host in placement.inventory.hosts():
-        placed = [g for g in placement.on(host) if g.family is not Family.UNCHANGED]
-        if not any(_is_mig(g) or g.uuid in mig_now for g in placed):
+        placed = [g for g in placement.on(host) if delta.changed(g.uuid)]
+        freed = delta.freed_mig(host, placement)
+        if not freed and not any(_is_mig(g) or g.uuid in mig_now for g in placed):
             continue
         geometries: dict[tuple, list[int]] = {}
-        whole: list[int] = []
+        whole: list[int] = [s.index for s in freed]
         for gpu in placed:
             if _is_mig(gpu):
                 geometries.setdefault((gpu.model, tuple(_mig_counts(gpu).items())), []).append(gpu.index)
-            else:
+            elif gpu.uuid in mig_now or not delta.known:  # unknown: say it is no MIG GPU
                 whole.append(gpu.index)
         entries: list[dict] = []
         for (model_name, counts), indices in sorted(geometries.items(), key=lambda kv: kv[1]):
@@ -205,15 +217,33 @@ def _plugin_config(kind: str, replicas: int, mig: bool) -> dict:
     return {"version": "v1", "flags": {"migStrategy": "mixed" if mig else "none"}, "sharing": sharing}
 
 
-def device_plugin_configs(
-    placement: Placement, windows: Mapping[str, tuple[float, float]]
-) -> tuple[dict[str, dict], dict[str, str], list[Adjustment], list[str]]:
-    """ConfigMap data (key -> config), host -> key, adjustments and notes for Kubernetes hosts.
+def _family_now(gpu: PlacedGpu, delta: Changes, windows: Mapping[str, tuple[float, float]]) -> Family:
+    """The sharing family a placed GPU has after the plan: a GPU left as it is keeps its own."""
+    if gpu.family is not Family.UNCHANGED:
+        return gpu.family
+    now = delta.now.get(gpu.uuid)
+    if now is not None:
+        return now.family
+    return Family.TIME_SLICING if fleet.concurrent_jobs(gpu.entry, windows) > 1 else Family.WHOLE
 
-    A node's config follows what its GPUs need: nothing shared -> exclusive (`migStrategy:
-    mixed` when it has MIG GPUs); only MPS GPUs -> MPS with replicas = most clients on one GPU,
-    unless a client is planned above the equal split; anything else shared (time-slicing, GPUs
-    left as they are with several jobs, MPS beside MIG or whole GPUs) -> time-slicing.
+
+def _mig_after(gpu: PlacedGpu, delta: Changes) -> bool:
+    """Whether a placed GPU is in MIG mode after the plan."""
+    if gpu.family is Family.UNCHANGED:
+        now = delta.now.get(gpu.uuid)
+        return now is not None and now.mode is Mode.MIG
+    return _is_mig(gpu)
+
+
+def device_plugin_configs(
+    placement: Placement, windows: Mapping[str, tuple[float, float]], delta: Changes
+) -> tuple[dict[str, dict], dict[str, str], list[Adjustment], list[str]]:
+    """ConfigMap data (key -> config), host -> key, adjustments and notes for changed Kubernetes hosts.
+
+    A node's config follows what its GPUs need after the plan (a GPU left as it is keeps its own
+    mode): nothing shared -> exclusive (`migStrategy: mixed` when it has MIG GPUs); only MPS GPUs
+    -> MPS with replicas = most clients on one GPU, unless a client is planned above the equal
+    split; anything else shared (time-slicing, MPS beside MIG or whole GPUs) -> time-slicing.
     """
     data: dict[str, dict] = {DEFAULT_CONFIG: {"version": "v1", "flags": {"migStrategy": "none"}}}
     chosen: dict[str, str] = {}
@@ -221,23 +251,18 @@ def device_plugin_configs(
     notes: list[str] = []
     for host in placement.inventory.hosts():
         placed = placement.on(host)
-        if placement.inventory.orchestrator(host) is Orchestrator.SLURM or not placed:
+        if placement.inventory.orchestrator(host) is Orchestrator.SLURM or host not in delta.hosts:
             continue
-        mig = any(_is_mig(g) for g in placed)
-        shared = [
-            g
-            for g in placed
-            if g.family in (Family.MPS, Family.TIME_SLICING)
-            or (g.family is Family.UNCHANGED and fleet.concurrent_jobs(g.entry, windows) > 1)
-        ]
+        mig = any(_mig_after(g, delta) for g in placed)
+        shared = [g for g in placed if _family_now(g, delta, windows) in (Family.MPS, Family.TIME_SLICING)]
         if not shared:
             key = "gpulens-mig-mixed" if mig else DEFAULT_CONFIG
             data.setdefault(key, {"version": "v1", "flags": {"migStrategy": "mixed" if mig else "none"}})
             chosen[host] = key
             continue
         replicas = max(_concurrent(g, windows) for g in shared)
-        only_mps = all(g.family is Family.MPS for g in shared)
-        whole = [g for g in placed if g.family is Family.WHOLE]
+        only_mps = all(_family_now(g, delta, windows) is Family.MPS for g in shared)
+        whole = [g for g in placed if _family_now(g, delta, windows) is Family.WHOLE]
         kind = "mps" if only_mps and not whole else "time-slicing"
         if only_mps and whole:
             jobs = tuple(j for g in shared for j in g.jobs)
@@ -337,14 +362,25 @@ def _mps_pct(client: Mapping[str, object]) -> int:
     return int(client.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") or 0)  # type: ignore[call-overload]
 
 
+def _mig_counts_after(gpu: PlacedGpu, delta: Changes) -> dict[str, int]:
+    if gpu.family is Family.UNCHANGED:
+        now = delta.now.get(gpu.uuid)
+        return dict(now.mig_profiles) if now is not None else {}
+    return _mig_counts(gpu)
+
+
 def slurm_files(
-    placement: Placement, windows: Mapping[str, tuple[float, float]]
+    placement: Placement, windows: Mapping[str, tuple[float, float]], delta: Changes
 ) -> tuple[str, str, list[Adjustment]] | None:
-    """gres.conf and slurm.conf node lines for Slurm hosts (None when there are none)."""
+    """gres.conf and slurm.conf node lines for changed Slurm hosts (None when there are none).
+
+    A changed node's lines describe all its GPUs, as gres.conf does: those left as they are
+    with the MIG instances, MPS or shard counts they have now (no `--gres` hints: their jobs
+    request what they already do)."""
     hosts = [
         h
         for h in placement.inventory.hosts()
-        if placement.inventory.orchestrator(h) is not Orchestrator.KUBERNETES and placement.on(h)
+        if placement.inventory.orchestrator(h) is not Orchestrator.KUBERNETES and h in delta.hosts
     ]
     if not hosts:
         return None
@@ -361,16 +397,23 @@ def slurm_files(
     for host in hosts:
         placed = placement.on(host)
         slots = placement.inventory.on(host)
-        has_mig = any(_is_mig(g) for g in placed)
+        has_mig = any(_mig_after(g, delta) and _mig_counts_after(g, delta) for g in placed)
         gres.append("")
         gres.append(f"# {host}: {len(slots)} GPU(s)")
         types: Counter[str] = Counter()
         if has_mig:
             gres.append(f"NodeName={host} AutoDetect=nvml")
         for slot in slots:
-            mig = next((g for g in placed if g.index == slot.index and _is_mig(g)), None)
+            mig = next(
+                (
+                    g
+                    for g in placed
+                    if g.index == slot.index and _mig_after(g, delta) and _mig_counts_after(g, delta)
+                ),
+                None,
+            )
             if mig is not None:
-                for profile, count in _mig_counts(mig).items():
+                for profile, count in _mig_counts_after(mig, delta).items():
                     types[profile] += count
             else:
                 types[slurm_type(slot.model)] += 1
@@ -382,6 +425,16 @@ def slurm_files(
         hints: list[str] = []
         for gpu in placed:
             device = f"/dev/nvidia{gpu.index}"
+            if gpu.family is Family.UNCHANGED:  # as it runs now: its jobs keep their requests
+                family = _family_now(gpu, delta, windows)
+                if family is Family.MPS:
+                    gres.append(f"NodeName={host} Name=mps Count={slurm.MPS_COUNT_PER_GPU} File={device}")
+                    mps_total += slurm.MPS_COUNT_PER_GPU
+                elif family is Family.TIME_SLICING:
+                    count = max(2, len(gpu.jobs))
+                    gres.append(f"NodeName={host} Name=shard Count={count} File={device}")
+                    shard_total += count
+                continue
             clients = gpu.entry.get("mps_clients", []) if gpu.family is Family.MPS else []
             if clients and sum(_mps_pct(c) for c in clients) > slurm.MPS_COUNT_PER_GPU:
                 total = sum(_mps_pct(c) for c in clients)
@@ -415,7 +468,7 @@ def slurm_files(
                     f"# job {s['job_id']} on {host} {device}: --gres=gpu:{s['profile']}:1"
                     for s in gpu.entry.get("mig_layout", [])
                 ]
-            elif gpu.family is not Family.UNCHANGED:
+            else:
                 hints += [
                     f"# job {j} on {host} {device}: --gres=gpu:{slurm_type(gpu.model)}:1" for j in gpu.jobs
                 ]
@@ -480,8 +533,9 @@ def emit(plan: Plan, context: FleetContext | None = None) -> Emitted:
     if context is None:
         context = context_from_plan(plan)
     placement = fleet.place(plan.layout, context.inventory, context.job_uuids, context.windows)
-    spec, mig_names = mig_parted_spec(placement, set(context.mig_now))
-    data, chosen, plugin_adjustments, notes = device_plugin_configs(placement, context.windows)
+    delta = changes(placement, context.now, context.now_known)
+    spec, mig_names = mig_parted_spec(placement, set(context.mig_now), delta)
+    data, chosen, plugin_adjustments, notes = device_plugin_configs(placement, context.windows, delta)
     files: dict[str, str] = {}
     if len(spec["mig-configs"]) > 1:
         files[MIG_FILE] = "# gpulens: MIG layouts per host (nvidia-mig-parted)\n" + yaml.safe_dump(
@@ -491,19 +545,23 @@ def emit(plan: Plan, context: FleetContext | None = None) -> Emitted:
         files[CONFIGMAP_FILE] = configmap_text(data)
         files[LABELS_FILE] = labels_text(chosen, mig_names)
     adjustments = list(placement.adjustments) + plugin_adjustments
-    slurm_out = slurm_files(placement, context.windows)
+    slurm_out = slurm_files(placement, context.windows, delta)
     if slurm_out is not None:
         files[GRES_FILE], files[SLURM_NODES_FILE], slurm_adjustments = slurm_out
         adjustments += slurm_adjustments
     problems = validate_files(files, context.inventory, mig_names)
     if problems:
         raise InvalidConfig(problems)
+    if not files:
+        notes.append("the plan changes no GPU on any node: no configuration file is emitted")
     return Emitted(
         files=files,
         notes=list(context.inventory.notes) + notes,
         adjustments=adjustments,
         apply=_apply_steps(files, mig_names),
         placement=placement,
+        changes=list(delta.gpus),
+        now=delta.now,
     )
 
 

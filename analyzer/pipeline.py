@@ -44,7 +44,17 @@ JOB_FIELDS = (
 
 
 # the job columns emit's context reads (`emit.context_from_rows`, `hosts.inventory_from_rows`)
-EMIT_COLUMNS = ("job_id", "uuids", "instance", "gpu_model", "job_source", "start", "end", "sharing")
+EMIT_COLUMNS = (
+    "job_id",
+    "uuids",
+    "instance",
+    "gpu_model",
+    "job_source",
+    "start",
+    "end",
+    "sharing",
+    "mig_profile_now",
+)
 
 INTEGER_FIELDS = ("gpus", "samples", "mps_active_thread_percentage", "mps_pinned_memory_limit_bytes")
 

@@ -364,6 +364,27 @@ def _layout(model: ReportModel) -> list[str]:
     return parts
 
 
+def _changes(model: ReportModel) -> list[str]:
+    """Every GPU the emitted files change, by node: what an SRE checks before applying them."""
+    if not model.changes:
+        return []
+    rows = [
+        [
+            ("", _e(c.host)),
+            ("num", str(c.index)),
+            ("wrap", _e(c.before)),
+            ("wrap", _e(c.after)),
+        ]
+        for c in model.changes
+    ]
+    nodes = len({c.host for c in model.changes})
+    intro = (
+        f"<p>The files change {len(model.changes)} GPU(s) on {nodes} node(s); every other node and GPU "
+        "keeps its mode, MIG instances and advertised resources and is in no file.</p>"
+    )
+    return ["<h2>Changes per node</h2>", intro, _table(["node", "GPU", "now", "after the plan"], rows)]
+
+
 def _apply(model: ReportModel) -> list[str]:
     if not model.apply:
         return []
@@ -460,6 +481,7 @@ def html_report(
     parts += _since_last_week(previous)
     parts += _adjustments(model)
     parts += _layout(model)
+    parts += _changes(model)
     parts += _apply(model)
     plots = []
     if analysis.kind == "usage":
@@ -547,6 +569,12 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
         lines += ["", "## Changed for the tools, and notes", ""]
         lines += [f"- {a.what} ({a.where}): {a.message}" for a in model.adjustments]
         lines += [f"- {n}" for n in model.notes]
+    if model.changes:
+        lines += ["", "## Changes per node", "", "| node | GPU | now | after the plan |", "|---|---|---|---|"]
+        lines += [
+            f"| {c.host} | {c.index} | {c.before.replace('|', '/')} | {c.after.replace('|', '/')} |"
+            for c in model.changes
+        ]
     if model.apply:
         lines += ["", "## How to apply", ""] + [f"- `{s.file}`: `{s.command}`" for s in model.apply]
     return "\n".join(lines) + "\n"

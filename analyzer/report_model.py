@@ -21,6 +21,7 @@ from typing import Any
 
 from gpulens.analyzer import frames
 from gpulens.analyzer.hosts import Family
+from gpulens.analyzer.nodestate import GpuChange
 from gpulens.analyzer.pipeline import Analysis
 from gpulens.catalog import model_for_nvml_name
 
@@ -94,6 +95,7 @@ class ReportModel:
     layout: dict[str, list[GpuRow]]
     apply: list[Any]
     notes: list[str]
+    changes: list[GpuChange] = field(default_factory=list)  # per GPU: node, before -> after, jobs
 
     @property
     def window_hours(self) -> float:
@@ -253,4 +255,5 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
         layout=layout,
         apply=list(emitted.apply) if emitted else [],
         notes=list(analysis.plan.notes) + (list(emitted.notes) if emitted else []),
+        changes=list(emitted.changes) if emitted else [],
     )

@@ -4,6 +4,7 @@ the Kubernetes schema)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.catalog import get_model
 from gpulens.sim.history import simulate
 from gpulens.sim.scenario import BUILTIN_DIR
+from tests.analyzer.nodefiles import check_all
 from tests.analyzer.slurmd import require_slurmd, slurmd_gres
 from tests.analyzer.test_emit import migcheck
 from tests.analyzer.test_traces import GENAI
@@ -52,6 +54,24 @@ def test_every_emitted_file_passes_its_validator(analyses):
         mig_names = {h: em.config_name("gpulens", h) for h in emitted.placement.inventory.hosts()}
         problems = em.validate_files(emitted.files, emitted.placement.inventory, mig_names)
         assert problems == [], f"{name}: {problems[0]}"
+
+
+def test_every_nodes_files_describe_one_state_after_the_plan(analyses):
+    for name, analysis in analyses.items():
+        assert check_all(analysis.emitted) == [], name
+
+
+def test_a_node_the_plan_does_not_change_is_in_no_file(analyses):
+    for name, analysis in analyses.items():
+        changed = {c.host for c in analysis.emitted.changes}
+        for host in set(analysis.emitted.placement.inventory.hosts()) - changed:
+            for file, text in analysis.emitted.files.items():
+                assert not re.search(rf"(NodeName=|node ){re.escape(host)}\b", text), (name, host, file)
+
+
+def test_k8s_a100_mixed_changes_no_nodes_mode(analyses):
+    emitted = analyses["k8s-a100-mixed"].emitted
+    assert emitted.changes == [] and emitted.files == {}
 
 
 def test_slurm_node_names_are_the_hosts_the_gpus_reported(analyses):
@@ -126,7 +146,7 @@ def test_every_emitted_configmap_passes_the_kubernetes_schema(analyses):
             continue
         validator.validate(yaml.safe_load(text), validator.latest_version(), strict=True)
         checked += 1
-    assert checked >= 1, "k8s-a100-mixed should emit a device-plugin ConfigMap"
+    assert checked >= 1, "a Kubernetes scenario whose plan changes a node should emit a ConfigMap"
 
 
 def test_every_listed_action_recovers_gpu_hours_or_fixes_a_named_risk(analyses):
