@@ -99,10 +99,12 @@ class MpsSettings:
 
 
 def mps_settings(demand_fraction: float, need_bytes: float, th: Thresholds) -> MpsSettings:
-    """The one MPS sizing rule (recommend and plan): demand + headroom rounded up to 5 %, memory need
+    """The one MPS sizing rule (recommend and plan): demand + headroom rounded up to a whole percent
+    (what CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and Slurm's `mps` shares take: a coarser step wastes
+    the difference on every client, 30.3 % as 35 % fits two per GPU where three fit), memory need
     rounded up to a MiB; at least `mps.min_thread_percentage`, at most 100."""
     demand = demand_fraction * (1 + th.headroom.compute_ratio)
-    pct = math.ceil(demand * 100 / 5 - 1e-9) * 5
+    pct = math.ceil(demand * 100 - 1e-9)
     threads = int(min(100, max(th.mps.min_thread_percentage, pct)))
     return MpsSettings(threads, int(math.ceil(need_bytes / MIB) * MIB))
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpulens.analyzer.profile import profiles_from_samples
-from gpulens.analyzer.recommend import memory_need, recommend
+from gpulens.analyzer.recommend import memory_need, mps_settings, recommend
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.catalog import MODELS, get_model
 from tests.analyzer import synth
@@ -291,3 +291,17 @@ def test_a_leak_on_an_unknown_model_is_flagged_too(th):
     row = _recs(with_memory_total(synth.frame([job]), 48 * GIB), th).loc["leaky"]
     assert row["memory_leak"].startswith("grows 8.")
     assert "; memory leak: grows 8." in row["reason"] and "not in the catalog" in row["reason"]
+
+
+def test_an_mps_thread_cap_is_the_sized_demand_rounded_up_to_a_whole_percent(th):
+    demand = 0.303 / (1 + th.headroom.compute_ratio)  # 30.3 % once the headroom is added
+    assert mps_settings(demand, GIB, th).thread_percentage == 31  # not 35: three fit on one GPU
+
+
+@given(st.floats(min_value=0.0, max_value=1.0))
+def test_an_mps_thread_cap_is_never_below_the_sized_demand_nor_a_percent_above_it(demand):
+    th = load_thresholds()
+    sized = demand * (1 + th.headroom.compute_ratio) * 100
+    pct = mps_settings(demand, GIB, th).thread_percentage
+    assert pct >= min(100, sized - 1e-6) and pct >= th.mps.min_thread_percentage
+    assert pct <= max(th.mps.min_thread_percentage, sized + 1)
