@@ -143,6 +143,14 @@ def _source_args(parser: argparse.ArgumentParser) -> None:
     )
     src.add_argument("--retries", type=int, default=3, help="retries of a failed request (default 3)")
     src.add_argument(
+        "--max-series",
+        type=int,
+        default=None,
+        metavar="N",
+        help="refuse a Prometheus answer holding more series (default: what --max-memory holds, "
+        "at most 2,000,000)",
+    )
+    src.add_argument(
         "--progress", action="store_true", help="print progress on stderr (default: if a terminal)"
     )
     parser.add_argument("--gpu-model", help="treat every GPU as this catalog model (sources that do not say)")
@@ -159,7 +167,8 @@ def _limit_args(parser: argparse.ArgumentParser) -> None:
         "--max-memory",
         default=None,
         metavar="SIZE",
-        help="refuse inputs that would expand to more memory, e.g. 8GiB (default: half the machine's memory)",
+        help="refuse inputs that would expand to more memory, e.g. 8GiB (default: half of what the process "
+        "may use: the machine's memory or its cgroup's limit, the smaller)",
     )
 
 
@@ -205,9 +214,11 @@ def _prom_target(args: argparse.Namespace) -> _PromTarget:
     Standard library only: the queries run in Prometheus while `_analysis` imports pandas and
     the analysis (~0.7 s, otherwise spent before the first query).
     """
-    from gpulens.analyzer.sources.promclient import PromClient, PromConfig
+    from gpulens.analyzer.memlimit import usable_memory
+    from gpulens.analyzer.sources.promclient import MAX_SECRET_BYTES, PromClient, PromConfig, answer_limits
     from gpulens.analyzer.sources.promqueries import ask_first
     from gpulens.analyzer.timeparse import parse_duration, parse_time
+    from gpulens.safeload import InputError, read_text
 
     if not args.window:
         raise AnalyzerError("--window is required with --prometheus (e.g. --window 7d)")
@@ -216,17 +227,23 @@ def _prom_target(args: argparse.Namespace) -> _PromTarget:
         password = ""
         if args.basic_auth_password_file:
             try:
-                with open(args.basic_auth_password_file) as handle:
-                    password = handle.read().strip()
+                password = read_text(args.basic_auth_password_file, MAX_SECRET_BYTES).strip()
             except OSError as exc:
                 raise AnalyzerError(
                     f"{args.basic_auth_password_file}: cannot read password: {exc.strerror}"
                 ) from exc
+            except InputError as exc:  # not UTF-8, or not a password
+                raise AnalyzerError(str(exc)) from exc
         basic = (args.basic_auth_user, password)
     if args.chunk_size < 1:
         raise AnalyzerError("--chunk-size must be at least 1")
     if args.concurrency < 1:
         raise AnalyzerError("--concurrency must be at least 1")
+    if args.max_series is not None and args.max_series < 1:
+        raise AnalyzerError(f"--max-series: expected a positive number of series, got {args.max_series}")
+    # what one answer may become, from the memory the run may use (as InputLimits, without pandas)
+    budget = usable_memory() // 2 if args.max_memory is None else parse_size(args.max_memory, "--max-memory")
+    max_bytes, max_series = answer_limits(budget, args.concurrency)
     config = PromConfig(
         url=args.prometheus,
         bearer_token_file=args.bearer_token_file,
@@ -235,6 +252,8 @@ def _prom_target(args: argparse.Namespace) -> _PromTarget:
         insecure_skip_verify=args.insecure_skip_verify,
         retries=max(0, args.retries),
         in_flight=args.concurrency,
+        max_response_bytes=max_bytes,
+        max_series=max_series if args.max_series is None else args.max_series,
     )
     step_s = parse_duration(args.step, "--step") if args.step else None
     target = _PromTarget(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,8 @@ import pyarrow.parquet as pq
 
 from gpulens import atomicfile
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.safeload import load_json
+from gpulens.analyzer.memlimit import usable_memory
+from gpulens.safeload import InputError, load_json_file, read_text
 
 FORMAT = "gpulens-history"
 VERSION = 1
@@ -41,6 +41,7 @@ SAMPLES_FILE = "samples.parquet"
 OPENMETRICS_FILE = "metrics.om"
 META_FILE = "meta.json"
 CSV_FILE = "samples.csv"  # accepted on input instead of Parquet (same columns)
+MAX_META_BYTES = 16 << 20  # a meta.json is a few KiB (a trace's adds its file list)
 HISTORY_FILES = frozenset({SAMPLES_FILE, OPENMETRICS_FILE, META_FILE, CSV_FILE})
 
 # labels kept in histories: the ones the analyzer reads (identity and joins); others are dropped
@@ -341,7 +342,7 @@ def read_openmetrics(path: Path) -> pd.DataFrame:
 
     rows: dict[str, list] = {name: [] for name in SCHEMA.names}
     try:
-        for family in text_string_to_metric_families(path.read_text()):
+        for family in text_string_to_metric_families(read_text(path)):
             for sample in family.samples:
                 if sample.name not in FAMILIES:
                     continue
@@ -352,6 +353,8 @@ def read_openmetrics(path: Path) -> pd.DataFrame:
                 rows["value"].append(float(sample.value))
                 for label in LABELS:
                     rows[label].append(sample.labels.get(label, ""))
+    except InputError as exc:
+        raise AnalyzerError(str(exc)) from exc
     except (ValueError, OSError) as exc:
         raise AnalyzerError(f"{path}: not valid OpenMetrics: {str(exc).splitlines()[0]}") from exc
     return pd.DataFrame(rows)
@@ -362,13 +365,6 @@ def write_history(out_dir: str | Path, frame: pd.DataFrame, meta: Mapping[str, A
     with HistoryWriter(out_dir, meta) as writer:
         writer.add_frame(frame)
     return Path(out_dir)
-
-
-def _physical_memory() -> int:
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (OSError, ValueError, AttributeError):
-        return 16 * 1024**3
 
 
 # what a row of the long table costs in memory once read: timestamp and value (float64) and a
@@ -384,7 +380,8 @@ class InputLimits:
     before anything is read, so a small, highly compressed file cannot expand into many GiB."""
 
     max_rows: int = 1_000_000_000
-    max_bytes: int = field(default_factory=lambda: _physical_memory() // 2)
+    # half of what the process may use: the machine's memory or its cgroup's limit, the smaller
+    max_bytes: int = field(default_factory=lambda: usable_memory() // 2)
 
     def check_parquet(self, path: Path, columns: Iterable[str] | None = None) -> None:
         try:
@@ -485,9 +482,11 @@ def read_meta(root: Path) -> dict[str, Any]:
         raise AnalyzerError(f"{root}: history directory not found")
     meta_path = root / META_FILE
     try:
-        meta = load_json(meta_path.read_text())
+        meta = load_json_file(meta_path, max_bytes=MAX_META_BYTES)
     except FileNotFoundError as exc:
         raise AnalyzerError(f"{meta_path}: missing (not a gpulens history directory)") from exc
+    except InputError as exc:  # not UTF-8, or larger than any meta.json
+        raise AnalyzerError(str(exc)) from exc
     except (OSError, ValueError) as exc:
         raise AnalyzerError(f"{meta_path}: not valid JSON: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -504,10 +503,53 @@ def read_meta(root: Path) -> dict[str, Any]:
     return meta
 
 
+def _column_kind(kind: pa.DataType) -> str:
+    """What a Parquet column holds, in the words of `check_schema`'s errors."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return "number"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "string"
+    if pa.types.is_null(kind):
+        return "null"
+    return str(kind)
+
+
+def check_schema(path: Path, schema: pa.Schema) -> None:
+    """One line naming the file, the column and the type expected when a column has another type.
+
+    `timestamp` and `value` are numbers, `metric` and the labels strings (dictionary-encoded or
+    not; a label column of nulls reads as empty). Checked from the footer, before anything is read:
+    a label column of lists or structs would otherwise fail deep in Arrow or pandas.
+    """
+    allowed: tuple[str, ...]
+    for name, kind in zip(schema.names, schema.types, strict=True):
+        found = _column_kind(kind)
+        if name in ("timestamp", "value"):
+            expected, allowed = "numbers (float64)", ("number",)
+        elif name == "metric":
+            expected, allowed = "strings", ("string",)
+        elif name in LABELS:
+            expected, allowed = "strings", ("string", "null")
+        else:
+            continue  # other columns are never read
+        if found not in allowed:
+            raise AnalyzerError(f"{path}: column {name}: expected {expected}, found {found}")
+    names = schema.names
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise AnalyzerError(f"{path}: column {twice[0]} appears more than once")
+
+
 def _read_samples(root: Path, limits: InputLimits) -> tuple[Path, pd.DataFrame]:
     samples_path = root / SAMPLES_FILE
     if samples_path.exists():
         limits.check_parquet(samples_path)
+        try:
+            check_schema(samples_path, pq.read_schema(samples_path))
+        except (OSError, pa.ArrowException) as exc:
+            raise AnalyzerError(f"{samples_path}: not a readable Parquet file: {_reason(exc)}") from exc
         try:
             # dictionary-encoded -> categoricals: a third of the memory and CPU for joins and filters
             samples = pq.read_table(samples_path, read_dictionary=["metric", *LABELS]).to_pandas()
@@ -671,6 +713,7 @@ def _stream_families(
     """
     try:
         parquet = pq.ParquetFile(samples_path)
+        check_schema(samples_path, parquet.schema_arrow)
         present = set(parquet.schema_arrow.names)
         missing = [c for c in ("timestamp", "metric", "value") if c not in present]
         if missing:

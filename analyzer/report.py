@@ -585,10 +585,12 @@ def write_report(
 ) -> dict[str, Path]:
     """report.html, summary.md, jobs.csv, jobs.json, plan.json and config/* under `out`.
 
-    Written as one set (`gpulens.atomicfile.FileSet`): every file goes to a temporary name first
-    and only when all are complete are they renamed, so a full disk or any failure leaves the
-    previous week's report whole (the next week's `--previous` reads its jobs.json and plan.json
-    together) and no 0-byte or temporary file behind. Other files in `out` are left alone.
+    Swapped in as a whole (`gpulens.atomicfile.write_set`): the files are written into a fresh
+    version directory (`out/.report-<random>`) and made current by one rename of the symlink
+    `out/.report-current`, through which each path (`out/report.html`, ...) leads. A full disk, any
+    failure or a kill at any step leaves the previous week's report whole (the next week's
+    `--previous` reads its jobs.json and plan.json together) and nothing temporary behind; the
+    next run removes what a killed one left. Other files in `out` are left alone.
     """
     root = Path(out)
     written = {
@@ -614,14 +616,10 @@ def write_report(
             texts[f"config/{name}"] = text
     try:
         root.mkdir(parents=True, exist_ok=True)
-        if analysis.emitted is not None:
-            (root / "config").mkdir(exist_ok=True)
     except OSError as exc:
         raise AnalyzerError(f"{root}: cannot write report: {exc.strerror or exc}") from None
     try:
-        with atomicfile.FileSet() as files:
-            for key, text in texts.items():
-                files.write_text(written[key], text)
+        atomicfile.write_set(root, {str(written[key].relative_to(root)): text for key, text in texts.items()})
     except atomicfile.WriteFailed as exc:
         raise AnalyzerError(str(exc)) from None
     return written

@@ -18,7 +18,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.safeload import load_yaml
+from gpulens.safeload import InputError, load_yaml_file
 
 DEFAULTS_PATH = Path(__file__).with_name("thresholds.yaml")
 
@@ -156,9 +156,11 @@ def _sections() -> dict[str, type]:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = load_yaml(path.read_text())
+        data = load_yaml_file(path)
     except OSError as exc:
         raise AnalyzerError(f"{path}: cannot read thresholds file: {exc.strerror}") from exc
+    except InputError as exc:  # not UTF-8, or over the YAML byte bound
+        raise AnalyzerError(str(exc)) from exc
     except yaml.YAMLError as exc:
         raise AnalyzerError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     if data is None:

@@ -20,7 +20,7 @@ from typing import Any
 from gpulens.analyzer import frames
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.pipeline import Analysis
-from gpulens.safeload import load_json
+from gpulens.safeload import load_json_file
 
 AT_CAP = 0.95
 MEMORY_FULL = 0.98
@@ -64,8 +64,8 @@ def load_previous(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any
     """(jobs, plan) of a previous report directory; one clear error when it is not one."""
     root = Path(path)
     try:
-        jobs = load_json((root / "jobs.json").read_text())["jobs"]
-        plan = load_json((root / "plan.json").read_text())
+        jobs = load_json_file(root / "jobs.json")["jobs"]
+        plan = load_json_file(root / "plan.json")
     except FileNotFoundError as exc:
         raise AnalyzerError(
             f"--previous {root}: no {Path(str(exc.filename)).name} (a report directory?)"

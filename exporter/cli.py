@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpulens import __version__
+from gpulens import __version__, exits
 from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY
 from gpulens.exporter.config import (
     DEFAULT_LISTEN,
@@ -373,12 +373,15 @@ class Signals:
         self._wake_read, wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(wake_write, False)
+        exits.clear()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._record)
         signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
 
     def _record(self, signum: int, _frame: Any) -> None:
         self._received.append(signum)
+        if signum != signal.SIGHUP:
+            exits.request(signum)  # long parsing in the main thread stops at its next check
 
     def next(self) -> int:
         """Block until a signal arrives and return it (oldest first)."""
@@ -466,8 +469,11 @@ def serve(config: ExporterConfig, node: Any = None, signals: Signals | None = No
             server.server.max_connections,
             config.max_requests or "unlimited",
         )
-        while (signum := signals.next()) == signal.SIGHUP:
-            reload_web_config(server, config, log)
+        try:
+            while (signum := signals.next()) == signal.SIGHUP:
+                reload_web_config(server, config, log)
+        except exits.Terminated as stop:  # SIGTERM while a reload was parsing the file
+            signum = stop.signum
         log.info("shutting down (%s)", signal.Signals(signum).name)
         server.stop()
         return 0
@@ -505,6 +511,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except exits.Terminated:  # asked to stop while starting (parsing --web.config-file): as asked
+        return 0
+    finally:
+        exits.clear()
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from gpulens.exporter.config import ConfigError
-from gpulens.safeload import load_yaml
+from gpulens.safeload import InputError, load_yaml_file
 
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -195,11 +195,11 @@ def load_web_config(path: Path) -> WebConfig:
     """Parse and check the file; the TLS context is built here, so bad certificates fail at load."""
     where = f"--web.config-file {path}"
     try:
-        raw = load_yaml(path.read_text())
+        raw = load_yaml_file(path, where)
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where}: expected UTF-8 text, found byte 0x{exc.object[exc.start]:02x}") from exc
+    except InputError as exc:  # not UTF-8, or over the YAML byte bound
+        raise ConfigError(str(exc)) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     if raw is None:

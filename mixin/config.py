@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from gpulens.mixin.promql import PromQLError, check_label, check_selector
-from gpulens.safeload import load_yaml
+from gpulens.safeload import InputError, load_yaml_file
 
 DEFAULT_SELECTOR = 'job=~".*gpulens.*"'
 # the remediation receiver (`gpulens remediate`) is scraped as its own job: docker compose names it
@@ -109,14 +109,11 @@ def from_mapping(data: Any, where: str) -> MixinConfig:
 def load(path: Path) -> MixinConfig:
     """Read a YAML config; absent keys keep their defaults."""
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        data = load_yaml_file(path, max_bytes=MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; a mixin config is three keys")
-    try:
-        data = load_yaml(raw.decode("utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except InputError as exc:  # not UTF-8, or larger than MAX_CONFIG_BYTES
+        raise ConfigError(str(exc)) from exc
+    except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     return from_mapping(data, str(path))

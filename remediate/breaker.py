@@ -17,21 +17,37 @@ The state (window, reservations, latch) is kept in a `BreakerStore` (a file, or 
 Kubernetes) after every change, so a restart or an OOM kill does not reset it. A reservation found
 in the store at start-up was in flight when the receiver died; it counts as a success (the action
 may have happened).
+
+Saved state is checked on load. A time no clock can have produced (NaN, infinite, negative, or
+later than now + `MAX_CLOCK_SKEW_S`) would never leave the window, so the breaker would stay full
+for good: such entries are dropped with one warning line (an impossible `opened_at` keeps the
+breaker open, as of now). A state file that cannot be read as a breaker state at all (not JSON,
+not UTF-8, another shape, larger than `MAX_STATE_BYTES`) is renamed to `<name>.corrupt` with one
+warning line and the receiver starts with a closed breaker; it never stops the receiver.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import os
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Protocol
+
+from gpulens.safeload import InputError, load_json, read_text
+
+log = logging.getLogger("gpulens.remediate")
+
+MAX_CLOCK_SKEW_S = 300.0  # a saved time later than now + this cannot have been written by this clock
+MAX_STATE_BYTES = 1 << 20  # a state holds at most a window of nodes: a few KiB
 
 
 class BreakerStoreError(Exception):
@@ -62,26 +78,63 @@ class BreakerSnapshot:
     @classmethod
     def from_json(cls, text: str, where: str) -> BreakerSnapshot:
         try:
-            doc = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise BreakerStoreError(f"{where}: not JSON ({exc})") from None
+            doc = load_json(text)  # bounded: nesting, and integers of at most 100 digits
+        except ValueError as exc:
+            raise BreakerStoreError(f"{where}: not JSON ({str(exc).splitlines()[0]})") from None
         if not isinstance(doc, dict) or doc.get("version") != 1:
             raise BreakerStoreError(f"{where}: expected a gpulens breaker state (version 1)")
 
         def times(key: str) -> dict[str, float]:
             value = doc.get(key) or {}
             if not isinstance(value, dict) or not all(
-                isinstance(k, str) and isinstance(v, int | float) for k, v in value.items()
+                isinstance(k, str) and _is_number(v) for k, v in value.items()
             ):
                 raise BreakerStoreError(f"{where}: {key}: expected an object of node -> time")
             return {k: float(v) for k, v in value.items()}
 
         opened_at, refused = doc.get("opened_at"), doc.get("refused_node")
-        if opened_at is not None and not isinstance(opened_at, int | float):
+        if opened_at is not None and not _is_number(opened_at):
             raise BreakerStoreError(f"{where}: opened_at: expected a time or null")
         if refused is not None and not isinstance(refused, str):
             raise BreakerStoreError(f"{where}: refused_node: expected a string or null")
-        return cls(times("nodes"), times("in_flight"), opened_at, refused)
+        return cls(
+            times("nodes"), times("in_flight"), None if opened_at is None else float(opened_at), refused
+        )
+
+    def sane(self, now: float) -> tuple[BreakerSnapshot, list[str]]:
+        """This state without the times no clock can have produced, and what was dropped.
+
+        A time that is NaN, infinite, negative or later than now + MAX_CLOCK_SKEW_S would never
+        leave the window (NaN and future times are never "older than the window"), keeping the
+        breaker full for good; such entries are dropped. An impossible `opened_at` still says the
+        breaker was opened: it stays open, as of `now`, for a person to reset.
+        """
+        dropped: list[str] = []
+
+        def possible(at: float) -> bool:
+            return math.isfinite(at) and 0 <= at <= now + MAX_CLOCK_SKEW_S
+
+        def kept(key: str, entries: dict[str, float]) -> dict[str, float]:
+            out = {}
+            for node, at in entries.items():
+                if possible(at):
+                    out[node] = at
+                else:
+                    dropped.append(f"{key}.{node[:64]!r}={at!r}")  # repr: one line whatever the name
+            return out
+
+        nodes, in_flight = kept("nodes", self.nodes), kept("in_flight", self.in_flight)
+        opened_at = self.opened_at
+        if opened_at is not None and not possible(opened_at):
+            dropped.append(f"opened_at={opened_at!r} (kept open, as of now)")
+            opened_at = now
+        if not dropped:
+            return self, []
+        return replace(self, nodes=nodes, in_flight=in_flight, opened_at=opened_at), dropped
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class BreakerStore(Protocol):
@@ -104,15 +157,32 @@ class FileStore:
         return f"file {self.path}"
 
     def load(self) -> BreakerSnapshot | None:
+        """The saved state; None when there is none, or when the file is corrupt: it is then
+        renamed to `<name>.corrupt` (kept for a person to look at) with one warning line."""
+        where = f"--breaker-state-file {self.path}"
         try:
-            text = self.path.read_text()
+            return BreakerSnapshot.from_json(read_text(self.path, MAX_STATE_BYTES, where), where)
         except FileNotFoundError:
             return None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BreakerStoreError(
-                f"--breaker-state-file {self.path}: {getattr(exc, 'strerror', exc)}"
-            ) from None
-        return BreakerSnapshot.from_json(text, f"--breaker-state-file {self.path}")
+        except OSError as exc:  # unreadable (permissions, I/O): not corrupt, the caller says so
+            raise BreakerStoreError(f"{where}: {exc.strerror or exc}") from None
+        except (InputError, BreakerStoreError) as exc:
+            self._move_aside(str(exc))
+            return None
+
+    def _move_aside(self, problem: str) -> None:
+        aside = self.path.with_name(self.path.name + ".corrupt")
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:
+            log.warning(
+                "%s; starting with a closed breaker (could not rename it to %s: %s)",
+                problem,
+                aside.name,
+                exc.strerror or exc,
+            )
+            return
+        log.warning("%s; renamed to %s, starting with a closed breaker and an empty window", problem, aside)
 
     def save(self, snapshot: BreakerSnapshot) -> None:
         directory = self.path.parent
@@ -202,6 +272,15 @@ class CircuitBreaker:
         self._refused_node: str | None = None
         saved = self._store.load()  # BreakerStoreError propagates: the caller refuses to start
         if saved is not None:
+            saved, dropped = saved.sane(clock())
+            if dropped:
+                log.warning(
+                    "breaker state %s: dropped %d impossible time(s) (NaN, infinite, negative or "
+                    "in the future): %s",
+                    self._store.describe(),
+                    len(dropped),
+                    ", ".join(dropped[:5]) + (", ..." if len(dropped) > 5 else ""),
+                )
             # a reservation in flight at the last stop may have acted: count it
             self._counted = {**saved.in_flight, **saved.nodes}
             self._opened_at, self._refused_node = saved.opened_at, saved.refused_node

@@ -21,6 +21,7 @@ from gpulens.remediate.health import AlertOnlyHealth, Health, PrometheusHealth
 from gpulens.remediate.kubernetes import DEFAULT_JOB_IMAGE, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.kubestate import ConfigMapStore
 from gpulens.remediate.loop import LoopPolicy
+from gpulens.remediate.queue import NotificationQueue, QueueError
 from gpulens.remediate.recovery import Backend
 from gpulens.remediate.server import RemediateServer
 from gpulens.remediate.service import Remediator
@@ -103,8 +104,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--state-dir",
         type=Path,
         metavar="DIR",
-        help="directory for the receiver's durable state (breaker.json); without it (and without "
-        "--breaker-state-configmap) a restart resets the breaker",
+        help="directory for the receiver's durable state (breaker.json, audit.jsonl, the queue of "
+        "acknowledged notifications queue.jsonl); without it a restart resets the breaker (unless "
+        "--breaker-state-configmap) and loses the notifications not yet acted on",
     )
     parser.add_argument(
         "--action-timeout",
@@ -354,6 +356,7 @@ def run(args: argparse.Namespace) -> int:
     if args.state_dir:
         audit = args.state_dir / ("audit.jsonl" if args.apply else "audit-dry-run.jsonl")
     try:
+        queue = build_queue(args)
         remediator = Remediator(
             isolator,
             breaker,
@@ -362,11 +365,24 @@ def run(args: argparse.Namespace) -> int:
             audit_log=audit,
             policy=policy,
             health=health,
+            queue=queue,
         )
-    except AuditError as exc:
+    except (UsageError, AuditError, QueueError) as exc:
         return _fail(str(exc))
     if remediator.resumed:
         log.info("resumed %d open episode(s) from the %s", remediator.resumed, remediator.resumed_from)
+    if queue.path is None:
+        log.log(
+            logging.WARNING if args.apply else logging.INFO,
+            "the notification queue is kept in memory only: notifications acknowledged but not yet "
+            "acted on are lost on a restart (pass --state-dir)",
+        )
+    elif queue.recovered:
+        log.info(
+            "%d notification(s) acknowledged by the last run queued again from %s",
+            queue.recovered,
+            queue.path,
+        )
 
     def save_failed(exc: BreakerStoreError) -> None:
         remediator.metrics.breaker_save_errors.inc()
@@ -397,13 +413,30 @@ def run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    remediator.start()
     remediator.reconciler.start(args.reconcile_interval)
     try:
         server.serve_forever()
     finally:
+        server.server_close()  # accepts nothing more
         remediator.reconciler.stop()
-        server.server_close()
+        if not remediator.stop(args.action_timeout):
+            log.warning(
+                "actions still running after --action-timeout %gs at shutdown: their notifications "
+                "stay queued for the next start",
+                args.action_timeout,
+            )
     return 0
+
+
+def build_queue(args: argparse.Namespace) -> NotificationQueue:
+    """The queue of acknowledged notifications: a file in --state-dir (a dry run keeps its own, as
+    it does the audit log), else memory."""
+    if not args.state_dir:
+        return NotificationQueue()
+    if not args.state_dir.is_dir():
+        raise UsageError(f"--state-dir {args.state_dir}: not a directory")
+    return NotificationQueue(args.state_dir / ("queue.jsonl" if args.apply else "queue-dry-run.jsonl"))
 
 
 def build_health(args: argparse.Namespace) -> Health:

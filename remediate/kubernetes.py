@@ -52,7 +52,10 @@ MAX_NODE_PAGES = 1000
 # nvidia-smi comes with the NVIDIA container toolkit's driver mount; any image with nsenter works for reboots
 DEFAULT_JOB_IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 CONFLICT_RETRIES = 3
-MAX_ANSWER = 16 << 20  # a node object is tens of kilobytes; a pod list of a full node a few MiB
+MAX_ANSWER = 16 << 20  # a page of nodes or a pod list of a full node: a few MiB
+# one node object is a few KiB (tens with many images or episode annotations); decoded, JSON takes
+# up to ~50 times its size, so a 15 MB node took the receiver to 805 MiB against a 128 MiB limit
+MAX_NODE_ANSWER = 1 << 20
 # RFC 1123 DNS subdomain: what the API accepts as a node name (lower case, no underscores)
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -87,8 +90,11 @@ class KubernetesClient:
         body: Any = None,
         content_type: str = "application/json",
         deadline: Deadline | None = None,
+        max_bytes: int | None = None,
     ) -> tuple[int, Any]:
-        """(status, decoded JSON answer); for errors the answer is {"message": ...}."""
+        """(status, decoded JSON answer); for errors the answer is {"message": ...}.
+
+        An answer over `max_bytes` (default the client's) is a KubernetesError, read no further."""
         headers = {"Accept": "application/json"}
         if self.token_file:
             # Read on every call: projected service-account tokens are rotated on disk.
@@ -110,7 +116,7 @@ class KubernetesClient:
                 deadline=call,
                 headers=headers,
                 body=data,
-                max_bytes=self.max_bytes,
+                max_bytes=self.max_bytes if max_bytes is None else max_bytes,
                 context=self._context(),
             )
         except (httpclient.HttpError, ssl.SSLError, OSError) as exc:
@@ -205,7 +211,7 @@ class KubernetesIsolator:
     def _cordon_and_taint(self, request: IsolationRequest, now: float, deadline: Deadline) -> Outcome | None:
         """One read-modify-write of the node; None when another writer changed it in between."""
         path = f"/api/v1/nodes/{urllib.parse.quote(request.node)}"
-        status, node = self.client.request("GET", path, deadline=deadline)
+        status, node = self.client.request("GET", path, deadline=deadline, max_bytes=MAX_NODE_ANSWER)
         if status != 200:
             return Outcome("failed", f"GET node {request.node}: HTTP {status} {node.get('message', '')}")
         spec = node.get("spec", {})
@@ -333,7 +339,7 @@ class KubernetesIsolator:
 
     def _boot_id(self, node: str, deadline: Deadline) -> str:
         status, doc = self.client.request(
-            "GET", f"/api/v1/nodes/{urllib.parse.quote(node)}", deadline=deadline
+            "GET", f"/api/v1/nodes/{urllib.parse.quote(node)}", deadline=deadline, max_bytes=MAX_NODE_ANSWER
         )
         if status != 200:
             raise KubernetesError(f"GET node {node}: HTTP {status} {doc.get('message', '')}")
@@ -408,7 +414,7 @@ class KubernetesIsolator:
         path = f"/api/v1/nodes/{urllib.parse.quote(node)}"
         try:
             for _ in range(CONFLICT_RETRIES):
-                status, doc = self.client.request("GET", path, deadline=deadline)
+                status, doc = self.client.request("GET", path, deadline=deadline, max_bytes=MAX_NODE_ANSWER)
                 if status != 200:
                     return Outcome("failed", f"GET node {node}: HTTP {status} {doc.get('message', '')}")
                 spec = doc.get("spec") or {}

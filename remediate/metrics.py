@@ -107,6 +107,21 @@ class RemediateMetrics:
             registry=self.registry,
         )
 
+    def bind_queue(self, stats: Callable[[], Any]) -> None:
+        """The queue's gauges, read from `stats()` (queue.QueueStats) at each scrape."""
+        pending = Gauge(
+            "gpulens_remediate_queue_notifications",
+            "Notifications acknowledged and not yet acted on.",
+            registry=self.registry,
+        )
+        pending.set_function(lambda: float(stats().pending))
+        size = Gauge(
+            "gpulens_remediate_queue_bytes",
+            "Size of the notifications waiting in the queue (their queue lines).",
+            registry=self.registry,
+        )
+        size.set_function(lambda: float(stats().bytes))
+
     def bind_episodes(self, open_episodes: Callable[[], list]) -> None:
         """Where the gauges of open episodes read from (the EpisodeBook)."""
         self._open_episodes = open_episodes

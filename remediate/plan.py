@@ -63,3 +63,13 @@ def plan(alert: Alert) -> IsolationRequest | None:
         recovery=recovery.value,
         instance=alert.labels.get("instance", ""),
     )
+
+
+def node_of(alert: Alert) -> str:
+    """The node an alert is about, "" when it names none it could act on (it asks for nothing or is
+    refused on its labels alone): the dispatcher's lane for it, so one node's alerts keep their order."""
+    try:
+        request = plan(alert)
+    except PlanError:
+        return ""
+    return request.node if request is not None else ""

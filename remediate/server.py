@@ -5,7 +5,9 @@ one line.
 Served by `gpulens.httpd` (bounded connections, deadlines, strict framing; see its docstring).
 Credentials are checked on the request head, before any body is read, so only an authenticated
 caller can make the receiver buffer a body, and at most `Limits.max_requests` bodies at once.
-Handling a notification (the isolation backends) runs on the server's worker pool.
+A notification is appended to the queue (queue.py: an fsynced line with --state-dir) on the
+server's worker pool and answered 200 at once; the dispatcher acts on it afterwards, so a slow
+orchestrator never holds Alertmanager or an HTTP slot. A full queue answers 503 (retried).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from gpulens.httpd.parse import Head
 from gpulens.httpd.server import Limits, Request, Response, Server
 from gpulens.remediate.auth import Authenticator
 from gpulens.remediate.payload import PayloadError, parse_webhook
+from gpulens.remediate.queue import QueueError, QueueFull
 from gpulens.remediate.service import Remediator
 
 MAX_BODY = 1 << 20  # Alertmanager notifications are small; refuse anything larger
@@ -115,12 +118,19 @@ class ReceiverApp:
         except PayloadError as exc:
             return self._counted(head, _text(400, f"bad payload: {exc}"))
         try:
-            records = await request.run_blocking(self.remediator.handle, alerts)
+            entry = await request.run_blocking(self.remediator.submit, alerts)
+        except QueueFull as exc:
+            log.warning("notification of %d alerts refused: queue full: %s", len(alerts), exc)
+            return self._counted(head, _text(503, f"queue full: {exc}; retry later"))
+        except QueueError as exc:
+            log.error("notification of %d alerts not queued: %s", len(alerts), exc)
+            return self._counted(head, _text(503, f"not queued: {exc}; retry later"))
         except Exception as exc:  # a bug must answer 500, not drop the connection
-            log.exception("handling %d alerts failed", len(alerts))
+            log.exception("queuing %d alerts failed", len(alerts))
             return self._counted(head, _text(500, f"internal error: {type(exc).__name__}: {exc}"))
-        doc = {"handled": [{"alertname": r.alertname, "node": r.node, "result": r.result} for r in records]}
-        return self._counted(head, _json(200, doc))
+        # acknowledged: the actions follow (see /-/state and the log)
+        answer = json.dumps({"queued": len(alerts), "id": entry.id}) + "\n"
+        return self._counted(head, Response(200, answer.encode(), "application/json"))
 
     async def _return(self, request: Request) -> Response:
         """POST /-/return {"node": ..., "force": false}: what `gpulens remediate return` sends."""

@@ -1,8 +1,10 @@
 """Decide what to do with each alert and keep the receiver's state (idempotency, history, episodes).
 
-A firing alert labelled for remediation is isolated (as before) and opens a fault episode, which
-the reconciler (loop.py) carries through the recovery action of its class, the hold-down and the
-return to service; the alert's resolved notification is what lets the hold-down start."""
+A notification is first queued (`submit`, queue.py) and acted on later by the dispatcher
+(dispatch.py), which calls `handle` for each node's alerts. A firing alert labelled for remediation
+is isolated and opens a fault episode, which the reconciler (loop.py) carries through the recovery
+action of its class, the hold-down and the return to service; the alert's resolved notification is
+what lets the hold-down start."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -19,6 +21,7 @@ from gpulens.httpclient import Deadline
 from gpulens.remediate.audit import AuditLog
 from gpulens.remediate.book import EpisodeBook
 from gpulens.remediate.breaker import Admission, CircuitBreaker
+from gpulens.remediate.dispatch import Dispatcher
 from gpulens.remediate.episodes import Episode, Recovery, State, parse_time
 from gpulens.remediate.escape import printable
 from gpulens.remediate.health import AlertOnlyHealth, Health
@@ -26,7 +29,8 @@ from gpulens.remediate.locks import NodeLocks
 from gpulens.remediate.loop import LoopPolicy, Reconciler
 from gpulens.remediate.metrics import RemediateMetrics
 from gpulens.remediate.model import ISOLATION_KINDS, ActionRecord, Alert, IsolationRequest, Outcome
-from gpulens.remediate.plan import PlanError, plan
+from gpulens.remediate.plan import PlanError, node_of, plan
+from gpulens.remediate.queue import Entry, NotificationQueue
 from gpulens.remediate.recovery import Backend
 
 log = logging.getLogger("gpulens.remediate")
@@ -65,6 +69,7 @@ class Remediator:
         audit_log: Path | None = None,
         policy: LoopPolicy | None = None,
         health: Health | None = None,
+        queue: NotificationQueue | None = None,
     ) -> None:
         self.isolator = isolator
         self.breaker = breaker
@@ -90,6 +95,29 @@ class Remediator:
             dry_run,
             clock,
         )
+        self.queue = queue or NotificationQueue()
+        self.metrics.bind_queue(self.queue.stats)
+        self.dispatcher = Dispatcher(self.queue, self.handle, node_of)
+
+    # ---- the queue: acknowledged first, acted on by the dispatcher ----------------------------
+
+    def submit(self, alerts: Sequence[Alert]) -> Entry:
+        """Queue a notification (what `POST /alerts` does before answering); QueueFull or QueueError
+        when it cannot be kept."""
+        return self.queue.put(alerts)
+
+    def start(self) -> None:
+        """Start acting on queued notifications, those a previous run left in the queue file first."""
+        self.dispatcher.start()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Take no more notifications; wait for the actions in progress up to `timeout` (default: the
+        action deadline). What was not acted on stays queued. False when actions were still running."""
+        return self.dispatcher.stop(self.action_timeout_s if timeout is None else timeout)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every queued notification has been acted on; False when `timeout` passed first."""
+        return self.queue.drain(timeout)
 
     def _mirror(self, episode: Episode) -> None:
         self.isolator.record(episode, Deadline(min(self.action_timeout_s, MIRROR_TIMEOUT_S)))
@@ -362,7 +390,8 @@ class Remediator:
         return record
 
     def state(self) -> dict:
-        """What /-/state shows: mode, backend, breaker and the recent actions (newest last)."""
+        """What /-/state shows: mode, backend, breaker, the recent actions (newest last), the open
+        episodes and the queue (`pending`: notifications acknowledged and not yet acted on)."""
         breaker = self.breaker.state()
         with self._lock:
             actions = [asdict(r) for r in self._history]
@@ -373,6 +402,7 @@ class Remediator:
             | {"nodes_in_window": list(breaker.nodes_in_window), "in_flight": list(breaker.in_flight)},
             "actions": actions,
             "episodes": [e.to_dict() for e in self.book.open_episodes()],
+            "queue": asdict(self.queue.stats()),
         }
 
 

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from gpulens.catalog import CatalogError, GpuModel, MigProfile, get_model, place_mig_layout
-from gpulens.safeload import NestingError, load_yaml
+from gpulens.safeload import InputError, NestingError, load_yaml_file
 from gpulens.sim.patterns import (
     COMMON_KEYS,
     DEFAULT_SM,
@@ -1429,7 +1429,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
                 f"{shown}: expected a built-in scenario name ({known}) or a YAML file, found neither"
             )
     try:
-        data = load_yaml(path.read_text(encoding="utf-8"))
+        data = load_yaml_file(path, shown)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "file"
@@ -1441,8 +1441,6 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         ) from None
     except OSError as e:
         raise ScenarioError(f"{shown}: expected a readable file, found {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise ScenarioError(
-            f"{shown}: expected UTF-8 text, found byte {e.object[e.start]:#04x} at {e.start}"
-        ) from None
+    except InputError as e:  # not UTF-8, or over the YAML byte bound
+        raise ScenarioError(str(e)) from None
     return parse_scenario(data, shown, name=path.stem)

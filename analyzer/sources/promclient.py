@@ -6,6 +6,14 @@ clear `AnalyzerError` line. Requests go through `gpulens.httpclient`: each attem
 deadline (`timeout_s`, not a per-read timeout), answers are bounded (`max_response_bytes`), and a
 redirect to another origin is refused, so the bearer token or basic auth never leaves for it.
 
+An answer is bounded in what it becomes as well as in bytes: decoded, a JSON answer of small
+series takes about 15 times its size (a 100 MB answer peaked at 1.5 GiB), most of it one dict,
+list and float per series. Before decoding, the answer's objects and arrays are counted (two
+`bytes.count` passes, ~20 ms per 100 MB) and an answer that can hold more than `max_series`
+series is refused with one line naming the query. `answer_limits` sizes both bounds from the
+memory the run may use (`--max-memory`, by default half of the machine's or the cgroup's), shared
+by the answers decoded at once (`--concurrency`).
+
 Standard library only (no pandas): the CLI builds it and asks a run's first queries
 (`promqueries.first`) before it imports the analysis, so Prometheus works while Python imports
 (~0.7 s of a ~10 s run over 10,000 jobs).
@@ -21,13 +29,34 @@ import time
 import urllib.parse
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpulens import httpclient
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.safeload import load_json
+from gpulens.safeload import InputError, load_json, read_text
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
+MAX_SECRET_BYTES = 64 << 10  # a bearer token or password file
+MAX_RESPONSE_BYTES = 256 << 20
+MAX_SERIES = 2_000_000
+DECODED_PER_BYTE = 16  # what a decoded answer of small series costs per byte of JSON, rounded up
+DECODED_PER_SERIES = 1024  # bytes of a decoded series (metric dict, item dict, sample list, strings)
+CONTAINERS_PER_SERIES = 3  # an instant-vector item is {"metric": {...}, "value": [t, "v"]}
+
+
+def answer_limits(budget_bytes: int, in_flight: int = 1) -> tuple[int, int]:
+    """(max_response_bytes, max_series) for a run that may use `budget_bytes` of memory with
+    `in_flight` answers decoded at once: together they must fit in it whatever their shape (each
+    at most 256 MiB and 2,000,000 series, at least 4 MiB and 10,000 series)."""
+    share = budget_bytes // max(1, in_flight)
+    size = max(4 << 20, min(MAX_RESPONSE_BYTES, share // DECODED_PER_BYTE))
+    series = max(10_000, min(MAX_SERIES, share // DECODED_PER_SERIES))
+    return size, series
+
+
+def _shown(expr: str) -> str:
+    """A query as named in one error line: whitespace folded, at most 100 characters."""
+    text = " ".join(expr.split())
+    return repr(text if len(text) <= 100 else text[:97] + "...")
 
 
 @dataclass
@@ -43,7 +72,8 @@ class PromConfig:
     timeout_s: float = 120.0  # per attempt, in total; Prometheus' own --query.timeout is 2m
     retries: int = 3
     backoff_s: float = 0.5
-    max_response_bytes: int = 256 << 20
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+    max_series: int = MAX_SERIES  # series (result items) one answer may hold
     in_flight: int = 4  # queries asked ahead (`PromClient.ask`) that run at once
 
 
@@ -63,11 +93,13 @@ class PromClient:
         token = config.bearer_token
         if config.bearer_token_file:
             try:
-                token = Path(config.bearer_token_file).read_text().strip()
+                token = read_text(config.bearer_token_file, MAX_SECRET_BYTES).strip()
             except OSError as exc:
                 raise AnalyzerError(
                     f"{config.bearer_token_file}: cannot read bearer token: {exc.strerror}"
                 ) from exc
+            except InputError as exc:  # not UTF-8, or not a token
+                raise AnalyzerError(str(exc)) from exc
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         elif config.basic_auth:
@@ -84,7 +116,7 @@ class PromClient:
                 self.context.check_hostname = False
                 self.context.verify_mode = ssl.CERT_NONE
 
-    def _post(self, path: str, params: dict[str, str]) -> bytes:
+    def _post(self, path: str, params: dict[str, str], expr: str) -> bytes:
         data = urllib.parse.urlencode(params).encode()
         url = f"{self.base}{path}"
         headers = {**self.headers, "Content-Type": "application/x-www-form-urlencoded"}
@@ -102,7 +134,12 @@ class PromClient:
                     max_bytes=self.config.max_response_bytes,
                     context=self.context,
                 )
-            except (httpclient.TooLarge, httpclient.RedirectRefused) as exc:
+            except httpclient.TooLarge:  # retrying cannot help
+                raise AnalyzerError(
+                    f"{url}: the answer to {_shown(expr)} is over the {self.config.max_response_bytes:,}"
+                    "-byte limit (sized from --max-memory); narrow the query or lower --chunk-size"
+                ) from None
+            except httpclient.RedirectRefused as exc:
                 raise AnalyzerError(str(exc)) from None  # retrying cannot help
             except httpclient.HttpError as exc:
                 last = str(exc).removeprefix(f"POST {url}: ")
@@ -154,8 +191,9 @@ class PromClient:
         return asked.result() if asked is not None else self._send(expr, at)
 
     def _send(self, expr: str, at: float) -> list[dict]:
-        body = self._post("/api/v1/query", {"query": expr, "time": _time(at)})
+        body = self._post("/api/v1/query", {"query": expr, "time": _time(at)}, expr)
         where = f"{self.base}/api/v1/query"
+        self._check_series(body, where, expr)
         try:
             payload = load_json(body)
         except ValueError as exc:
@@ -174,6 +212,21 @@ class PromClient:
             if not isinstance(item, dict) or "metric" not in item or not _is_sample(item.get("value")):
                 raise AnalyzerError(f"{where}: malformed response: a result lacks metric/value")
         return data["result"]
+
+    def _check_series(self, body: bytes, where: str, expr: str) -> None:
+        """Refuse, before decoding, an answer that can hold more than `max_series` series.
+
+        Every series of an instant vector is two objects and an array; braces and brackets inside
+        label values count too, so the bound errs on the side of refusing (by a few per series).
+        """
+        limit = self.config.max_series
+        containers = body.count(b"{") + body.count(b"[")
+        if containers > CONTAINERS_PER_SERIES * (limit + 1):
+            raise AnalyzerError(
+                f"{where}: the answer to {_shown(expr)} holds more than {limit:,} series "
+                f"({containers:,} JSON objects and arrays); narrow the query, lower --chunk-size "
+                "or raise --max-series"
+            )
 
 
 def _time(at: float) -> str:

@@ -6,13 +6,22 @@ fsynced so the rename itself survives a power cut. A failure at any byte (a full
 signal) removes the temporary file and leaves the previous file as it was: no 0-byte or truncated
 output, no stray temporary file.
 
-Three shapes:
+Four shapes:
 
 - `replace_file(path)`: one file (a textfile, a generated rule file).
-- `FileSet`: several files that belong together (a report): every part is written to its
-  temporary name first and only when all are complete are they renamed, so a failure while writing
-  (the only step that needs disk space) leaves the previous set whole. The renames themselves need
-  no space and cannot fail for a full disk.
+- `FileSet`: several files written together: every part is written to its temporary name first
+  and only when all are complete are they renamed, so a failure while writing (the only step that
+  needs disk space) leaves the previous set whole. A kill *between* the renames still leaves a mix.
+- `write_set(root, texts)`: several files that are only meaningful together (a report: its
+  jobs.json and plan.json are read together as `--previous`), swapped in as a whole with one
+  rename. The set lives in a version directory `.<stem>-<random>` under `root`; `.<stem>-current`
+  is a symlink to the current version, replaced by one `rename(2)` (the commit); each file's
+  user-facing path (`root/report.html`) is a symlink through it (`.<stem>-current/report.html`),
+  made once. A kill at any instant leaves every path reading the old set or every path the new
+  one; the next run removes what a killed one left (temporary names, versions no longer current,
+  links to files the set no longer has). Files of the old layout (regular files at those paths)
+  are first adopted into a version by hard links, so the switch itself is never a mix either.
+  Where symlinks cannot be made it falls back to `FileSet`.
 - `replace_directory(path)`: a directory that is only meaningful as a whole (a history: its
   `meta.json` describes its `samples.parquet`). The new directory is built beside the old one and
   swapped in with one `renameat2(RENAME_EXCHANGE)`: readers see the old directory or the new one,
@@ -27,12 +36,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import io
 import os
+import re
 import secrets
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -320,3 +331,234 @@ def replace_directory(
 
 def _umask() -> int:
     return 0o666 & ~_default_mode()
+
+
+# -- a set of files swapped in as a whole (a report) -------------------------------------------------
+
+
+def _rename(src: Path, dst: Path) -> None:
+    """`os.replace` for the steps of `write_set`: the one seam where tests fail or kill each step."""
+    os.replace(src, dst)
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock on `directory` itself (no lock file), so two runs writing the same set
+    never remove each other's versions; where directories cannot be locked, no lock."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _symlinks_work(root: Path) -> bool:
+    probe = temp_name(root / ".symlink-probe")
+    try:
+        os.symlink(".", probe)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return True
+
+
+class _SwappedSet:
+    """The layout and steps of `write_set` under one root (see the module docstring)."""
+
+    def __init__(self, root: Path, stem: str) -> None:
+        self.root = root
+        self.pointer = root / f".{stem}-current"
+        self.version_name = re.compile(rf"\.{re.escape(stem)}-[0-9a-f]{{8}}")
+
+    def new_version(self) -> Path:
+        version = self.root / f"{self.pointer.name.removesuffix('-current')}-{secrets.token_hex(4)}"
+        os.mkdir(version)
+        return version
+
+    def current(self) -> str | None:
+        """The current version's name, None without one (a first run, or the old layout)."""
+        try:
+            target = os.readlink(self.pointer)
+        except OSError:
+            return None
+        return target if self.version_name.fullmatch(target) and (self.root / target).is_dir() else None
+
+    def link_target(self, rel: str) -> str:
+        """What `root/rel` points at: the file under the current version."""
+        depth = len(Path(rel).parts) - 1
+        return "../" * depth + f"{self.pointer.name}/{rel}"
+
+    def is_ours(self, path: Path, rel: str) -> bool:
+        try:
+            return os.readlink(path) == self.link_target(rel)
+        except OSError:
+            return False
+
+    def point(self, version: str) -> None:
+        """Make `version` current: a symlink under a temporary name renamed over the pointer."""
+        tmp = temp_name(self.pointer)
+        os.symlink(version, tmp)
+        try:
+            fsync_dir(self.root)
+            _rename(tmp, self.pointer)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        fsync_dir(self.root)
+
+    def link(self, rel: str) -> bool:
+        """Make `root/rel` our symlink (over a regular file of the old layout); False if it was."""
+        path = self.root / rel
+        if self.is_ours(path, rel):
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(path)
+        os.symlink(self.link_target(rel), tmp)
+        try:
+            _rename(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return True
+
+    def adopt(self, legacy: list[str]) -> None:
+        """Regular files at the set's paths (the old layout) into a version, by hard links, then
+        each path replaced by our link: every path reads the same bytes at every step."""
+        version = self.new_version()
+        try:
+            current = self.current()
+            if current is not None:
+                shutil.copytree(self.root / current, version, dirs_exist_ok=True, copy_function=_link_or_copy)
+            for rel in legacy:
+                (version / rel).parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(version / rel)
+                _link_or_copy(str(self.root / rel), str(version / rel))
+            _fsync_tree(version)
+            self.point(version.name)
+        except BaseException:
+            if self.current() != version.name:
+                shutil.rmtree(version, ignore_errors=True)
+            raise
+        for rel in legacy:
+            self.link(rel)
+        fsync_dir(self.root)
+
+    def clean(self, rels: list[str]) -> None:
+        """Remove what a killed or finished run leaves: temporary names beside the set's paths and
+        the pointer, versions that are not current, and our links that lead nowhere."""
+        current = self.current()
+        directories = {self.root} | {(self.root / rel).parent for rel in rels}
+        with contextlib.suppress(OSError):  # where links of an earlier set may be (config/)
+            directories |= {
+                p
+                for p in self.root.iterdir()
+                if not p.name.startswith(".") and p.is_dir() and not p.is_symlink()
+            }
+        for directory in directories:
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                path = Path(entry.path)
+                if directory == self.root and self.version_name.fullmatch(entry.name):
+                    if entry.name != current and entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(path, ignore_errors=True)
+                    continue
+                if is_temp(path) and self._temp_of_ours(path, rels):
+                    with contextlib.suppress(OSError):
+                        if entry.is_dir(follow_symlinks=False):
+                            shutil.rmtree(path)
+                        else:
+                            os.unlink(path)
+                    continue
+                if entry.is_symlink() and not path.exists():
+                    rel = str(path.relative_to(self.root))
+                    if self.is_ours(path, rel):
+                        with contextlib.suppress(OSError):
+                            os.unlink(path)
+
+    def _temp_of_ours(self, path: Path, rels: list[str]) -> bool:
+        base = path.name[1:].split(TEMP_MARK, 1)[0]
+        if base == self.pointer.name or base == ".symlink-probe":
+            return True
+        return any(Path(rel).name == base and (self.root / rel).parent == path.parent for rel in rels)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _fsync_tree(top: Path) -> None:
+    for directory, _, _ in os.walk(top):
+        fsync_dir(Path(directory))
+
+
+def write_set(root: str | Path, texts: Mapping[str, str], stem: str = "report") -> None:
+    """Write `texts` (path relative to `root` -> UTF-8 text) as one set, swapped in as a whole.
+
+    See the module docstring for the layout. Other files under `root` are left alone; a file the
+    previous set had and this one has not is removed. Errors are `WriteFailed` naming the
+    user-facing path; the previous set is then whole and nothing temporary is left.
+    """
+    top = Path(root)
+    rels = [str(Path(rel)) for rel in texts]
+    try:
+        top.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteFailed(top, _cause(exc)) from None
+    if not _symlinks_work(top):
+        with FileSet() as files:
+            for rel, text in texts.items():
+                (top / rel).parent.mkdir(parents=True, exist_ok=True)
+                files.write_text(top / rel, text)
+        return
+    swapped = _SwappedSet(top, stem)
+    with _locked(top):
+        whole = top / rels[0] if rels else top  # named for the steps of the set as a whole
+        shown = whole
+        made: list[str] = []
+        version: Path | None = None
+        try:
+            swapped.clean(rels)
+            legacy = [rel for rel in rels if (top / rel).is_file() and not (top / rel).is_symlink()]
+            if legacy:
+                swapped.adopt(legacy)
+            version = swapped.new_version()
+            for rel, text in zip(rels, texts.values(), strict=True):
+                shown = top / rel
+                (version / rel).parent.mkdir(parents=True, exist_ok=True)
+                with create_text(version / rel, _target_mode(top / rel)) as out:
+                    out.write(text)
+            _fsync_tree(version)
+            for rel in rels:  # links for paths new to the set: they lead nowhere until the commit
+                shown = top / rel
+                if swapped.link(rel):
+                    made.append(rel)
+            shown = whole
+            swapped.point(version.name)  # the commit
+        except BaseException as exc:
+            if version is not None and swapped.current() != version.name:
+                shutil.rmtree(version, ignore_errors=True)
+                for rel in made:
+                    with contextlib.suppress(OSError):
+                        os.unlink(top / rel)
+            if isinstance(exc, OSError):
+                raise WriteFailed(shown, _cause(exc)) from None
+            raise
+        with contextlib.suppress(OSError):
+            swapped.clean(rels)
+            fsync_dir(top)

@@ -10,6 +10,11 @@ KeyboardInterrupt) so that `except Exception` handlers do not swallow it.
 A signal the parent set to be ignored (`nohup` ignores SIGHUP) stays ignored, and daemons that
 handle signals themselves (`gpulens remediate serve` logs SIGHUP) install their own handlers over
 these.
+
+A daemon whose handler only records the signal for its main loop (the exporter's) calls
+`request(signum)` as well; work that can run long in the main thread (parsing a user's YAML file,
+`gpulens.safeload`) calls `check()` now and then, which raises `Terminated` once a stop was
+requested, so a SIGTERM is never held up until the work is done.
 """
 
 from __future__ import annotations
@@ -32,6 +37,27 @@ class Terminated(BaseException):  # named like KeyboardInterrupt, which it mirro
     @property
     def exit_status(self) -> int:
         return 128 + self.signum
+
+
+_requested: int | None = None  # a stop recorded by a daemon's handler, not yet acted on
+
+
+def request(signum: int) -> None:
+    """Note that the process was asked to stop by `signum` (from a recording signal handler)."""
+    global _requested
+    _requested = signum
+
+
+def check() -> None:
+    """Raise `Terminated` if a stop was requested (`request`); cheap enough to call in loops."""
+    if _requested is not None:
+        raise Terminated(_requested)
+
+
+def clear() -> None:
+    """Forget a requested stop (a daemon that has stopped, or one starting afresh in-process)."""
+    global _requested
+    _requested = None
 
 
 def _raise(signum: int, frame: FrameType | None) -> None:

@@ -9,6 +9,7 @@ import os
 import shlex
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,9 +23,10 @@ from gpulens.remediate.auth import Authenticator
 from gpulens.remediate.breaker import CircuitBreaker
 from gpulens.remediate.recovery import Backend
 from gpulens.remediate.server import RemediateServer
-from gpulens.remediate.service import Remediator
+from gpulens.remediate.service import MAX_HISTORY, Remediator
 
 TOKEN = "s3cret-token"
+WAIT_S = 60.0  # a guard against a hang, never a measure of speed
 
 
 FAKE_SCONTROL = Path(__file__).with_name("fake_scontrol.py")
@@ -311,10 +313,12 @@ def receiver(
     action_timeout_s: float = 30.0,
     **loop: Any,
 ) -> Iterator[tuple[str, Remediator]]:
-    """The receiver in a thread on a free port; yields its base URL and the Remediator.
+    """The receiver in a thread on a free port, acting on what it queues; yields its base URL and
+    the Remediator.
 
-    `loop` goes to the Remediator (audit_log, policy, health, clock); the reconciler's thread is not
-    started: tests call `remediator.reconciler.tick()` for each pass."""
+    `loop` goes to the Remediator (audit_log, policy, health, clock, queue); the reconciler's thread
+    is not started: tests call `remediator.reconciler.tick()` for each pass. `POST /alerts` only
+    queues: `deliver` waits for the actions."""
     remediator = Remediator(
         isolator,
         breaker or CircuitBreaker(max_nodes, window_s),
@@ -323,6 +327,7 @@ def receiver(
         **loop,
     )
     server = RemediateServer(("127.0.0.1", 0), remediator, auth or Authenticator(token=TOKEN))
+    remediator.start()
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -330,6 +335,7 @@ def receiver(
     finally:
         server.shutdown()
         server.server_close()
+        remediator.stop()
 
 
 def alert(
@@ -391,6 +397,46 @@ def post(
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def state(base: str) -> dict:
+    """The receiver's /-/state document."""
+    return json.loads(get(f"{base}/-/state")[1])
+
+
+def wait_drained(base: str, timeout: float = WAIT_S) -> dict:
+    """Wait until the receiver at `base` has acted on every notification it queued (its /-/state
+    `queue.pending` is 0); returns that state. `timeout` only guards against a hang."""
+    deadline = time.monotonic() + timeout
+    while (doc := state(base))["queue"]["pending"]:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{doc['queue']['pending']} notification(s) still queued after {timeout:g}s")
+        time.sleep(0.01)
+    return doc
+
+
+def wait_actions(base: str, node: str, timeout: float = WAIT_S) -> list[dict]:
+    """Wait until the receiver at `base` has recorded an action on `node`; returns its actions there.
+    For a notification posted while another is still being acted on (`deliver` waits for both)."""
+    deadline = time.monotonic() + timeout
+    while not (actions := [a for a in state(base)["actions"] if a["node"] == node]):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no action on node {node} after {timeout:g}s")
+        time.sleep(0.01)
+    return actions
+
+
+def deliver(base: str, body: dict, authorization: str | None = f"Bearer {TOKEN}") -> list[dict]:
+    """POST a notification to the receiver at `base`, wait until it has been acted on and return the
+    actions it recorded (as /-/state shows them): what `POST /alerts` itself answered before the
+    queue. One notification at a time: the actions are told apart by their place in the history."""
+    before = len(state(base)["actions"])
+    status, answer = post(f"{base}/alerts", body, authorization)
+    assert status == 200, (status, answer)
+    assert json.loads(answer)["queued"] == len(body["alerts"]), answer
+    actions = wait_drained(base)["actions"]
+    assert len(actions) < MAX_HISTORY, "too many actions to tell this notification's apart"
+    return actions[before:]
 
 
 def get(url: str) -> tuple[int, str]:

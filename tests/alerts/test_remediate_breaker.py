@@ -20,8 +20,10 @@ from gpulens.remediate.kubernetes import KubernetesClient, KubernetesIsolator
 from gpulens.remediate.kubestate import DATA_KEY, ConfigMapStore
 from gpulens.remediate.slurm import SlurmIsolator
 from tests.alerts.remediate_support import (
+    WAIT_S,
     KubeStandIn,
     alert,
+    deliver,
     kube_api,
     notification,
     path_with,
@@ -29,6 +31,7 @@ from tests.alerts.remediate_support import (
     receiver,
     scontrol_calls,
     scontrol_updates,
+    wait_actions,
     write_fake_scontrol,
 )
 
@@ -41,8 +44,8 @@ class Clock:
         return self.now
 
 
-def _results(body: str) -> list[str]:
-    return [h["result"] for h in json.loads(body)["handled"]]
+def _results(actions: list[dict]) -> list[str]:
+    return [a["result"] for a in actions]
 
 
 def _node(name: str) -> dict:
@@ -63,11 +66,11 @@ def known_nodes(tmp_path, monkeypatch):
 def test_alerts_for_nodes_that_do_not_exist_never_fill_the_window(known_nodes):
     with receiver(SlurmIsolator(), dry_run=False, max_nodes=1) as (base, remediator):
         for ghost in ("ghost-1", "ghost-2", "ghost-3"):
-            _, body = post(f"{base}/alerts", notification(alert(instance=f"{ghost}:9842")))
-            assert _results(body) == ["failed"]
-        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-3:9842")))
+            handled = deliver(base, notification(alert(instance=f"{ghost}:9842")))
+            assert _results(handled) == ["failed"]
+        handled = deliver(base, notification(alert(instance="gpu-3:9842")))
         state = remediator.breaker.state()
-    assert _results(body) == ["applied"]
+    assert _results(handled) == ["applied"]
     assert (state.open, state.nodes_in_window) == (False, ("gpu-3",))
 
 
@@ -76,8 +79,8 @@ def test_failed_isolations_never_latch_the_breaker(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
     with receiver(SlurmIsolator(), dry_run=False, max_nodes=2) as (base, remediator):
         for node in ("n1", "n2", "n3", "n4"):
-            _, body = post(f"{base}/alerts", notification(alert(instance=f"{node}:9842")))
-            assert _results(body) == ["failed"]
+            handled = deliver(base, notification(alert(instance=f"{node}:9842")))
+            assert _results(handled) == ["failed"]
         state = remediator.breaker.state()
     assert (state.open, state.nodes_in_window, state.in_flight) == (False, (), ())
 
@@ -85,9 +88,9 @@ def test_failed_isolations_never_latch_the_breaker(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["ALL", "all", "All"])
 def test_slurm_refuses_all_as_a_node_name(known_nodes, name):
     with receiver(SlurmIsolator(), dry_run=False) as (base, remediator):
-        _, body = post(f"{base}/alerts", notification(alert(instance=f"{name}:9842")))
+        handled = deliver(base, notification(alert(instance=f"{name}:9842")))
         state = remediator.state()
-    assert _results(body) == ["rejected"]
+    assert _results(handled) == ["rejected"]
     assert "means every node to scontrol" in state["actions"][0]["detail"]
     assert scontrol_calls(known_nodes) == []
     assert state["breaker"]["nodes_in_window"] == []
@@ -96,16 +99,16 @@ def test_slurm_refuses_all_as_a_node_name(known_nodes, name):
 @pytest.mark.parametrize("name", ["gpu[1-4]", "gpu-1,gpu-2", "gpu-*"])
 def test_slurm_refuses_host_lists_and_wildcards(known_nodes, name):
     with receiver(SlurmIsolator(), dry_run=False) as (base, _):
-        _, body = post(f"{base}/alerts", notification(alert(node=name)))
-    assert _results(body) == ["rejected"]
+        handled = deliver(base, notification(alert(node=name)))
+    assert _results(handled) == ["rejected"]
     assert scontrol_calls(known_nodes) == []
 
 
 def test_slurm_refuses_a_node_set_name_without_draining_it(known_nodes):
     with receiver(SlurmIsolator(), dry_run=False, max_nodes=1) as (base, remediator):
-        _, body = post(f"{base}/alerts", notification(alert(instance="gpus:9842")))
+        handled = deliver(base, notification(alert(instance="gpus:9842")))
         state = remediator.state()
-    assert _results(body) == ["failed"]
+    assert _results(handled) == ["failed"]
     assert "names 2 nodes, not exactly node gpus" in state["actions"][0]["detail"]
     assert scontrol_updates(known_nodes) == []
     assert state["breaker"]["nodes_in_window"] == []
@@ -117,8 +120,8 @@ def test_kubernetes_refuses_names_that_are_not_node_names(name):
     with kube_api(stand_in):
         isolator = KubernetesIsolator(KubernetesClient(stand_in.url))
         with receiver(isolator, dry_run=False) as (base, _):
-            _, body = post(f"{base}/alerts", notification(alert(node=name)))
-    assert _results(body) == ["rejected"]
+            handled = deliver(base, notification(alert(node=name)))
+    assert _results(handled) == ["rejected"]
     # nothing but the start's listing of the nodes (no audit log: their episode records)
     assert [r.path for r in stand_in.requests] == ["/api/v1/nodes?limit=100"]
 
@@ -129,10 +132,10 @@ def test_kubernetes_unknown_nodes_never_fill_the_window():
         isolator = KubernetesIsolator(KubernetesClient(stand_in.url))
         with receiver(isolator, dry_run=False, max_nodes=1) as (base, remediator):
             for ghost in ("ghost-1", "ghost-2"):
-                post(f"{base}/alerts", notification(alert(instance=f"{ghost}:9842")))
-            _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+                deliver(base, notification(alert(instance=f"{ghost}:9842")))
+            handled = deliver(base, notification(alert(instance="gpu-1:9842")))
             state = remediator.breaker.state()
-    assert _results(body) == ["applied"]
+    assert _results(handled) == ["applied"]
     assert not state.open
 
 
@@ -143,20 +146,18 @@ def test_a_slow_node_does_not_hold_up_another_node():
     with kube_api(stand_in):
         isolator = KubernetesIsolator(KubernetesClient(stand_in.url, timeout_s=30))
         with receiver(isolator, dry_run=False) as (base, _):
-            slow: list[str] = []
-            worker = threading.Thread(
-                target=lambda: slow.append(post(f"{base}/alerts", notification(alert(instance="slow:1")))[1])
-            )
-            worker.start()
             try:
-                assert stand_in.held.wait(10), "the slow node's read reached the API"
-                # answered while the slow node's read is still held (the client gives up after 10 s)
-                _, fast = post(f"{base}/alerts", notification(alert(instance="fast:1")))
+                assert post(f"{base}/alerts", notification(alert(instance="slow:1")))[0] == 200
+                assert stand_in.held.wait(WAIT_S), "the slow node's read reached the API"
+                assert post(f"{base}/alerts", notification(alert(instance="fast:1")))[0] == 200
+                fast = wait_actions(base, "fast")  # acted on while the slow node's read is still held
+                slow_still_held = not release.is_set()
             finally:
                 release.set()
-                worker.join(30)
+            slow = wait_actions(base, "slow")
     assert _results(fast) == ["applied"]
-    assert _results(slow[0]) == ["applied"]
+    assert slow_still_held
+    assert _results(slow) == ["applied"]
 
 
 def test_an_action_has_a_total_deadline(tmp_path, monkeypatch):
@@ -164,9 +165,9 @@ def test_an_action_has_a_total_deadline(tmp_path, monkeypatch):
     bin_dir, _ = write_fake_scontrol(tmp_path, delay_s=2)
     monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
     with receiver(SlurmIsolator(), dry_run=False, action_timeout_s=3) as (base, remediator):
-        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+        handled = deliver(base, notification(alert(instance="gpu-1:9842")))
         state = remediator.state()
-    assert _results(body) == ["failed"]
+    assert _results(handled) == ["failed"]
     assert "no answer in" in state["actions"][0]["detail"]
     assert state["breaker"]["nodes_in_window"] == []
 
@@ -190,13 +191,24 @@ def test_a_reservation_in_flight_at_a_crash_counts_after_the_restart(tmp_path):
     assert restarted.state().nodes_in_window == ("n1",)
 
 
-def test_a_corrupt_state_file_is_one_line_error(tmp_path):
+def test_a_corrupt_state_file_is_moved_aside_with_one_line(tmp_path, caplog):
     path = tmp_path / "breaker.json"
     path.write_text("{not json")
+    breaker = CircuitBreaker(max_nodes=1, window_s=600, store=FileStore(path))  # not fatal
+    assert not breaker.state().open
+    assert (tmp_path / "breaker.json.corrupt").read_text() == "{not json" and not path.exists()
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert lines[0].startswith(f"--breaker-state-file {path}: not JSON")
+    assert "breaker.json.corrupt" in lines[0]
+
+
+def test_an_unreadable_state_file_is_one_line_error(tmp_path):
+    path = tmp_path / "breaker.json"
+    path.mkdir()  # EISDIR: not corrupt, unreadable; the receiver refuses to start
     with pytest.raises(BreakerStoreError) as info:
         CircuitBreaker(max_nodes=1, window_s=600, store=FileStore(path))
-    assert str(info.value).startswith(f"--breaker-state-file {path}: not JSON")
-    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(f"--breaker-state-file {path}: ") and "\n" not in str(info.value)
 
 
 def test_the_state_file_is_replaced_atomically(tmp_path):

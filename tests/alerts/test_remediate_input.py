@@ -16,6 +16,7 @@ from gpulens.remediate.slurm import SlurmIsolator
 from tests.alerts.remediate_support import (
     KubeStandIn,
     alert,
+    deliver,
     get,
     kube_api,
     notification,
@@ -28,7 +29,7 @@ from tests.alerts.remediate_support import (
 def test_a_caller_chosen_remediate_value_never_becomes_a_metric_label(scontrol):
     with receiver(SlurmIsolator()) as (base, _):
         for i in range(5):
-            post(f"{base}/alerts", notification(alert(remediate=f"evil-{i}", fingerprint=f"f{i}")))
+            deliver(base, notification(alert(remediate=f"evil-{i}", fingerprint=f"f{i}")))
         metrics = get(f"{base}/metrics")[1]
     assert "evil" not in metrics
     assert 'gpulens_remediate_actions_total{kind="invalid",result="rejected"} 5.0' in metrics
@@ -38,7 +39,7 @@ def test_a_newline_in_an_alert_name_cannot_forge_a_log_line(scontrol, caplog):
     caplog.set_level(logging.INFO, logger="gpulens.remediate")
     forged = "GPULost\n2026-12-01 20:00:00 INFO gpulens.remediate: applied FAKE node=n9"
     with receiver(SlurmIsolator()) as (base, _):
-        post(f"{base}/alerts", notification(alert(alertname=forged, instance="gpu-1:9842", fingerprint="f1")))
+        deliver(base, notification(alert(alertname=forged, instance="gpu-1:9842", fingerprint="f1")))
     logged = [
         r.getMessage() for r in caplog.records if r.name == "gpulens.remediate" and "gpu-1" in r.getMessage()
     ]
@@ -61,11 +62,10 @@ def test_a_hostile_alert_name_still_makes_a_valid_taint():
     with kube_api(stand_in):
         isolator = KubernetesIsolator(KubernetesClient(stand_in.url))
         with receiver(isolator, dry_run=False) as (base, _):
-            _, body = post(
-                f"{base}/alerts",
-                notification(alert(alertname="-x y/" + "z" * 99, instance="gpu-1:1", fingerprint="f1")),
+            handled = deliver(
+                base, notification(alert(alertname="-x y/" + "z" * 99, instance="gpu-1:1", fingerprint="f1"))
             )
-    assert json.loads(body)["handled"][0]["result"] == "applied"
+    assert handled[0]["result"] == "applied"
     (patch,) = stand_in.isolation_patches()
     # the API's rule for taint values: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends
     assert re.fullmatch(
@@ -127,6 +127,6 @@ def test_remembered_episodes_are_bounded(scontrol, monkeypatch):
     monkeypatch.setattr(service, "MAX_EPISODES", 5)
     with receiver(SlurmIsolator()) as (base, remediator):
         for i in range(12):
-            post(f"{base}/alerts", notification(alert(fingerprint=f"fp{i:02d}")))
+            deliver(base, notification(alert(fingerprint=f"fp{i:02d}")))
         kept = list(remediator._episodes)
     assert kept == [f"fp{i:02d}@2026-11-29T21:00:00Z" for i in range(7, 12)]

@@ -19,6 +19,7 @@ from tests.alerts.remediate_support import (
     TOKEN,
     KubeStandIn,
     alert,
+    deliver,
     get,
     kube_api,
     notification,
@@ -80,11 +81,11 @@ def test_reboot_class_fault_reboots_holds_down_and_returns_the_node(slurm, tmp_p
     clock, log = Clock(), tmp_path / "audit.jsonl"
     policy = _policy(return_to_service=True)
     with receiver(SlurmIsolator(), dry_run=False, clock=clock, audit_log=log, policy=policy) as (base, rem):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.reconciler.tick()  # starts the reboot
         clock.now += 120
         rem.reconciler.tick()  # sees the new boot
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node", status="resolved")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node", status="resolved")))
         rem.reconciler.tick()  # hold-down starts
         clock.now += HOLD_DOWN - 1
         rem.reconciler.tick()
@@ -128,10 +129,10 @@ def test_reset_class_fault_runs_a_reset_job_and_a_person_returns_the_node(tmp_pa
     with kube_api(stand_in):
         isolator = KubernetesIsolator(KubernetesClient(stand_in.url), job_namespace="ops")
         with receiver(isolator, dry_run=False, clock=clock, policy=_policy()) as (base, rem):
-            post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa")))
+            deliver(base, notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa")))
             rem.reconciler.tick()  # creates the reset Job
             rem.reconciler.tick()  # the Job succeeded
-            post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", status="resolved")))
+            deliver(base, notification(fault("GPUXidResetRequired", "reset_gpu", status="resolved")))
             rem.reconciler.tick()
             clock.now += HOLD_DOWN + 1
             rem.reconciler.tick()
@@ -159,7 +160,7 @@ def test_kubernetes_reboot_waits_until_the_node_is_drained(tmp_path):
     with kube_api(stand_in):
         isolator = KubernetesIsolator(KubernetesClient(stand_in.url))
         with receiver(isolator, dry_run=False, clock=Clock(), policy=_policy()) as (base, rem):
-            post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+            deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
             rem.reconciler.tick()
             waiting = episodes(rem)
             stand_in.pods.clear()  # the job finished and its pod is gone
@@ -178,8 +179,8 @@ def test_an_rma_class_fault_is_kept_isolated_with_a_ticket_and_never_returned(sl
     clock, log = Clock(), tmp_path / "audit.jsonl"
     policy = _policy(return_to_service=True)
     with receiver(SlurmIsolator(), dry_run=False, clock=clock, audit_log=log, policy=policy) as (base, rem):
-        post(f"{base}/alerts", notification(fault("GPURowRemapFailed", "rma")))
-        post(f"{base}/alerts", notification(fault("GPURowRemapFailed", "rma", status="resolved")))
+        deliver(base, notification(fault("GPURowRemapFailed", "rma")))
+        deliver(base, notification(fault("GPURowRemapFailed", "rma", status="resolved")))
         for _ in range(3):
             clock.now += HOLD_DOWN
             rem.reconciler.tick()
@@ -198,17 +199,17 @@ def test_a_flapping_node_is_not_returned_twice_within_the_window(slurm, tmp_path
     clock = Clock()
     policy = _policy(return_to_service=True, flap_window_s=86_400)
     with receiver(SlurmIsolator(), dry_run=False, clock=clock, policy=policy) as (base, rem):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.reconciler.tick()
         rem.reconciler.tick()
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node", status="resolved")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node", status="resolved")))
         rem.reconciler.tick()
         clock.now += HOLD_DOWN + 1
         rem.reconciler.tick()  # returned once
         clock.now += 3600  # faulty again an hour later
         again = fault("GPUXidFallenOffBus", "reboot_node", starts_at="2026-12-01T12:00:00Z")
-        post(f"{base}/alerts", notification(again))
-        post(f"{base}/alerts", notification({**again, "status": "resolved"}))
+        deliver(base, notification(again))
+        deliver(base, notification({**again, "status": "resolved"}))
         for _ in range(3):
             clock.now += HOLD_DOWN + 1
             rem.reconciler.tick()
@@ -229,8 +230,8 @@ def test_the_breaker_applies_to_reboots_as_to_isolations(slurm):
         base,
         rem,
     ):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node", instance="gpu-1:1")))
-        post(f"{base}/alerts", notification(fault("GPULost", "reboot_node", instance="gpu-2:1")))  # opens it
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node", instance="gpu-1:1")))
+        deliver(base, notification(fault("GPULost", "reboot_node", instance="gpu-2:1")))  # opens it
         rem.breaker.reset()
         rem.breaker.commit(rem.breaker.reserve("gpu-9"))  # another node fills the fresh window
         rem.reconciler.tick()
@@ -243,7 +244,7 @@ def test_the_breaker_applies_to_reboots_as_to_isolations(slurm):
 
 def test_dry_run_is_the_default_and_only_describes_the_recovery(slurm):
     with receiver(SlurmIsolator(), clock=Clock(), policy=_policy(return_to_service=True)) as (base, rem):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         for _ in range(3):
             rem.reconciler.tick()
         left = episodes(rem)
@@ -259,19 +260,19 @@ def test_a_restarted_receiver_resumes_its_episodes_from_the_audit_log(slurm, tmp
         base,
         rem,
     ):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.reconciler.tick()  # reboot started, then the receiver stops
     with receiver(SlurmIsolator(), dry_run=False, clock=clock, audit_log=log, policy=_policy()) as (
         base,
         rem,
     ):
         resumed = [e["state"] for e in episodes(rem).values()]
-        _, repeat = post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        repeat = deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.reconciler.tick()
         after = [e["state"] for e in episodes(rem).values()]
         metrics = get(f"{base}/metrics")[1]
     assert resumed == ["recovering"]
-    assert json.loads(repeat)["handled"][0]["result"] == "duplicate"
+    assert repeat[0]["result"] == "duplicate"
     assert after == ["recovered"]
     assert len([c for c in scontrol_calls(slurm) if c[:1] == ["reboot"]]) == 1
     assert 'gpulens_remediate_episodes_open{state="recovering"} 0.0' in metrics  # not -1
@@ -283,13 +284,13 @@ def test_return_command_asks_the_receiver(slurm, tmp_path):
     token.write_text(TOKEN)
     clock = Clock()
     with receiver(SlurmIsolator(), dry_run=False, clock=clock, policy=_policy()) as (base, rem):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         command = [sys.executable, "-m", "gpulens.cli", "remediate", "return", "gpu-17"]
         command += ["--url", base, "--token-file", str(token)]
         early = subprocess.run(command, capture_output=True, text=True, timeout=60)
         rem.reconciler.tick()
         rem.reconciler.tick()
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node", status="resolved")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node", status="resolved")))
         rem.reconciler.tick()
         clock.now += HOLD_DOWN + 1
         rem.reconciler.tick()
@@ -301,8 +302,8 @@ def test_return_command_asks_the_receiver(slurm, tmp_path):
 
 def test_an_unknown_recovery_label_is_rejected(slurm):
     with receiver(SlurmIsolator(), dry_run=False) as (base, _):
-        _, body = post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "format_disk")))
-    assert json.loads(body)["handled"][0]["result"] == "rejected"
+        body = deliver(base, notification(fault("GPUXidFallenOffBus", "format_disk")))
+    assert body[0]["result"] == "rejected"
     assert scontrol_calls(slurm) == []
 
 
@@ -316,14 +317,14 @@ def test_enough_faulty_gpus_take_the_node_out_whole_and_one_reboot_recovers_them
         with receiver(isolator, dry_run=False, clock=clock, policy=policy) as (base, rem):
             first = fault("GPUXidResetRequired", "reset_gpu", gpu="1")
             second = fault("GPUXidDoubleBitEccError", "reset_gpu", gpu="5")
-            post(f"{base}/alerts", notification(first))
-            post(f"{base}/alerts", notification(second))
+            deliver(base, notification(first))
+            deliver(base, notification(second))
             opened = sorted((e["alertname"], e["kind"], e["recovery"]) for e in episodes(rem).values())
             for _ in range(3):
                 rem.reconciler.tick()
             recovered = sorted(e["state"] for e in episodes(rem).values())
             for raw in (first, second):
-                post(f"{base}/alerts", notification({**raw, "status": "resolved"}))
+                deliver(base, notification({**raw, "status": "resolved"}))
             rem.reconciler.tick()
             rem.reconciler.tick()
             clock.now += HOLD_DOWN + 1
@@ -358,7 +359,7 @@ def test_requeue_asked_for_requeues_the_node_s_jobs_through_slurm_with_the_reboo
     log = tmp_path / "audit.jsonl"
     isolator = SlurmIsolator(requeue=True)
     with receiver(isolator, dry_run=False, clock=Clock(), audit_log=log, policy=_policy()) as (base, rem):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.reconciler.tick()
     calls = [c for c in scontrol_calls(slurm_jobs) if c[0] != "show"]
     assert [c[:2] for c in calls] == [
@@ -378,7 +379,7 @@ def test_requeue_asked_for_requeues_the_node_s_jobs_through_slurm_with_the_reboo
 
 def test_without_requeue_the_jobs_are_left_to_finish_before_the_reboot(slurm_jobs, tmp_path):
     with receiver(SlurmIsolator(), dry_run=False, clock=Clock(), policy=_policy()) as (base, rem):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.reconciler.tick()
     assert [c[0] for c in scontrol_calls(slurm_jobs) if c[0] != "show"] == ["update", "reboot"]
     assert "requeued" not in scontrol_state(tmp_path)
@@ -388,7 +389,7 @@ def test_a_job_slurm_will_not_requeue_is_recorded_and_the_reboot_still_goes_ahea
     bin_dir, _ = write_fake_scontrol(tmp_path, stateful=True, jobs={"gpu-17": [101]}, no_requeue=[101])
     monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
     with receiver(SlurmIsolator(requeue=True), dry_run=False, clock=Clock(), policy=_policy()) as (base, rem):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.reconciler.tick()
         (episode,) = episodes(rem).values()
     assert episode["state"] == "recovering"
@@ -400,7 +401,7 @@ def test_a_job_list_that_is_not_job_ids_is_refused_without_requeuing(tmp_path, m
     bin_dir, record = write_fake_scontrol(tmp_path, stateful=True, jobs={"gpu-17": ["101", "ALL"]})
     monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
     with receiver(SlurmIsolator(requeue=True), dry_run=False, clock=Clock(), policy=_policy()) as (base, rem):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.reconciler.tick()
         (episode,) = episodes(rem).values()
     assert "requeue refused: squeue printed 'ALL', not a job id" in episode["detail"]
@@ -414,7 +415,7 @@ def test_requeue_is_behind_the_breaker_with_the_reboot(slurm_jobs):
         base,
         rem,
     ):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.breaker.reset()
         rem.breaker.commit(rem.breaker.reserve("gpu-9"))  # another node fills the fresh window
         rem.reconciler.tick()
@@ -423,7 +424,7 @@ def test_requeue_is_behind_the_breaker_with_the_reboot(slurm_jobs):
 
 def test_a_dry_run_describes_the_requeue_and_runs_nothing(slurm_jobs):
     with receiver(SlurmIsolator(requeue=True), clock=Clock(), policy=_policy()) as (base, rem):
-        post(f"{base}/alerts", notification(fault("GPUXidFallenOffBus", "reboot_node")))
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node")))
         rem.reconciler.tick()
         (episode,) = episodes(rem).values()
     assert scontrol_calls(slurm_jobs) == []
@@ -451,19 +452,17 @@ def test_a_receiver_restarted_with_an_empty_audit_dir_resumes_from_the_node_and_
     (tmp_path / "second").mkdir()  # the new pod's emptyDir: no audit log
     with kube_api(stand_in):
         with _kube_receiver(stand_in, clock, tmp_path / "first" / "audit.jsonl") as (base, rem):
-            post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa")))
+            deliver(base, notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa")))
             rem.reconciler.tick()  # creates the reset Job; then the pod is gone
         kept = stand_in.episode_records("gpu-17")
         log = tmp_path / "second" / "audit.jsonl"
         with _kube_receiver(stand_in, clock, log, return_to_service=True) as (base, rem):
             resumed = (rem.resumed, rem.resumed_from, [e["state"] for e in episodes(rem).values()])
             at_start = get(f"{base}/metrics")[1]
-            _, repeat = post(
-                f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa"))
-            )
+            repeat = deliver(base, notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa")))
             rem.reconciler.tick()  # the Job it started before the restart succeeded
             after_step = get(f"{base}/metrics")[1]
-            post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", status="resolved")))
+            deliver(base, notification(fault("GPUXidResetRequired", "reset_gpu", status="resolved")))
             rem.reconciler.tick()  # hold-down starts
             clock.now += HOLD_DOWN + 1
             rem.reconciler.tick()  # ready, and returned
@@ -473,7 +472,7 @@ def test_a_receiver_restarted_with_an_empty_audit_dir_resumes_from_the_node_and_
     assert 'gpulens_remediate_episodes_open{state="recovering"} 1.0' in at_start
     assert 'gpulens_remediate_episodes_open{state="recovering"} 0.0' in after_step
     assert 'gpulens_remediate_episodes_open{state="recovered"} 1.0' in after_step
-    assert json.loads(repeat)["handled"][0]["result"] == "duplicate"
+    assert repeat[0]["result"] == "duplicate"
     assert len(stand_in.jobs) == 1, "the reset is not started a second time"
     assert left == {}
     assert stand_in.nodes["gpu-17"]["spec"] == {"unschedulable": False, "taints": []}
@@ -489,7 +488,7 @@ def test_the_audit_log_wins_over_the_node_annotations_when_both_exist(tmp_path):
     )
     with kube_api(stand_in):
         with _kube_receiver(stand_in, clock, log) as (base, rem):
-            post(f"{base}/alerts", notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa")))
+            deliver(base, notification(fault("GPUXidResetRequired", "reset_gpu", uuid="GPU-aa")))
         # a stale record on the node (a write that lagged the log) says something else
         key, record = next(iter(stand_in.episode_records("gpu-17").items()))
         stale = {**record, "state": "ready"}
@@ -513,10 +512,7 @@ def test_a_dry_run_neither_writes_nor_adopts_node_records(tmp_path):
     with kube_api(stand_in):
         isolator = KubernetesIsolator(KubernetesClient(stand_in.url))
         with receiver(isolator, clock=Clock(), policy=_policy()) as (base, rem):
-            post(
-                f"{base}/alerts",
-                notification(fault("GPUXidFallenOffBus", "reboot_node", instance="gpu-17:1")),
-            )
+            deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node", instance="gpu-17:1")))
             adopted = rem.resumed
     assert adopted == 0 and stand_in.requests == []
 

@@ -18,6 +18,7 @@ from tests.alerts.remediate_support import (
     TOKEN,
     KubeStandIn,
     alert,
+    deliver,
     get,
     kube_api,
     notification,
@@ -53,9 +54,8 @@ def test_bad_payload_gets_a_one_line_400(scontrol):
 def test_dry_run_is_the_default_and_logs_the_exact_command(scontrol, caplog):
     caplog.set_level(logging.INFO, logger="gpulens.remediate")
     with receiver(SlurmIsolator()) as (base, _):
-        status, _body = post(f"{base}/alerts", notification(alert(instance="gpu-17:9842", gpu="5")))
+        deliver(base, notification(alert(instance="gpu-17:9842", gpu="5")))
         state = _state(base)
-    assert status == 200
     assert scontrol_calls(scontrol) == []
     (action,) = state["actions"]
     assert action["result"] == "dry_run"
@@ -67,10 +67,9 @@ def test_dry_run_is_the_default_and_logs_the_exact_command(scontrol, caplog):
 
 def test_apply_drains_the_node_with_scontrol(scontrol):
     with receiver(SlurmIsolator(), dry_run=False) as (base, _):
-        status, body = post(f"{base}/alerts", notification(alert(instance="gpu-17:9842", gpu="5")))
-    assert status == 200
-    assert json.loads(body)["handled"] == [
-        {"alertname": "GPUXidFallenOffBus", "node": "gpu-17", "result": "applied"}
+        handled = deliver(base, notification(alert(instance="gpu-17:9842", gpu="5")))
+    assert [(a["alertname"], a["node"], a["result"]) for a in handled] == [
+        ("GPUXidFallenOffBus", "gpu-17", "applied")
     ]
     assert scontrol_calls(scontrol) == [
         ["show", "node", "gpu-17", "--oneliner"],
@@ -90,25 +89,25 @@ def test_a_drained_node_is_left_as_it_is(tmp_path, monkeypatch, state, reason, o
     bin_dir, record = write_fake_scontrol(tmp_path, state=state, reason=reason)
     monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
     with receiver(SlurmIsolator(), dry_run=False) as (base, _):
-        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-17:9842")))
+        handled = deliver(base, notification(alert(instance="gpu-17:9842")))
         state_doc = _state(base)
-    assert json.loads(body)["handled"][0]["result"] == "already"
+    assert handled[0]["result"] == "already"
     assert state_doc["actions"][0]["detail"] == f"node gpu-17 already drained {owner} (Reason={reason})"
     assert scontrol_updates(record) == []
 
 
 def test_repeats_of_one_episode_act_once_and_a_new_episode_acts_again(scontrol):
     with receiver(SlurmIsolator(), dry_run=False) as (base, _):
-        post(f"{base}/alerts", notification(alert()))
-        _status, body = post(f"{base}/alerts", notification(alert()))
-        assert json.loads(body)["handled"][0]["result"] == "duplicate"
-        post(f"{base}/alerts", notification(alert(starts_at="2026-11-30T08:00:00Z")))
+        deliver(base, notification(alert()))
+        handled = deliver(base, notification(alert()))
+        assert handled[0]["result"] == "duplicate"
+        deliver(base, notification(alert(starts_at="2026-11-30T08:00:00Z")))
     assert len(scontrol_updates(scontrol)) == 2
 
 
 def test_resolved_never_returns_a_node_to_service(scontrol):
     with receiver(SlurmIsolator(), dry_run=False) as (base, _):
-        post(f"{base}/alerts", notification(alert(status="resolved")))
+        deliver(base, notification(alert(status="resolved")))
         state = _state(base)
     assert scontrol_calls(scontrol) == []
     assert state["actions"][0]["result"] == "resolved_ignored"
@@ -116,10 +115,8 @@ def test_resolved_never_returns_a_node_to_service(scontrol):
 
 def test_alerts_without_the_remediate_label_are_ignored(scontrol):
     with receiver(SlurmIsolator(), dry_run=False) as (base, _):
-        status, body = post(
-            f"{base}/alerts", notification(alert(alertname="GPUTemperatureHigh", remediate=None))
-        )
-    assert (status, json.loads(body)["handled"]) == (200, [])
+        handled = deliver(base, notification(alert(alertname="GPUTemperatureHigh", remediate=None)))
+    assert handled == []
     assert scontrol_calls(scontrol) == []
 
 
@@ -127,10 +124,10 @@ def test_a_failed_drain_is_reported_and_retried_on_the_next_repeat(tmp_path, mon
     bin_dir, record = write_fake_scontrol(tmp_path, exit_code=1)
     monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
     with receiver(SlurmIsolator(), dry_run=False) as (base, _):
-        _, first = post(f"{base}/alerts", notification(alert()))
-        _, second = post(f"{base}/alerts", notification(alert()))
+        first = deliver(base, notification(alert()))
+        second = deliver(base, notification(alert()))
         state = _state(base)
-    assert [json.loads(b)["handled"][0]["result"] for b in (first, second)] == ["failed", "failed"]
+    assert [b[0]["result"] for b in (first, second)] == ["failed", "failed"]
     assert len(scontrol_updates(record)) == 2
     assert state["actions"][0]["detail"].endswith("slurm_update error: Invalid node name specified")
 
@@ -138,12 +135,12 @@ def test_a_failed_drain_is_reported_and_retried_on_the_next_repeat(tmp_path, mon
 def test_breaker_stops_isolating_after_max_nodes_until_reset(scontrol):
     with receiver(SlurmIsolator(), dry_run=False, max_nodes=2) as (base, _):
         for node in ("n1", "n2", "n3"):
-            post(f"{base}/alerts", notification(alert(instance=f"{node}:9842")))
+            deliver(base, notification(alert(instance=f"{node}:9842")))
         metrics = get(f"{base}/metrics")[1]
         state = _state(base)
         assert post(f"{base}/-/breaker/reset", None, authorization=None, raw=b"")[0] == 401
         assert post(f"{base}/-/breaker/reset", None, raw=b"")[0] == 200
-        post(f"{base}/alerts", notification(alert(instance="n3:9842", starts_at="later")))
+        deliver(base, notification(alert(instance="n3:9842", starts_at="later")))
     assert [c[1] for c in scontrol_updates(scontrol)] == ["NodeName=n1", "NodeName=n2", "NodeName=n3"]
     assert [a["result"] for a in state["actions"]] == ["applied", "applied", "breaker_open"]
     assert state["breaker"]["open"] is True and state["breaker"]["refused_node"] == "n3"
@@ -153,7 +150,7 @@ def test_breaker_stops_isolating_after_max_nodes_until_reset(scontrol):
 
 def test_metrics_count_actions_and_requests(scontrol):
     with receiver(SlurmIsolator()) as (base, _):
-        post(f"{base}/alerts", notification(alert(), alert(gpu="1", remediate="isolate_gpu")))
+        deliver(base, notification(alert(), alert(gpu="1", remediate="isolate_gpu")))
         post(f"{base}/alerts", notification(alert()), authorization="Bearer nope")
         metrics = get(f"{base}/metrics")[1]
     assert 'gpulens_remediate_actions_total{kind="isolate_node",result="dry_run"} 1.0' in metrics
@@ -211,13 +208,13 @@ def kube(tmp_path):
 
 def test_kubernetes_isolate_gpu_cordons_and_taints_without_evicting(kube):
     with receiver(KubernetesIsolator(kube.client, drain=True), dry_run=False) as (base, _):
-        _, body = post(
-            f"{base}/alerts",
+        handled = deliver(
+            base,
             notification(
                 alert(alertname="GPURowRemapPending", instance="gpu-1:9842", gpu="3", remediate="isolate_gpu")
             ),
         )
-    assert json.loads(body)["handled"][0]["result"] == "applied"
+    assert handled[0]["result"] == "applied"
     (patch,) = kube.isolation_patches()
     assert patch.path == "/api/v1/nodes/gpu-1"
     assert patch.content_type == "application/merge-patch+json"
@@ -236,9 +233,8 @@ def test_kubernetes_isolate_gpu_cordons_and_taints_without_evicting(kube):
 
 def test_kubernetes_isolate_node_with_drain_evicts_through_the_eviction_api(kube):
     with receiver(KubernetesIsolator(kube.client, drain=True), dry_run=False) as (base, _):
-        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
-    (handled,) = json.loads(body)["handled"]
-    assert handled["result"] == "applied"
+        handled = deliver(base, notification(alert(instance="gpu-1:9842")))
+    assert handled[0]["result"] == "applied"
     evictions = kube.of("POST")
     assert [e.path for e in evictions] == [
         "/api/v1/namespaces/ml/pods/train-0/eviction",
@@ -253,7 +249,7 @@ def test_kubernetes_isolate_node_with_drain_evicts_through_the_eviction_api(kube
 
 def test_kubernetes_drain_reports_pods_blocked_by_disruption_budgets(kube):
     with receiver(KubernetesIsolator(kube.client, drain=True), dry_run=False) as (base, _):
-        post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+        deliver(base, notification(alert(instance="gpu-1:9842")))
         state = _state(base)
     assert state["actions"][0]["detail"].endswith(
         "drain: 1 evicted, 1 blocked by disruption budgets, 0 failed"
@@ -262,23 +258,23 @@ def test_kubernetes_drain_reports_pods_blocked_by_disruption_budgets(kube):
 
 def test_kubernetes_node_already_isolated_is_not_patched_again(kube):
     with receiver(KubernetesIsolator(kube.client), dry_run=False) as (base, _):
-        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-2:9842")))
-    assert json.loads(body)["handled"][0]["result"] == "already"
+        handled = deliver(base, notification(alert(instance="gpu-2:9842")))
+    assert handled[0]["result"] == "already"
     assert kube.isolation_patches() == []
 
 
 def test_kubernetes_unknown_node_fails_without_patching(kube):
     with receiver(KubernetesIsolator(kube.client), dry_run=False) as (base, _):
-        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-9:9842")))
+        handled = deliver(base, notification(alert(instance="gpu-9:9842")))
         state = _state(base)
-    assert json.loads(body)["handled"][0]["result"] == "failed"
+    assert handled[0]["result"] == "failed"
     assert state["actions"][0]["detail"] == 'GET node gpu-9: HTTP 404 nodes "gpu-9" not found'
     assert kube.of("PATCH") == []
 
 
 def test_kubernetes_dry_run_touches_nothing_and_describes_the_patch(kube):
     with receiver(KubernetesIsolator(kube.client, drain=True)) as (base, _):
-        post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+        deliver(base, notification(alert(instance="gpu-1:9842")))
         state = _state(base)
     assert kube.requests == []
     detail = state["actions"][0]["detail"]
@@ -342,15 +338,14 @@ def test_cli_apply_with_basic_auth_drains_through_scontrol_on_path(tmp_path):
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/-/healthy", timeout=20, proc=proc)
-        status, _ = post(
-            f"http://127.0.0.1:{port}/alerts",
+        deliver(
+            f"http://127.0.0.1:{port}",
             notification(alert(instance="gpu-3:9842")),
             authorization="Basic YW06cHc=",
         )
     finally:
         proc.terminate()
         output = proc.communicate(timeout=10)[0]
-    assert status == 200
     assert scontrol_updates(record) == [
         ["update", "NodeName=gpu-3", "State=DRAIN", "Reason=gpulens: GPUXidFallenOffBus gpu 0 GPU-0"]
     ]
@@ -360,9 +355,9 @@ def test_cli_apply_with_basic_auth_drains_through_scontrol_on_path(tmp_path):
 def test_kubernetes_unreadable_api_token_fails_with_one_line(kube, tmp_path):
     client = KubernetesClient(kube.url, token_file=tmp_path / "gone")
     with receiver(KubernetesIsolator(client), dry_run=False) as (base, _):
-        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+        handled = deliver(base, notification(alert(instance="gpu-1:9842")))
         state = _state(base)
-    assert json.loads(body)["handled"][0]["result"] == "failed"
+    assert handled[0]["result"] == "failed"
     assert (
         state["actions"][0]["detail"] == f"--kube-token-file {tmp_path / 'gone'}: No such file or directory"
     )
@@ -372,18 +367,18 @@ def test_kubernetes_unreadable_api_token_fails_with_one_line(kube, tmp_path):
 def test_unreachable_kubernetes_api_fails_and_is_retried(scontrol):
     client = KubernetesClient(f"http://127.0.0.1:{free_port()}")
     with receiver(KubernetesIsolator(client), dry_run=False) as (base, _):
-        _, first = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
-        _, second = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842")))
+        first = deliver(base, notification(alert(instance="gpu-1:9842")))
+        second = deliver(base, notification(alert(instance="gpu-1:9842")))
         state = _state(base)
-    assert [json.loads(b)["handled"][0]["result"] for b in (first, second)] == ["failed", "failed"]
+    assert [b[0]["result"] for b in (first, second)] == ["failed", "failed"]
     assert state["actions"][0]["detail"].startswith("GET /api/v1/nodes/gpu-1: ")
 
 
 def test_kubernetes_patch_is_conditional_and_retried_after_a_conflict(kube):
     kube.conflicts = 1
     with receiver(KubernetesIsolator(kube.client), dry_run=False) as (base, _):
-        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842", remediate="isolate_gpu")))
-    assert json.loads(body)["handled"][0]["result"] == "applied"
+        handled = deliver(base, notification(alert(instance="gpu-1:9842", remediate="isolate_gpu")))
+    assert handled[0]["result"] == "applied"
     first, second = kube.isolation_patches()
     assert first.body["metadata"]["resourceVersion"] == "7"  # refused: the node moved on to 8
     assert second.body["metadata"]["resourceVersion"] == "8"
@@ -393,9 +388,9 @@ def test_kubernetes_patch_is_conditional_and_retried_after_a_conflict(kube):
 def test_kubernetes_gives_up_after_repeated_conflicts(kube):
     kube.conflicts = 10
     with receiver(KubernetesIsolator(kube.client), dry_run=False) as (base, _):
-        _, body = post(f"{base}/alerts", notification(alert(instance="gpu-1:9842", remediate="isolate_gpu")))
+        handled = deliver(base, notification(alert(instance="gpu-1:9842", remediate="isolate_gpu")))
         state = _state(base)
-    assert json.loads(body)["handled"][0]["result"] == "failed"
+    assert handled[0]["result"] == "failed"
     assert state["actions"][0]["detail"] == "PATCH node gpu-1: still conflicting after 3 tries"
 
 
@@ -442,7 +437,7 @@ def test_cli_kubernetes_dry_run_needs_no_cluster(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{base}/-/healthy", timeout=20, proc=proc)
-        post(f"{base}/alerts", notification(alert(instance="gpu-5:9842")))
+        deliver(base, notification(alert(instance="gpu-5:9842")))
         state = _state(base)
     finally:
         proc.terminate()

@@ -329,3 +329,191 @@ def test_report_on_a_full_disk_via_the_cli_keeps_the_report(tmp_path: Path, bad_
     assert f"{out}/" in line and os.strerror(errno.EFBIG) in line
     assert tree(out) == before
     assert leftovers(tmp_path) == []
+
+
+# -- a report swapped in as a whole (issue 34 item 8) ----------------------------------------------
+#
+# Before: report.html, summary.md, jobs.csv, jobs.json and plan.json were renamed one by one, so a
+# kill between two renames left report.html new beside old JSON files (and `.tmp-` files). Now the
+# set is a version directory made current by one rename of `.report-current`; the user-facing
+# paths are symlinks through it. Every rename of a report write goes through `atomicfile._rename`:
+# the tests kill the writer (a forked child, `os._exit` before step k: nothing after runs, as with
+# SIGKILL) or make the rename fail (EIO) at every step k, and check that every path reads the old
+# report or every path the new one, and that the next run leaves nothing of the killed one.
+
+
+@pytest.fixture(scope="module")
+def other_analysis(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Another report: every file differs from `analysis`'s, and it emits no config/ files."""
+    path = tmp_path_factory.mktemp("seed") / "h"
+    write_history(path, synth.frame(synth.seed_case(5)), {"source": "test", "step_s": synth.STEP})
+    return analyze_history(read_history(path), load_thresholds())
+
+
+@pytest.fixture(params=["fewer files", "more files"])
+def two_reports(request: pytest.FixtureRequest, analysis: Any, other_analysis: Any) -> tuple[Any, Any]:
+    """(previous, next): the next report drops the config/ files, or adds them."""
+    return (analysis, other_analysis) if request.param == "fewer files" else (other_analysis, analysis)
+
+
+def report_texts(analysis: Any, scratch: Path) -> dict[str, str]:
+    """What write_report writes (relative path -> text), read back from a scratch directory."""
+    written = write_report(analysis, scratch)
+    return {str(path.relative_to(scratch)): path.read_text() for path in written.values()}
+
+
+def view(out: Path, names: list[str]) -> dict[str, str]:
+    """The report as a reader sees it through the user-facing paths (absent paths left out)."""
+    return {name: (out / name).read_text() for name in names if (out / name).is_file()}
+
+
+def no_leftovers(out: Path) -> None:
+    """Nothing a killed or failed write leaves: temporary names, stale versions, dangling links."""
+    everything = list(out.rglob("*"))
+    assert [p for p in everything if atomicfile.TEMP_MARK in p.name] == []
+    versions = [
+        p.name for p in out.iterdir() if p.name.startswith(".report-") and p.name != ".report-current"
+    ]
+    assert len(versions) <= 1, versions
+    assert [p for p in everything if p.is_symlink() and not p.exists()] == []
+
+
+class Steps:
+    """`atomicfile._rename` counting its calls; `at` makes call number `at` fail or kill."""
+
+    def __init__(self, at: int | None = None, kill: bool = False) -> None:
+        self.at, self.kill, self.done = at, kill, 0
+
+    def __call__(self, src: Path, dst: Path) -> None:
+        self.done += 1
+        if self.done == self.at:
+            if self.kill:
+                os._exit(0)  # killed before this step: no finally, no cleanup
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(dst))
+        os.replace(src, dst)
+
+
+def previous_report(out: Path, layout: str, old: dict[str, str]) -> None:
+    """`out` holding the previous report as a run of `layout` left it, beside a user's file."""
+    out.mkdir()
+    (out / "README").write_text("not the report's")
+    if layout == "swapped":  # written by this code
+        atomicfile.write_set(out, old)
+    elif layout == "plain files":  # written by the code before (FileSet), killed once mid-write
+        for name, text in old.items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_text(text)
+        (out / ".report.html.tmp-0badf00d").write_text("half")
+        (out / ".jobs.json.tmp-0badf00d").write_text("")
+
+
+LAYOUTS = ["swapped", "plain files", "none"]
+
+
+def count_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, old: dict, new: dict) -> int:
+    previous_report(tmp_path / "count", layout, old)
+    steps = Steps()
+    monkeypatch.setattr(atomicfile, "_rename", steps)
+    atomicfile.write_set(tmp_path / "count", new)
+    monkeypatch.undo()
+    assert steps.done >= 1
+    return steps.done
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_report_killed_at_any_rename_reads_whole_and_the_next_run_cleans_up(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    two_reports: tuple[Any, Any],
+    bad_input: Any,
+    layout: str,
+) -> None:
+    previous, following = two_reports
+    old = report_texts(previous, tmp_path / "old")
+    new = report_texts(following, tmp_path / "new")
+    names = sorted(set(old) | set(new))
+    assert all(old[n] != new[n] for n in set(old) & set(new)), "the two reports must differ in every file"
+    before = {} if layout == "none" else view_of(old, names)
+    steps = count_steps(tmp_path, monkeypatch, layout, old, new)
+    for k in range(1, steps + 1):
+        out = tmp_path / f"kill-{k}"
+        previous_report(out, layout, old)
+        monkeypatch.setattr(atomicfile, "_rename", Steps(at=k, kill=True))
+        pid = os.fork()
+        if pid == 0:  # the writer, killed at step k
+            try:
+                atomicfile.write_set(out, new)
+            finally:
+                os._exit(3)  # not killed: the step count was wrong
+        monkeypatch.undo()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"the writer was not killed at step {k}"
+        bad_input("atomic write: killed between report renames")
+        seen = view(out, names)
+        assert seen in (before, view_of(new, names)), f"a mix after a kill at step {k} of {steps}"
+        assert (out / "README").read_text() == "not the report's"
+        if k == 1:
+            write_report(following, out)  # the next run
+        else:  # the same, without rendering the report again
+            atomicfile.write_set(out, new)
+        assert_next(out, layout, old, new)
+        no_leftovers(out)
+        assert (out / "README").read_text() == "not the report's"
+
+
+def assert_next(out: Path, layout: str, old: dict[str, str], new: dict[str, str]) -> None:
+    """After the next run: the new report; a file only the old report had is gone, except plain
+    files of the old layout, which are left alone as the old code left them (it never knew them)."""
+    assert view(out, list(new)) == new
+    gone = [name for name in old if name not in new]
+    assert view(out, gone) == (view_of(old, gone) if layout == "plain files" else {})
+
+
+def view_of(texts: dict[str, str], names: list[str]) -> dict[str, str]:
+    return {name: texts[name] for name in names if name in texts}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_report_rename_failing_at_any_step_keeps_the_previous_report(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    two_reports: tuple[Any, Any],
+    bad_input: Any,
+    layout: str,
+) -> None:
+    previous, following = two_reports
+    old = report_texts(previous, tmp_path / "old")
+    new = report_texts(following, tmp_path / "new")
+    names = sorted(set(old) | set(new))
+    before = {} if layout == "none" else view_of(old, names)
+    steps = count_steps(tmp_path, monkeypatch, layout, old, new)
+    for k in range(1, steps + 1):
+        out = tmp_path / f"fail-{k}"
+        previous_report(out, layout, old)
+        monkeypatch.setattr(atomicfile, "_rename", Steps(at=k))
+        with pytest.raises((AnalyzerError, atomicfile.WriteFailed)) as failed:
+            if k == 1:
+                write_report(following, out)  # as `gpulens report` does
+            else:  # its writer, without rendering the report again
+                atomicfile.write_set(out, new)
+        monkeypatch.undo()
+        bad_input("atomic write: failed report rename")
+        message = one_line(str(failed.value))
+        assert message.startswith(f"{out}/") and message.endswith(f"cannot write: {os.strerror(errno.EIO)}")
+        assert view(out, names) == before, f"not the previous report after a failure at step {k}"
+        assert [p for p in out.rglob("*") if atomicfile.TEMP_MARK in p.name and "badf00d" not in p.name] == []
+        atomicfile.write_set(out, new)  # the next run
+        assert_next(out, layout, old, new)
+        no_leftovers(out)
+
+
+def test_the_report_paths_lead_through_one_current_version(tmp_path: Path, analysis: Any) -> None:
+    out = tmp_path / "r"
+    written = write_report(analysis, out)
+    assert os.readlink(out / ".report-current").startswith(".report-")
+    for path in written.values():
+        rel = path.relative_to(out)
+        assert path.is_symlink() and os.readlink(path).endswith(f".report-current/{rel}")
+        assert path.read_text()
+    write_report(analysis, out)
+    no_leftovers(out)
