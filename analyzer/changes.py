@@ -6,7 +6,8 @@ node, GPU) and what it should run on (`proposed_*`, the same plus MPS limits), a
 and, for jobs that stay but waste memory, a `finding` (memory leak, false saturation, memory hog) with what
 to do. A job whose proposal equals what it has is `keep`, never an action; so is a change that
 recovers no GPU-hours and fixes no named risk (`risk_fixed`: throttling of a job that needs more
-than it has now, contention on an MPS GPU whose jobs' caps sum past 100 %).
+than it has now, contention on an MPS GPU whose jobs' caps sum past 100 %). A move that empties a
+GPU the plan frees is always a `change`: the freed GPU has no action behind it otherwise.
 """
 
 from __future__ import annotations
@@ -101,8 +102,35 @@ def _placement(plan: Plan) -> dict[str, tuple[str, str]]:
     return out
 
 
+def fewer_gpus(row: Any, th: Thresholds) -> int:
+    """GPUs a multi-GPU job's demand and memory fit (its own count when it needs them all).
+
+    Its activity is the mean over its GPUs and its memory the peak per GPU (profile.py), so its
+    whole demand is that many GPUs' worth of the sizing percentile plus headroom, and its memory
+    at most that many per-GPU needs: both summed and packed onto whole GPUs."""
+    gpus = int(row.gpus) if _text(row.gpus) else 1
+    if gpus <= 1:
+        return gpus
+    demand = float(row.sm_fraction) if _text(getattr(row, "sm_fraction", None)) else math.nan
+    need, device = float(row.memory_need_bytes), float(row.device_memory_bytes)
+    if math.isnan(demand) or math.isnan(need) or not device > 0:
+        return gpus
+    compute = math.ceil(gpus * demand * (1 + th.headroom.compute_ratio) - 1e-9)
+    memory = math.ceil(gpus * need / device - 1e-9)
+    return min(gpus, max(1, compute, memory))
+
+
 def finding(row: Any, th: Thresholds) -> str:
-    """Memory a job holds without using it: a leak, false saturation or a memory hog ("" when none)."""
+    """Memory a job holds without using it (a leak, false saturation, a memory hog) or GPUs a
+    multi-GPU job does not need ("" when none)."""
+    gpus = int(row.gpus) if _text(getattr(row, "gpus", None)) else 1
+    if gpus > 1 and gpus - (fit := fewer_gpus(row, th)) >= th.multi_gpu.min_gpus_saved:
+        return (
+            f"multi-GPU job on {gpus} GPUs needs {fit}: {float(row.sm_fraction):.0%} SM activity "
+            f"({row.sizing_percentile}) and {float(row.memory_need_bytes) / GIB:.1f} GiB per GPU fit "
+            f"{fit} GPU(s) with headroom; run it with {fit} (a data-parallel job needs its world size "
+            "and batch size changed, a model-parallel one its sharding)"
+        )
     leak = _text(getattr(row, "memory_leak", ""))
     if leak:
         return f"memory leak: {leak}; {LEAK_HINT}"
@@ -163,6 +191,10 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
     recs = apply_moves(recs, plan)
     placed = _placement(plan)
     crowded = crowded_mps_gpus(recs)
+    # GPUs the plan empties by moving their jobs: each move off one is part of freeing it
+    emptied = {
+        str(g.get("uuid")) for g in plan.freed if g.get("uuid") and g.get("why") != "no job in the window"
+    }
     rows = []
     for row in frames.rows(recs):
         kind = str(row.recommendation)
@@ -192,11 +224,17 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
         else:
             action = Action.CHANGE
         recovered = _recovered(row, action, kind)
+        frees = moves and bool(now_gpu) and set(now_gpu.split(",")) <= emptied
+        if action == Action.CHANGE and recovered <= 0 and frees:
+            risk = "its move empties its GPU, which the plan frees"
         if action == Action.CHANGE and recovered <= 0 and not risk:
             # recovers nothing and fixes nothing: not worth anyone's time (e.g. a slice moved
             # between GPUs, a whole GPU traded for another)
             action = Action.FIX if found else Action.KEEP
             recovered = _recovered(row, action, kind)
+        if action == Action.FIX and found.startswith("multi-GPU"):  # the GPUs it does not need
+            gpus = int(row.gpus)
+            recovered = _allocated(row) * (gpus - fewer_gpus(row, th)) / gpus
         rows.append(
             {
                 "current_mode": now_mode,
@@ -257,6 +295,10 @@ def risk_fixed(now_mode: str, now_mig: str, kind: str, new_mig: str) -> str:
     if now_mode == Kind.MIG and kind == Kind.MIG and _compute_slices(new_mig) > _compute_slices(now_mig):
         return f"throttling: {now_mig} has fewer compute slices than its demand needs ({new_mig})"
     return ""
+
+
+def _allocated(row: Any) -> float:
+    return float(row.gpu_hours_allocated) if not math.isnan(row.gpu_hours_allocated) else 0.0
 
 
 def _recovered(row: Any, action: Action, kind: str) -> float:

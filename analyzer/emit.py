@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from gpulens.analyzer import applyplan
 from gpulens.analyzer import hosts as fleet
 from gpulens.analyzer.hosts import Adjustment, Family, Inventory, Orchestrator, PlacedGpu, Placement
 from gpulens.analyzer.nodestate import Changes, GpuChange, GpuNow, Mode, changes, gpus_now
@@ -83,6 +84,7 @@ class FleetContext:
     mig_now: frozenset[str] = frozenset()  # UUIDs of GPUs in MIG mode now
     now: Mapping[str, GpuNow] = field(default_factory=dict)  # uuid -> what it runs now
     now_known: bool = False  # the rows said how each job runs now (their `sharing`)
+    pods: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # job -> (namespace, pod)
 
 
 def context_from_rows(
@@ -100,7 +102,12 @@ def context_from_rows(
     }
     mig_now = frozenset(u for r in rows if r.get("sharing") == "mig" for u in uuids[str(r["job_id"])])
     known = any(r.get("sharing") for r in rows)
-    return FleetContext(inventory, uuids, windows, mig_now, gpus_now(rows) if known else {}, known)
+    pods = {
+        str(r["job_id"]): (str(r["job_namespace"]), str(r["job_pod"]))
+        for r in rows
+        if r.get("job_source") == "kubernetes" and r.get("job_namespace") and r.get("job_pod")
+    }
+    return FleetContext(inventory, uuids, windows, mig_now, gpus_now(rows) if known else {}, known, pods)
 
 
 def context_from_fleet(fleet: Iterable[object], jobs: Iterable[Mapping[str, object]] = ()) -> FleetContext:
@@ -552,17 +559,77 @@ def emit(plan: Plan, context: FleetContext | None = None) -> Emitted:
     problems = validate_files(files, context.inventory, mig_names)
     if problems:
         raise InvalidConfig(problems)
+    steps = _apply_steps(files, mig_names)
+    if files:
+        scripts = _node_scripts(delta, context, chosen, mig_names, files)
+        files.update(scripts)
+        if any(name.startswith("gres-") for name in scripts):  # the node scripts install gres.conf
+            steps = [
+                ApplyStep(
+                    GRES_FILE,
+                    f"nothing to run: each node's apply script installs its own lines (gres-<node>.conf); "
+                    f"set each node's Gres= in slurm.conf as {SLURM_NODES_FILE} says",
+                    "declares each GPU with its MPS or shard count; each job requests the --gres shown",
+                )
+                if step.file == GRES_FILE
+                else step
+                for step in steps
+            ]
+        steps += [
+            ApplyStep(
+                applyplan.apply_name(host),
+                f"sh {applyplan.apply_name(host)}   # undo: sh {applyplan.rollback_name(host)}",
+                f"{host}, after the steps above: checks it still runs what the plan assumed, saves what "
+                "it has, then changes it in order (Kubernetes: where kubectl reaches the cluster; Slurm: "
+                "on the node, as root)",
+            )
+            for host in sorted(delta.hosts)
+            if applyplan.apply_name(host) in scripts
+        ]
     if not files:
         notes.append("the plan changes no GPU on any node: no configuration file is emitted")
+    notes += [
+        f"{host}: neither Kubernetes nor Slurm named its jobs, so no apply script is written for it: "
+        "apply its lines of the files above by hand"
+        for host in sorted(delta.hosts)
+        if context.inventory.orchestrator(host) is Orchestrator.UNKNOWN
+    ]
     return Emitted(
         files=files,
         notes=list(context.inventory.notes) + notes,
         adjustments=adjustments,
-        apply=_apply_steps(files, mig_names),
+        apply=steps,
         placement=placement,
         changes=list(delta.gpus),
         now=delta.now,
     )
+
+
+def _node_scripts(
+    delta: Changes,
+    context: FleetContext,
+    chosen: Mapping[str, str],
+    mig_names: Mapping[str, str],
+    files: Mapping[str, str],
+) -> dict[str, str]:
+    """apply-<node>.sh / rollback-<node>.sh for every changed node (analyzer/applyplan.py)."""
+    nodes = []
+    for host in sorted(delta.hosts):
+        gres = tuple(
+            line for line in files.get(GRES_FILE, "").splitlines() if line.startswith(f"NodeName={host} ")
+        )
+        nodes.append(
+            applyplan.NodePlan(
+                host,
+                context.inventory.orchestrator(host),
+                tuple(delta.on(host)),
+                chosen.get(host),
+                mig_names.get(host),
+                gres,
+                context.pods,
+            )
+        )
+    return applyplan.node_files(nodes, MIG_FILE)
 
 
 def validate_files(

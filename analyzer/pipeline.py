@@ -23,6 +23,7 @@ from gpulens.analyzer.profile import FleetGpu, fleet_catalog_models
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.thresholds import Thresholds
+from gpulens.analyzer.workload import workload_of
 from gpulens.catalog import GpuModel
 
 # the JSON `jobs` fields every consumer may rely on (docs/analyzer.md)
@@ -54,7 +55,12 @@ EMIT_COLUMNS = (
     "end",
     "sharing",
     "mig_profile_now",
+    "job_namespace",
+    "job_pod",
 )
+
+# what a job's workload (analyzer/workload.py) is read from
+WORKLOAD_COLUMNS = ("job_id", "job_source", "job_namespace", "job_pod")
 
 INTEGER_FIELDS = ("gpus", "samples", "mps_active_thread_percentage", "mps_pinned_memory_limit_bytes")
 
@@ -177,6 +183,9 @@ def analyze_profiles(
     recs = recommend(profiles, th, models)
     plan = build_plan(recs, th, fleet)
     recs = annotate(recs, plan, th)
+    recs["workload"] = [
+        workload_of(r) for r in frames.records(recs[[c for c in WORKLOAD_COLUMNS if c in recs]])
+    ]
     return Analysis(
         kind="usage",
         source=source,

@@ -9,7 +9,8 @@ that decided it; thresholds come from `thresholds.yaml`.
    the catalog does not know but whose `gpu_memory_total_bytes` is in the data gets advice from
    memory alone (exclusive, time-slicing or MPS by memory fit with headroom, never MIG), with a
    note that its compute limits and MIG profiles are unknown.
-2. `reclaim`: allocated and idle (p95 activity and idle fraction both say nothing ran).
+2. `reclaim`: allocated and idle (p95 activity and idle fraction both say nothing ran), unless the
+   job was active in most samples (a live, low-traffic server: it is sized and may share).
    Then, for a sized job: an exclusive single-GPU job whose memory leaks (`memory_leak`: its
    least-squares memory trend adds up to `leak.min_growth_fraction` of its peak over a run of at
    least `leak.min_hours`) stays `exclusive` until it is fixed; any other job's reason says so.
@@ -281,6 +282,8 @@ def _idle(v: JobView) -> Recommendation | None:
     p95, idle = v.f("sm_active_p95"), v.f("idle_fraction")
     if p95 >= v.th.reclaim.max_p95 or idle < v.th.reclaim.min_idle_fraction:
         return None
+    if v.f("sm_active_p50") > v.th.reclaim.serving_min_median:
+        return None  # active in most samples: it serves (sized and shared below), never reclaimed
     return v.rec(
         Kind.RECLAIM,
         f"allocated and idle: idle in {_pct(idle)} of samples, p95 activity {_pct(p95)}"

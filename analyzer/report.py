@@ -147,6 +147,23 @@ def plot_archetypes(analysis: Analysis) -> str | None:
     return _png(fig)
 
 
+def _reconciled(model: ReportModel) -> str:
+    """The actions' own GPU-hours beside the headline, and why they differ, on the same line."""
+    actions = model.gpu_hours_of_actions
+    if not model.all_actions or abs(actions - model.gpu_hours_recovered) < 0.05:
+        return ""
+    diff = actions - model.gpu_hours_recovered
+    why = (
+        "shares of GPUs that do not add up to a whole GPU free none"
+        if diff > 0
+        else "GPUs that ran no job all window are freed without an action"
+    )
+    return (
+        f"; the change and reclaim actions below add up to {units.hours(actions)} "
+        f"({units.hours(abs(diff))} {'more' if diff > 0 else 'less'}: {why})"
+    )
+
+
 def _if_fixed(model: ReportModel) -> str:
     """What fixing the flagged jobs would add: not in the plan, so never in the headline figure."""
     if model.gpu_hours_if_fixed <= 0:
@@ -261,7 +278,7 @@ def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
         f"<br><small>{_e(_where(model))}</small></div>",
         f"<div class='kpi'><b>{units.hours(model.gpu_hours_recovered)}</b>GPU-hours recovered this window"
         f"<br><small>{_e(units.money(model.cost_recovered, model.prices.currency))} "
-        f"{_e(price)}{_e(_if_fixed(model))}</small></div>",
+        f"{_e(price)}{_e(_if_fixed(model))}{_e(_reconciled(model))}</small></div>",
     ]
     if analysis.kind == "usage":
         parts.append(
@@ -296,9 +313,22 @@ def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
                 ["#", "job", "team", "action", "current → proposed", "GPU\u2011h", "why / what to do"], rows
             )
         )
+        more = len(model.all_actions) - len(model.actions)
+        if more > 0:
+            parts.append(
+                f"<p>{more} more action(s), with fewer GPU-hours each: all of them are in "
+                "<a href='summary.md'>summary.md</a> and <a href='jobs.csv'>jobs.csv</a>.</p>"
+            )
     else:
         parts.append("<p>No change to make: every job is already placed well.</p>")
     return parts
+
+
+def _released(week: WeekOverWeek) -> str:
+    """GPUs that ran no job all window, by node and model, beside what last week's plan promised."""
+    where = ", ".join(f"{n} on {key}" for key, n in week.idle_now.items())
+    released = f"{week.gpus_released} GPU(s) ran no job all window" + (f" ({where})" if where else "")
+    return f"{released}; last week's plan promised {week.promised}"
 
 
 def _since_last_week(week: WeekOverWeek | None) -> list[str]:
@@ -306,7 +336,7 @@ def _since_last_week(week: WeekOverWeek | None) -> list[str]:
         return []
     parts = [
         "<h2>Since last week</h2>",
-        f"<p>GPUs in use {week.gpus_then} → {week.gpus_now} ({week.gpus_released:+d} released) · utilisation "
+        f"<p>GPUs that ran a job {week.gpus_then} → {week.gpus_now} · {_released(week)} · utilisation "
         f"{units.pct(week.utilization_then)} → {units.pct(week.utilization_now)} · last week's report: "
         f"<code>{_e(week.previous_source)}</code></p>",
     ]
@@ -525,7 +555,8 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
             f"- **GPU-hours recovered**: {units.hours(model.gpu_hours_recovered)} "
             f"({units.money(model.cost_recovered, model.prices.currency)}"
             + (f" at an assumed {model.prices.default:.2f} per GPU-hour)" if model.prices.assumed else ")")
-            + _if_fixed(model),
+            + _if_fixed(model)
+            + _reconciled(model),
             f"- GPU-hours: {units.hours(h['gpu_hours_allocated'])} allocated, "
             f"{units.hours(h['gpu_hours_used'])} used, **{units.hours(h['gpu_hours_idle'])} idle**",
             f"- Utilisation: {units.pct(h['utilization_before'], 1)} now, "
@@ -535,7 +566,7 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
         ]
     else:
         lines += [f"- Requests only: {h['jobs']} pods asking for {h['gpus_requested']:.1f} GPUs"]
-    if model.actions:
+    if model.all_actions or model.actions:
         lines += [
             "",
             "## Actions",
@@ -544,7 +575,7 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
             "|---|---|---|---|---|---|",
         ]
         names = _gpu_names(analysis)  # GPU indices, and why rather than the change again, as in the HTML
-        for i, a in enumerate(model.actions, start=1):
+        for i, a in enumerate(model.all_actions or model.actions, start=1):  # all of them, not folded
             why = _why(a, names).replace("|", "/")
             hours = units.hours(a.get("gpu_hours_recovered", a.get("gpu_hours_idle")))
             lines.append(
@@ -555,8 +586,8 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
             "",
             "## Since last week",
             "",
-            f"- GPUs in use {previous.gpus_then} → {previous.gpus_now}; utilisation "
-            f"{units.pct(previous.utilization_then)} → {units.pct(previous.utilization_now)}",
+            f"- GPUs that ran a job {previous.gpus_then} → {previous.gpus_now}; {_released(previous)}; "
+            f"utilisation {units.pct(previous.utilization_then)} → {units.pct(previous.utilization_now)}",
         ]
         lines += [
             f"- applied: {o.job_id}: {o.was} → {o.now}" + (f" ({o.warning})" if o.warning else "")

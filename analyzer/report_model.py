@@ -96,6 +96,8 @@ class ReportModel:
     apply: list[Any]
     notes: list[str]
     changes: list[GpuChange] = field(default_factory=list)  # per GPU: node, before -> after, jobs
+    all_actions: list[dict[str, Any]] = field(default_factory=list)  # every action, ranked (summary.md)
+    gpu_hours_of_actions: float = 0.0  # the change and reclaim actions' own GPU-hours, summed
 
     @property
     def window_hours(self) -> float:
@@ -256,4 +258,6 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
         apply=list(emitted.apply) if emitted else [],
         notes=list(analysis.plan.notes) + (list(emitted.notes) if emitted else []),
         changes=list(emitted.changes) if emitted else [],
+        all_actions=everything,
+        gpu_hours_of_actions=sum(_action_hours(a) for a in everything if a.get("action") != "fix"),
     )

@@ -42,6 +42,9 @@ class Activity:
 class Reclaim:
     max_p95: float = dataclasses.field(metadata=RATIO)
     min_idle_fraction: float = dataclasses.field(metadata=RATIO)
+    # a job whose median activity is above this ran all window (a live, low-traffic server):
+    # never reclaimed, it may share
+    serving_min_median: float = dataclasses.field(metadata=RATIO)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,12 @@ class Leak:
 
 
 @dataclass(frozen=True)
+class MultiGpu:
+    # a multi-GPU job whose compute and memory would fit this many fewer GPUs is a finding
+    min_gpus_saved: int
+
+
+@dataclass(frozen=True)
 class PlanLimits:
     max_gpu_load: float = dataclasses.field(metadata=RATIO)
     max_dram_load: float = dataclasses.field(metadata=RATIO)
@@ -137,6 +146,7 @@ class Thresholds:
     downsize: Downsize
     false_saturation: FalseSaturation
     leak: Leak
+    multi_gpu: MultiGpu
     plan: PlanLimits
     archetypes: ArchetypeSettings
     confidence: Confidence

@@ -6,8 +6,12 @@ For each action last week recommended, on a job that still runs this week:
   slice or share) may be slower than before, a job whose peak memory reaches 98 % of what it now
   has risks out-of-memory errors;
 - *not applied* when it still runs as it did.
-Jobs that ended are counted apart (a batch job's successor has another id). Fleet level: GPUs in
-use then and now, and utilisation then and now.
+A job is followed by its id and, when that id is gone, by its workload (`analyzer/workload.py`):
+applying a recommendation rolls a Kubernetes pod, and its successor under the same Deployment,
+StatefulSet, Job or CronJob is the same job applied, not a job that ended. Jobs that ended are
+counted apart. Fleet level: GPUs in use (that ran a job in the window) then and now, the GPUs
+that ran no job all this window by node and model (released) next to what last week's plan
+promised to free, and utilisation then and now.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 from gpulens.analyzer import frames
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.pipeline import Analysis
+from gpulens.analyzer.workload import workload_of
 from gpulens.safeload import load_json_file
 
 AT_CAP = 0.95
@@ -39,17 +44,37 @@ class Outcome:
 @dataclass
 class WeekOverWeek:
     previous_source: str
-    gpus_then: int
-    gpus_now: int
+    gpus_then: int  # GPUs that ran a job in last week's window
+    gpus_now: int  # ... in this window
     utilization_then: float
     utilization_now: float
     applied: list[Outcome] = field(default_factory=list)
     not_applied: list[Outcome] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)
+    idle_now: dict[str, int] = field(default_factory=dict)  # "host model" -> GPUs that ran no job
+    promised: int = 0  # GPUs last week's plan said could be freed
 
     @property
     def gpus_released(self) -> int:
-        return self.gpus_then - self.gpus_now
+        """GPUs of the fleet that ran no job all this window: what applying the plan gave back."""
+        return sum(self.idle_now.values())
+
+
+def _gpus_used(rows: list[dict[str, Any]]) -> set[str]:
+    return {u for r in rows for u in str(r.get("uuids") or "").split(",") if u}
+
+
+def _idle_now(analysis: Analysis, used: set[str]) -> dict[str, int]:
+    """ "host model" -> GPUs of this week's inventory no job ran on all window."""
+    emitted = analysis.emitted
+    if emitted is None or emitted.placement is None:
+        return {}
+    idle: dict[str, int] = {}
+    for slot in emitted.placement.inventory.gpus:
+        if slot.uuid not in used:
+            key = f"{slot.host} {slot.model}"
+            idle[key] = idle.get(key, 0) + 1
+    return dict(sorted(idle.items()))
 
 
 def _text(value: object) -> str:
@@ -95,12 +120,20 @@ def compare(
     analysis: Analysis, jobs: list[dict[str, Any]], plan: dict[str, Any], source: str
 ) -> WeekOverWeek:
     now = {str(r["job_id"]): r for r in frames.records(analysis.recs)}
+    seen = {str(job.get("job_id", "")) for job in jobs}
+    successors: dict[str, list[str]] = {}  # workload -> this week's jobs no previous job has the id of
+    for job_id, current in sorted(now.items()):
+        if job_id not in seen:
+            successors.setdefault(str(current.get("workload") or workload_of(current)), []).append(job_id)
+    used_now = _gpus_used(list(now.values()))
     out = WeekOverWeek(
         previous_source=source,
-        gpus_then=int(plan.get("gpus_before") or 0),
-        gpus_now=int(analysis.plan.gpus_before),
+        gpus_then=len(_gpus_used(jobs)) or int(plan.get("gpus_before") or 0),
+        gpus_now=len(used_now),
         utilization_then=float(plan.get("utilization_before") or 0.0),
         utilization_now=float(analysis.plan.utilization_before),
+        idle_now=_idle_now(analysis, used_now),
+        promised=int(plan.get("gpus_freed") or 0),
     )
     for job in jobs:
         job_id = str(job.get("job_id", ""))
@@ -113,6 +146,12 @@ def compare(
         if told_mode == was_mode and told_mig == was_mig and told_model == _text(job.get("gpu_model")):
             continue  # last week's report asked for no change here
         row = now.get(job_id)
+        followed = ""
+        if row is None:  # a rollout renamed it: its workload's successor, once each
+            taken = successors.get(_text(job.get("workload")) or workload_of(job), [])
+            if taken:
+                followed = taken.pop(0)
+                row = now[followed]
         if row is None and told_mode == "reclaim":
             was = _how(was_mode, was_mig, _text(job.get("gpu_model")))
             out.applied.append(Outcome(job_id, was, "released", "released (no longer holds a GPU)"))
@@ -126,7 +165,7 @@ def compare(
             job_id,
             _how(was_mode, was_mig, _text(job.get("gpu_model"))),
             _how(told_mode, told_mig, told_model),
-            _how(is_mode, is_mig, is_model),
+            _how(is_mode, is_mig, is_model) + (f" (now {followed})" if followed else ""),
         )
         reclaimed = told_mode == "reclaim"
         applied = (

@@ -5,6 +5,7 @@ the Kubernetes schema)."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import yaml
 
 from gpulens.analyzer import emit as em
 from gpulens.analyzer.history import read_history
+from gpulens.analyzer.hosts import Orchestrator
 from gpulens.analyzer.importers import import_trace
 from gpulens.analyzer.pipeline import Analysis, analyze_history
 from gpulens.analyzer.thresholds import load_thresholds
@@ -165,3 +167,36 @@ def test_a_job_the_report_keeps_stays_on_the_gpu_it_runs_on(analyses):
                 row.job_id,
                 row.change,
             )
+
+
+def test_a_move_that_empties_a_gpu_the_plan_frees_is_never_keep(analyses):
+    for name, analysis in analyses.items():
+        emptied = {g["uuid"] for g in analysis.plan.freed if g.get("why") == "freed by consolidation"}
+        for row in analysis.recs.itertuples(index=False):
+            now = set(str(row.current_gpu or "").split(",")) - {""}
+            moved = bool(row.proposed_gpu) and row.proposed_gpu not in now
+            if now and now <= emptied and moved:
+                assert row.action != "keep", (name, row.job_id, row.change)
+
+
+def test_every_nodes_apply_and_rollback_scripts_pass_shellcheck(analyses, tmp_path):
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed (make test installs it)")
+    paths = []
+    for name, analysis in analyses.items():
+        for file, text in analysis.emitted.files.items():
+            if file.startswith(("apply-", "rollback-")):
+                path = tmp_path / f"{name}-{file}"
+                path.write_text(text)
+                paths.append(str(path))
+        inventory = analysis.emitted.placement.inventory
+        changed = {c.host for c in analysis.emitted.changes}
+        known = {h for h in changed if inventory.orchestrator(h) is not Orchestrator.UNKNOWN}
+        scripted = {s.file for s in analysis.emitted.apply if s.file.startswith("apply-")}
+        assert len(scripted) == len(known), name
+        unknown = changed - known
+        assert all(any(h in n and "by hand" in n for n in analysis.emitted.notes) for h in unknown), name
+    assert paths
+    done = subprocess.run([shellcheck, "-s", "sh", *paths], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout

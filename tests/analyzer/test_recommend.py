@@ -305,3 +305,11 @@ def test_an_mps_thread_cap_is_never_below_the_sized_demand_nor_a_percent_above_i
     pct = mps_settings(demand, GIB, th).thread_percentage
     assert pct >= min(100, sized - 1e-6) and pct >= th.mps.min_thread_percentage
     assert pct <= max(th.mps.min_thread_percentage, sized + 1)
+
+
+def test_a_live_low_traffic_server_is_never_reclaimed(th):
+    # a few % activity in every sample all day: idle by the 5 % rule, but it answers requests
+    server = SynthJob("server", "GPU-a", steady(120, 0.02, jitter=0.005), flat(120, 6 * GIB))
+    recs = recs_for([server], th)
+    assert recs.loc["server", "recommendation"] != "reclaim"
+    assert recs.loc["server", "recommendation"] in ("mps", "time-slicing", "mig")

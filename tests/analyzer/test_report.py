@@ -175,3 +175,18 @@ def test_a_requests_only_trace_is_told_as_the_value_of_fractional_requests(tmp_p
     text = visible_text(html_report(analysis))
     assert "saved by packing fractional requests" in text and "not measured use" in text
     assert "reclaimable now" not in text
+
+
+def test_the_markdown_lists_every_action_even_when_the_page_folds_them(dgx):
+    model = build(dgx)
+    listed = [line for line in markdown(dgx).splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert len(listed) == len(model.all_actions) >= 2
+    more = len(model.all_actions) - len(model.actions)
+    assert (f"{more} more action(s)" in html_report(dgx)) == (more > 0)
+
+
+def test_the_headline_names_how_far_the_actions_own_gpu_hours_are_from_it(dgx):
+    model = build(dgx)
+    assert abs(model.gpu_hours_of_actions - model.gpu_hours_recovered) >= 0.05  # dgx-h100 differs
+    first = next(line for line in markdown(dgx).splitlines() if "**GPU-hours recovered**" in line)
+    assert "the change and reclaim actions below add up to" in first

@@ -109,3 +109,34 @@ def test_a_directory_that_is_not_a_report_is_one_clear_error(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps({}))
     with pytest.raises(AnalyzerError, match="not a gpulens report"):
         load_previous(tmp_path)
+
+
+def test_a_job_renamed_by_a_rollout_is_followed_by_its_workload_and_counted_applied(week):
+    analysis, last = week
+    jobs, plan = load_previous(last)
+    renamed = [dict(j) for j in jobs]
+    for job in renamed:
+        if job["job_id"] == "5101":  # last week's pod: same workload, another name
+            job.update(job_id="5101-old", workload="5101", **LAST_WEEK_5101["5101"])
+    result = compare(analysis, renamed, plan, str(last))
+    applied = {o.job_id: o for o in result.applied}
+    assert "5101-old" in applied and applied["5101-old"].now.endswith("(now 5101)")
+    assert "5101-old" not in result.ended
+
+
+def test_every_job_record_carries_its_workload(week):
+    analysis, _ = week
+    assert all(r["workload"] for r in analysis.job_records())
+
+
+def test_gpus_released_are_the_gpus_that_ran_no_job_all_window_by_node_and_model(week):
+    analysis, last = week
+    jobs, plan = load_previous(last)
+    used = {u for j in jobs for u in str(j.get("uuids") or "").split(",") if u}
+    emitted = analysis.emitted
+    assert emitted is not None and emitted.placement is not None
+    idle = [s for s in emitted.placement.inventory.gpus if s.uuid not in used]
+    result = compare(analysis, jobs, {**plan, "gpus_freed": 3}, str(last))
+    assert result.gpus_released == len(idle) >= 1
+    assert sum(result.idle_now.values()) == len(idle) and result.promised == 3
+    assert result.gpus_now == len(used) <= len(emitted.placement.inventory.gpus)

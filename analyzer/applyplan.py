@@ -1,0 +1,222 @@
+"""Per node: the commands that apply the plan's changes in order, and the exact way back.
+
+For each node the plan changes, `apply-<node>.sh` and `rollback-<node>.sh` (beside the tool files
+they use). Apply first checks that the node still runs what the plan assumed (the jobs it moves
+are still there) and stops otherwise; it then saves what the node has now, which rollback puts
+back, before changing anything:
+
+- Kubernetes (run where `kubectl` reaches the cluster): cordon; save the node's device-plugin and
+  MIG config labels; select the MIG layout (`nvidia.com/mig.config`, which the GPU operator's MIG
+  manager applies from `mig-parted.yaml`) and the device-plugin config by label; delete the pods
+  that move, so that their controllers start them again on what the node now advertises;
+  uncordon. Rollback restores both labels as they were (or removes them) and restarts the same
+  workloads' pods again.
+- Slurm (run on the node, as root): drain; wait until the jobs on the changed GPUs have ended;
+  save `nvidia-mig-parted export` and the node's gres.conf; apply the MIG layout; install the
+  node's new gres.conf lines; `scontrol reconfigure`; resume. Rollback re-applies the exported
+  MIG layout and the saved gres.conf the same way.
+
+Every value that comes from the data (node names, pods, job ids) is shell-quoted: these scripts
+run with cluster-admin or root rights, and a hostile pod name must not become a command.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpulens.analyzer.hosts import Orchestrator
+from gpulens.analyzer.nodestate import GpuChange
+
+DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"
+MIG_LABEL = "nvidia.com/mig.config"
+GRES_CONF = "/etc/slurm/gres.conf"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What one node's scripts need: its changes and the configuration names emit chose for it."""
+
+    host: str
+    orchestrator: Orchestrator
+    changes: tuple[GpuChange, ...]
+    device_plugin_config: str | None  # the ConfigMap key its label selects (Kubernetes)
+    mig_config: str | None  # its mig-parted config name, when its MIG layout changes
+    gres_lines: tuple[str, ...] = ()  # its gres.conf lines (Slurm)
+    pods: Mapping[str, tuple[str, str]] | None = None  # job id -> (namespace, pod) of moved pods
+
+
+def apply_name(host: str) -> str:
+    return f"apply-{_file_part(host)}.sh"
+
+
+def rollback_name(host: str) -> str:
+    return f"rollback-{_file_part(host)}.sh"
+
+
+def _file_part(host: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in host)
+
+
+def _q(value: str) -> str:
+    return shlex.quote(value)
+
+
+def _header(node: NodePlan, what: str) -> list[str]:
+    lines = [
+        "#!/bin/sh",
+        f"# gpulens: {what} on node {node.host} ({node.orchestrator.value}). Changes:",
+    ]
+    lines += [f"#   GPU {c.index}: {c.before} -> {c.after}" for c in node.changes]
+    lines += ["set -eu", 'cd "$(dirname "$0")"', f"NODE={_q(node.host)}"]
+    return lines
+
+
+def _moved_jobs(node: NodePlan) -> list[str]:
+    return sorted({j for c in node.changes for j in c.jobs})
+
+
+def kubernetes_scripts(node: NodePlan) -> tuple[str, str]:
+    pods = node.pods or {}
+    moved = [pods[job] for job in _moved_jobs(node) if job in pods]
+    rollback = rollback_name(node.host)
+    apply = _header(node, "apply the plan's changes")
+    apply += ["", "# the node still runs what the plan assumed"]
+    for ns, pod in moved:
+        where = f"kubectl get pod -n {_q(ns)} {_q(pod)} -o jsonpath='{{.spec.nodeName}}'"
+        stale = _q(f"pre-check: pod {ns}/{pod} is no longer on the node: run gpulens report again")
+        apply.append(f'[ "$({where})" = "$NODE" ] || {{ echo {stale} >&2; exit 1; }}')
+    apply += [
+        "",
+        "# what the node has now, for rollback",
+        f"kubectl get node \"$NODE\" -o jsonpath='{{.metadata.labels.{_jsonpath(DEVICE_PLUGIN_LABEL)}}}'"
+        ' > "previous-device-plugin-config.$NODE"',
+        f"kubectl get node \"$NODE\" -o jsonpath='{{.metadata.labels.{_jsonpath(MIG_LABEL)}}}'"
+        ' > "previous-mig-config.$NODE"',
+        "",
+        "# no new pods while it changes",
+        'kubectl cordon "$NODE"',
+    ]
+    if node.mig_config:
+        apply += [
+            "",
+            "# the MIG layout: the GPU operator's MIG manager applies this config of mig-parted.yaml",
+            f'kubectl label node "$NODE" {MIG_LABEL}={_q(node.mig_config)} --overwrite',
+        ]
+    if node.device_plugin_config:
+        apply += [
+            "",
+            "# what the device plugin advertises (its config-manager follows the label)",
+            f'kubectl label node "$NODE" {DEVICE_PLUGIN_LABEL}={_q(node.device_plugin_config)} --overwrite',
+        ]
+    if moved:
+        apply += ["", "# the pods that move start again on what the node now advertises"]
+        apply += [f"kubectl delete pod -n {_q(ns)} {_q(pod)} --wait=false" for ns, pod in moved]
+    apply += ["", 'kubectl uncordon "$NODE"', f'echo "applied on $NODE; to undo: sh {rollback}"']
+
+    back = _header(node, "undo what the apply script changed")
+    back += [
+        "",
+        'test -f "previous-device-plugin-config.$NODE" || '
+        '{ echo "no saved state for $NODE: was the apply script run from this directory?" >&2; exit 1; }',
+        'kubectl cordon "$NODE"',
+        "restore() {  # a label: its saved value back, or removed if the node had none",
+        '  if [ -s "$2" ]; then kubectl label node "$NODE" "$1=$(cat "$2")" --overwrite;',
+        '  else kubectl label node "$NODE" "$1-"; fi',
+        "}",
+    ]
+    if node.mig_config:
+        back.append(f'restore {MIG_LABEL} "previous-mig-config.$NODE"')
+    if node.device_plugin_config:
+        back.append(f'restore {DEVICE_PLUGIN_LABEL} "previous-device-plugin-config.$NODE"')
+    if moved:
+        back += ["", "# the moved workloads' pods start again on the node's previous configuration"]
+        back += [
+            f"kubectl delete pod -n {_q(ns)} {_q(pod)} --ignore-not-found --wait=false" for ns, pod in moved
+        ]
+    back += ['kubectl uncordon "$NODE"', 'echo "rolled back on $NODE"']
+    return "\n".join(apply) + "\n", "\n".join(back) + "\n"
+
+
+def _jsonpath(label: str) -> str:
+    return label.replace(".", "\\.")
+
+
+def slurm_scripts(node: NodePlan, mig_file: str, gres_fragment: str) -> tuple[str, str]:
+    jobs = _moved_jobs(node)
+    rollback = rollback_name(node.host)
+    saved_gres = "slurm-gres.before.$NODE"
+    apply = _header(node, "apply the plan's changes (run on the node, as root)")
+    apply += [f'GRES_CONF="${{GRES_CONF:-{GRES_CONF}}}"', "", "# the node still runs what the plan assumed"]
+    for job in jobs:
+        stale = _q(f"note: job {job} no longer runs on the node (ended or moved): the plan may be stale")
+        apply.append(f'squeue -h -j {_q(job)} -o %N 2>/dev/null | grep -qw "$NODE" || echo {stale} >&2')
+    apply += [
+        "",
+        "# no new jobs; the GPUs change once the jobs on them have ended (their next runs ask for the",
+        "# --gres of the plan: the '# job' lines of gres.conf)",
+        'scontrol update NodeName="$NODE" State=DRAIN Reason="gpulens: applying the rightsizing plan"',
+    ]
+    if jobs:
+        ids = "".join(f" -e {_q(j)}" for j in jobs)
+        apply.append(f'while squeue -h -w "$NODE" -o %i | grep -qxF{ids}; do sleep 30; done')
+    apply += [
+        "",
+        "# what the node has now, for rollback",
+        'cp "$GRES_CONF" "gres.conf.before.$NODE"',
+        f"scontrol show node \"$NODE\" -o | tr ' ' '\\n' | grep '^Gres=' > \"{saved_gres}\" || true",
+    ]
+    if node.mig_config:
+        apply += [
+            'nvidia-mig-parted export > "mig-parted.before.$NODE.yaml"',
+            "",
+            "# the MIG layout",
+            f"nvidia-mig-parted apply -f {_q(mig_file)} -c {_q(node.mig_config)}",
+        ]
+    apply += [
+        "",
+        "# the node's GPUs in gres.conf: its own NodeName= lines replaced, other nodes' kept (a line",
+        "# naming it inside a host range, NodeName=gpu[01-08], is not recognised: split it first)",
+        f'{{ grep -v "^NodeName=$NODE " "$GRES_CONF" || true; cat {_q(gres_fragment)}; }}'
+        ' > "gres.conf.new.$NODE"',
+        'install -m 644 "gres.conf.new.$NODE" "$GRES_CONF"',
+        "scontrol reconfigure",
+        'scontrol update NodeName="$NODE" State=RESUME',
+        f'echo "applied on $NODE; set its slurm.conf Gres= as slurm-nodes.conf says'
+        f' (it was: $(cat "{saved_gres}"))"',
+        f'echo "to undo: sh {rollback}"',
+    ]
+    back = _header(node, "undo what the apply script changed (run on the node, as root)")
+    back += [
+        f'GRES_CONF="${{GRES_CONF:-{GRES_CONF}}}"',
+        "",
+        'test -f "gres.conf.before.$NODE" || '
+        '{ echo "no saved state for $NODE: was the apply script run from this directory?" >&2; exit 1; }',
+        'scontrol update NodeName="$NODE" State=DRAIN Reason="gpulens: rolling back the rightsizing plan"',
+        'while squeue -h -w "$NODE" -o %i | grep -q .; do sleep 30; done  # its GPUs must be idle',
+    ]
+    if node.mig_config:
+        back.append('nvidia-mig-parted apply -f "mig-parted.before.$NODE.yaml"')
+    back += [
+        'install -m 644 "gres.conf.before.$NODE" "$GRES_CONF"',
+        "scontrol reconfigure",
+        'scontrol update NodeName="$NODE" State=RESUME',
+        f'echo "rolled back on $NODE; set its slurm.conf Gres= back to: $(cat "{saved_gres}")"',
+    ]
+    return "\n".join(apply) + "\n", "\n".join(back) + "\n"
+
+
+def node_files(nodes: Sequence[NodePlan], mig_file: str) -> dict[str, str]:
+    """apply-<node>.sh, rollback-<node>.sh (and a Slurm node's gres.conf lines) per changed node."""
+    files: dict[str, str] = {}
+    for node in nodes:
+        if node.orchestrator is Orchestrator.SLURM:
+            fragment = f"gres-{_file_part(node.host)}.conf"
+            files[fragment] = "\n".join(node.gres_lines) + "\n"
+            files[apply_name(node.host)], files[rollback_name(node.host)] = slurm_scripts(
+                node, mig_file, fragment
+            )
+        elif node.orchestrator is Orchestrator.KUBERNETES:
+            files[apply_name(node.host)], files[rollback_name(node.host)] = kubernetes_scripts(node)
+    return files
