@@ -3,14 +3,15 @@
 For each node the plan changes, `apply-<node>.sh` and `rollback-<node>.sh` (beside the tool files
 they use). Apply first checks that the node still runs what the plan assumed (the jobs it moves
 are still there) and stops otherwise; it then saves what the node has now, which rollback puts
-back, before changing anything:
+back, before changing anything (in `$GPULENS_ROLLBACK_DIR/<node>`, by default
+`~/.local/state/gpulens/rollback/<node>`: outside the report, which next week's run replaces):
 
 - Kubernetes (run where `kubectl` reaches the cluster): cordon; save the node's device-plugin and
   MIG config labels; select the MIG layout (`nvidia.com/mig.config`, which the GPU operator's MIG
   manager applies from `mig-parted.yaml`) and the device-plugin config by label; delete the pods
   that move, so that their controllers start them again on what the node now advertises;
   uncordon. Rollback restores both labels as they were (or removes them) and restarts the same
-  workloads' pods again.
+  workloads' pods on the node again (found by workload: apply gave a Deployment's pod a new name).
 - Slurm (run on the node, as root): drain; wait until the jobs on the changed GPUs have ended;
   save `nvidia-mig-parted export` and the node's gres.conf; apply the MIG layout; install the
   node's new gres.conf lines; `scontrol reconfigure`; resume. Rollback re-applies the exported
@@ -22,12 +23,15 @@ run with cluster-admin or root rights, and a hostile pod name must not become a 
 
 from __future__ import annotations
 
+import hashlib
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpulens.analyzer.hosts import Orchestrator
 from gpulens.analyzer.nodestate import GpuChange
+from gpulens.analyzer.workload import pod_owner
 
 DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"
 MIG_LABEL = "nvidia.com/mig.config"
@@ -69,8 +73,35 @@ def _header(node: NodePlan, what: str) -> list[str]:
         f"# gpulens: {what} on node {node.host} ({node.orchestrator.value}). Changes:",
     ]
     lines += [f"#   GPU {c.index}: {c.before} -> {c.after}" for c in node.changes]
-    lines += ["set -eu", 'cd "$(dirname "$0")"', f"NODE={_q(node.host)}"]
+    lines += [
+        "set -eu",
+        'cd "$(dirname "$0")"',
+        f"NODE={_q(node.host)}",
+        "# what the node had before, kept outside the report (next week's report replaces this directory)",
+        'SAVED="${GPULENS_ROLLBACK_DIR:-${HOME:-/root}/.local/state/gpulens/rollback}/$NODE"',
+        'mkdir -p "$SAVED"',
+    ]
+    if what.startswith("apply"):
+        lines.append(
+            f"PLAN={plan_id(node)}  # a rerun of this same plan keeps what was saved before its first run"
+        )
     return lines
+
+
+def plan_id(node: NodePlan) -> str:
+    text = "\n".join(f"{c.index} {c.before} -> {c.after}" for c in node.changes)
+    return hashlib.sha256(f"{node.host}\n{text}".encode()).hexdigest()[:12]
+
+
+def _saving(lines: list[str]) -> list[str]:
+    """`lines` run only when this plan's state was not saved yet (then marked as saved)."""
+    body = [f"  {line}" for line in lines]
+    return [
+        'if [ "$(cat "$SAVED/plan" 2>/dev/null || true)" != "$PLAN" ]; then',
+        *body,
+        '  echo "$PLAN" > "$SAVED/plan"',
+        "fi",
+    ]
 
 
 def _moved_jobs(node: NodePlan) -> list[str]:
@@ -90,10 +121,12 @@ def kubernetes_scripts(node: NodePlan) -> tuple[str, str]:
     apply += [
         "",
         "# what the node has now, for rollback",
-        f"kubectl get node \"$NODE\" -o jsonpath='{{.metadata.labels.{_jsonpath(DEVICE_PLUGIN_LABEL)}}}'"
-        ' > "previous-device-plugin-config.$NODE"',
-        f"kubectl get node \"$NODE\" -o jsonpath='{{.metadata.labels.{_jsonpath(MIG_LABEL)}}}'"
-        ' > "previous-mig-config.$NODE"',
+        *_saving(
+            [
+                f'{label_of(DEVICE_PLUGIN_LABEL)} > "$SAVED/previous-device-plugin-config"',
+                f'{label_of(MIG_LABEL)} > "$SAVED/previous-mig-config"',
+            ]
+        ),
         "",
         "# no new pods while it changes",
         'kubectl cordon "$NODE"',
@@ -118,8 +151,9 @@ def kubernetes_scripts(node: NodePlan) -> tuple[str, str]:
     back = _header(node, "undo what the apply script changed")
     back += [
         "",
-        'test -f "previous-device-plugin-config.$NODE" || '
-        '{ echo "no saved state for $NODE: was the apply script run from this directory?" >&2; exit 1; }',
+        'test -f "$SAVED/previous-device-plugin-config" || '
+        '{ echo "no saved state for $NODE in $SAVED: was the apply script run'
+        ' (with the same GPULENS_ROLLBACK_DIR)?" >&2; exit 1; }',
         'kubectl cordon "$NODE"',
         "restore() {  # a label: its saved value back, or removed if the node had none",
         '  if [ -s "$2" ]; then kubectl label node "$NODE" "$1=$(cat "$2")" --overwrite;',
@@ -127,26 +161,34 @@ def kubernetes_scripts(node: NodePlan) -> tuple[str, str]:
         "}",
     ]
     if node.mig_config:
-        back.append(f'restore {MIG_LABEL} "previous-mig-config.$NODE"')
+        back.append(f'restore {MIG_LABEL} "$SAVED/previous-mig-config"')
     if node.device_plugin_config:
-        back.append(f'restore {DEVICE_PLUGIN_LABEL} "previous-device-plugin-config.$NODE"')
+        back.append(f'restore {DEVICE_PLUGIN_LABEL} "$SAVED/previous-device-plugin-config"')
     if moved:
-        back += ["", "# the moved workloads' pods start again on the node's previous configuration"]
-        back += [
-            f"kubectl delete pod -n {_q(ns)} {_q(pod)} --ignore-not-found --wait=false" for ns, pod in moved
-        ]
+        # by workload: a Deployment's pod restarted by apply has a new name now
+        back += ["", "# the moved workloads' pods (by workload: apply renamed them) start again as before"]
+        for ns, pod in moved:
+            owner = pod_owner(pod)
+            pattern = f"^pod/{re.escape(owner)}$" if owner == pod else f"^pod/{re.escape(owner)}-"
+            back.append(
+                f'kubectl get pods -n {_q(ns)} --field-selector spec.nodeName="$NODE" -o name '
+                f"| {{ grep -E {_q(pattern)} || true; }} "
+                f'| while read -r p; do kubectl delete -n {_q(ns)} "$p" --wait=false; done'
+            )
     back += ['kubectl uncordon "$NODE"', 'echo "rolled back on $NODE"']
     return "\n".join(apply) + "\n", "\n".join(back) + "\n"
 
 
-def _jsonpath(label: str) -> str:
-    return label.replace(".", "\\.")
+def label_of(label: str) -> str:
+    """The command that prints the node's value of `label` (nothing when it has none)."""
+    path = label.replace(".", "\\.")
+    return f"kubectl get node \"$NODE\" -o jsonpath='{{.metadata.labels.{path}}}'"
 
 
 def slurm_scripts(node: NodePlan, mig_file: str, gres_fragment: str) -> tuple[str, str]:
     jobs = _moved_jobs(node)
     rollback = rollback_name(node.host)
-    saved_gres = "slurm-gres.before.$NODE"
+    saved_gres = "$SAVED/slurm-gres.before"
     apply = _header(node, "apply the plan's changes (run on the node, as root)")
     apply += [f'GRES_CONF="${{GRES_CONF:-{GRES_CONF}}}"', "", "# the node still runs what the plan assumed"]
     for job in jobs:
@@ -164,12 +206,16 @@ def slurm_scripts(node: NodePlan, mig_file: str, gres_fragment: str) -> tuple[st
     apply += [
         "",
         "# what the node has now, for rollback",
-        'cp "$GRES_CONF" "gres.conf.before.$NODE"',
+    ]
+    saving = [
+        'cp "$GRES_CONF" "$SAVED/gres.conf.before"',
         f"scontrol show node \"$NODE\" -o | tr ' ' '\\n' | grep '^Gres=' > \"{saved_gres}\" || true",
     ]
     if node.mig_config:
+        saving.append('nvidia-mig-parted export > "$SAVED/mig-parted.before.yaml"')
+    apply += _saving(saving)
+    if node.mig_config:
         apply += [
-            'nvidia-mig-parted export > "mig-parted.before.$NODE.yaml"',
             "",
             "# the MIG layout",
             f"nvidia-mig-parted apply -f {_q(mig_file)} -c {_q(node.mig_config)}",
@@ -179,8 +225,8 @@ def slurm_scripts(node: NodePlan, mig_file: str, gres_fragment: str) -> tuple[st
         "# the node's GPUs in gres.conf: its own NodeName= lines replaced, other nodes' kept (a line",
         "# naming it inside a host range, NodeName=gpu[01-08], is not recognised: split it first)",
         f'{{ grep -v "^NodeName=$NODE " "$GRES_CONF" || true; cat {_q(gres_fragment)}; }}'
-        ' > "gres.conf.new.$NODE"',
-        'install -m 644 "gres.conf.new.$NODE" "$GRES_CONF"',
+        ' > "$SAVED/gres.conf.new"',
+        'install -m 644 "$SAVED/gres.conf.new" "$GRES_CONF"',
         "scontrol reconfigure",
         'scontrol update NodeName="$NODE" State=RESUME',
         f'echo "applied on $NODE; set its slurm.conf Gres= as slurm-nodes.conf says'
@@ -191,15 +237,16 @@ def slurm_scripts(node: NodePlan, mig_file: str, gres_fragment: str) -> tuple[st
     back += [
         f'GRES_CONF="${{GRES_CONF:-{GRES_CONF}}}"',
         "",
-        'test -f "gres.conf.before.$NODE" || '
-        '{ echo "no saved state for $NODE: was the apply script run from this directory?" >&2; exit 1; }',
+        'test -f "$SAVED/gres.conf.before" || '
+        '{ echo "no saved state for $NODE in $SAVED: was the apply script run'
+        ' (with the same GPULENS_ROLLBACK_DIR)?" >&2; exit 1; }',
         'scontrol update NodeName="$NODE" State=DRAIN Reason="gpulens: rolling back the rightsizing plan"',
         'while squeue -h -w "$NODE" -o %i | grep -q .; do sleep 30; done  # its GPUs must be idle',
     ]
     if node.mig_config:
-        back.append('nvidia-mig-parted apply -f "mig-parted.before.$NODE.yaml"')
+        back.append('nvidia-mig-parted apply -f "$SAVED/mig-parted.before.yaml"')
     back += [
-        'install -m 644 "gres.conf.before.$NODE" "$GRES_CONF"',
+        'install -m 644 "$SAVED/gres.conf.before" "$GRES_CONF"',
         "scontrol reconfigure",
         'scontrol update NodeName="$NODE" State=RESUME',
         f'echo "rolled back on $NODE; set its slurm.conf Gres= back to: $(cat "{saved_gres}")"',

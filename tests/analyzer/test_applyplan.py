@@ -30,6 +30,10 @@ log "$@"
 case "$1" in
   get)
     if [ "$2" = pod ]; then grep "^$4/$5 " "$STATE/pods" | cut -d' ' -f2 | tr -d '\n'; exit 0; fi
+    if [ "$2" = pods ]; then  # get pods -n NS --field-selector spec.nodeName=NODE -o name
+      node=${6#spec.nodeName=}
+      grep " $node\$" "$STATE/pods" | grep "^$4/" | cut -d' ' -f1 | sed "s|^$4/|pod/|"; exit 0
+    fi
     key=$(echo "$5" | sed -e 's/.*labels\.//' -e 's/}$//' -e 's/\\//g')
     grep "^$key=" "$STATE/labels" | cut -d= -f2- | tr -d '\n' || true ;;
   label)
@@ -44,7 +48,8 @@ case "$1" in
     done ;;
   cordon) echo cordoned > "$STATE/cordon" ;;
   uncordon) echo schedulable > "$STATE/cordon" ;;
-  delete) echo "$4/$5" >> "$STATE/deleted" ;;
+  delete)  # delete pod -n NS NAME, or delete -n NS pod/NAME
+    if [ "$2" = pod ]; then echo "$4/$5"; else echo "$3/${4#pod/}"; fi >> "$STATE/deleted" ;;
 esac
 """
 
@@ -83,13 +88,14 @@ def kube(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     state.mkdir()
     stand_in(bin_dir, "kubectl", FAKE_KUBECTL)
     (state / "labels").write_text("nvidia.com/device-plugin.config=gpulens-exclusive\n")
-    (state / "pods").write_text("team/a-0 n1\nteam/b-0 n1\n")
-    return state, {"PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state)}
+    (state / "pods").write_text("team/a-5f6b8d9c47-q8wzt n1\nteam/b-0 n1\n")
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state)}
+    return state, env | {"GPULENS_ROLLBACK_DIR": str(tmp_path / "saved")}
 
 
 def kube_plan() -> em.Emitted:
     ctx = fleet({"n1": [("exclusive", "a"), ("exclusive", "b")]})
-    pods = {"a": ("team", "a-0"), "b": ("team", "b-0")}
+    pods = {"a": ("team", "a-5f6b8d9c47-q8wzt"), "b": ("team", "b-0")}  # a Deployment's pod, a StatefulSet's
     ctx = em.FleetContext(
         ctx.inventory, ctx.job_uuids, ctx.windows, ctx.mig_now, ctx.now, ctx.now_known, pods
     )
@@ -108,20 +114,25 @@ def test_kubernetes_apply_relabels_the_node_restarts_the_moved_pods_and_rollback
     applied = run_script(tmp_path, files, apply_name("n1"), env)
     assert applied.returncode == 0, applied.stderr
     assert "nvidia.com/device-plugin.config=gpulens-mps-2" in (state / "labels").read_text()
-    assert (state / "deleted").read_text().split() == ["team/a-0", "team/b-0"]
+    assert (state / "deleted").read_text().split() == ["team/a-5f6b8d9c47-q8wzt", "team/b-0"]
     assert (state / "cordon").read_text().strip() == "schedulable"
+    (state / "pods").write_text(
+        "team/a-7d9f8c6b5-x2kqp n1\nteam/b-0 n1\nteam/other-0 n1\n"
+    )  # a's successor after the rollout
+    (state / "deleted").write_text("")
     undone = run_script(tmp_path, files, rollback_name("n1"), env)
     assert undone.returncode == 0, undone.stderr
     assert (state / "labels").read_text() == before
+    assert sorted((state / "deleted").read_text().split()) == ["team/a-7d9f8c6b5-x2kqp", "team/b-0"]
     assert (state / "cordon").read_text().strip() == "schedulable"
 
 
 def test_kubernetes_apply_changes_nothing_when_a_moved_pod_left_the_node(kube, tmp_path):
     state, env = kube
-    (state / "pods").write_text("team/a-0 n2\nteam/b-0 n1\n")
+    (state / "pods").write_text("team/a-5f6b8d9c47-q8wzt n2\nteam/b-0 n1\n")
     before = (state / "labels").read_text()
     applied = run_script(tmp_path, kube_plan().files, apply_name("n1"), env)
-    assert applied.returncode != 0 and "team/a-0 is no longer on the node" in applied.stderr
+    assert applied.returncode != 0 and "team/a-5f6b8d9c47-q8wzt is no longer on the node" in applied.stderr
     assert (state / "labels").read_text() == before
     assert not (state / "cordon").exists()
 
@@ -149,6 +160,7 @@ def test_slurm_apply_replaces_only_the_nodes_gres_lines_and_rollback_restores_th
     original = "NodeName=other Name=gpu File=/dev/nvidia0\nNodeName=s1 Name=gpu File=/dev/nvidia[0-2]\n"
     gres.write_text(original)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state), "GRES_CONF": str(gres)}
+    env["GPULENS_ROLLBACK_DIR"] = str(tmp_path / "saved")
     env["NODE_HERE"] = "s1"
     ctx = fleet({"s1": [("mig", "a@3g.40gb"), ("exclusive", "b"), ("exclusive", "c")]}, "slurm", H100)
     out = em.emit(plan(on(mig_gpu("m", ("b", "3g.40gb"), ("c", "2g.20gb"), ("a", "1g.10gb")), "s1", 1)), ctx)
@@ -163,7 +175,8 @@ def test_slurm_apply_replaces_only_the_nodes_gres_lines_and_rollback_restores_th
     undone = run_script(tmp_path, out.files, rollback_name("s1"), env)
     assert undone.returncode == 0, undone.stderr
     assert gres.read_text() == original
-    assert "nvidia-mig-parted apply -f mig-parted.before.s1.yaml" in (state / "calls").read_text()
+    saved = tmp_path / "saved" / "s1" / "mig-parted.before.yaml"
+    assert f"nvidia-mig-parted apply -f {saved}" in (state / "calls").read_text()
 
 
 def test_every_generated_script_passes_shellcheck(tmp_path):
@@ -183,3 +196,14 @@ def test_every_generated_script_passes_shellcheck(tmp_path):
     assert len(paths) == 4
     done = subprocess.run([shellcheck, "-s", "sh", *paths], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout
+
+
+def test_a_rerun_of_the_same_apply_keeps_the_state_saved_before_its_first_run(kube, tmp_path):
+    state, env = kube
+    files = kube_plan().files
+    assert run_script(tmp_path, files, apply_name("n1"), env).returncode == 0
+    assert run_script(tmp_path, files, apply_name("n1"), env).returncode == 0  # e.g. after a failure
+    saved = (tmp_path / "saved" / "n1" / "previous-device-plugin-config").read_text()
+    assert saved == "gpulens-exclusive"  # not the label the first run set
+    assert run_script(tmp_path, files, rollback_name("n1"), env).returncode == 0
+    assert (state / "labels").read_text() == "nvidia.com/device-plugin.config=gpulens-exclusive\n"
