@@ -575,6 +575,21 @@ def emit(plan: Plan, context: FleetContext | None = None) -> Emitted:
                 else step
                 for step in steps
             ]
+        scripted = all(applyplan.apply_name(h) in scripts for h in mig_names)
+        if MIG_FILE in files and scripted:  # node scripts apply (Slurm) or select (Kubernetes) them
+            steps = [
+                ApplyStep(
+                    MIG_FILE,
+                    "Kubernetes with the GPU Operator, once: kubectl create configmap gpulens-mig-config "
+                    f"-n gpu-operator --from-file=config.yaml={MIG_FILE} and set the ClusterPolicy's "
+                    "migManager.config.name to gpulens-mig-config; Slurm nodes: nothing to run",
+                    "each node's MIG layout (config gpulens-<node>): its apply script labels the node "
+                    f"({MIG_CONFIG_LABEL}) or runs nvidia-mig-parted apply on it",
+                )
+                if step.file == MIG_FILE
+                else step
+                for step in steps
+            ]
         steps += [
             ApplyStep(
                 applyplan.apply_name(host),
