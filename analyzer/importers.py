@@ -290,6 +290,14 @@ def import_gpu_v2023(src: Path, out: Path, limits: InputLimits | None = None) ->
     requested = pods["num_gpu"].where(pods["num_gpu"] != 1, pods["gpu_milli"].clip(upper=1000) / 1000.0)
     # a pod without a deletion time still held its request when the trace ended
     end = pods["deletion_time"].fillna(pods[["creation_time", "deletion_time"]].max().max())
+    # A pod holds its GPUs from when it was scheduled (creation_time is when it was asked for)
+    # until deletion, whatever its final phase: a Failed pod held them until it failed. One never
+    # scheduled held nothing: its lifetime is 0. Without the column, from creation.
+    if "scheduled_time" in pods:
+        scheduled = pd.to_numeric(pods["scheduled_time"], errors="coerce")
+        held_from = scheduled.clip(lower=pods["creation_time"]).fillna(end)
+    else:
+        held_from = pods["creation_time"].astype(float)
     spec = pods["gpu_spec"].astype(object).where(pods["gpu_spec"].notna(), "").astype(str)
     labels = pd.DataFrame(
         {
@@ -297,14 +305,14 @@ def import_gpu_v2023(src: Path, out: Path, limits: InputLimits | None = None) ->
             "gpu_spec": spec,
             "qos": pods["qos"].astype(str),
             "phase": pods["pod_phase"].astype(str),
-            "timestamp": V2023_EPOCH + pods["creation_time"].astype(float),
+            "timestamp": V2023_EPOCH + held_from.astype(float),
         }
     )
     rows = [
         labels.assign(metric="gpulens_trace_job_requested_gpus", value=requested.values),
         labels.assign(
             metric="gpulens_trace_job_lifetime_seconds",
-            value=(end - pods["creation_time"]).clip(lower=0).values,
+            value=(end - held_from).clip(lower=0).values,
         ),
     ]
     files = [str(pods_path)]

@@ -1,9 +1,11 @@
 """Requests-only histories (the v2023 trace): the value of fractional requests, not usage savings.
 
-Without measured use, the only question is how many GPUs the requested shares need. Pods that
-never ran (`Pending`) or failed (`Failed`) are left out. Pods hold their request from creation
-to deletion, so the figure is taken at the instant of peak concurrency (the most whole GPUs the
-live pods would need if each got whole GPUs): GPUs needed then without sharing versus with the
+Without measured use, the only question is how many GPUs the requested shares need. Every pod
+that held GPUs counts, whatever its final phase (a `Failed` pod held them until it failed); pods
+never scheduled (`Pending`) are left out. Pods hold their request from scheduling to deletion
+(the importer's timestamp and lifetime), so the figure is taken at the instant of peak
+concurrency (the most whole GPUs the live pods would need if each got whole GPUs): GPUs needed
+then without sharing versus with the
 fractional requests packed best-fit decreasing onto shared GPUs (whole-GPU pods keep whole GPUs).
 That is the value of fractional requests at peak concurrency, not a usage-based saving, and the
 plan's notes say so. Recommendations restate the requests with low confidence: `mps` for
@@ -23,8 +25,8 @@ from gpulens.analyzer.history import History
 from gpulens.analyzer.plan import Plan
 
 CONFIDENCE = 0.2
-# pod phases that held no GPU for their lifetime: never scheduled, or failed
-EXCLUDED_PHASES = frozenset({"Pending", "Failed"})
+# pod phases that held no GPU: never scheduled (a Failed pod was scheduled and held its GPUs)
+EXCLUDED_PHASES = frozenset({"Pending"})
 
 
 def request_table(history: History) -> pd.DataFrame:
@@ -148,8 +150,9 @@ def plan_requests(recs: pd.DataFrame, at: float | None = None, cluster: int = 0)
     requested = float(live["requested_gpus"].sum())
     notes = [
         f"value of fractional requests at peak concurrency: {len(live)} pods alive at t={at:.0f} s "
-        f"(Pending and Failed pods excluded) need {before} whole GPUs, {after} with fractional "
-        "requests packed; these are requests, not measured use, so this is not a usage-based saving"
+        f"(Failed pods counted while they held GPUs, Pending ones never held any) need {before} whole "
+        f"GPUs, {after} with fractional requests packed; these are requests, not measured use, so this "
+        "is not a usage-based saving"
     ]
     if cluster:
         notes.append(

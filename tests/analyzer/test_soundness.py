@@ -83,7 +83,7 @@ def test_the_v2023_requests_are_counted_at_peak_concurrency(tmp_path, th):
     import_trace("alibaba-gpu-v2023", V2023, tmp_path / "h", None)
     analysis = analyze_history(read_history(tmp_path / "h"), th)
     plan = analysis.plan
-    assert set(analysis.recs["phase"]) <= {"Running", "Succeeded"}
+    assert set(analysis.recs["phase"]) <= {"Running", "Succeeded", "Failed"}  # every pod that held GPUs
     assert plan.gpus_before <= 6212  # the cluster's GPUs: pods are not all alive at once
     assert plan.gpus_before > plan.gpus_after > 0
     assert all(v["gpus_freed"] >= 0 for v in plan.by_model.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -16,6 +17,7 @@ from gpulens.analyzer.importers import import_trace
 from gpulens.analyzer.pipeline import analyze_history
 from gpulens.analyzer.recommend import memory_need
 from gpulens.analyzer.report import write_report
+from gpulens.analyzer.requests import request_table
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.catalog import get_model
 
@@ -157,3 +159,48 @@ def test_missing_values_become_gaps(tmp_path, th):
     row = analysis.recs.iloc[0]
     assert row["coverage"] == pytest.approx(0.75)
     assert row["sm_active_mean"] == pytest.approx(0.2)
+
+
+def _pods_csv(path: Path, rows: list[str]) -> Path:
+    path.mkdir()
+    header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    header += "creation_time,deletion_time,scheduled_time"
+    (path / "openb_pod_list_default.csv").write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_a_failed_pod_held_its_gpus_from_scheduling_until_it_failed(tmp_path, th):
+    src = _pods_csv(
+        tmp_path / "src",
+        [
+            "a,1,1,1,1000,,LS,Running,0,1000,0",
+            "b,1,1,1,1000,,BE,Failed,100,600,200",  # held a GPU 200..600, beside a
+            "c,1,1,1,1000,,BE,Pending,100,900,",  # never scheduled: held nothing
+        ],
+    )
+    import_trace("alibaba-gpu-v2023", src, tmp_path / "h", None)
+    analysis = analyze_history(read_history(tmp_path / "h"), th)
+    assert analysis.plan.gpus_before == 2  # a and b at once; c never counts
+    assert any("Failed pods counted" in note for note in analysis.plan.notes)
+
+
+def test_a_pod_holds_its_gpus_from_scheduling_not_creation(tmp_path, th):
+    src = _pods_csv(
+        tmp_path / "src",
+        [
+            "a,1,1,1,1000,,LS,Running,0,500,0",
+            "b,1,1,1,1000,,LS,Running,100,1000,600",  # asked for at 100, scheduled after a ended
+        ],
+    )
+    import_trace("alibaba-gpu-v2023", src, tmp_path / "h", None)
+    assert analyze_history(read_history(tmp_path / "h"), th).plan.gpus_before == 1
+
+
+@needs_traces
+def test_v2023_counts_the_failed_pods_that_held_gpus(tmp_path, th):
+    import_trace("alibaba-gpu-v2023", V2023, tmp_path / "h", None)
+    table = request_table(read_history(tmp_path / "h"))
+    with (V2023 / "openb_pod_list_default.csv").open() as f:
+        failed = sum(1 for r in csv.DictReader(f) if r["pod_phase"] == "Failed" and float(r["num_gpu"]) > 0)
+    assert failed > 1000  # the trace has 1,870 Failed pods, all scheduled
+    assert (table["phase"] == "Failed").sum() == failed and not (table["phase"] == "Pending").any()
