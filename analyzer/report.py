@@ -171,6 +171,16 @@ def _if_fixed(model: ReportModel) -> str:
     return f"; up to {units.hours(model.gpu_hours_if_fixed)} more once the jobs to fix are fixed"
 
 
+def _room(model: ReportModel) -> str:
+    """Room for new requests now -> after the plan, by size (free GPUs of one node)."""
+    if not model.room_now:
+        return ""
+    sizes = ", ".join(
+        f"{k}-GPU {model.room_now.get(k, 0)} → {model.room_after.get(k, 0)}" for k in sorted(model.room_now)
+    )
+    return f"Room for new requests (free GPUs of one node), now → after the plan: {sizes}"
+
+
 def _where(model: ReportModel) -> str:
     parts = [
         f"{host}: GPU {', '.join(str(i) for i in idx)}" for host, idx in sorted(model.reclaimable.items())
@@ -292,6 +302,8 @@ def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
             f"(estimated)<br><small>{energy}</small></div>"
         )
     parts.append("</div>")
+    if _room(model):
+        parts.append(f"<p>{_e(_room(model))}</p>")
     names = _gpu_names(analysis)
     parts.append("<h2>Actions, largest GPU-hours recovered first</h2>")
     if model.actions:
@@ -564,6 +576,8 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
             "- Energy by team (estimated): "
             + ", ".join(f"{t} {units.kwh(v)}" for t, v in model.energy_kwh_by_team.items()),
         ]
+        if _room(model):
+            lines.append(f"- {_room(model)}")
     else:
         lines += [f"- Requests only: {h['jobs']} pods asking for {h['gpus_requested']:.1f} GPUs"]
     if model.all_actions or model.actions:

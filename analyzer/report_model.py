@@ -98,6 +98,9 @@ class ReportModel:
     changes: list[GpuChange] = field(default_factory=list)  # per GPU: node, before -> after, jobs
     all_actions: list[dict[str, Any]] = field(default_factory=list)  # every action, ranked (summary.md)
     gpu_hours_of_actions: float = 0.0  # the change and reclaim actions' own GPU-hours, summed
+    # k -> how many k-GPU requests the free GPUs hold (k GPUs of one node each), now and after
+    room_now: dict[int, int] = field(default_factory=dict)
+    room_after: dict[int, int] = field(default_factory=dict)
 
     @property
     def window_hours(self) -> float:
@@ -127,6 +130,15 @@ def energy_by_team(recs: Any) -> dict[str, float]:
 
 def _action_hours(action: Mapping[str, Any]) -> float:
     return _float(action.get("gpu_hours_recovered", action.get("gpu_hours_idle", 0.0)))
+
+
+REQUEST_SIZES = (1, 2, 4, 8)
+
+
+def room(free_per_host: Mapping[str, int]) -> dict[int, int]:
+    """How many k-GPU requests fit the free GPUs, k of one node each (a multi-GPU job stays on one
+    node): the fragmentation a plan leaves, which a GPU count alone hides."""
+    return {k: sum(n // k for n in free_per_host.values()) for k in REQUEST_SIZES}
 
 
 def _current_by_slot(analysis: Analysis) -> dict[tuple[str, int], list[str]]:
@@ -215,6 +227,8 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
         model for model, row in analysis.plan.by_model.items() for _ in range(max(0, int(row["gpus_freed"])))
     ]
     emitted = analysis.emitted
+    room_now: dict[int, int] = {}
+    room_after: dict[int, int] = {}
     layout: dict[str, list[GpuRow]] = {}
     reclaimable: dict[str, list[int]] = {}
     total = analysis.plan.gpus_before
@@ -237,6 +251,12 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
         free = placement.free()
         for slot in free:
             reclaimable.setdefault(slot.host, []).append(slot.index)
+        idle_now: dict[str, int] = {}
+        for slot in placement.inventory.gpus:
+            if slot.uuid not in emitted.now:
+                idle_now[slot.host] = idle_now.get(slot.host, 0) + 1
+        room_now = room(idle_now) if emitted.now else {}
+        room_after = room({h: len(v) for h, v in reclaimable.items()}) if emitted.now else {}
         freed_models = [slot.model for slot in free]
     recovered = len(freed_models) * hours if analysis.kind == "usage" else 0.0
     cost = sum(prices.of(m) for m in freed_models) * hours if analysis.kind == "usage" else 0.0
@@ -259,5 +279,7 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
         notes=list(analysis.plan.notes) + (list(emitted.notes) if emitted else []),
         changes=list(emitted.changes) if emitted else [],
         all_actions=everything,
+        room_now=room_now,
+        room_after=room_after,
         gpu_hours_of_actions=sum(_action_hours(a) for a in everything if a.get("action") != "fix"),
     )

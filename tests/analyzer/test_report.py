@@ -190,3 +190,18 @@ def test_the_headline_names_how_far_the_actions_own_gpu_hours_are_from_it(dgx):
     assert abs(model.gpu_hours_of_actions - model.gpu_hours_recovered) >= 0.05  # dgx-h100 differs
     first = next(line for line in markdown(dgx).splitlines() if "**GPU-hours recovered**" in line)
     assert "the change and reclaim actions below add up to" in first
+
+
+def test_room_for_new_requests_counts_free_gpus_of_one_node_by_request_size():
+    from gpulens.analyzer.report_model import room
+
+    assert room({"a": 3, "b": 5}) == {1: 8, 2: 3, 4: 1, 8: 0}  # 8 free GPUs hold no 8-GPU request
+
+
+def test_the_summary_says_how_much_room_the_plan_leaves_for_new_requests(dgx):
+    model = build(dgx)
+    emitted = dgx.emitted
+    idle_now = [s for s in emitted.placement.inventory.gpus if s.uuid not in emitted.now]
+    assert model.room_now[1] == len(idle_now) and model.room_after[1] == model.gpus_reclaimable
+    line = f"1-GPU {model.room_now[1]} → {model.room_after[1]}"
+    assert line in markdown(dgx) and "Room for new requests" in html_report(dgx)
