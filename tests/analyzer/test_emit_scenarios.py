@@ -200,3 +200,40 @@ def test_every_nodes_apply_and_rollback_scripts_pass_shellcheck(analyses, tmp_pa
     assert paths
     done = subprocess.run([shellcheck, "-s", "sh", *paths], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout
+
+
+def _as_planned(emitted: em.Emitted) -> em.FleetContext:
+    """The fleet as it runs once the plan is applied: every job on its placed GPU, in its mode."""
+    from gpulens.analyzer.nodestate import planned_mode
+
+    assert emitted.placement is not None
+    rows, gpus = [], []
+    for slot in emitted.placement.inventory.gpus:
+        gpus.append({"uuid": slot.uuid, "model": slot.model, "instance": slot.host, "gpu": str(slot.index)})
+    for gpu in emitted.placement.gpus:
+        mode = planned_mode(gpu, emitted.now.get(gpu.uuid))
+        profiles = {str(s["job_id"]): str(s["profile"]) for s in gpu.entry.get("mig_layout", [])}
+        if gpu.entry.get("sharing") == "unchanged" and (here := emitted.now.get(gpu.uuid)) is not None:
+            mig = dict(here.mig_profiles)
+            profiles = {job: next(iter(mig), "") for job in gpu.jobs} if mig else {}
+        for job in gpu.jobs:
+            rows.append(
+                {
+                    "job_id": job,
+                    "uuids": gpu.uuid,
+                    "instance": gpu.host,
+                    "gpu_model": gpu.model,
+                    "job_source": emitted.placement.inventory.orchestrator(gpu.host).value,
+                    "start": 0.0,
+                    "end": 3600.0,
+                    "sharing": mode.value,
+                    "mig_profile_now": profiles.get(job, ""),
+                }
+            )
+    return em.context_from_rows(rows, gpus)
+
+
+def test_a_fleet_already_in_its_proposed_state_gets_no_change(analyses):
+    for name, analysis in analyses.items():
+        again = em.emit(analysis.plan, _as_planned(analysis.emitted))
+        assert again.changes == [] and again.files == {}, (name, again.changes[:3])
