@@ -355,10 +355,16 @@ def _since_last_week(week: WeekOverWeek | None) -> list[str]:
     rows = [
         [
             ("", _e(o.job_id)),
-            ("", "applied"),
+            ("", f"<b class='flag'>{_e(o.status)}</b>" if o.warning else _e(o.status)),
             ("wrap", _e(f"{o.was} → {o.told}")),
             ("wrap", _e(o.now)),
-            ("wrap", f"<span class='flag'>{_e(o.warning)}</span>" if o.warning else ""),
+            (
+                "wrap",
+                f"<span class='flag'>{_e(o.warning)}</span>"
+                + (f"<br><code>{_e(o.rollback)}</code>" if o.rollback else "")
+                if o.warning
+                else "",
+            ),
         ]
         for o in week.applied
     ] + [
@@ -604,7 +610,9 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
             f"utilisation {units.pct(previous.utilization_then)} → {units.pct(previous.utilization_now)}",
         ]
         lines += [
-            f"- applied: {o.job_id}: {o.was} → {o.now}" + (f" ({o.warning})" if o.warning else "")
+            f"- {o.status}: {o.job_id}: {o.was} → {o.now}"
+            + (f" ({o.warning})" if o.warning else "")
+            + (f": `{o.rollback}`" if o.rollback else "")
             for o in previous.applied
         ]
         lines += [
@@ -655,6 +663,9 @@ def write_report(
         "json": jsonout.dumps({"jobs": analysis.job_records()}),
         "plan": jsonout.dumps(jsonable(analysis.plan.as_dict())),
     }
+    if previous is not None:  # every previous action's status and realized figures, for tools
+        written["week"] = root / "week.json"
+        texts["week"] = jsonout.dumps(jsonable(previous.as_dict()))
     if analysis.emitted is not None:
         for name, text in analysis.emitted.files.items():
             written[f"config/{name}"] = root / "config" / name

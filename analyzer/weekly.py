@@ -5,6 +5,8 @@ For each action last week recommended, on a job that still runs this week:
   or model it was given); then what it realised: a job at its cap (p95 activity >= 95 % of its
   slice or share) may be slower than before, a job whose peak memory reaches 98 % of what it now
   has risks out-of-memory errors;
+  such a regression makes the action *roll back*, with the command that undoes it on the job's
+  node (last week's `rollback-<node>.sh`);
 - *not applied* when it still runs as it did.
 A job is followed by its id and, when that id is gone, by its workload (`analyzer/workload.py`):
 applying a recommendation rolls a Kubernetes pod, and its successor under the same Deployment,
@@ -22,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from gpulens.analyzer import frames
+from gpulens.analyzer.applyplan import rollback_name
 from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer.hosts import host_of
 from gpulens.analyzer.pipeline import Analysis
 from gpulens.analyzer.workload import workload_of
 from gpulens.safeload import load_json_file
@@ -38,7 +42,27 @@ class Outcome:
     was: str  # how it ran last week
     told: str  # what last week's report proposed
     now: str  # how it runs this week
-    warning: str = ""
+    warning: str = ""  # a regression since the change: then roll it back
+    rollback: str = ""  # the command that undoes the change on the job's node last week
+    p95_then: float | None = None  # its sizing signal last week and now, on the same scale
+    p95_now: float | None = None
+
+    @property
+    def status(self) -> str:
+        return "roll back" if self.warning else "applied"
+
+    def as_dict(self, applied: bool) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "status": self.status if applied else "not applied",
+            "was": self.was,
+            "proposed": self.told,
+            "now": self.now,
+            "regression": self.warning,
+            "rollback": self.rollback,
+            "sm_active_p95_then": self.p95_then,
+            "sm_active_p95_now": self.p95_now,
+        }
 
 
 @dataclass
@@ -58,6 +82,19 @@ class WeekOverWeek:
     def gpus_released(self) -> int:
         """GPUs of the fleet that ran no job all this window: what applying the plan gave back."""
         return sum(self.idle_now.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """What the report's week.json holds: the fleet figures and every previous action's outcome."""
+        return {
+            "previous_report": self.previous_source,
+            "gpus_that_ran_a_job": {"then": self.gpus_then, "now": self.gpus_now},
+            "gpus_released": self.gpus_released,
+            "gpus_released_by_node_and_model": self.idle_now,
+            "gpus_promised": self.promised,
+            "utilization": {"then": self.utilization_then, "now": self.utilization_now},
+            "actions": [o.as_dict(True) for o in self.applied] + [o.as_dict(False) for o in self.not_applied],
+            "ended": list(self.ended),
+        }
 
 
 def _gpus_used(rows: list[dict[str, Any]]) -> set[str]:
@@ -102,11 +139,32 @@ def load_previous(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any
     return jobs, plan
 
 
+def _cap(row: Any) -> float:
+    """The share of the GPU a job may use now: its MPS thread cap, else all of its GPU or slice."""
+    if _text(row.get("sharing")) == "mps":
+        threads = _float(row.get("proposed_mps_active_thread_percentage")) or _float(
+            row.get("mps_active_thread_percentage")
+        )
+        if threads:
+            return threads / 100.0
+    return 1.0
+
+
+def _float(value: object) -> float | None:
+    text = _text(value)
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
 def _warning(row: Any) -> str:
     warnings = []
     p95 = float(row.get("sm_active_p95") or 0.0)
-    if p95 >= AT_CAP:
-        warnings.append(f"at its cap (p95 activity {p95:.0%}): may be slower than before")
+    cap = _cap(row)
+    if p95 >= AT_CAP * cap:  # at its cap in more than 5 % of samples: it binds
+        where = "its cap" if cap < 1.0 else "its GPU's limit"
+        warnings.append(f"at {where} (p95 activity {p95:.0%} of {cap:.0%}): may be slower than before")
     peak = float(row.get("memory_peak_bytes") or 0.0)
     limit = float(row.get("mps_pinned_memory_limit_bytes") or 0.0) or float(
         row.get("device_memory_bytes") or 0.0
@@ -114,6 +172,13 @@ def _warning(row: Any) -> str:
     if limit and peak >= MEMORY_FULL * limit:
         warnings.append(f"peak memory {peak / limit:.0%} of what it has: out-of-memory risk")
     return "; ".join(warnings)
+
+
+def _rollback(source: str, job: dict[str, Any]) -> str:
+    """The command that undoes last week's change on the job's node, when that report has one."""
+    node = host_of(_text(job.get("instance")))
+    script = Path(source) / "config" / rollback_name(node)
+    return f"sh {script}" if script.is_file() else ""
 
 
 def compare(
@@ -175,7 +240,16 @@ def compare(
             and is_model == told_model
         )
         if applied:
-            out.applied.append(Outcome(*outcome_args, warning=_warning(row)))
+            warning = _warning(row)
+            out.applied.append(
+                Outcome(
+                    *outcome_args,
+                    warning=warning,
+                    rollback=_rollback(source, job) if warning else "",
+                    p95_then=_float(job.get("sm_active_p95")),
+                    p95_now=_float(row.get("sm_active_p95")),
+                )
+            )
         else:
             out.not_applied.append(Outcome(*outcome_args))
     return out

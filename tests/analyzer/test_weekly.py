@@ -140,3 +140,48 @@ def test_gpus_released_are_the_gpus_that_ran_no_job_all_window_by_node_and_model
     assert result.gpus_released == len(idle) >= 1
     assert sum(result.idle_now.values()) == len(idle) and result.promised == 3
     assert result.gpus_now == len(used) <= len(emitted.placement.inventory.gpus)
+
+
+def _with(analysis, job_id, **columns):
+    recs = analysis.recs.copy()
+    for column, value in columns.items():
+        recs[column] = recs[column].astype(object).where(recs["job_id"] != job_id, value)
+    return type(analysis)(
+        analysis.kind, analysis.source, recs, analysis.plan, None, analysis.emitted, analysis.meta
+    )
+
+
+def test_a_regression_after_the_change_is_a_roll_back_with_the_command_that_undoes_it(week):
+    analysis, last = week
+    hot = _with(analysis, "5101", sm_active_p95=0.99)
+    jobs, plan = previous(last, LAST_WEEK_5101)
+    outcome = next(o for o in compare(hot, jobs, plan, str(last)).applied if o.job_id == "5101")
+    assert outcome.status == "roll back"
+    assert outcome.rollback == f"sh {last / 'config' / 'rollback-dgx-h100-01.sh'}"
+    assert (last / "config" / "rollback-dgx-h100-01.sh").is_file()
+
+
+def test_an_mps_job_that_binds_its_thread_cap_is_a_regression(week):
+    analysis, last = week
+    # now an MPS client capped at 30 % whose p95 is 29 %: its cap binds in over 5 % of samples
+    bound = _with(analysis, "5101", sharing="mps", mps_active_thread_percentage=30, sm_active_p95=0.29)
+    jobs, plan = previous(
+        last, {"5101": {"recommendation": "mps", "sharing": "exclusive", "action": "change"}}
+    )
+    outcome = next(o for o in compare(bound, jobs, plan, str(last)).applied if o.job_id == "5101")
+    assert "at its cap (p95 activity 29% of 30%)" in outcome.warning
+    quiet = _with(analysis, "5101", sharing="mps", mps_active_thread_percentage=30, sm_active_p95=0.10)
+    outcome = next(o for o in compare(quiet, jobs, plan, str(last)).applied if o.job_id == "5101")
+    assert outcome.status == "applied"
+
+
+def test_the_report_writes_every_previous_actions_status_and_figures_to_week_json(week, tmp_path):
+    analysis, last = week
+    jobs, plan = previous(last, LAST_WEEK_5101)
+    result = compare(_with(analysis, "5101", sm_active_p95=0.99), jobs, plan, str(last))
+    write_report(analysis, tmp_path / "now", previous=result)
+    doc = json.loads((tmp_path / "now" / "week.json").read_text())
+    by_job = {a["job_id"]: a for a in doc["actions"]}
+    assert by_job["5101"]["status"] == "roll back" and by_job["5101"]["rollback"].startswith("sh ")
+    assert by_job["5101"]["sm_active_p95_now"] == 0.99
+    assert doc["gpus_released"] == result.gpus_released
