@@ -109,7 +109,8 @@ class EpisodeBook:
                     )
             else:
                 self._open.pop(episode.id, None)
-            if episode.state is State.RETURNED and episode.returned_at is not None:
+            returns = (State.RETURNED, State.RETURNED_BY_HAND)
+            if episode.state in returns and episode.returned_at is not None:
                 self._note_return(episode.node, episode.returned_at)
         self.metrics.episode_changed(before, episode)
         if self.mirror is not None:

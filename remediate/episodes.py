@@ -7,6 +7,7 @@ The states and what moves an episode on (`loop.Reconciler` does, every few secon
         │  none: straight to recovered                    │
     recovered + alert resolved + healthy through the hold-down ──> ready (to return)
     ready ──(--return-to-service, or `gpulens remediate return NODE`)──> returned
+    any open state ──(gpulens' isolation found gone before an action: a person's return)──> returned_by_hand
 
 An episode whose node was returned within the flap window is `escalated` at once: it stays
 isolated, nothing is retried and nothing returns it automatically. `rma` and `escalated` never
@@ -49,6 +50,7 @@ class State(StrEnum):
     RECOVERED = "recovered"
     READY = "ready"  # healthy through the hold-down: ready to return to service
     RETURNED = "returned"
+    RETURNED_BY_HAND = "returned_by_hand"  # a person removed gpulens' isolation: nothing more is done
     RMA = "rma"
     ESCALATED = "escalated"
     DRY_RUN = "dry_run"
@@ -57,7 +59,7 @@ class State(StrEnum):
     @property
     def open(self) -> bool:
         """Still holds its node out of service (or would, in a dry run)."""
-        return self not in (State.RETURNED, State.CLOSED)
+        return self not in (State.RETURNED, State.RETURNED_BY_HAND, State.CLOSED)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import calendar
 import contextlib
 import hashlib
 import json
+import logging
 import re
 import shlex
 import ssl
@@ -38,6 +39,7 @@ from gpulens.remediate.escape import printable
 from gpulens.remediate.model import IsolationRequest, Outcome
 from gpulens.remediate.recovery import Progress, Recorded, Step
 
+log = logging.getLogger("gpulens.remediate")
 TAINT_KEY = "gpulens.io/gpu-fault"
 ANNOTATION_AT = "gpulens.io/isolated-at"
 ANNOTATION_REASON = "gpulens.io/isolation-reason"
@@ -403,6 +405,32 @@ class KubernetesIsolator:
                 Step.DONE, f"Job {self.job_namespace}/{name} reset GPU {episode.uuid or episode.gpu}"
             )
         return Progress(Step.PENDING, f"Job {self.job_namespace}/{name} running")
+
+    isolation_mark = f"the taint {TAINT_KEY} and the cordon (spec.unschedulable)"
+
+    def isolation_in_place(self, node: str, deadline: Deadline) -> bool | None:
+        """gpulens' isolation is its taint and the cordon: both are there after `isolate`, and a
+        person who returns the node by hand removes them (docs/alerts.md). Either gone: not ours."""
+        path = f"/api/v1/nodes/{urllib.parse.quote(node)}"
+        try:
+            status, doc = self.client.request("GET", path, deadline=deadline, max_bytes=MAX_NODE_ANSWER)
+        except KubernetesError as exc:
+            log.warning("node %s: its state cannot be read: %s", node, exc)
+            return None
+        if status != 200:
+            message = doc.get("message", "")
+            log.warning("node %s: its state cannot be read: GET HTTP %d %s", node, status, message)
+            return None
+        spec = doc.get("spec") or {}
+        taints = (spec.get("taints") or []) if isinstance(spec, dict) else None
+        if not isinstance(taints, list):
+            log.warning("node %s: its state cannot be read: the answer is not a node's", node)
+            return None
+        ours = any(isinstance(t, dict) and t.get("key") == TAINT_KEY for t in taints)
+        return ours and spec.get("unschedulable") is True
+
+    def recovery_returns_node(self, episode: Episode) -> bool:
+        return False  # the node stays cordoned and tainted until gpulens (or a person) returns it
 
     def describe_return(self, node: str) -> str:
         return (

@@ -5,6 +5,11 @@ every `interval_s` on its own thread. Each step on a node holds that node's lock
 webhook handler), so a slow backend call on one node never delays another, and every backend
 call has the action deadline. Resets and reboots pass through the circuit breaker like
 isolations; a refused one waits for the next tick.
+
+Every action on a node (starting a reset or reboot, returning it to service) first re-reads the
+node from the orchestrator and goes ahead only while gpulens' own isolation is still on it. A node
+that cannot be read gets nothing this pass (retried on the next); a node whose isolation is gone
+was returned by a person: its open episodes close as `returned_by_hand` and nothing more is done.
 """
 
 from __future__ import annotations
@@ -84,7 +89,9 @@ class Reconciler:
                 if not held:
                     continue  # a webhook action on this node is still running: next tick
                 for episode in self.book.of_node(node):
-                    self._step(episode)
+                    current = self.book.get(episode.id)
+                    if current is not None:  # an earlier step may have closed it (a return by hand)
+                        self._step(current)
                 self._maybe_return(node)
 
     def _step(self, episode: Episode) -> None:
@@ -136,6 +143,8 @@ class Reconciler:
                     )
                     self.book.save("waiting", episode.moved(State.ISOLATED, detail=detail))
                 return
+        if self._stopped_by_node(episode.node, [episode], deadline) is not None:
+            return
         ready = self.backend.can_start(episode, deadline)
         if ready.step is not Step.DONE:
             if ready.detail != episode.detail:
@@ -189,6 +198,40 @@ class Reconciler:
         else:
             self.book.save("hold_down", episode.moved(State.RECOVERED, healthy_since=now, detail=why))
 
+    # ---- what is true now ------------------------------------------------------------------------
+
+    def _stopped_by_node(self, node: str, acting: list[Episode], deadline: Deadline) -> Outcome | None:
+        """Re-read `node` before an action on it for `acting`: None to go ahead (gpulens' isolation
+        is still there), else why not. Unreadable: `deferred`, nothing done, retried next pass.
+        Gone: a person returned the node, every open episode of it closes as returned by hand."""
+        if self.dry_run:
+            return None  # nothing was isolated, nothing will be done
+        try:
+            in_place = self.backend.isolation_in_place(node, deadline)
+        except Exception:  # the backends do not raise; a bug must not make the loop act blind
+            log.exception("reading node %s failed", node)
+            in_place = None
+        if in_place:
+            return None
+        if in_place is None:
+            detail = f"the state of node {node} cannot be read now: nothing is done to it until it can"
+            for episode in acting:
+                if episode.detail != detail:
+                    self.book.save("waiting", episode.moved(episode.state, detail=detail))
+            return Outcome("deferred", f"{detail}; try again")
+        if acting and all(self.backend.recovery_returns_node(e) for e in acting):
+            return None  # the reboot itself resumed the node (Slurm nextstate=RESUME): not a person
+        now = self.clock()
+        detail = (
+            f"returned by hand: node {node} no longer carries gpulens' isolation "
+            f"({self.backend.isolation_mark}); nothing more is done for this episode"
+        )
+        for episode in self.book.of_node(node):
+            if episode.state is not State.DRY_RUN:
+                moved = episode.moved(State.RETURNED_BY_HAND, returned_at=now, detail=detail)
+                self.book.save("returned_by_hand", moved)
+        return Outcome("already", f"node {node} was returned by hand: its episodes are closed, nothing done")
+
     # ---- return to service -----------------------------------------------------------------------
 
     def _maybe_return(self, node: str) -> None:
@@ -219,6 +262,9 @@ class Reconciler:
 
     def _return(self, node: str, episodes: list[Episode], why: str) -> Outcome:
         deadline = Deadline(self.policy.action_timeout_s)
+        stopped = self._stopped_by_node(node, episodes, deadline)
+        if stopped is not None:
+            return stopped
         if self.dry_run:
             outcome = Outcome("dry_run", f"DRY-RUN: {self.backend.describe_return(node)}")
         else:

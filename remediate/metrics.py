@@ -14,6 +14,7 @@ from gpulens.remediate.breaker import BreakerState
 # The outcome an episode is counted under when it reaches a state (once per episode).
 OUTCOMES = {
     "returned": "returned",
+    "returned_by_hand": "returned_by_hand",
     "rma": "rma",
     "escalated": "escalated",
     "dry_run": "dry_run",

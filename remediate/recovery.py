@@ -41,6 +41,22 @@ class Recorded:
 
 
 class Recoverer(Protocol):
+    @property
+    def isolation_mark(self) -> str:
+        """What marks gpulens' own isolation on a node, for people (the taint, the drain reason)."""
+        ...
+
+    def isolation_in_place(self, node: str, deadline: Deadline) -> bool | None:
+        """Re-read the node now: True while gpulens' own isolation is on it, False when it is gone
+        (a person returned the node, or holds it with their own isolation), None when the node
+        cannot be read (then nothing is done to it until it can)."""
+        ...
+
+    def recovery_returns_node(self, episode: Episode) -> bool:
+        """Whether the episode's finished recovery action itself put the node back in service
+        (Slurm's reboot with nextstate=RESUME), so that a missing isolation is not a person's return."""
+        ...
+
     def describe_recovery(self, episode: Episode) -> str:
         """The exact recovery action, for dry-run logs and the audit record."""
         ...

@@ -19,13 +19,14 @@ the reboot goes ahead: ASAP waits for those jobs to end).
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 import subprocess
 from dataclasses import dataclass
 
 from gpulens.httpclient import Deadline
-from gpulens.remediate.episodes import Episode
+from gpulens.remediate.episodes import Episode, Recovery
 from gpulens.remediate.escape import printable
 from gpulens.remediate.model import IsolationRequest, Outcome
 from gpulens.remediate.recovery import Progress, Recorded, Step
@@ -41,6 +42,9 @@ MAX_REQUEUE = 4096  # jobs on one node: more is not a node's job list
 # the job states `scontrol requeue Incomplete` acts on (its man page)
 REQUEUE_STATES = "CONFIGURING,RUNNING,STOPPED,SUSPENDED"
 _REASON = re.compile(r"\bReason=(.*?)(?:\s+\[[^\]]*\])?\s*$", re.M)
+OUT_OF_SERVICE = frozenset({"DRAIN", "DRAINING", "DRAINED", "DOWN"})
+REASON_PREFIX = "gpulens:"  # the start of every drain and reboot reason gpulens writes
+log = logging.getLogger("gpulens.remediate")
 
 
 class ScontrolError(Exception):
@@ -204,6 +208,26 @@ class SlurmIsolator:
         return Progress(
             Step.PENDING, f"node {episode.node} not rebooted yet (State={'+'.join(sorted(flags))})"
         )
+
+    isolation_mark = f"a drain (or DOWN after its reboot) with a Reason starting {REASON_PREFIX!r}"
+
+    def isolation_in_place(self, node: str, deadline: Deadline) -> bool | None:
+        """gpulens' isolation is a DRAIN (DOWN after `reboot ASAP nextstate=DOWN`) whose reason
+        starts with `gpulens:`; a person's `State=RESUME` clears both, their own drain has their reason."""
+        try:
+            shown = self.show(node, deadline)
+        except ScontrolError as exc:
+            log.warning("node %s: its state cannot be read: %s", node, exc)
+            return None
+        reason = _REASON.search(shown)
+        text = reason.group(1).strip() if reason else ""
+        return bool(_flags(shown) & OUT_OF_SERVICE) and text.startswith(REASON_PREFIX)
+
+    def recovery_returns_node(self, episode: Episode) -> bool:
+        # with nextstate=RESUME Slurm resumes the node (clearing the drain and its reason) at boot
+        rebooted = episode.recovery in (Recovery.RESET_GPU, Recovery.REBOOT_NODE)
+        done = episode.action_finished_at is not None
+        return self.reboot_nextstate.upper() == "RESUME" and rebooted and done
 
     def return_command(self, node: str) -> list[str]:
         return [self.scontrol, "update", f"NodeName={node}", "State=RESUME"]
