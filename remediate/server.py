@@ -1,6 +1,7 @@
 """HTTP front of the receiver: POST /alerts, GET /metrics, GET /-/healthy, GET /-/state,
-POST /-/breaker/reset, POST /-/return. Write endpoints need the caller's credentials; errors are
-one line.
+POST /-/breaker/reset, POST /-/return. Write endpoints and `/-/state` (node names, recent actions,
+open episodes) need the caller's credentials; `/-/healthy` (the probes) and `/metrics` (Prometheus
+scrapes it; fixed label values, no node names) stay open. Errors are one line.
 
 Served by `gpulens.httpd` (bounded connections, deadlines, strict framing; see its docstring).
 Credentials are checked on the request head, before any body is read, so only an authenticated
@@ -36,6 +37,7 @@ LIMITS = Limits(
     workers=8,
 )
 WRITE_PATHS = ("/alerts", "/-/breaker/reset", "/-/return")
+PROTECTED_READS = ("/-/state",)  # GET/HEAD behind the same credentials as the writes
 SIZED_PATHS = ("/alerts", "/-/return")  # these read a body
 UNAUTHORIZED_CHALLENGE = (
     ("WWW-Authenticate", 'Bearer realm="gpulens-remediate", Basic realm="gpulens-remediate"'),
@@ -67,6 +69,8 @@ class ReceiverApp:
     def check_head(self, head: Head) -> Response | None:
         """Answers that need no body: unknown paths and methods, credentials, missing lengths."""
         if head.method in ("GET", "HEAD"):
+            if head.path in PROTECTED_READS and not self.auth.allows(head.header("authorization")):
+                return _text(401, "unauthorized: send the shared bearer token or basic auth credentials")
             return None
         if head.method in ("PUT", "DELETE", "PATCH"):
             return self._counted(head, _text(405, "method not allowed"))

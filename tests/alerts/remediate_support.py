@@ -399,16 +399,16 @@ def post(
         return exc.code, exc.read().decode()
 
 
-def state(base: str) -> dict:
-    """The receiver's /-/state document."""
-    return json.loads(get(f"{base}/-/state")[1])
+def state(base: str, authorization: str | None = f"Bearer {TOKEN}") -> dict:
+    """The receiver's /-/state document (behind the receiver's credentials, like its writes)."""
+    return json.loads(get(f"{base}/-/state", authorization)[1])
 
 
-def wait_drained(base: str, timeout: float = WAIT_S) -> dict:
+def wait_drained(base: str, timeout: float = WAIT_S, authorization: str | None = f"Bearer {TOKEN}") -> dict:
     """Wait until the receiver at `base` has acted on every notification it queued (its /-/state
     `queue.pending` is 0); returns that state. `timeout` only guards against a hang."""
     deadline = time.monotonic() + timeout
-    while (doc := state(base))["queue"]["pending"]:
+    while (doc := state(base, authorization))["queue"]["pending"]:
         if time.monotonic() > deadline:
             raise AssertionError(f"{doc['queue']['pending']} notification(s) still queued after {timeout:g}s")
         time.sleep(0.01)
@@ -430,17 +430,20 @@ def deliver(base: str, body: dict, authorization: str | None = f"Bearer {TOKEN}"
     """POST a notification to the receiver at `base`, wait until it has been acted on and return the
     actions it recorded (as /-/state shows them): what `POST /alerts` itself answered before the
     queue. One notification at a time: the actions are told apart by their place in the history."""
-    before = len(state(base)["actions"])
+    before = len(state(base, authorization)["actions"])
     status, answer = post(f"{base}/alerts", body, authorization)
     assert status == 200, (status, answer)
     assert json.loads(answer)["queued"] == len(body["alerts"]), answer
-    actions = wait_drained(base)["actions"]
+    actions = wait_drained(base, authorization=authorization)["actions"]
     assert len(actions) < MAX_HISTORY, "too many actions to tell this notification's apart"
     return actions[before:]
 
 
-def get(url: str) -> tuple[int, str]:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def get(url: str, authorization: str | None = f"Bearer {TOKEN}") -> tuple[int, str]:
+    """GET with the receiver's credentials by default (`/-/state` needs them; the open paths ignore them)."""
+    headers = {"Authorization": authorization} if authorization else {}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
         return response.status, response.read().decode()
 
 

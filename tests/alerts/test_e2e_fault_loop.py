@@ -51,7 +51,9 @@ STEPS = ["isolated", "action_started", "action_finished", "resolved", "hold_down
 
 
 def _json(url: str) -> object:
-    with urllib.request.urlopen(url, timeout=10) as response:
+    """GET with the webhook's bearer token: /-/state is behind the same credentials as /alerts."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)
 
 

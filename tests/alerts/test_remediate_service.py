@@ -9,6 +9,8 @@ import logging
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -466,3 +468,21 @@ def test_cli_slurm_requeue_is_refused_for_kubernetes_where_the_drain_evicts(tmp_
     assert result.stderr == (
         "gpulens: error: --slurm-requeue is for --backend slurm (on Kubernetes, --drain evicts the pods)\n"
     )
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Token {TOKEN}"])
+def test_state_needs_the_credentials_and_health_and_metrics_stay_open(authorization):
+    """/-/state names nodes and recent actions: behind the write endpoints' credentials (401 with
+    the challenge); the probes' /-/healthy and Prometheus' /metrics stay open."""
+    with receiver(SlurmIsolator()) as (base, _):
+        request = urllib.request.Request(
+            f"{base}/-/state", headers={"Authorization": authorization} if authorization else {}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 401
+        assert "Bearer" in refused.value.headers["WWW-Authenticate"]
+        assert b"queue" not in refused.value.read()
+        assert get(f"{base}/-/healthy", None) == (200, "OK\n")
+        assert get(f"{base}/metrics", None)[0] == 200
+        assert "queue" in json.loads(get(f"{base}/-/state")[1])

@@ -158,18 +158,24 @@ def test_sixty_readers_of_the_receivers_state_leave_every_notification_accepted(
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     posts: list[tuple[int, bytes]] = []
     probes: list[tuple[int, bytes]] = []
+    peeks: list[int] = []
 
     def step() -> None:
         posts.append(ask(port, "POST", "/alerts", headers, notification))
         probes.append(ask(port, "GET", "/-/healthy", {}))
+        peeks.append(ask(port, "GET", "/-/state", {})[0])  # what each attacker's request gets
 
     with daemon(cmd, f"http://127.0.0.1:{port}/-/healthy", tmp_path / "receiver.log", {}) as proc:
-        # the state answer is small: enough of them pipelined to fill the socket buffers; from
+        # the attackers hold no token: /-/state answers them a small 401 (it is behind the same
+        # credentials as /alerts), enough of them pipelined to fill the socket buffers; from
         # another address than Alertmanager's, as on a real network (one address gets at most
         # --max-requests-per-client of the slots where a handler waits on the worker pool)
         counts = under_attack(readers(port, "/-/state", pipeline=2000, source="127.0.0.2"), step)
         peak = peak_rss(proc.pid)
         assert proc.poll() is None
+        state = ask(port, "GET", "/-/state", {"Authorization": f"Bearer {TOKEN}"})
+    assert state[0] == 200 and b'"queue"' in state[1], state
+    assert peeks and set(peeks) == {401}, peeks[:5]
     failed = [p for p in posts if p[0] != 200]
     assert not failed, f"{len(failed)} of {len(posts)} notifications failed: {failed[:3]}"
     assert all(p == (200, b"OK\n") for p in probes), [p for p in probes if p[0] != 200][:3]

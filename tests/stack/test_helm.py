@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from gpulens.mixin import build as mixin_build
-from gpulens.mixin.config import DEFAULT, MixinConfig, from_mapping
+from gpulens.promscope.config import DEFAULT, MixinConfig, from_mapping
 from tests.support.procs import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +50,12 @@ RELEASE = "gpulens"
 NAMESPACE = "gpulens"
 KPS_RELEASE_LABEL = {"release": "kube-prometheus-stack"}
 SCRAPE_PASSWORD = "scrape-secret"  # the password of the bcrypt hash in ci/kube-prometheus-stack-values.yaml
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 MONITORING_GROUP = "monitoring.coreos.com/"
 
 
@@ -744,8 +749,11 @@ def test_remediation_rbac_grants_only_cordon_taint_and_eviction_to_its_own_accou
     assert local["metadata"]["namespace"] == NAMESPACE
     assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in local["rules"]} == {
         (("jobs",), ("create", "get")),
-        (("configmaps",), ("get", "create", "patch")),
+        (("configmaps",), ("get", "patch")),  # resourceNames: the breaker's ConfigMap only
+        (("configmaps",), ("create",)),
     }
+    (named,) = [r for r in local["rules"] if r.get("resourceNames")]
+    assert named["resourceNames"] == [f"{only(objects, 'Deployment')['metadata']['name']}-breaker"]
     assert only(objects, "RoleBinding")["subjects"] == [subject]
 
 
@@ -793,7 +801,7 @@ def test_report_cronjob_runs_gpulens_report_weekly_into_its_claim(helm):
     assert args.prometheus == "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
     assert args.window == "14d"
     assert str(args.out) == "/reports/2026-01-05"
-    claim = only(objects, "PersistentVolumeClaim")
+    claim = only(objects, "PersistentVolumeClaim", "gpulens-report")
     assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
     assert claim["spec"]["storageClassName"] == "standard"
     volume = next(v for v in spec["volumes"] if v["name"] == "reports")
@@ -819,10 +827,12 @@ def _remediate_state(objects: list[dict[str, Any]]) -> dict[str, Any]:
 REMEDIATE_ON = "remediate.enabled=true,remediate.token.create=true,remediate.token.value=x"
 
 
-def test_remediation_state_is_an_empty_dir_unless_persistence_is_asked_for(helm):
-    objects = template(helm, "--set", REMEDIATE_ON)
+def test_remediation_state_is_on_a_claim_unless_an_empty_dir_is_asked_for(helm):
+    objects = template(helm, "--set", f"{REMEDIATE_ON},remediate.persistence.enabled=false")
     assert _remediate_state(objects) == {"name": "state", "emptyDir": {}}
     assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    (claim,) = [o for o in template(helm, "--set", REMEDIATE_ON) if o["kind"] == "PersistentVolumeClaim"]
+    assert claim["metadata"]["name"] == "gpulens-remediate-state"
 
 
 def test_remediation_persistence_puts_the_audit_log_on_a_claim_the_chart_creates(helm):

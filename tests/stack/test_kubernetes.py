@@ -385,8 +385,11 @@ def test_remediate_rbac_grants_only_cordon_taint_and_eviction_to_its_own_account
     assert local["metadata"]["namespace"] == "gpulens"
     assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in local["rules"]} == {
         (("jobs",), ("create", "get")),
-        (("configmaps",), ("get", "create", "patch")),
+        (("configmaps",), ("get", "patch")),  # resourceNames: the breaker's ConfigMap only
+        (("configmaps",), ("create",)),
     }
+    (named,) = [r for r in local["rules"] if r.get("resourceNames")]
+    assert named["resourceNames"] == ["gpulens-remediate-breaker"]
     role_binding = remediate_one("RoleBinding")
     assert role_binding["roleRef"]["name"] == local["metadata"]["name"]
     assert role_binding["subjects"] == [subject]
@@ -402,7 +405,12 @@ def test_remediate_keeps_its_breaker_in_a_configmap_and_its_audit_log_in_a_volum
     assert args.job_namespace == remediate_one("Role")["metadata"]["namespace"]
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(args.state_dir)]
     assert not mount.get("readOnly")
-    assert any(v["name"] == mount["name"] and "emptyDir" in v for v in spec["volumes"])
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert (
+        volume["persistentVolumeClaim"]["claimName"]
+        == remediate_one("PersistentVolumeClaim")["metadata"]["name"]
+    )
+    assert args.breaker_state_configmap.split("/")[1] in str(remediate_one("Role")["rules"])
 
 
 def test_remediation_taint_is_tolerated_by_the_exporter():
@@ -448,19 +456,16 @@ def test_every_core_object_passes_the_kubernetes_schema_strictly():
             pytest.fail(f"{path}: {obj['kind']}/{obj['metadata']['name']}: {str(exc).splitlines()[0]}")
 
 
-def test_the_persistent_state_overlay_puts_the_audit_log_on_a_claim():
+def test_the_ephemeral_state_overlay_puts_the_audit_log_on_an_empty_dir():
     kubectl = shutil.which("kubectl")
     if not kubectl:
         pytest.skip("kubectl not installed")
-    overlay = KDIR / "remediate-persistent-state"
+    overlay = KDIR / "remediate-ephemeral-state"
     result = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     objects = [d for d in yaml.safe_load_all(result.stdout) if d]
-    (claim,) = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["state"] == {
-        "name": "state",
-        "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]},
-    }
-    assert claim["metadata"]["namespace"] == deployment["metadata"]["namespace"] == "gpulens"
+    assert volumes["state"] == {"name": "state", "emptyDir": {}}
+    assert deployment["metadata"]["namespace"] == "gpulens"
