@@ -133,22 +133,32 @@ def connect_from(server: Server, source: str) -> socket.socket:
     return sock
 
 
+def held_in_the_handler(server: Server, gate: Gate, n: int, source: str | None = None) -> list[socket.socket]:
+    """`n` connections whose request the gated application is handling (each holds a slot)."""
+    socks = [connect_from(server, source) if source else connect(server) for _ in range(n)]
+    for sock in socks:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+    for _ in socks:
+        assert gate.arrived.acquire(timeout=5)
+    return socks
+
+
+def release(server: Server, gate: Gate) -> None:
+    assert server._loop is not None and gate.event is not None
+    server._loop.call_soon_threadsafe(gate.event.set)
+
+
 def test_one_address_gets_at_most_its_share_of_the_slots_and_others_are_served() -> None:
     gate = Gate()
     with serving(gate, Limits(max_requests=10, max_requests_per_client=2)) as server:
-        held = [connect_from(server, "127.0.0.2") for _ in range(2)]
-        for sock in held:
-            sock.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-        for _ in held:
-            assert gate.arrived.acquire(timeout=5)
+        held = held_in_the_handler(server, gate, 2, "127.0.0.2")
         third = connect_from(server, "127.0.0.2")
         refused = answer(third, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
         other = connect_from(server, "127.0.0.3")
         other.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
         assert gate.arrived.acquire(timeout=5)  # another address still gets a slot
         assert server.requests_in_flight_of("127.0.0.2") == 2
-        assert server._loop is not None and gate.event is not None
-        server._loop.call_soon_threadsafe(gate.event.set)
+        release(server, gate)
         for sock in (*held, other):
             assert sock.recv(100).startswith(b"HTTP/1.1 200")
             sock.close()
@@ -158,16 +168,11 @@ def test_one_address_gets_at_most_its_share_of_the_slots_and_others_are_served()
 def test_health_and_readiness_are_answered_when_every_slot_is_taken() -> None:
     gate = Gate()
     with serving(gate, Limits(max_requests=2, max_requests_per_client=0)) as server:
-        held = [connect(server) for _ in range(2)]
-        for sock in held:
-            sock.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-        for _ in held:
-            assert gate.arrived.acquire(timeout=5)
+        held = held_in_the_handler(server, gate, 2)
         probe = connect(server)
         probe.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
         assert gate.arrived.acquire(timeout=5)  # it reached the application, past the full slots
-        assert server._loop is not None and gate.event is not None
-        server._loop.call_soon_threadsafe(gate.event.set)
+        release(server, gate)
         assert probe.recv(100).startswith(b"HTTP/1.1 200")
         for sock in (*held, probe):
             sock.close()
@@ -190,11 +195,7 @@ def test_connections_past_the_cap_close_the_oldest_idle_one_and_are_counted() ->
 def test_a_connection_at_the_cap_with_nothing_idle_is_refused_and_counted() -> None:
     gate = Gate()
     with serving(gate, Limits(max_connections=8, max_requests=0)) as server:
-        busy = [connect(server) for _ in range(8)]
-        for sock in busy:
-            sock.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-        for _ in busy:
-            assert gate.arrived.acquire(timeout=5)
+        held_in_the_handler(server, gate, 8)
         refused = connect(server)
         assert refused.recv(10) == b""
         assert metric(server, "gpulens_http_connections_closed_total", reason="refused_at_cap") == 1
