@@ -106,11 +106,7 @@ def test_refused_requests_are_counted_by_status() -> None:
 def test_requests_over_max_requests_are_refused_and_those_in_flight_are_counted() -> None:
     gate = Gate()
     with serving(gate, Limits(max_requests=2)) as server:
-        held = [connect(server) for _ in range(2)]
-        for sock in held:
-            sock.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-        for _ in held:
-            assert gate.arrived.acquire(timeout=5)
+        held = held_in_the_handler(server, gate, 2)
         assert metric(server, "gpulens_http_requests_in_flight") == 2
         assert metric(server, "gpulens_http_requests_in_flight_max") == 2
         third = connect(server)
