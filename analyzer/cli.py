@@ -1,4 +1,6 @@
-"""`gpulens profile | recommend | report | import-trace | simulate`.
+"""`gpulens profile | recommend | report | import-trace`.
+
+`gpulens simulate`, which writes histories, is the simulator's command (sim/history_cli.py).
 
 Every subcommand turns bad input into one line on stderr (`gpulens: error: ...`) and a non-zero
 exit status; set GPULENS_DEBUG=1 to see the traceback of an unexpected failure instead.
@@ -103,6 +105,10 @@ def _guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
             return 1
 
     return run
+
+
+# public: `gpulens simulate` (sim/history_cli.py) reports its errors as the analyzer's commands do
+guard = _guard
 
 
 def _missing_extra(exc: BaseException) -> str | None:
@@ -437,27 +443,8 @@ def cmd_import_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-@_guard
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from gpulens.analyzer.timeparse import parse_duration, parse_time
-    from gpulens.sim.history import simulate
-
-    meta = simulate(
-        args.scenario,
-        duration_s=parse_duration(args.duration, "--duration"),
-        out=args.out,
-        step_s=parse_duration(args.step, "--step"),
-        seed=args.seed,
-        start=parse_time(args.start, "--start") if args.start else None,
-        progress=sys.stderr if args.progress else None,
-    )
-    steps, step, samples = meta["steps"], meta["step_s"], meta["samples"]
-    print(f"history written to {args.out} ({steps} steps of {step:g} s, {samples} samples)")
-    return 0
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the analyzer's five subcommands."""
+    """Add the analyzer's four subcommands."""
     p = subparsers.add_parser("profile", help="per-job GPU usage profiles")
     _source_args(p)
     p.add_argument("--format", choices=("json", "csv", "table"), default="table")
@@ -496,17 +483,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-model", help="GPU model of the trace (required for alibaba-genai-2026)")
     _limit_args(p)
     p.set_defaults(func=cmd_import_trace)
-
-    p = subparsers.add_parser(
-        "simulate", help="run a simulator scenario faster than real time into a history"
-    )
-    p.add_argument("scenario", help="scenario name (e.g. seed-case, dgx-h100) or YAML file")
-    p.add_argument("--duration", default="7d", help="simulated time span (default 7d)")
-    p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument(
-        "--step", default="5m", help="sampling step in simulated time (default 5m: a week in about a minute)"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--start", default=None, help="simulated start time (default: aligned, 7 days ago)")
-    p.add_argument("--progress", action="store_true", help="print progress on stderr")
-    p.set_defaults(func=cmd_simulate)

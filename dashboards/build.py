@@ -19,7 +19,7 @@ from grafanalib.core import Dashboard
 
 from gpulens.dashboards import exporter, fleet, jobs, node, sharing
 from gpulens.dashboards.common import CLUSTER, SCRAPE_JOB
-from gpulens.mixin.config import DEFAULT, MixinConfig
+from gpulens.promscope.config import DEFAULT, MixinConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # In a source checkout the build refreshes the committed files. Installed from the wheel there is no

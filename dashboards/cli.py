@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpulens.dashboards.build import DEFAULT_CONFIGMAP, DEFAULT_JSON_DIR, build
-from gpulens.mixin.config import DEFAULT, ConfigError, load
+from gpulens.promscope.config import DEFAULT, ConfigError, load
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -393,6 +393,38 @@ class Signals:
         return self._received.pop(0)
 
 
+# `--simulate` needs a simulated node, which the simulator provides; exporter/ holds only what runs on
+# a GPU node and never imports gpulens.sim (the simulator imports the exporter: `gpulens simulate`
+# samples with it). The simulator registers its node factory under this entry point group instead
+# (pyproject.toml: gpulens.sim.node:simulated_node), found through the installed package's metadata.
+SIMULATED_NODE_GROUP = "gpulens.simulated_node"
+SIMULATED_NODE_NAME = "default"
+
+
+def simulated_node_factory() -> Any:
+    """The installed simulator's `simulated_node` context manager factory, or a one-line ConfigError."""
+    from importlib.metadata import distributions
+
+    # every distribution's entry points, not `entry_points()`: that keeps only the first metadata
+    # of each name on sys.path, and a stale gpulens.egg-info in the working directory (a source
+    # checkout's build leftover) would hide the installed package's
+    found = [
+        ep
+        for dist in distributions()
+        for ep in dist.entry_points
+        if ep.group == SIMULATED_NODE_GROUP and ep.name == SIMULATED_NODE_NAME
+    ]
+    if not found:
+        raise ConfigError(
+            f"--simulate: no simulator installed: entry point {SIMULATED_NODE_NAME!r} of group "
+            f"{SIMULATED_NODE_GROUP!r} is missing (install gpulens with pip: pip install gpulens)"
+        )
+    try:
+        return found[0].load()
+    except ImportError as exc:
+        raise ConfigError(f"--simulate: the simulator cannot be loaded: {exc}") from exc
+
+
 def run(config: ExporterConfig) -> int:
     """Start sampling and serve until SIGTERM/SIGINT; with `--simulate`, on a simulated node.
 
@@ -402,10 +434,8 @@ def run(config: ExporterConfig) -> int:
     signals = Signals()
     if not config.simulate:
         return serve(config, signals=signals)
-    # the only place the exporter reaches for the simulator (DESIGN section 2: exporter/ holds only
-    # what runs on a GPU node); the context manager removes the node and its files on every path
-    from gpulens.sim.node import simulated_node
-
+    # the context manager removes the node and its files on every path
+    simulated_node = simulated_node_factory()
     use_dcgm = config.profiling in ("auto", "dcgm") and (
         config.profiling == "dcgm" or config.dcgm_bindings is not None
     )

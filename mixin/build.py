@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulens.mixin import rules
-from gpulens.mixin.config import DEFAULT, MixinConfig
+from gpulens.promscope.config import DEFAULT, MixinConfig
 
 REPO = Path(__file__).resolve().parents[1]
 ALERTS_DIR = REPO / "alerts"
@@ -63,7 +63,8 @@ def build(check: bool = False, alerts_dir: Path = ALERTS_DIR) -> Outcome:
 
 def build_to(config: MixinConfig, out: Path, check: bool = False) -> Outcome:
     """A config's rules and dashboards under `out` (rules/, dashboards/)."""
-    from gpulens.dashboards.build import render_all  # grafanalib only when dashboards are built
+    # imported here for grafanalib (the dashboards extra), needed only when dashboards are built
+    from gpulens.dashboards.build import render_all
 
     wanted = {out / "rules" / item.filename: item.text for item in rules.render_all(config)}
     for board in render_all(config):

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from gpulens.mixin import build
-from gpulens.mixin.config import DEFAULT, ConfigError, load
 from gpulens.mixin.rules import RuleRenderError
+from gpulens.promscope.config import DEFAULT, ConfigError, load
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

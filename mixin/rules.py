@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml
 
-from gpulens.mixin.config import REMEDIATE_PREFIX, MixinConfig
-from gpulens.mixin.promql import PromQLError, Scope, apply
+from gpulens.analyzer.sources import rules as analyzer_rules
+from gpulens.promscope.config import MixinConfig, scope
+from gpulens.promscope.promql import PromQLError, apply
 
 SOURCE_DIR = Path(__file__).resolve().parent / "rules"
 RULE_FILES = ("gpu_alerts.yml", "recording_rules.yml")
@@ -33,14 +34,6 @@ _RUNBOOK = re.compile(rf"^(?P<head>\s*runbook_url:\s*){MARKER}\s*$")
 
 class RuleRenderError(ValueError):
     """A source the renderer cannot apply the config to: one line naming the file and the rule."""
-
-
-def scope(config: MixinConfig) -> Scope:
-    return Scope(
-        selector=config.selector,
-        cluster_label=config.cluster_label,
-        overrides=((REMEDIATE_PREFIX, config.remediate_selector),),
-    )
 
 
 def header(source: str, config: MixinConfig) -> str:
@@ -162,8 +155,6 @@ class RenderedRules:
 
 def render_all(config: MixinConfig, source_dir: Path = SOURCE_DIR) -> list[RenderedRules]:
     """The rule sources rendered with `config`, and the analyzer's recording rules with it."""
-    from gpulens.analyzer.sources import rules as analyzer_rules  # it imports this module
-
     out = []
     for name in RULE_FILES:
         path = source_dir / name

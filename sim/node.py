@@ -6,7 +6,8 @@
 It builds the scenario's node on a real (or scaled) clock, writes its fake procfs, pod-log and
 job-mapping trees into a temporary directory, installs the simulated NVML library under pynvml
 and, when asked, the simulated DCGM host engine; on exit it undoes all of that, on every path.
-The exporter's CLI uses it for `--simulate`; nothing in `gpulens.exporter` imports the simulator.
+The exporter's CLI finds it for `--simulate` through the `gpulens.simulated_node` entry point
+(pyproject.toml); nothing in `gpulens.exporter` imports the simulator.
 """
 
 from __future__ import annotations

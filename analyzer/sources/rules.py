@@ -43,9 +43,8 @@ from pathlib import Path
 import yaml
 
 from gpulens.analyzer import signals
-from gpulens.mixin.config import DEFAULT, ConfigError, MixinConfig, load
-from gpulens.mixin.promql import apply
-from gpulens.mixin.rules import scope
+from gpulens.promscope.config import DEFAULT, ConfigError, MixinConfig, load, scope
+from gpulens.promscope.promql import apply
 
 GROUP = "gpulens.analyzer"
 RULE_FILE = "analyzer_rules.yml"  # in alerts/

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from gpulens.mixin.config import MixinConfig  # the gpulens package (make rules runs .venv's python)
+from gpulens.promscope.config import MixinConfig  # the gpulens package (make rules runs .venv's python)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulens.devtools.ports import free_port
-from gpulens.mixin.config import MixinConfig
+from gpulens.promscope.config import MixinConfig
 
 THANOS_VERSION = "v0.42.3"
 TOOLS_DIR = Path(os.environ.get("GPULENS_TOOLS_DIR", Path.home() / ".cache" / "gpulens-tools"))

@@ -18,7 +18,7 @@ from gpulens import __version__, exits
 # subcommand name -> module that implements register(subparsers)
 COMMANDS: dict[str, str] = {
     "sim": "gpulens.sim.launcher",
-    "simulate": "gpulens.analyzer.cli",
+    "simulate": "gpulens.sim.history_cli",
     "profile": "gpulens.analyzer.cli",
     "recommend": "gpulens.analyzer.cli",
     "report": "gpulens.analyzer.cli",

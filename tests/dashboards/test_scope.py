@@ -7,7 +7,7 @@ import re
 import pytest
 
 from gpulens.dashboards.build import render_all
-from gpulens.mixin.config import DEFAULT, MixinConfig
+from gpulens.promscope.config import DEFAULT, MixinConfig
 from tests.dashboards.model import dashboards, data_panels
 
 # the analyzer's recommendations come from wherever its textfile is scraped (node_exporter), the

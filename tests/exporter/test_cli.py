@@ -239,7 +239,7 @@ def test_the_simulated_node_is_removed_when_its_user_fails() -> None:
 
 
 def test_the_exporter_package_never_imports_the_simulator() -> None:
-    """exporter/ holds only what runs on a node: the simulator is reached from the CLI alone."""
+    """exporter/ holds only what runs on a node: `--simulate` finds the simulator by entry point."""
     import ast
 
     root = Path(__file__).resolve().parents[2] / "exporter"
@@ -252,7 +252,28 @@ def test_the_exporter_package_never_imports_the_simulator() -> None:
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             offenders += [f"{path.relative_to(root)}: {n}" for n in names if n.startswith("gpulens.sim")]
-    assert offenders == ["cli.py: gpulens.sim.node"]
+    assert offenders == []
+
+
+def test_simulate_finds_the_simulated_node_through_its_entry_point() -> None:
+    from gpulens.exporter.cli import simulated_node_factory
+    from gpulens.sim.node import simulated_node
+
+    assert simulated_node_factory() is simulated_node
+
+
+def test_simulate_without_the_simulator_entry_point_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.metadata
+
+    from gpulens.exporter.cli import main
+
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda **_kw: iter(()))
+    assert main(["--simulate", "seed-case", "--listen", "127.0.0.1:0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "--simulate" in err and "gpulens.simulated_node" in err
 
 
 def test_without_a_gpu_and_without_simulate_the_log_and_landing_page_say_what_to_do(tmp_path: Path) -> None:

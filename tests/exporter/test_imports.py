@@ -1,4 +1,5 @@
-"""The exporter must stay small: no pandas, numpy or scikit-learn anywhere in its import graph."""
+"""The exporter must stay small: no pandas, numpy or scikit-learn anywhere in its import graph, and
+no simulator (`--simulate` finds it through an entry point, docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,4 @@ def test_exporter_imports_no_heavy_libraries() -> None:
     modules = json.loads(result.stdout)
     loaded = [m for m in modules if m.split(".")[0] in HEAVY]
     assert loaded == []
+    assert [m for m in modules if m == "gpulens.sim" or m.startswith("gpulens.sim.")] == []

@@ -16,6 +16,7 @@ SHIPPED = (
     ROOT / "src/gpulens/cli.py",
     ROOT / "src/gpulens/catalog.py",
     ROOT / "src/gpulens/httpclient.py",
+    ROOT / "src/gpulens/promscope",
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulens.mixin.config import DEFAULT, MAX_CONFIG_BYTES, ConfigError, MixinConfig, load
+from gpulens.promscope.config import DEFAULT, MAX_CONFIG_BYTES, ConfigError, MixinConfig, load
 
 
 def write(tmp_path, text: str):

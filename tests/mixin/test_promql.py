@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpulens.mixin.promql import KEYWORDS, PromQLError, Scope, apply, check_selector
+from gpulens.promscope.promql import KEYWORDS, PromQLError, Scope, apply, check_selector
 
 SCOPE = Scope(selector='job="g"', cluster_label="cluster")
 

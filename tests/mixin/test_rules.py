@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from gpulens.mixin import build, rules
-from gpulens.mixin.config import DEFAULT, MixinConfig
 from gpulens.mixin.rules import RuleRenderError, render_text
+from gpulens.promscope.config import DEFAULT, MixinConfig
 from tests.alerts import rulefiles
 
 CUSTOM = MixinConfig(

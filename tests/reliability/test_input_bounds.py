@@ -45,8 +45,8 @@ from gpulens.analyzer.weekly import load_previous
 from gpulens.exporter.config import ConfigError as WebConfigError
 from gpulens.exporter.webconfig import load_web_config
 from gpulens.httpclient import Deadline
-from gpulens.mixin.config import ConfigError as MixinConfigError
-from gpulens.mixin.config import load as load_mixin_config
+from gpulens.promscope.config import ConfigError as MixinConfigError
+from gpulens.promscope.config import load as load_mixin_config
 from gpulens.remediate.kubernetes import MAX_NODE_ANSWER, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.model import IsolationRequest
 from gpulens.safeload import MAX_NODES, MAX_NUMBER_CHARS, MAX_YAML_BYTES, load_json, load_yaml

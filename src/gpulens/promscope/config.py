@@ -4,6 +4,9 @@ kube-prometheus passes every mixin a `_config` with its selectors, `clusterLabel
 `runbookURLPattern`; gpulens takes the same three from one YAML file (same key names), and applies
 them to the alert rules, the recording rules and the dashboards (`gpulens mixin build`). The
 defaults below are what the committed files in alerts/ and dashboards/json/ are generated with.
+
+It lives in the shared core, below the parts that apply it (mixin/, analyzer/sources/rules.py,
+dashboards/), so each of them reads it from here and none imports another to get it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gpulens.mixin.promql import PromQLError, check_label, check_selector
+from gpulens.promscope.promql import PromQLError, Scope, check_label, check_selector
 from gpulens.safeload import InputError, load_yaml_file
 
 DEFAULT_SELECTOR = 'job=~".*gpulens.*"'
@@ -59,6 +62,16 @@ class MixinConfig:
 
 
 DEFAULT = MixinConfig()
+
+
+def scope(config: MixinConfig) -> Scope:
+    """What `promql.apply` adds for `config`: its selector (the receiver's own for its series) and
+    its cluster label."""
+    return Scope(
+        selector=config.selector,
+        cluster_label=config.cluster_label,
+        overrides=((REMEDIATE_PREFIX, config.remediate_selector),),
+    )
 
 
 def validate(config: MixinConfig, where: str = "config") -> MixinConfig:
