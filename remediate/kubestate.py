@@ -4,6 +4,7 @@ namespace)."""
 
 from __future__ import annotations
 
+import logging
 import urllib.parse
 from dataclasses import dataclass
 
@@ -11,6 +12,9 @@ from gpulens.remediate.breaker import BreakerSnapshot, BreakerStoreError
 from gpulens.remediate.kubernetes import KubernetesClient, KubernetesError
 
 DATA_KEY = "breaker.json"
+CORRUPT_KEY = "breaker.json.corrupt"
+MAX_KEPT = 64 << 10  # of a corrupt state, what is kept for a person to read
+log = logging.getLogger("gpulens.remediate")
 
 
 @dataclass
@@ -41,7 +45,23 @@ class ConfigMapStore:
         text = (doc.get("data") or {}).get(DATA_KEY)
         if not isinstance(text, str):
             return None
-        return BreakerSnapshot.from_json(text, f"breaker state {self.describe()} key {DATA_KEY}")
+        try:
+            return BreakerSnapshot.from_json(text, f"breaker state {self.describe()} key {DATA_KEY}")
+        except BreakerStoreError as exc:  # corrupt: kept aside for a person, never fatal
+            self._move_aside(text, str(exc))
+            return None
+
+    def _move_aside(self, text: str, problem: str) -> None:
+        """Keep the corrupt text under `breaker.json.corrupt` and drop `breaker.json` (one merge patch)."""
+        patch = {"data": {CORRUPT_KEY: text[:MAX_KEPT], DATA_KEY: None}}
+        try:
+            status, _ = self.client.request(
+                "PATCH", self._path, patch, content_type="application/merge-patch+json"
+            )
+        except KubernetesError as exc:
+            status, problem = 0, f"{problem} (not moved aside: {exc})"
+        moved = f"moved to key {CORRUPT_KEY}" if status == 200 else "left in place"
+        log.warning("%s; %s, starting with a closed breaker and an empty window", problem, moved)
 
     def save(self, snapshot: BreakerSnapshot) -> None:
         patch = {"data": {DATA_KEY: snapshot.to_json()}}

@@ -266,3 +266,21 @@ def test_only_succeeded_actions_count_and_the_window_never_overflows(max_nodes, 
     assert len(state.nodes_in_window) <= max_nodes
     if state.open:
         assert len(succeeded) == max_nodes  # only a full window of successes latches it
+
+
+def test_a_corrupt_breaker_state_in_a_configmap_is_moved_aside_and_never_latches(caplog):
+    stand_in = KubeStandIn()
+    stand_in.configmaps["gpulens/breaker"] = {
+        "metadata": {"name": "breaker", "namespace": "gpulens"},
+        "data": {DATA_KEY: '{"version": 1, "opened_at": '},  # cut short
+    }
+    with kube_api(stand_in):
+        client = KubernetesClient(stand_in.url)
+        breaker = CircuitBreaker(1, 600, clock=Clock(), store=ConfigMapStore(client, "gpulens", "breaker"))
+        assert not breaker.state().open
+    data = stand_in.configmaps["gpulens/breaker"]["data"]
+    assert DATA_KEY not in data and data[f"{DATA_KEY}.corrupt"] == '{"version": 1, "opened_at": '
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(
+        "moved to key breaker.json.corrupt" in w and "configmap gpulens/breaker" in w for w in warnings
+    )
