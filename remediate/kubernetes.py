@@ -28,6 +28,7 @@ import shlex
 import ssl
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,12 +50,16 @@ ANNOTATION_EPISODE = "gpulens.io/episode"  # on recovery Jobs: the episode they 
 ANNOTATION_EPISODE_RECORD = "gpulens.io/remediation"  # on the node: its latest episode, as JSON
 EPISODE_ANNOTATION_PREFIX = "episodes.gpulens.io/"  # + digest: one open episode each, as JSON
 MAX_RECORD_DETAIL = 512  # characters of an episode's detail kept on the node
-NODE_PAGE = 100  # nodes per list call: a page stays far below MAX_ANSWER
-MAX_NODE_PAGES = 1000
+# Lists come in pages (limit/continue) of at most MAX_PAGE_ANSWER bytes: decoded, a page takes up to
+# ~50 times its size, and only one page is held at a time, so a node with hundreds of pods or a
+# fleet of thousands of nodes stays within the receiver's memory limit
+LIST_PAGE = 20  # objects per list call
+MAX_PAGE_ANSWER = 1 << 20
+MAX_LIST_PAGES = 5000
 # nvidia-smi comes with the NVIDIA container toolkit's driver mount; any image with nsenter works for reboots
 DEFAULT_JOB_IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
 CONFLICT_RETRIES = 3
-MAX_ANSWER = 16 << 20  # a page of nodes or a pod list of a full node: a few MiB
+MAX_ANSWER = 4 << 20  # one object (a Job, an eviction): lists are paged under MAX_PAGE_ANSWER
 # one node object is a few KiB (tens with many images or episode annotations); decoded, JSON takes
 # up to ~50 times its size, so a 15 MB node took the receiver to 805 MiB against a 128 MiB limit
 MAX_NODE_ANSWER = 1 << 20
@@ -240,21 +245,37 @@ class KubernetesIsolator:
         detail = f"cordoned node {request.node} and tainted {TAINT_KEY}={_taint(request)['value']}:NoSchedule"
         return Outcome("applied", detail + self._drain(request, deadline))
 
+    def _pods_on(self, node: str, deadline: Deadline) -> Iterator[dict]:
+        """The pods bound to `node`, a page at a time (KubernetesError when a page fails)."""
+        return self._listed("/api/v1/pods", f"pods of node {node}", deadline, f"spec.nodeName={node}")
+
+    def _listed(self, path: str, what: str, deadline: Deadline, field_selector: str = "") -> Iterator[dict]:
+        token = ""
+        for _page in range(MAX_LIST_PAGES):
+            query = {"limit": LIST_PAGE, **({"fieldSelector": field_selector} if field_selector else {})}
+            if token:
+                query["continue"] = token
+            status, answer = self.client.request(
+                "GET", f"{path}?{urllib.parse.urlencode(query)}", deadline=deadline, max_bytes=MAX_PAGE_ANSWER
+            )
+            if status != 200:
+                raise KubernetesError(f"list {what}: HTTP {status} {answer.get('message', '')}")
+            yield from (item for item in answer.get("items") or [] if isinstance(item, dict))
+            token = str((answer.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return
+        raise KubernetesError(f"list {what}: more than {MAX_LIST_PAGES} pages of {LIST_PAGE}")
+
     def _drain(self, request: IsolationRequest, deadline: Deadline) -> str:
         if not self._drains(request):
             return ""
-        selector = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={request.node}"})
+        evicted, blocked, failed = 0, 0, 0
         try:
-            status, pods = self.client.request("GET", f"/api/v1/pods?{selector}", deadline=deadline)
+            pods = list(self._evictable(request.node, deadline))
         except KubernetesError as exc:
             return f"; drain failed: {exc}"
-        if status != 200:
-            return f"; drain failed: list pods HTTP {status}"
-        evicted, blocked, failed = 0, 0, 0
-        for pod in pods.get("items", []):
+        for pod in pods:
             meta = pod.get("metadata", {})
-            if _stays(pod):
-                continue
             namespace, name = meta.get("namespace", ""), meta.get("name", "")
             body = {
                 "apiVersion": "policy/v1",
@@ -348,17 +369,20 @@ class KubernetesIsolator:
         info = (doc.get("status") or {}).get("nodeInfo") or {}
         return str(info.get("bootID", ""))
 
+    def _evictable(self, node: str, deadline: Deadline) -> Iterator[dict]:
+        """The pods of `node` a drain evicts: only their names are kept, never whole pages."""
+        for pod in self._pods_on(node, deadline):
+            if not _stays(pod):
+                meta = pod.get("metadata") or {}
+                yield {"metadata": {"namespace": meta.get("namespace", ""), "name": meta.get("name", "")}}
+
     def can_start(self, episode: Episode, deadline: Deadline) -> Progress:
         if episode.recovery is not Recovery.REBOOT_NODE:
             return Progress(Step.DONE)
-        selector = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={episode.node}"})
         try:
-            status, pods = self.client.request("GET", f"/api/v1/pods?{selector}", deadline=deadline)
+            left = list(self._evictable(episode.node, deadline))
         except KubernetesError as exc:
             return Progress(Step.PENDING, str(exc))
-        if status != 200:
-            return Progress(Step.PENDING, f"list pods of {episode.node}: HTTP {status}")
-        left = [p for p in pods.get("items", []) if isinstance(p, dict) and not _stays(p)]
         if left:
             return Progress(
                 Step.PENDING, f"node {episode.node} still runs {len(left)} pod(s); reboot once drained"
@@ -500,35 +524,26 @@ class KubernetesIsolator:
             )
 
     def recorded(self, deadline: Deadline) -> Recorded:
-        """The open episodes and return times kept on the nodes (every node, in pages)."""
+        """The open episodes and return times kept on the nodes (every node, a page at a time)."""
         episodes: list[Episode] = []
         returned: dict[str, float] = {}
         skipped = 0
-        token = ""
-        for _page in range(MAX_NODE_PAGES):
-            query = urllib.parse.urlencode({"limit": NODE_PAGE, **({"continue": token} if token else {})})
-            status, answer = self.client.request("GET", f"/api/v1/nodes?{query}", deadline=deadline)
-            if status != 200:
-                raise KubernetesError(f"list nodes: HTTP {status} {answer.get('message', '')}")
-            for node in answer.get("items") or []:
-                meta = node.get("metadata") or {} if isinstance(node, dict) else {}
-                name, annotations = meta.get("name"), meta.get("annotations") or {}
-                if not isinstance(name, str) or not isinstance(annotations, dict):
+        for node in self._listed("/api/v1/nodes", "nodes", deadline):
+            meta = node.get("metadata") or {}
+            name, annotations = meta.get("name"), meta.get("annotations") or {}
+            if not isinstance(name, str) or not isinstance(annotations, dict):
+                continue
+            at = _epoch(annotations.get(ANNOTATION_RETURNED))
+            if at is not None:
+                returned[name] = at
+            for key, value in annotations.items():
+                if not str(key).startswith(EPISODE_ANNOTATION_PREFIX):
                     continue
-                at = _epoch(annotations.get(ANNOTATION_RETURNED))
-                if at is not None:
-                    returned[name] = at
-                for key, value in annotations.items():
-                    if not str(key).startswith(EPISODE_ANNOTATION_PREFIX):
-                        continue
-                    episode = _episode(value, name)
-                    if episode is None:
-                        skipped += 1
-                    else:
-                        episodes.append(episode)
-            token = str((answer.get("metadata") or {}).get("continue") or "")
-            if not token:
-                break
+                episode = _episode(value, name)
+                if episode is None:
+                    skipped += 1
+                else:
+                    episodes.append(episode)
         return Recorded(episodes, returned, skipped)
 
 

@@ -205,11 +205,15 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                         meta = node.setdefault("metadata", {})
                         meta["resourceVersion"] = str(int(meta.get("resourceVersion", "1")) + 1)
                 self._reply(200, seen)
-            elif url.path == "/api/v1/pods":
-                selector = urllib.parse.parse_qs(url.query).get("fieldSelector", [""])[0]
-                node = selector.removeprefix("spec.nodeName=")
-                items = [p for p in state.pods if p["spec"]["nodeName"] == node]
-                self._reply(200, {"kind": "PodList", "items": items})
+            elif url.path == "/api/v1/pods":  # pods of a node, in pages like the node list
+                query = urllib.parse.parse_qs(url.query)
+                node = query.get("fieldSelector", [""])[0].removeprefix("spec.nodeName=")
+                everything = [p for p in state.pods if p["spec"]["nodeName"] == node]
+                limit = int(query.get("limit", ["0"])[0]) or len(everything) or 1
+                start = int(query.get("continue", ["0"])[0])
+                more = str(start + limit) if start + limit < len(everything) else ""
+                page = everything[start : start + limit]
+                self._reply(200, {"kind": "PodList", "metadata": {"continue": more}, "items": page})
             elif len(parts) >= 5 and parts[-4] == "namespaces" and parts[-2] in ("configmaps", "jobs"):
                 store = state.configmaps if parts[-2] == "configmaps" else state.jobs
                 obj = store.get(f"{parts[-3]}/{parts[-1]}")

@@ -16,7 +16,7 @@ from gpulens.remediate.breaker import (
     CircuitBreaker,
     FileStore,
 )
-from gpulens.remediate.kubernetes import KubernetesClient, KubernetesIsolator
+from gpulens.remediate.kubernetes import LIST_PAGE, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.kubestate import DATA_KEY, ConfigMapStore
 from gpulens.remediate.slurm import SlurmIsolator
 from tests.alerts.remediate_support import (
@@ -123,7 +123,7 @@ def test_kubernetes_refuses_names_that_are_not_node_names(name):
             handled = deliver(base, notification(alert(node=name)))
     assert _results(handled) == ["rejected"]
     # nothing but the start's listing of the nodes (no audit log: their episode records)
-    assert [r.path for r in stand_in.requests] == ["/api/v1/nodes?limit=100"]
+    assert [r.path for r in stand_in.requests] == [f"/api/v1/nodes?limit={LIST_PAGE}"]
 
 
 def test_kubernetes_unknown_nodes_never_fill_the_window():

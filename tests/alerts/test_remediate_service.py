@@ -14,7 +14,13 @@ import urllib.request
 
 import pytest
 
-from gpulens.remediate.kubernetes import TAINT_KEY, KubernetesClient, KubernetesIsolator
+from gpulens.remediate.kubernetes import (
+    LIST_PAGE,
+    MAX_PAGE_ANSWER,
+    TAINT_KEY,
+    KubernetesClient,
+    KubernetesIsolator,
+)
 from gpulens.remediate.slurm import SlurmIsolator
 from tests.alerts.remediate_support import (
     TOKEN,
@@ -486,3 +492,24 @@ def test_state_needs_the_credentials_and_health_and_metrics_stay_open(authorizat
         assert get(f"{base}/-/healthy", None) == (200, "OK\n")
         assert get(f"{base}/metrics", None)[0] == 200
         assert "queue" in json.loads(get(f"{base}/-/state")[1])
+
+
+def test_a_node_with_many_pods_is_drained_a_page_at_a_time(kube):
+    kube.pods += [_pod(f"worker-{i}", "gpu-1") for i in range(3 * LIST_PAGE)]
+    with receiver(KubernetesIsolator(kube.client, drain=True), dry_run=False) as (base, _):
+        deliver(base, notification(alert(instance="gpu-1:9842")))
+    lists = [r.path for r in kube.of("GET") if r.path.startswith("/api/v1/pods?")]
+    assert len(lists) >= 3 and all(f"limit={LIST_PAGE}" in p for p in lists)
+    evicted = {e.path.split("/")[-2] for e in kube.of("POST")}
+    assert {f"worker-{i}" for i in range(3 * LIST_PAGE)} <= evicted
+
+
+def test_a_page_of_pods_over_its_byte_bound_fails_the_drain_in_one_line(kube):
+    huge = _pod("huge", "gpu-1")
+    huge["metadata"]["annotations"] = {"blob": "x" * (MAX_PAGE_ANSWER + 1)}
+    kube.pods.append(huge)
+    with receiver(KubernetesIsolator(kube.client, drain=True), dry_run=False) as (base, _):
+        deliver(base, notification(alert(instance="gpu-1:9842")))
+        state = _state(base)
+    detail = state["actions"][0]["detail"]
+    assert "drain failed" in detail and "\n" not in detail
