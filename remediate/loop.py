@@ -1,9 +1,10 @@
 """Move open episodes on: start the recovery action, see it finish, hold down, return to service.
 
 `Reconciler.tick()` looks at every open episode once (tests call it directly); `run()` calls it
-every `interval_s` on its own thread. Each step on a node holds that node's lock (shared with the
-webhook handler), so a slow backend call on one node never delays another, and every backend
-call has the action deadline. Resets and reboots pass through the circuit breaker like
+every `interval_s` on its own thread. Nodes are stepped concurrently on a small pool, each node at
+most once at a time (a node still busy from an earlier pass is skipped), and each step holds that
+node's lock (shared with the webhook handler): a node whose calls hang delays only itself, and
+every backend call has the action deadline. Resets and reboots pass through the circuit breaker like
 isolations; a refused one waits for the next tick.
 
 Every action on a node (starting a reset or reboot, returning it to service) first re-reads the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gpulens.httpclient import Deadline
@@ -41,6 +43,9 @@ class LoopPolicy:
     node_gpu_threshold: int = 2  # faulty GPUs on one node that take the whole node out (0: never)
 
 
+PARALLEL_NODES = 8  # nodes stepped at once
+
+
 class Reconciler:
     def __init__(
         self,
@@ -62,13 +67,18 @@ class Reconciler:
         self.dry_run = dry_run
         self.clock = clock
         self._stop = threading.Event()
+        # nodes are stepped concurrently, each at most once at a time: a node whose orchestrator
+        # calls hang (each bounded by action_timeout_s) holds one worker, never another node's pass
+        self._pool = ThreadPoolExecutor(PARALLEL_NODES, thread_name_prefix="gpulens-reconcile-node")
+        self._busy: set[str] = set()
+        self._busy_lock = threading.Lock()
 
     # ---- the thread ----------------------------------------------------------------------------
 
     def run(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
             try:
-                self.tick()
+                self.tick(wait=False)  # a node still busy from an earlier pass is skipped
             except Exception:  # one bad step must not end the loop
                 log.exception("reconcile pass failed")
 
@@ -79,20 +89,43 @@ class Reconciler:
 
     def stop(self) -> None:
         self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- one pass ------------------------------------------------------------------------------
 
-    def tick(self) -> None:
-        nodes = sorted({e.node for e in self.book.open_episodes()})
-        for node in nodes:
+    def tick(self, wait: bool = True) -> list[str]:
+        """One pass: every node with open episodes not still busy from an earlier pass, stepped
+        concurrently; `wait` returns once they are done (tests), else at once (the thread).
+        Returns the nodes it started."""
+        started: list[str] = []
+        futures: list[Future[None]] = []
+        for node in sorted({e.node for e in self.book.open_episodes()}):
+            with self._busy_lock:
+                if node in self._busy:
+                    continue
+                self._busy.add(node)
+            started.append(node)
+            futures.append(self._pool.submit(self._pass_node, node))
+        if wait:
+            for future in futures:
+                future.result()
+        return started
+
+    def _pass_node(self, node: str) -> None:
+        try:
             with self.locks.hold(node, self.policy.action_timeout_s) as held:
                 if not held:
-                    continue  # a webhook action on this node is still running: next tick
+                    return  # a webhook action on this node is still running: next tick
                 for episode in self.book.of_node(node):
                     current = self.book.get(episode.id)
                     if current is not None:  # an earlier step may have closed it (a return by hand)
                         self._step(current)
                 self._maybe_return(node)
+        except Exception:  # one node's failure must not stop the others' passes
+            log.exception("reconcile pass of node %s failed", node)
+        finally:
+            with self._busy_lock:
+                self._busy.discard(node)
 
     def _step(self, episode: Episode) -> None:
         deadline = Deadline(self.policy.action_timeout_s)

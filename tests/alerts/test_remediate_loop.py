@@ -544,3 +544,44 @@ def test_unreadable_node_records_are_skipped_and_node_lists_are_paged(tmp_path):
     assert kept.returned == {"gpu-4": 1_796_119_200.0}
     pages = -(-250 // LIST_PAGE)
     assert len([r for r in stand_in.of("GET") if r.path.startswith("/api/v1/nodes?")]) == pages
+
+
+def test_a_node_whose_calls_hang_does_not_delay_another_nodes_steps(slurm, tmp_path):
+    import threading
+
+    clock = Clock()
+    isolator = SlurmIsolator()
+    hang, entered = threading.Event(), threading.Event()
+    can_start = isolator.can_start
+
+    def slow_for_one_node(episode, deadline):  # type: ignore[no-untyped-def]
+        if episode.node == "gpu-hung":
+            entered.set()
+            hang.wait(30)
+        return can_start(episode, deadline)
+
+    isolator.can_start = slow_for_one_node  # type: ignore[method-assign]
+    with receiver(isolator, dry_run=False, clock=clock, policy=_policy()) as (base, rem):
+        deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node", instance="gpu-hung:9842")))
+        deliver(
+            base,
+            notification(
+                {
+                    **fault("GPUXidFallenOffBus", "reboot_node", instance="gpu-17:9842"),
+                    "fingerprint": "fp-other",
+                }
+            ),
+        )
+        started = rem.reconciler.tick(wait=False)
+        assert entered.wait(10)  # gpu-hung's pass is stuck in its orchestrator call
+        other = next(e for e in episodes(rem).values() if e["node"] == "gpu-17")
+        for _ in range(200):  # a guard, not a bound: gpu-17's step must not wait for gpu-hung
+            other = next(e for e in episodes(rem).values() if e["node"] == "gpu-17")
+            if other["state"] == "recovering":
+                break
+            hang.wait(0.05)
+        assert other["state"] == "recovering"
+        assert "gpu-hung" not in rem.reconciler.tick(wait=False)  # still busy: not started twice
+        hang.set()
+    assert sorted(started) == ["gpu-17", "gpu-hung"]
+    assert ["reboot", "ASAP", "nextstate=DOWN"] in [c[:3] for c in scontrol_calls(slurm)]
