@@ -114,6 +114,16 @@ class KeptAliveClient:
             self.conn.close()
 
 
+def receiver_command(tmp_path: Path, port: int) -> list[str]:
+    """`gpulens remediate` on 127.0.0.1:`port` with the test token, over an scontrol that does nothing."""
+    (tmp_path / "token").write_text(TOKEN)
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\nexit 0\n")
+    scontrol.chmod(0o755)
+    cmd = [sys.executable, "-m", "gpulens.cli", "remediate", "--listen", f"127.0.0.1:{port}"]
+    return [*cmd, "--backend", "slurm", "--scontrol", str(scontrol), "--token-file", str(tmp_path / "token")]
+
+
 def run_attack(
     pid: int,
     port: int,
@@ -180,13 +190,8 @@ def test_5000_idle_and_slowloris_connections_under_1024_descriptors_leave_every_
 def test_2000_idle_and_slowloris_connections_under_1024_descriptors_leave_the_receiver_answering(
     tmp_path: Path, bad_input
 ) -> None:  # type: ignore[no-untyped-def]
-    (tmp_path / "token").write_text(TOKEN)
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text("#!/bin/sh\nexit 0\n")
-    scontrol.chmod(0o755)
     port = free_port()
-    cmd = [sys.executable, "-m", "gpulens.cli", "remediate", "--listen", f"127.0.0.1:{port}"]
-    cmd += ["--backend", "slurm", "--scontrol", str(scontrol), "--token-file", str(tmp_path / "token")]
+    cmd = receiver_command(tmp_path, port)
     ready = f"http://127.0.0.1:{port}/-/healthy"
     watchdog = {"status": "firing", "labels": {"alertname": "Watchdog"}, "fingerprint": "f"}
     notification = json.dumps({"version": "4", "status": "firing", "alerts": [watchdog]}).encode()

@@ -355,29 +355,30 @@ def test_answers_nobody_reads_hold_no_request_slot() -> None:
     assert served.status == 200 and served_body == body
 
 
-def test_pipelined_requests_followed_by_a_half_close_are_all_answered() -> None:
+def sent_then_half_closed(data: bytes) -> bytes:
+    """Everything the exporter answers to `data` sent at once, the client then half-closing."""
     with exporter_server() as server:
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-        sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+        sock.sendall(data)
         sock.shutdown(socket.SHUT_WR)
         received = b""
         while chunk := sock.recv(65536):
             received += chunk
         sock.close()
+    return received
+
+
+def test_pipelined_requests_followed_by_a_half_close_are_all_answered() -> None:
+    received = sent_then_half_closed(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
     assert received.count(b"HTTP/1.1 200 OK\r\n") == 3
     assert received.count(b"Connection: close") == 1  # on the last answer only
     assert received.endswith(b"OK\n")
 
 
 def test_a_partial_request_after_a_half_close_is_dropped_after_the_complete_ones() -> None:
-    with exporter_server() as server:
-        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-        sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nGET /-/healthy HTTP/1.1\r\nHo")
-        sock.shutdown(socket.SHUT_WR)
-        received = b""
-        while chunk := sock.recv(65536):
-            received += chunk
-        sock.close()
+    received = sent_then_half_closed(
+        b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nGET /-/healthy HTTP/1.1\r\nHo"
+    )
     assert received.count(b"HTTP/1.1 ") == 1
 
 

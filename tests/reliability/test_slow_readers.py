@@ -31,6 +31,7 @@ from tests.reliability.test_hostile_network import (
     TOKEN,
     daemon,
     peak_rss,
+    receiver_command,
 )
 from tests.reliability.test_hostile_network import _limit_descriptors as limit_descriptors
 from tests.support.procs import free_port, running
@@ -146,13 +147,8 @@ def test_sixty_tls_readers_that_never_read_leave_every_scrape_and_probe_answered
 
 
 def test_sixty_readers_of_the_receivers_state_leave_every_notification_accepted(tmp_path: Path) -> None:
-    (tmp_path / "token").write_text(TOKEN)
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text("#!/bin/sh\nexit 0\n")
-    scontrol.chmod(0o755)
     port = free_port()
-    cmd = [sys.executable, "-m", "gpulens.cli", "remediate", "--listen", f"127.0.0.1:{port}"]
-    cmd += ["--backend", "slurm", "--scontrol", str(scontrol), "--token-file", str(tmp_path / "token")]
+    cmd = receiver_command(tmp_path, port)
     watchdog = {"status": "firing", "labels": {"alertname": "Watchdog"}, "fingerprint": "f"}
     notification = json.dumps({"version": "4", "status": "firing", "alerts": [watchdog]}).encode()
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
