@@ -59,6 +59,11 @@ def rollback_name(host: str) -> str:
     return f"rollback-{_file_part(host)}.sh"
 
 
+def gres_name(host: str) -> str:
+    """A Slurm node's own gres.conf lines, which its apply script installs."""
+    return f"gres-{_file_part(host)}.conf"
+
+
 def _file_part(host: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in host)
 
@@ -259,7 +264,7 @@ def node_files(nodes: Sequence[NodePlan], mig_file: str) -> dict[str, str]:
     files: dict[str, str] = {}
     for node in nodes:
         if node.orchestrator is Orchestrator.SLURM:
-            fragment = f"gres-{_file_part(node.host)}.conf"
+            fragment = gres_name(node.host)
             files[fragment] = "\n".join(node.gres_lines) + "\n"
             files[apply_name(node.host)], files[rollback_name(node.host)] = slurm_scripts(
                 node, mig_file, fragment

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import yaml
@@ -369,7 +369,11 @@ def _mps_pct(client: Mapping[str, object]) -> int:
     return int(client.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") or 0)  # type: ignore[call-overload]
 
 
-def _mig_counts_after(gpu: PlacedGpu, delta: Changes) -> dict[str, int]:
+def _mig_instances_after(gpu: PlacedGpu, delta: Changes) -> dict[str, int]:
+    """Profile -> instances a GPU has after the plan, as slurmd will find them ({} when not MIG,
+    or MIG with instances the data does not show)."""
+    if not _mig_after(gpu, delta):
+        return {}
     if gpu.family is Family.UNCHANGED:
         now = delta.now.get(gpu.uuid)
         return dict(now.mig_profiles) if now is not None else {}
@@ -404,23 +408,17 @@ def slurm_files(
     for host in hosts:
         placed = placement.on(host)
         slots = placement.inventory.on(host)
-        has_mig = any(_mig_after(g, delta) and _mig_counts_after(g, delta) for g in placed)
+        instances = {g.index: _mig_instances_after(g, delta) for g in placed}
+        has_mig = any(instances.values())
         gres.append("")
         gres.append(f"# {host}: {len(slots)} GPU(s)")
         types: Counter[str] = Counter()
         if has_mig:
             gres.append(f"NodeName={host} AutoDetect=nvml")
         for slot in slots:
-            mig = next(
-                (
-                    g
-                    for g in placed
-                    if g.index == slot.index and _mig_after(g, delta) and _mig_counts_after(g, delta)
-                ),
-                None,
-            )
-            if mig is not None:
-                for profile, count in _mig_counts_after(mig, delta).items():
+            mig = instances.get(slot.index)
+            if mig:
+                for profile, count in mig.items():
                     types[profile] += count
             else:
                 types[slurm_type(slot.model)] += 1
@@ -492,19 +490,35 @@ def slurm_files(
 # ---------------------------------------------------------------- all together
 
 
-def _apply_steps(files: Mapping[str, str], mig_names: Mapping[str, str]) -> list[ApplyStep]:
+def _apply_steps(
+    files: Mapping[str, str], mig_names: Mapping[str, str], scripted: Sequence[str] = ()
+) -> list[ApplyStep]:
+    """How to apply the files, in order; `scripted`: the hosts whose apply script the files hold
+    (it installs their gres.conf lines and applies or selects their MIG layout itself)."""
     steps: list[ApplyStep] = []
     if MIG_FILE in files and mig_names:
-        steps.append(
-            ApplyStep(
-                MIG_FILE,
-                f"nvidia-mig-parted apply -f {MIG_FILE} -c gpulens-<host>   # on each host, its GPUs idle",
-                "creates each host's MIG instances; on Kubernetes with the GPU Operator instead: kubectl "
-                f"create configmap gpulens-mig-config -n gpu-operator --from-file=config.yaml={MIG_FILE}, "
-                "set the ClusterPolicy's migManager.config.name to gpulens-mig-config, and the "
-                f"{MIG_CONFIG_LABEL} labels of {LABELS_FILE} select each node's layout",
-            )
+        create = (
+            f"kubectl create configmap gpulens-mig-config -n gpu-operator --from-file=config.yaml={MIG_FILE}"
         )
+        policy = "set the ClusterPolicy's migManager.config.name to gpulens-mig-config"
+        if all(h in scripted for h in mig_names):
+            command = (
+                f"Kubernetes with the GPU Operator, once: {create} and {policy}; Slurm nodes: nothing to run"
+            )
+            purpose = (
+                "each node's MIG layout (config gpulens-<node>): its apply script labels the node "
+                f"({MIG_CONFIG_LABEL}) or runs nvidia-mig-parted apply on it"
+            )
+        else:
+            command = (
+                f"nvidia-mig-parted apply -f {MIG_FILE} -c gpulens-<host>   # on each host, its GPUs idle"
+            )
+            purpose = (
+                "creates each host's MIG instances; on Kubernetes with the GPU Operator instead: "
+                f"{create}, {policy}, and the {MIG_CONFIG_LABEL} labels of {LABELS_FILE} select each "
+                "node's layout"
+            )
+        steps.append(ApplyStep(MIG_FILE, command, purpose))
     if CONFIGMAP_FILE in files:
         steps.append(
             ApplyStep(
@@ -521,14 +535,28 @@ def _apply_steps(files: Mapping[str, str], mig_names: Mapping[str, str]) -> list
             )
         )
     if GRES_FILE in files:
+        gres_scripted = any(applyplan.gres_name(h) in files for h in scripted)
         steps.append(
             ApplyStep(
                 GRES_FILE,
-                f"merge {GRES_FILE} into /etc/slurm/gres.conf and {SLURM_NODES_FILE} into slurm.conf "
+                "nothing to run: each node's apply script installs its own lines (gres-<node>.conf); "
+                f"set each node's Gres= in slurm.conf as {SLURM_NODES_FILE} says"
+                if gres_scripted
+                else f"merge {GRES_FILE} into /etc/slurm/gres.conf and {SLURM_NODES_FILE} into slurm.conf "
                 "on every node, then: scontrol reconfigure",
                 "declares each GPU with its MPS or shard count; each job requests the --gres shown",
             )
         )
+    steps += [
+        ApplyStep(
+            applyplan.apply_name(host),
+            f"sh {applyplan.apply_name(host)}   # undo: sh {applyplan.rollback_name(host)}",
+            f"{host}, after the steps above: checks it still runs what the plan assumed, saves what "
+            "it has, then changes it in order (Kubernetes: where kubectl reaches the cluster; Slurm: "
+            "on the node, as root)",
+        )
+        for host in scripted
+    ]
     return steps
 
 
@@ -559,48 +587,9 @@ def emit(plan: Plan, context: FleetContext | None = None) -> Emitted:
     problems = validate_files(files, context.inventory, mig_names)
     if problems:
         raise InvalidConfig(problems)
-    steps = _apply_steps(files, mig_names)
     if files:
-        scripts = _node_scripts(delta, context, chosen, mig_names, files)
-        files.update(scripts)
-        if any(name.startswith("gres-") for name in scripts):  # the node scripts install gres.conf
-            steps = [
-                ApplyStep(
-                    GRES_FILE,
-                    f"nothing to run: each node's apply script installs its own lines (gres-<node>.conf); "
-                    f"set each node's Gres= in slurm.conf as {SLURM_NODES_FILE} says",
-                    "declares each GPU with its MPS or shard count; each job requests the --gres shown",
-                )
-                if step.file == GRES_FILE
-                else step
-                for step in steps
-            ]
-        scripted = all(applyplan.apply_name(h) in scripts for h in mig_names)
-        if MIG_FILE in files and scripted:  # node scripts apply (Slurm) or select (Kubernetes) them
-            steps = [
-                ApplyStep(
-                    MIG_FILE,
-                    "Kubernetes with the GPU Operator, once: kubectl create configmap gpulens-mig-config "
-                    f"-n gpu-operator --from-file=config.yaml={MIG_FILE} and set the ClusterPolicy's "
-                    "migManager.config.name to gpulens-mig-config; Slurm nodes: nothing to run",
-                    "each node's MIG layout (config gpulens-<node>): its apply script labels the node "
-                    f"({MIG_CONFIG_LABEL}) or runs nvidia-mig-parted apply on it",
-                )
-                if step.file == MIG_FILE
-                else step
-                for step in steps
-            ]
-        steps += [
-            ApplyStep(
-                applyplan.apply_name(host),
-                f"sh {applyplan.apply_name(host)}   # undo: sh {applyplan.rollback_name(host)}",
-                f"{host}, after the steps above: checks it still runs what the plan assumed, saves what "
-                "it has, then changes it in order (Kubernetes: where kubectl reaches the cluster; Slurm: "
-                "on the node, as root)",
-            )
-            for host in sorted(delta.hosts)
-            if applyplan.apply_name(host) in scripts
-        ]
+        files.update(_node_scripts(delta, context, chosen, mig_names, files))
+    scripted = [h for h in sorted(delta.hosts) if applyplan.apply_name(h) in files]
     if not files:
         notes.append("the plan changes no GPU on any node: no configuration file is emitted")
     notes += [
@@ -613,7 +602,7 @@ def emit(plan: Plan, context: FleetContext | None = None) -> Emitted:
         files=files,
         notes=list(context.inventory.notes) + notes,
         adjustments=adjustments,
-        apply=steps,
+        apply=_apply_steps(files, mig_names, scripted),
         placement=placement,
         changes=list(delta.gpus),
         now=delta.now,

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 
 from gpulens.analyzer.hosts import Family, GpuSlot, PlacedGpu, Placement
 
@@ -134,12 +135,17 @@ class Changes:
     now: Mapping[str, GpuNow]
     known: bool = True  # whether the state now was in the data (else every planned GPU changes)
 
-    @property
+    # emit asks these for every placed GPU and host: derived once, not scanned each time
+    @cached_property
     def hosts(self) -> frozenset[str]:
         return frozenset(c.host for c in self.gpus)
 
+    @cached_property
+    def _uuids(self) -> frozenset[str]:
+        return frozenset(c.uuid for c in self.gpus)
+
     def changed(self, uuid: str) -> bool:
-        return any(c.uuid == uuid for c in self.gpus)
+        return uuid in self._uuids
 
     def on(self, host: str) -> list[GpuChange]:
         return [c for c in self.gpus if c.host == host]
@@ -160,6 +166,8 @@ def changes(placement: Placement, now: Mapping[str, GpuNow], known: bool = True)
     as it is as changed, as before the state was read."""
     out: list[GpuChange] = []
     for gpu in placement.gpus:
+        if gpu.family is Family.UNCHANGED:
+            continue
         here = now.get(gpu.uuid)
         mode = planned_mode(gpu, here)
         after_jobs = frozenset(gpu.jobs)
@@ -167,8 +175,6 @@ def changes(placement: Placement, now: Mapping[str, GpuNow], known: bool = True)
         before_jobs = here.jobs if here is not None else frozenset()
         before_mode = here.mode if here is not None else Mode.IDLE
         before_profiles = here.mig_profiles if here is not None else ()
-        if gpu.family is Family.UNCHANGED:
-            continue
         same = (
             known
             and after_jobs == before_jobs

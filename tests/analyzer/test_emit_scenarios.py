@@ -213,9 +213,6 @@ def _as_planned(emitted: em.Emitted) -> em.FleetContext:
     for gpu in emitted.placement.gpus:
         mode = planned_mode(gpu, emitted.now.get(gpu.uuid))
         profiles = {str(s["job_id"]): str(s["profile"]) for s in gpu.entry.get("mig_layout", [])}
-        if gpu.entry.get("sharing") == "unchanged" and (here := emitted.now.get(gpu.uuid)) is not None:
-            mig = dict(here.mig_profiles)
-            profiles = {job: next(iter(mig), "") for job in gpu.jobs} if mig else {}
         for job in gpu.jobs:
             rows.append(
                 {
