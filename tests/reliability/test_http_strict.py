@@ -370,9 +370,11 @@ def sent_then_half_closed(data: bytes) -> bytes:
 
 def test_pipelined_requests_followed_by_a_half_close_are_all_answered() -> None:
     received = sent_then_half_closed(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
-    assert received.count(b"HTTP/1.1 200 OK\r\n") == 3
-    assert received.count(b"Connection: close") == 1  # on the last answer only
-    assert received.endswith(b"OK\n")
+    answers = received.split(b"HTTP/1.1 200 OK\r\n")[1:]
+    assert len(answers) == 3 and all(a.endswith(b"OK\n") for a in answers)
+    # the half-close may arrive before or after the last answer is written: only the last may
+    # announce the close, the connection is closed after it either way (recv above ended)
+    assert all(b"Connection: close" not in a for a in answers[:-1])
 
 
 def test_a_partial_request_after_a_half_close_is_dropped_after_the_complete_ones() -> None:
