@@ -227,7 +227,8 @@ def _signal_steps(
     if signal.scope == "job":
         rows = fam[fam["job_id"].isin(jobs)][["job_id", "timestamp", "value"]]
     elif signal.scope == "job_share":
-        rows = _share_rows(samples, info, fam[fam["job_id"].isin(jobs)], signal.figure)
+        rows = _share_rows(samples, info, fam, signal.figure)
+        rows = rows[rows["job_id"].isin(jobs)]
     elif signal.scope == "gpu_share":
         sharers = info.groupby(["uuid", "timestamp"], observed=True).size().rename("n").reset_index()
         device = fam[["uuid", "timestamp", "value"]].merge(sharers, on=["uuid", "timestamp"])
@@ -254,17 +255,36 @@ def _present(
 def _share_rows(
     samples: dict[str, pd.DataFrame], like: pd.DataFrame, shares: pd.DataFrame, figure: str
 ) -> pd.DataFrame:
-    """Per-job shares at the steps whose GPU published the remainder (so they add up) and whose
-    figure is `figure`: SM activity where the GPU has it at that step, else its utilization."""
+    """Per-job demand on a shared GPU at the steps whose GPU published the remainder and whose
+    figure is `figure` (SM activity where the GPU has it at that step, else its utilization),
+    on the scale of the whole GPU's figure: the job's share plus its part of the unattributed
+    remainder, in proportion to its share (split equally where no job has a share that step).
+
+    So a job is measured the same way whole (it gets the whole figure) and shared (the jobs of a
+    GPU add up to the figure): moving it onto a shared GPU does not read as a drop in demand, and
+    the plan made from its shared weeks proposes no move back (issue 30, "a fixed point").
+    `shares` holds every job's rows, not only the ones asked for: a GPU's sum needs them all.
+    """
     keys = ["uuid", "gpu_instance", "timestamp"]
-    rows = shares[["job_id", *keys, "value"]].merge(
-        _present(samples, like, signals.UNATTRIBUTED, keys), on=keys
-    )
+    rest = _family(samples, signals.UNATTRIBUTED, like)
+    rest = rest[rest["value"] >= 0][[*keys, "value"]].drop_duplicates(keys).rename(columns={"value": "rest"})
+    rows = shares[["job_id", *keys, "value"]].merge(rest, on=keys)
     profiled = _present(samples, like, signals.PROFILED_FIGURE, ["uuid", "timestamp"])
     marked = rows.merge(profiled, on=["uuid", "timestamp"], how="left", indicator=True)
     found = marked["_merge"] == "both"
-    keep = found if figure == signals.PROFILED_FIGURE else ~found
-    return marked[keep][["job_id", "timestamp", "value"]]
+    rows = marked[found if figure == signals.PROFILED_FIGURE else ~found]
+    if rows.empty:
+        return rows[["job_id", "timestamp", "value"]]
+    by_step = rows.groupby(keys, observed=True, sort=False)["value"]
+    total = by_step.transform("sum").to_numpy(dtype=float)
+    count = by_step.transform("size").to_numpy(dtype=float)
+    value = rows["value"].to_numpy(dtype=float)
+    remainder = rows["rest"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = np.where(total > 0, value * (total + remainder) / total, remainder / count)
+    return pd.DataFrame(
+        {"job_id": rows["job_id"].to_numpy(), "timestamp": rows["timestamp"].to_numpy(), "value": scaled}
+    )
 
 
 def slope(times: np.ndarray, values: np.ndarray) -> float:

@@ -118,7 +118,7 @@ def signal_note(signal: str) -> str:
             "gpu_job_sm_unattributed_ratio is missing, so jobs with different demand look alike)"
         )
     if signal.endswith("_share"):
-        return " (its share of the GPU's activity)"
+        return " (its share of the GPU's activity, with its part of what no job accounts for)"
     return ""
 
 

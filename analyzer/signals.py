@@ -9,12 +9,14 @@ table, so they pick the same signal for the same job and produce the same profil
   the device's SM figure (`gpu_job_sm_utilization_ratio`) and the part no job accounts for
   (`gpu_job_sm_unattributed_ratio`): per GPU they add up to the figure, SM activity where the GPU
   is profiled, else NVML utilization (docs/attribution.md). Where a GPU publishes the remainder,
-  the job's own share is used (`sm_active_share`, or `utilization_share` on an unprofiled GPU), so
-  two jobs with different demand on one GPU get different sizes. Older data has no remainder:
-  the per-job family was then raw per-process utilization, whose client times overlap under MPS,
-  so the device's SM activity split equally among the GPU's jobs (`sm_active_equal_split`) comes
-  next, then per-process utilization, then the device duty cycle split equally. The reason says
-  when an equal split decided.
+  the job's own share plus its part of the remainder (in proportion to its share) is used
+  (`sm_active_share`, or `utilization_share` on an unprofiled GPU), so two jobs with different
+  demand on one GPU get different sizes, and a job is measured on the same scale whole (it gets
+  the whole figure) and shared (its GPU's jobs add up to the figure): a move is not a drop.
+  Older data has no remainder: the per-job family was then raw per-process utilization, whose
+  client times overlap under MPS, so the device's SM activity split equally among the GPU's
+  jobs (`sm_active_equal_split`) comes next, then per-process utilization, then the device duty
+  cycle split equally. The reason says when an equal split decided.
 
 Each chain is tried in order; the first signal with at least one sample for a job is used, and
 its name is reported as `activity_signal` so a reader knows whether SM activity or the coarser

@@ -41,6 +41,9 @@ from gpulens.catalog import GpuModel
 
 # a stats query repeats the job matcher ~7 times; VictoriaMetrics rejects queries over 16 KiB by default
 MAX_REGEX_CHARS = 1800
+# a shared job's demand (`share_expr`) repeats the job matcher twice and the device matcher ten
+# times where other signals have them once and twice: its chunks get a fifth of the budget
+SHARED_REGEX_CHARS = MAX_REGEX_CHARS // 5
 
 
 def _regex(jobs: list[str]) -> str:
@@ -94,15 +97,7 @@ def signal_expr(signal: signals.Signal, regex: str | None, how: str, uuid_regex:
         own = f'{{job_id=~"{regex}"}}' if regex is not None else ""
         return f"{how} by (job_id) ({signal.family}{own} >= 0)"
     if signal.scope == "job_share":
-        own = f'{{job_id=~"{regex}"}}' if regex is not None else ""
-        # shares add up where the GPU publishes the remainder; they are of SM activity where the
-        # GPU has it at that step, else of its utilization (profile._share_rows)
-        profiled = "and" if signal.figure == signals.PROFILED_FIGURE else "unless"
-        return (
-            f"{how} by (job_id) (({signal.family}{own} >= 0)"
-            f" and on(uuid, gpu_instance) ({signals.UNATTRIBUTED}{dev} >= 0)"
-            f" {profiled} on(uuid) ({signals.PROFILED_FIGURE}{dev} >= 0))"
-        )
+        return f"{how} by (job_id) ({share_expr(signal, regex, dev)})"
     if signal.scope == "gpu_share":
         on_gpus = f',uuid=~"{uuid_regex}"' if uuid_regex is not None else ""
         jobs_on_gpu = f'count by (uuid) (gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"{on_gpus}}})'
@@ -110,6 +105,31 @@ def signal_expr(signal: signals.Signal, regex: str | None, how: str, uuid_regex:
         return f"{how} by (job_id) (gpu_job_info{{{sel}}} * on(uuid) group_left() {share})"
     on = "uuid" if signal.scope == "gpu" else "uuid, gpu_instance"
     return f"{how} by (job_id) (gpu_job_info{{{sel}}} * on({on}) group_left() ({signal.family}{dev} >= 0))"
+
+
+def share_expr(signal: signals.Signal, regex: str | None, dev: str) -> str:
+    """Each shared job's demand per device and step, on the scale of the whole GPU's figure
+    (mirrors `profile._share_rows`): its share, at steps where the GPU publishes the remainder and
+    whose figure is `signal.figure`, plus its part of the remainder in proportion to its share;
+    where no job on the device has a share, the remainder split equally among them.
+
+    The device sums are over every job on the device (`dev` selects the chunk's GPUs), never only
+    the jobs `regex` asks for: a GPU's jobs may fall in different chunks. They need not repeat the
+    remainder and figure conditions: those hold for a whole device at a step, and `own` has them.
+    """
+    on = "on(uuid, gpu_instance)"
+    profiled = "and" if signal.figure == signals.PROFILED_FIGURE else "unless"
+    rest = f"({signals.UNATTRIBUTED}{dev} >= 0)"
+    selector = f'{{job_id=~"{regex}"}}' if regex is not None else ""
+    own = (
+        f"(({signal.family}{selector} >= 0) and {on} {rest}"
+        f" {profiled} on(uuid) ({signals.PROFILED_FIGURE}{dev} >= 0))"
+    )
+    total = f"sum by (uuid, gpu_instance) ({signal.family}{dev} >= 0)"
+    count = f"count by (uuid, gpu_instance) ({signal.family}{dev} >= 0)"
+    scaled = f"{own} * {on} group_left() (({total} + {on} {rest}) / ({total} > 0))"
+    split = f"{own} * 0 + {on} group_left() ({rest} / {on} {count} unless {on} ({total} > 0))"
+    return f"({scaled}) or ({split})"
 
 
 def _stats_query(reductions: dict[str, str], inner: str, window: str) -> str:
@@ -297,7 +317,10 @@ class PromSource:
             (kind, chunk)
             for kind in ("exclusive", "mig", "shared")
             for chunk in chunk_jobs(
-                [j for j in gpus_of if kinds.get(j) == kind], self.chunk_size, gpus_of=gpus_of
+                [j for j in gpus_of if kinds.get(j) == kind],
+                self.chunk_size,
+                SHARED_REGEX_CHARS if kind == "shared" else MAX_REGEX_CHARS,
+                gpus_of=gpus_of,
             )
         ]
         stats: dict[str, JobStats] = {}

@@ -153,7 +153,8 @@ HEADER = """\
 #   {presence_time}  timestamp of the job's newest gpu_job_info sample
 #   job_id:<family>:avg | :max  mean (activity) / peak (memory) over the job's devices
 #   job_id:gpu_job_sm_utilization_ratio:avg_of_sm_active | :avg_of_utilization  the job's share of
-#     its GPU's SM figure where the GPU publishes the unattributed remainder (MPS, time-slicing)
+#     its GPU's SM figure plus its part of the unattributed remainder, where the GPU publishes it
+#     (MPS, time-slicing): the GPU's jobs add up to the figure, as a whole GPU's one job does
 #   job_id:<family>:avg_share  the GPU's value divided by the jobs on it (older data without shares)
 #   {idle_below}  the idle threshold of the _idle series ({idle!r})
 #   job_id:<family>:<activity>_idle  1 where that activity series is under the threshold, else 0

@@ -71,6 +71,11 @@ def history_frame(start: float) -> pd.DataFrame:
             activity_family="gpu_utilization_ratio",
         ),
     ]
+    # two MPS clients whose shares are all 0: the GPU's remainder is split equally between them
+    jobs += [
+        SynthJob(f"unlisted-{i}", "GPU-unlisted-0001", flat(STEPS, 0.0), flat(STEPS, GIB), sharing="mps")
+        for i in (1, 2)
+    ]
     # two MPS clients without per-process samples: only the device's SM activity, split between them
     jobs += [
         SynthJob(
@@ -206,6 +211,8 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     assert from_prom.loc["old-mps-1", "activity_signal"] == "job_sm_utilization"
     assert from_prom.loc["odd-1", "device_memory_bytes"] == 24 * GIB
     assert from_prom.loc["share-1", "sm_active_max"] == pytest.approx(0.4)
+    # shares plus the remainder (0.05 a step in `with_device_shares`) on the whole GPU's scale
+    assert from_prom.loc["unlisted-1", "sm_active_mean"] == pytest.approx(0.025)
 
 
 def test_chunks_respect_both_the_job_count_and_the_matcher_length():
