@@ -29,6 +29,7 @@ from gpulens.sim.clock import RealClock
 from gpulens.sim.faults import GpuFaults, Timeline
 from gpulens.sim.patterns import Sample, Workload, WorkloadSpec, hash_unit
 from gpulens.sim.procfs import NodeFiles, ProcView, job_id
+from gpulens.sim.restarts import Lifecycle
 from gpulens.sim.scenario import (
     FOREVER,
     THROTTLE_BITS,
@@ -195,7 +196,9 @@ def _container_sums(
     """
     containers: dict[int | None, _Acc] = {}
     for proc in procs:
-        spec = proc.spec
+        spec = proc.spec if proc.life is None else proc.life.at(r)
+        if spec is None:
+            continue
         if spec.start <= r < spec.end and (instances is None or spec.instance in instances):
             containers.setdefault(spec.instance, _Acc()).add(proc.workload.sample(r - spec.start))
     return containers
@@ -244,6 +247,14 @@ class _Snapshot:
 class _Proc:
     spec: ProcessSpec
     workload: Workload
+    life: Lifecycle | None = None  # a process with a memory limit: its runs (OOM, restart)
+
+    def at(self, r: float) -> ProcessSpec | None:
+        """The spec of the process's run alive at r (its own spec without restarts), else None."""
+        if self.life is not None:
+            return self.life.at(r)
+        spec = self.spec
+        return spec if spec.start <= r < spec.end else None
 
 
 @dataclass
@@ -329,8 +340,9 @@ class ScenarioNode:
         self._timeline = Timeline(scenario)
         self._lock = threading.RLock()
         self._procs: dict[int, list[_Proc]] = {g.index: [] for g in scenario.gpus}
+        self._restart_slots = 0
         for spec in scenario.processes:
-            self._procs[spec.gpu].append(_Proc(spec, Workload(spec.workload, seed, spec.pid)))
+            self._procs[spec.gpu].append(self._new_proc(spec))
         self._mps_servers: dict[int, _Proc] = {}
         for g in scenario.gpus:
             if g.mps is not None:
@@ -502,11 +514,24 @@ class ScenarioNode:
         with self._lock:
             for procs in self._procs.values():
                 for proc in procs:
-                    if proc.spec.pid == spec.pid and proc.spec.end > now:
+                    running = proc.at(now)
+                    if (proc.spec.pid == spec.pid and proc.spec.end > now) or (
+                        running is not None and running.pid == spec.pid
+                    ):
                         raise c.expected("process.pid", "a pid not running now", spec.pid)
-            self._procs[spec.gpu].append(_Proc(spec, Workload(spec.workload, self.seed, spec.pid)))
+            self._procs[spec.gpu].append(self._new_proc(spec))
         self._changed()
         return spec
+
+    def _new_proc(self, spec: ProcessSpec, slot: int | None = None) -> _Proc:
+        """A process's workload (under its MPS thread cap) and, with a memory limit, its runs;
+        each restarting process takes the next band of restart pids (or `slot`: its own again)."""
+        workload = Workload(spec.workload, self.seed, spec.pid, sm_cap=spec.sm_cap)
+        if spec.memory_limit_bytes is None:
+            return _Proc(spec, workload)
+        if slot is None:
+            slot, self._restart_slots = self._restart_slots, self._restart_slots + 1
+        return _Proc(spec, workload, Lifecycle.of(spec, workload, slot))
 
     def remove_process(self, pid: int) -> None:
         """End a running process now."""
@@ -514,8 +539,13 @@ class ScenarioNode:
         with self._lock:
             for procs in self._procs.values():
                 for i, proc in enumerate(procs):
-                    if proc.spec.pid == pid and proc.spec.start <= now < proc.spec.end:
-                        procs[i] = _Proc(replace(proc.spec, end=now), proc.workload)
+                    running = proc.at(now)
+                    if running is not None and running.pid == pid:
+                        ended = replace(proc.spec, end=now)
+                        if proc.life is None:
+                            procs[i] = _Proc(ended, proc.workload)
+                        else:
+                            procs[i] = self._new_proc(ended, proc.life.slot)
                         break
                 else:
                     continue
@@ -650,8 +680,8 @@ class ScenarioNode:
         with self._lock:
             procs = list(self._procs[gpu])
         for proc in procs:
-            spec = proc.spec
-            if spec.start <= r < spec.end:
+            spec = proc.at(r)
+            if spec is not None:
                 start = spec.start
                 if spec.kind == "mps_client" and server is not None:
                     start = max(start, out[0].start_time)
@@ -768,8 +798,8 @@ class ScenarioNode:
                 procs = []
             mps_since = max(g.mps.start, faults.mps_up_since)
         for proc in procs:
-            spec = proc.spec
-            if not spec.start <= r < spec.end or spec.instance not in weights:
+            spec = proc.at(r)
+            if spec is None or spec.instance not in weights:
                 continue
             start = spec.start
             if spec.kind == "mps_client":

@@ -414,6 +414,22 @@ def validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def apply_plan(args: argparse.Namespace) -> int:
+    from gpulens.sim.applyplan import ApplyPlanError, apply_plan_files, parse_grow
+
+    try:
+        result = apply_plan_files(args.scenario, args.report, args.out, parse_grow(args.grow))
+    except ApplyPlanError as error:
+        raise _CliError(str(error)) from None
+    mps = sum(1 for g in result.gpus if g.mps is not None)
+    mig = sum(1 for g in result.gpus if g.mig is not None)
+    print(
+        f"{args.out}: the plan applied ({len(result.gpus)} GPUs, {mig} with MIG, {mps} with MPS, "
+        f"{len(result.processes)} processes)"
+    )
+    return 0
+
+
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Turn a _CliError into the CLI's one-line error and exit status 2."""
 
@@ -454,3 +470,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     validate_parser = commands.add_parser("validate", help="check a scenario file")
     validate_parser.add_argument("file", metavar="FILE")
     validate_parser.set_defaults(func=_guarded(validate))
+
+    apply_parser = commands.add_parser(
+        "apply-plan",
+        help="write the scenario as it runs after a report's plan was applied",
+        description="Write SCENARIO as it runs after an SRE applied the plan of the report in DIR "
+        "(pods rolled out, GPUs re-sliced or shared, freed GPUs empty): next week's scenario.",
+    )
+    apply_parser.add_argument("scenario", metavar="SCENARIO", help="the scenario the report was made from")
+    apply_parser.add_argument("--report", required=True, metavar="DIR", help="gpulens report --out DIR")
+    apply_parser.add_argument("--out", required=True, metavar="FILE.yaml")
+    apply_parser.add_argument(
+        "--grow",
+        action="append",
+        default=[],
+        metavar="JOB=FACTOR",
+        help="scale a job's SM demand in the new scenario (repeatable; to make a moved job bind its cap)",
+    )
+    apply_parser.set_defaults(func=_guarded(apply_plan))

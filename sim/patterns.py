@@ -148,8 +148,9 @@ _JITTER, _PHASE, _LOAD, _SLOT_ON, _SLOT_LEN, _STEP = 1, 2, 3, 4, 5, 6
 class Workload:
     """A compiled pattern bound to one process's noise stream."""
 
-    def __init__(self, spec: WorkloadSpec, seed: int, pid: int) -> None:
+    def __init__(self, spec: WorkloadSpec, seed: int, pid: int, sm_cap: float | None = None) -> None:
         self.spec = spec
+        self._cap = sm_cap  # an MPS client's active-thread share (`_capped`)
         self._seed = seed
         self._pid = pid
         mix = MIXES[spec.pattern]
@@ -248,8 +249,19 @@ class Workload:
         sm = min(1.0, spec.sm * jitter)
         return max(sm, self._busy), sm, 1.0, 1.0
 
-    def _sample(self, age: float, smooth: bool) -> Sample:
+    def _capped(self, age: float, smooth: bool) -> tuple[float, float, float, float]:
+        """`_levels` under the MPS thread cap: SM activity is at most the cap, and the same work
+        then keeps kernels running longer (busy stretches by demand / cap, at most all the time).
+        The clip is per one-second reading, like the demand it is compared with; no backlog is
+        carried into the next second."""
         busy, sm, pcie, nvlink = self._levels(age, smooth)
+        cap = self._cap
+        if cap is not None and sm > cap:
+            busy, sm = min(1.0, busy * sm / cap), cap
+        return busy, sm, pcie, nvlink
+
+    def _sample(self, age: float, smooth: bool) -> Sample:
+        busy, sm, pcie, nvlink = self._capped(age, smooth)
         mix = self._mix
         pcie_rate = self._pcie * pcie
         nvlink_rate = self._nvlink * nvlink
@@ -277,7 +289,7 @@ class Workload:
         stationary = self._is_stationary(age)
         if stationary and self._stationary is not None:
             return self._stationary
-        busy, sm, pcie, nvlink = self._levels(age, True)
+        busy, sm, pcie, nvlink = self._capped(age, True)
         mix = self._mix
         pcie_rate = self._pcie * pcie
         nvlink_rate = self._nvlink * nvlink * 0.5

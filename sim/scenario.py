@@ -39,6 +39,13 @@ from gpulens.sim.state import DriverInfo
 BUILTIN_DIR = Path(__file__).resolve().parent / "scenarios"
 FOREVER = float("inf")
 MAX_UID = 2**32 - 2  # Linux uid_t; (uid_t)-1 means "no change" and is never a user
+# pids from here up are what restarted processes get (`restarts.py`): a scenario whose processes
+# can restart keeps its own pids below
+RESTART_PID_BASE = 3 * 2**20
+RESTART_PID_SLOT = 4096  # pids per restarting process (reused after that many restarts, as pids wrap)
+MAX_RESTARTING = (2**22 - RESTART_PID_BASE) // RESTART_PID_SLOT
+THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MAX_SEED = 2**64 - 1
 
 
@@ -142,6 +149,13 @@ class ProcessSpec:
     end: float  # FOREVER when it never ends
     workload: WorkloadSpec
     environ: tuple[tuple[str, str], ...] = ()
+    # an MPS client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE as a fraction: the most of the GPU's SMs
+    # its kernels may keep busy (None: no cap)
+    sm_cap: float | None = None
+    # device memory the process may hold: an MPS client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT or the
+    # `memory_limit` its framework sets; growing past it fails the process (OOM) and its container
+    # restarts (`restarts.py`). None: only the device's memory bounds it
+    memory_limit_bytes: int | None = None
 
 
 class FaultKind(StrEnum):
@@ -315,6 +329,10 @@ _DGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
 _DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)$")
+# one device's entry of CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=1G,1=512M"); units are binary, as the
+# MPS control daemon prints them and gpulens' apply scripts write them (`<MiB>M`)
+_PINNED = re.compile(r"^(\d+)=(\d+)([KMGT]?)B?$")
+_PINNED_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _MAX_DURATION = 10 * 365 * 86400.0
 _SIZES = {
@@ -351,6 +369,13 @@ def make_uuid(*keys: int | str) -> str:
     """A stable UUID-shaped string from keys (hostname, index, ...)."""
     h = _hex(*keys, digits=32)
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def make_container_id(namespace: str, pod: str, container: str, restart: int = 0) -> str:
+    """A container's stable 64-hex id; each restart of the container gets another."""
+    if restart:
+        return _hex("ctr", namespace, pod, container, restart, digits=64)
+    return _hex("ctr", namespace, pod, container, digits=64)
 
 
 def gpu_reserved_bytes(model: GpuModel) -> int:
@@ -778,7 +803,7 @@ def _parse_job(c: _Check, path: str, raw: Any, k8s_defaults: dict[str, str]) -> 
         )
         cid = c.string(
             f"{p}.container_id",
-            k.get("container_id", _hex("ctr", ns, pod, container, digits=64)),
+            k.get("container_id", make_container_id(ns, pod, container)),
             r"[0-9a-f]{64}",
             "a 64-hex-digit container id",
         )
@@ -895,7 +920,19 @@ def parse_process(
         path,
         raw,
         ("pid", "gpu", "workload"),
-        ("instance", "kind", "name", "cmdline", "user", "uid", "job", "start", "end", "environ"),
+        (
+            "instance",
+            "kind",
+            "name",
+            "cmdline",
+            "user",
+            "uid",
+            "job",
+            "start",
+            "end",
+            "environ",
+            "memory_limit",
+        ),
     )
     pid = c.integer(f"{path}.pid", m["pid"], 2, 4194304)
     gpu_index = c.integer(f"{path}.gpu", m["gpu"])
@@ -953,6 +990,7 @@ def parse_process(
     env = c.any_mapping(f"{path}.environ", m.get("environ", {}))
     environ = tuple((str(k), c.string(f"{path}.environ.{k}", v)) for k, v in env.items())
     workload = parse_workload(c, f"{path}.workload", m["workload"], limit, limit_what)
+    sm_cap, memory_limit = _limits(c, path, m, dict(environ), kind)
     if workload.nvlink_gbps and not gpu.nvlink:
         raise c.expected(
             f"{path}.workload.nvlink_gbps",
@@ -973,7 +1011,59 @@ def parse_process(
         end=end,
         workload=workload,
         environ=environ,
+        sm_cap=sm_cap,
+        memory_limit_bytes=memory_limit,
     )
+
+
+def _limits(
+    c: _Check, path: str, m: dict[str, Any], env: dict[str, str], kind: str
+) -> tuple[float | None, int | None]:
+    """(SM cap, memory limit) of a process: an MPS client reads both from its environment, as the
+    CUDA runtime does (a process without MPS ignores those variables); `memory_limit` is what a
+    framework sets (PyTorch's per-process memory fraction, TensorFlow's memory limit); with both,
+    the lower one holds."""
+    limit = None
+    if "memory_limit" in m:
+        limit = c.size(f"{path}.memory_limit", m["memory_limit"])
+        if limit <= 0:
+            raise c.expected(f"{path}.memory_limit", "a size above 0", m["memory_limit"])
+    if kind != "mps_client":
+        return None, limit
+    cap = None
+    if THREAD_PERCENTAGE in env:
+        raw = env[THREAD_PERCENTAGE]
+        try:
+            pct = float(raw)
+        except ValueError:
+            pct = math.nan
+        if not 0 < pct <= 100:
+            raise c.expected(f"{path}.environ.{THREAD_PERCENTAGE}", "a percentage above 0, at most 100", raw)
+        cap = pct / 100
+    if PINNED_MEM_LIMIT in env:
+        pinned = parse_pinned_limit(env[PINNED_MEM_LIMIT])
+        if pinned is None:
+            raise c.expected(
+                f"{path}.environ.{PINNED_MEM_LIMIT}",
+                "device limits like '0=20G' or '0=20480M,1=8G' (device 0: the process's GPU)",
+                env[PINNED_MEM_LIMIT],
+            )
+        if pinned:  # no entry for device 0: this process's GPU is not limited
+            limit = pinned if limit is None else min(limit, pinned)
+    return cap, limit
+
+
+def parse_pinned_limit(value: str) -> int | None:
+    """Device 0's limit in bytes from a CUDA_MPS_PINNED_DEVICE_MEM_LIMIT value (0: none for device
+    0), or None when the value is malformed. A process here sees one GPU: device 0."""
+    found = 0
+    for part in value.split(","):
+        match = _PINNED.match(part.strip())
+        if match is None or int(match[2]) == 0:
+            return None
+        if match[1] == "0":
+            found = int(match[2]) * _PINNED_UNITS[match[3]]
+    return found
 
 
 @dataclass(frozen=True)
@@ -1352,6 +1442,7 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
             )
         owners[proc.pid] = f"{path}.pid"
         processes.append(proc)
+    _check_restart_pids(c, processes, owners)
     _check_memory_fits(c, gpus, processes, instances)
     return Scenario(
         name=scenario_name,
@@ -1367,6 +1458,24 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
         users=tuple(sorted(users.items())),
         kubernetes_defaults=tuple(sorted((str(k), str(v)) for k, v in k8s_defaults.items())),
     )
+
+
+def _check_restart_pids(c: _Check, processes: list[ProcessSpec], owners: dict[int, str]) -> None:
+    """Processes that can restart take their new pids from RESTART_PID_BASE up: the scenario's own
+    pids stay below it, so a restart never takes a pid the scenario uses."""
+    restarting = sum(1 for p in processes if p.memory_limit_bytes is not None)
+    if not restarting:
+        return
+    if restarting > MAX_RESTARTING:
+        raise c.fail(
+            "processes",
+            f"expected at most {MAX_RESTARTING} processes with a memory limit, found {restarting}",
+        )
+    for pid, where in owners.items():
+        if pid >= RESTART_PID_BASE:
+            raise c.expected(
+                where, f"a pid below {RESTART_PID_BASE} (restarted processes take the pids above)", pid
+            )
 
 
 def _check_memory_fits(
@@ -1399,7 +1508,9 @@ def _check_memory_fits(
             if not starting:
                 running.pop(i, None)
                 continue
-            running[i] = processes[i].workload.memory_bytes
+            limit = processes[i].memory_limit_bytes
+            held = processes[i].workload.memory_bytes
+            running[i] = held if limit is None else min(held, limit)  # past its limit it fails
             total = sum(running.values())
             if total > capacity:
                 pids = ", ".join(str(processes[j].pid) for j in running)

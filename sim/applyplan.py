@@ -1,0 +1,599 @@
+"""`gpulens sim apply-plan`: the scenario as it runs after an SRE applied a report's plan.
+
+Week over week needs a week 2 in which the plan was applied the way each tool applies it: the plan
+(`plan.json`: per GPU its mode, jobs, MIG slices and MPS client settings, and the GPUs it frees)
+is read against the week-1 scenario's YAML, and the result is the same YAML with
+
+- each GPU the plan reconfigures in its new mode: an MPS server (the job's processes become
+  `mps_client`s with the planned `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and
+  `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` in their environment), a MIG layout re-sliced as the plan
+  places it (checked against the report's `config/mig-parted.yaml` when it has one), or a plain
+  GPU (time-slicing, whole);
+- freed GPUs empty (their MIG layout cleared where mig-parted.yaml disables MIG on them);
+- every moved job rolled out: on Kubernetes a Deployment's pod gets a new ReplicaSet hash and
+  suffix, a Job's pod a new suffix, a StatefulSet's (or a bare) pod keeps its name, and every
+  such pod a new UID and container; a Slurm job a new job id with the same user and account;
+  its processes new pids, started at week 2's start (relative time 0), the same workload;
+- jobs the plan leaves where they run, and their GPUs, exactly as they were (the same YAML).
+
+Moving a job never changes what it asks for (its workload): only what the GPU lets it have. For
+tests, `grow` scales one job's SM demand in week 2, so a moved job can be made to bind its cap.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpulens.analyzer.workload import pod_owner
+from gpulens.atomicfile import write_text
+from gpulens.catalog import CatalogError, GpuModel, place_mig_layout
+from gpulens.safeload import InputError, load_json_file, load_yaml_file
+from gpulens.sim.scenario import (
+    BUILTIN_DIR,
+    PINNED_MEM_LIMIT,
+    THREAD_PERCENTAGE,
+    KubernetesJob,
+    MappingJob,
+    ProcessSpec,
+    Scenario,
+    ScenarioError,
+    SlurmJob,
+    _hex,
+    default_gpu_instance_id,
+    load_scenario,
+    make_container_id,
+    make_uuid,
+    parse_scenario,
+)
+
+MIB = 1024**2
+_SAFE = "bcdfghjklmnpqrstvwxz2456789"  # Kubernetes' alphabet of generated name parts
+_GENERATED = re.compile(rf"[{_SAFE}]{{5,10}}")
+_WHOLE_MODES = ("exclusive", "time-slicing", "downsize-model")
+_MODES = ("mig", "mps", "unchanged", *_WHOLE_MODES)
+
+
+class ApplyPlanError(ValueError):
+    """A report or scenario that cannot be applied; the message is one line naming file and field."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where the plan runs a job: a GPU of the node, in a mode, with its slice or MPS settings."""
+
+    gpu: int
+    mode: str  # "mig", "mps" or "whole"
+    mig: tuple[str, int] | None = None  # (profile, start)
+    sm_cap: float | None = None  # MPS thread percentage / 100
+    memory_limit: int | None = None  # MPS pinned device memory limit, bytes
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """What the plan makes of one GPU: its mode and, on MIG, its slices (profile, start)."""
+
+    mode: str  # "mig", "mps", "whole", "unchanged" or "freed"
+    mig: tuple[tuple[str, int], ...] = ()
+    clear_mig: bool = False  # freed: mig-parted disables MIG on it
+
+
+@dataclass(frozen=True)
+class ReportPlan:
+    """The parts of a report directory apply-plan reads, for one node."""
+
+    gpus: dict[int, GpuTarget]
+    jobs: dict[str, Slot]  # job id -> where the plan runs it
+    reclaimed: frozenset[str]  # jobs whose GPU is given back: they stop
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the report
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return load_json_file(path, str(path))
+    except FileNotFoundError:
+        raise ApplyPlanError(
+            f"{path}: expected a report file (gpulens report --out DIR), found none"
+        ) from None
+    except (OSError, InputError, ValueError) as e:
+        raise ApplyPlanError(f"{path}: expected valid JSON, found {str(e).splitlines()[0]}") from None
+
+
+def _field(where: str, entry: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get(key), kind)
+        or isinstance(entry.get(key), bool)
+    ):
+        found = entry.get(key) if isinstance(entry, dict) else entry
+        raise ApplyPlanError(f"{where}.{key}: expected {what}, found {found!r}")
+    return entry[key]
+
+
+def read_report(report: Path, scenario: Scenario) -> ReportPlan:
+    """The plan of `report` for `scenario`'s node, checked against its jobs.json (and mig-parted.yaml)."""
+    plan_path, jobs_path = report / "plan.json", report / "jobs.json"
+    plan, jobs_doc = _load_json(plan_path), _load_json(jobs_path)
+    by_uuid = {g.uuid: g.index for g in scenario.gpus}
+    layout = _field(str(plan_path), plan, "layout", list, "a list of GPUs")
+    freed = _field(str(plan_path), plan, "freed", list, "a list of freed GPUs")
+    rows = _field(str(jobs_path), jobs_doc, "jobs", list, "a list of jobs")
+    gpus: dict[int, GpuTarget] = {}
+    jobs: dict[str, Slot] = {}
+    mps_settings: dict[str, tuple[float | None, int | None]] = {}
+    for i, entry in enumerate(layout):
+        where = f"{plan_path}: layout[{i}]"
+        if _field(where, entry, "node", str, "a node name") != scenario.hostname:
+            continue
+        uuid = _field(where, entry, "uuid", str, "a GPU UUID")
+        if uuid not in by_uuid:
+            raise ApplyPlanError(f"{where}.uuid: expected a GPU of {scenario.hostname}, found {uuid!r}")
+        index = by_uuid[uuid]
+        mode = _field(where, entry, "sharing", str, "a sharing mode")
+        if mode not in _MODES:
+            raise ApplyPlanError(f"{where}.sharing: expected one of {', '.join(_MODES)}, found {mode!r}")
+        names = _field(where, entry, "jobs", list, "a list of job ids")
+        slices: dict[str, tuple[str, int]] = {}
+        if mode == "mig":
+            for k, s in enumerate(_field(where, entry, "mig_layout", list, "a list of MIG slices")):
+                w = f"{where}.mig_layout[{k}]"
+                slices[_field(w, s, "job_id", str, "a job id")] = (
+                    _field(w, s, "profile", str, "a MIG profile"),
+                    _field(w, s, "start", int, "a start slice"),
+                )
+        if mode == "mps":
+            for k, cl in enumerate(_field(where, entry, "mps_clients", list, "a list of MPS clients")):
+                w = f"{where}.mps_clients[{k}]"
+                pct = cl.get(THREAD_PERCENTAGE) if isinstance(cl, dict) else None
+                limit = cl.get(PINNED_MEM_LIMIT) if isinstance(cl, dict) else None
+                if pct is not None and (
+                    isinstance(pct, bool) or not isinstance(pct, int | float) or not 0 < pct <= 100
+                ):
+                    raise ApplyPlanError(
+                        f"{w}.{THREAD_PERCENTAGE}: expected a percentage above 0, at most 100, found {pct!r}"
+                    )
+                if limit is not None and (
+                    isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0
+                ):
+                    raise ApplyPlanError(
+                        f"{w}.{PINNED_MEM_LIMIT}: expected a number of bytes above 0, found {limit!r}"
+                    )
+                mps_settings[_field(w, cl, "job_id", str, "a job id")] = (
+                    None if pct is None else pct / 100,
+                    limit,
+                )
+        if index in gpus:
+            raise ApplyPlanError(f"{where}.uuid: expected each GPU once in the layout, found {uuid} again")
+        gpus[index] = GpuTarget(
+            "whole" if mode in _WHOLE_MODES else mode,
+            tuple(sorted(slices.values(), key=lambda s: s[1])),
+        )
+        for name in names:
+            if not isinstance(name, str):
+                raise ApplyPlanError(f"{where}.jobs: expected job ids, found {name!r}")
+            if name in jobs:
+                raise ApplyPlanError(
+                    f"{where}.jobs: expected each job on one GPU (apply-plan moves single-GPU jobs), "
+                    f"found {name!r} again"
+                )
+            if mode == "mig" and name not in slices:
+                raise ApplyPlanError(f"{where}.mig_layout: expected a slice for job {name!r}, found none")
+            cap, limit = mps_settings.get(name, (None, None))
+            target = gpus[index].mode
+            jobs[name] = Slot(index, target, slices.get(name), cap, limit)
+    if not gpus:
+        raise ApplyPlanError(f"{plan_path}: layout: expected GPUs of node {scenario.hostname}, found none")
+    cleared = _mig_cleared(report / "config" / "mig-parted.yaml", scenario, gpus)
+    for i, entry in enumerate(freed):
+        where = f"{plan_path}: freed[{i}]"
+        if _field(where, entry, "node", str, "a node name") != scenario.hostname:
+            continue
+        uuid = _field(where, entry, "uuid", str, "a GPU UUID")
+        if uuid not in by_uuid:
+            raise ApplyPlanError(f"{where}.uuid: expected a GPU of {scenario.hostname}, found {uuid!r}")
+        index = by_uuid[uuid]
+        if index in gpus:
+            raise ApplyPlanError(f"{where}.uuid: expected a GPU the layout does not use, found {uuid}")
+        gpus[index] = GpuTarget("freed", clear_mig=index in cleared)
+    reclaimed = _check_jobs(str(jobs_path), rows, jobs, scenario)
+    return ReportPlan(gpus, jobs, reclaimed)
+
+
+def _check_jobs(where: str, rows: list[Any], jobs: dict[str, Slot], scenario: Scenario) -> frozenset[str]:
+    """jobs.json agrees with the layout on where each placed job goes; returns the reclaimed jobs."""
+    uuids = {g.index: g.uuid for g in scenario.gpus}
+    reclaimed = set()
+    for i, row in enumerate(rows):
+        w = f"{where}: jobs[{i}]"
+        job_id = _field(w, row, "job_id", str, "a job id")
+        if row.get("action") == "reclaim" and job_id not in jobs:
+            reclaimed.add(job_id)
+        proposed = row.get("proposed_gpu")
+        if job_id in jobs and proposed and proposed != uuids[jobs[job_id].gpu]:
+            raise ApplyPlanError(
+                f"{w}.proposed_gpu: expected {uuids[jobs[job_id].gpu]} (where plan.json places {job_id}), "
+                f"found {proposed!r}"
+            )
+    return frozenset(reclaimed)
+
+
+def _mig_cleared(path: Path, scenario: Scenario, gpus: Mapping[int, GpuTarget]) -> set[int]:
+    """GPU indices the node's mig-parted config disables MIG on; checks its MIG devices match the
+    plan's slices. No file (a plan that changes no MIG layout): nothing to check."""
+    if not path.is_file():
+        return set()
+    try:
+        doc = load_yaml_file(path, str(path))
+    except (OSError, InputError, yaml.YAMLError) as e:
+        raise ApplyPlanError(f"{path}: expected valid YAML, found {str(e).splitlines()[0]}") from None
+    configs = doc.get("mig-configs") if isinstance(doc, dict) else None
+    entries = configs.get(f"gpulens-{scenario.hostname}") if isinstance(configs, dict) else None
+    if entries is None:
+        return set()
+    where = f"{path}: mig-configs.gpulens-{scenario.hostname}"
+    if not isinstance(entries, list):
+        raise ApplyPlanError(f"{where}: expected a list of device entries, found {entries!r}")
+    cleared: set[int] = set()
+    for k, entry in enumerate(entries):
+        devices = entry.get("devices") if isinstance(entry, dict) else None
+        if devices == "all":
+            devices = [g.index for g in scenario.gpus]
+        if not isinstance(devices, list) or not all(isinstance(d, int) for d in devices):
+            raise ApplyPlanError(
+                f"{where}[{k}].devices: expected a list of GPU indices or all, found {devices!r}"
+            )
+        enabled = entry.get("mig-enabled") is True
+        wanted = Counter({str(p): int(n) for p, n in (entry.get("mig-devices") or {}).items()})
+        for d in devices:
+            target = gpus.get(d)
+            if not enabled:
+                cleared.add(d)
+                if target is not None and target.mode == "mig":
+                    raise ApplyPlanError(
+                        f"{where}[{k}]: expected MIG on GPU {d} as plan.json places it, found it disabled"
+                    )
+            elif target is not None and target.mode == "mig" and Counter(p for p, _ in target.mig) != wanted:
+                have = dict(Counter(p for p, _ in target.mig))
+                raise ApplyPlanError(
+                    f"{where}[{k}].mig-devices: expected {have} on GPU {d} as plan.json slices it, "
+                    f"found {dict(wanted)}"
+                )
+    return cleared
+
+
+# ---------------------------------------------------------------------------------------------
+# applying it
+
+
+def job_key(spec: ProcessSpec) -> str | None:
+    """The job id the exporter gives a process's job (Kubernetes namespace/pod, Slurm or mapping id)."""
+    job = spec.job
+    if isinstance(job, KubernetesJob):
+        return f"{job.namespace}/{job.pod}"
+    if isinstance(job, SlurmJob | MappingJob):
+        return job.job_id
+    return None
+
+
+def _current(scenario: Scenario, spec: ProcessSpec) -> Slot:
+    gpu = scenario.gpus[spec.gpu]
+    if gpu.mig is not None:
+        inst = next(i for i in gpu.mig if i.gpu_instance_id == spec.instance)
+        return Slot(spec.gpu, "mig", (inst.profile.name, inst.start))
+    if gpu.mps is not None:
+        return Slot(spec.gpu, "mps", None, spec.sm_cap, spec.memory_limit_bytes)
+    return Slot(spec.gpu, "whole")
+
+
+def _gpu_changes(scenario: Scenario, plan: ReportPlan) -> set[int]:
+    """GPUs whose configuration the plan changes (every job on them is restarted)."""
+    changed = set()
+    for index, target in plan.gpus.items():
+        gpu = scenario.gpus[index]
+        now = "mig" if gpu.mig is not None else "mps" if gpu.mps is not None else "whole"
+        if target.mode == "unchanged":
+            continue
+        if target.mode == "freed":
+            if gpu.mps is not None or (gpu.mig is not None and target.clear_mig):
+                changed.add(index)
+        elif target.mode != now or (
+            now == "mig" and sorted((i.profile.name, i.start) for i in gpu.mig or ()) != sorted(target.mig)
+        ):
+            changed.add(index)
+    return changed
+
+
+def _renamed_pod(pod: str) -> str:
+    """The pod's name after a rollout: generated parts (ReplicaSet hash, pod suffix) regenerated,
+    a StatefulSet's or bare pod's name kept."""
+    owner = pod_owner(pod)
+    if owner == pod:
+        return pod
+    parts = pod[len(owner) + 1 :].split("-")
+    fresh = []
+    for n, part in enumerate(parts):
+        if _GENERATED.fullmatch(part):
+            digits = _hex("rollout", pod, n, digits=2 * len(part) + 8)
+            new = "".join(_SAFE[int(digits[2 * k : 2 * k + 2], 16) % len(_SAFE)] for k in range(len(part)))
+            if new == part:
+                new = (
+                    new[1:] + new[0]
+                    if len(set(new)) > 1
+                    else _SAFE[(_SAFE.index(new[0]) + 1) % len(_SAFE)] + new[1:]
+                )
+            part = new
+        fresh.append(part)
+    return "-".join([owner, *fresh])
+
+
+class _Applier:
+    """Rewrites the scenario's YAML: one instance per apply, holding the pids and ids handed out."""
+
+    def __init__(self, data: dict[str, Any], scenario: Scenario, plan: ReportPlan) -> None:
+        self.data, self.scenario, self.plan = data, scenario, plan
+        pids = [p.pid for p in scenario.processes]
+        pids += [pid for g in scenario.gpus if g.mps for pid in (g.mps.server_pid, g.mps.restart_pid)]
+        self.next_pid = max(pids, default=1000) + 1
+        slurm_ids = [
+            int(p.job.job_id.split("_")[0]) for p in scenario.processes if isinstance(p.job, SlurmJob)
+        ]
+        self.next_slurm = max(slurm_ids, default=1000) + 1
+        self.slurm_renamed: dict[str, str] = {}
+
+    def pid(self) -> int:
+        self.next_pid += 1
+        return self.next_pid - 1
+
+    def job(self, raw: dict[str, Any], spec: ProcessSpec) -> dict[str, Any]:
+        job = spec.job
+        if isinstance(job, KubernetesJob):
+            pod = _renamed_pod(job.pod)
+            k = dict(raw["kubernetes"])
+            k.update(
+                pod=pod,
+                uid=make_uuid("pod", job.namespace, pod, "rollout", job.pod_uid),
+                container_id=make_container_id(job.namespace, pod, f"{job.container} {job.container_id}"),
+            )
+            return {"kubernetes": k}
+        if isinstance(job, SlurmJob):
+            old = job.job_id
+            if old not in self.slurm_renamed:
+                array = old.split("_", 1)
+                self.slurm_renamed[old] = "_".join([str(self.next_slurm), *array[1:]])
+                self.next_slurm += 1
+            s = dict(raw["slurm"])
+            s["id"] = self.slurm_renamed[old]
+            return {"slurm": s}
+        return copy.deepcopy(raw)
+
+
+def _grown(raw: dict[str, Any], spec: ProcessSpec, factor: float, job: str) -> dict[str, Any]:
+    """The workload with its SM demand (and the busy time or duty it implies) scaled by factor."""
+    w = copy.deepcopy(raw)
+    sm = spec.workload.sm * factor
+    if sm > 1:
+        raise ApplyPlanError(f"--grow {job}={factor:g}: expected an SM demand of at most 1, found {sm:g}")
+    w["sm"] = round(sm, 6)
+    for key, value in (("busy", spec.workload.busy), ("duty", spec.workload.duty)):
+        if value is not None:
+            w[key] = round(min(1.0, max(value * factor, sm)), 6)
+    return w
+
+
+def apply_plan(
+    data: dict[str, Any], scenario: Scenario, plan: ReportPlan, grow: Mapping[str, float] | None = None
+) -> dict[str, Any]:
+    """The scenario's YAML data after the plan (module docstring); `data` is not modified."""
+    grow = dict(grow or {})
+    changed = _gpu_changes(scenario, plan)
+    raw_procs = data.get("processes") or []
+    known = {job_key(p) for p in scenario.processes}
+    for name in (*plan.jobs, *grow):
+        if name not in known:
+            raise ApplyPlanError(f"{name!r}: expected a job of scenario {scenario.name}, found none")
+    moved: set[str] = set()
+    for spec in scenario.processes:
+        key = job_key(spec)
+        slot = plan.jobs.get(key) if key is not None else None
+        if slot is None:
+            continue
+        if slot.gpu in changed or _current(scenario, spec) != slot or key in grow:
+            moved.add(key)  # type: ignore[arg-type]
+    applier = _Applier(data, scenario, plan)
+    out = {k: copy.deepcopy(v) for k, v in data.items() if k not in ("gpus", "processes", "faults")}
+    out["name"] = f"{scenario.name}-applied"
+    out["gpus"] = _gpus(data["gpus"], scenario, plan, changed, applier)
+    processes = []
+    for i, (raw, spec) in enumerate(zip(raw_procs, scenario.processes, strict=True)):
+        key = job_key(spec)
+        if key in plan.reclaimed:
+            continue
+        if key not in moved:
+            if spec.gpu in changed or (plan.gpus.get(spec.gpu, GpuTarget("unchanged")).mode == "freed"):
+                raise ApplyPlanError(
+                    f"{scenario.source}: processes[{i}]: expected a job the plan places, as GPU {spec.gpu} "
+                    f"changes or is freed, found {key or 'a process without a job'}"
+                )
+            processes.append(copy.deepcopy(raw))
+            continue
+        processes.append(_moved(raw, spec, plan.jobs[key], scenario, applier, grow.get(key)))
+    out["processes"] = processes
+    faults = _kept_faults(data.get("faults"), scenario, changed)
+    if faults is not None:
+        out["faults"] = faults
+    return out
+
+
+def _moved(
+    raw: dict[str, Any],
+    spec: ProcessSpec,
+    slot: Slot,
+    scenario: Scenario,
+    applier: _Applier,
+    factor: float | None,
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {"pid": applier.pid(), "gpu": slot.gpu}
+    skip = ("pid", "gpu", "instance", "kind", "start", "end")
+    entry.update((k, copy.deepcopy(v)) for k, v in raw.items() if k not in skip)
+    if slot.mode == "mig":
+        assert slot.mig is not None
+        profile = scenario.gpus[slot.gpu].model.mig_profile(slot.mig[0])
+        entry["instance"] = default_gpu_instance_id(scenario.gpus[slot.gpu].model, profile, slot.mig[1])
+    environ = {
+        k: v for k, v in (raw.get("environ") or {}).items() if k not in (THREAD_PERCENTAGE, PINNED_MEM_LIMIT)
+    }
+    if slot.mode == "mps":
+        entry["kind"] = "mps_client"
+        if slot.sm_cap is not None:
+            environ[THREAD_PERCENTAGE] = f"{slot.sm_cap * 100:g}"
+        if slot.memory_limit is not None:
+            environ[PINNED_MEM_LIMIT] = f"0={slot.memory_limit // MIB}M"
+    elif spec.kind == "graphics":
+        entry["kind"] = "graphics"
+    if environ:
+        entry["environ"] = environ
+    else:
+        entry.pop("environ", None)
+    start = max(0.0, spec.start)
+    entry["start"] = f"{start:g}s"
+    if not math.isinf(spec.end):
+        entry["end"] = f"{spec.end + start - spec.start:g}s"
+    if spec.job is not None:
+        entry["job"] = applier.job(raw["job"], spec)
+    if factor is not None:
+        entry["workload"] = _grown(raw["workload"], spec, factor, job_key(spec) or "")
+    return entry
+
+
+def _gpus(
+    raw_gpus: list[Any], scenario: Scenario, plan: ReportPlan, changed: set[int], applier: _Applier
+) -> list[Any]:
+    """The `gpus` entries: unchanged entries as written; an entry with a changed GPU split into one
+    entry per GPU (indices, so UUIDs, stay), each changed one in its new mode."""
+    out: list[Any] = []
+    index = 0
+    for raw in raw_gpus:
+        count = int(raw.get("count", 1))
+        indices = range(index, index + count)
+        index += count
+        if not changed.intersection(indices):
+            out.append(copy.deepcopy(raw))
+            continue
+        for i in indices:
+            entry = {k: copy.deepcopy(v) for k, v in raw.items() if k != "count"}
+            if i in changed:
+                _reconfigure(
+                    entry, scenario.gpus[i].model, plan.gpus[i], applier, scenario.gpus[i].mps is not None
+                )
+            out.append(entry)
+    return out
+
+
+def _reconfigure(
+    entry: dict[str, Any], model: GpuModel, target: GpuTarget, applier: _Applier, had_mps: bool
+) -> None:
+    overrides = entry.get("overrides") or {}
+    if target.mode == "mig":
+        try:
+            place_mig_layout(model, list(target.mig))
+        except CatalogError as e:
+            raise ApplyPlanError(f"plan.json: the MIG layout {list(target.mig)}: {e}") from None
+        entry.pop("mps", None)
+        entry["mig"] = [{"profile": p, "start": s} for p, s in target.mig]
+    elif target.mode == "mps":
+        entry.pop("mig", None)
+        if not had_mps:
+            server = applier.pid()
+            entry["mps"] = {"server_pid": server, "restart_pid": applier.pid()}
+        if overrides.get("compute_mode") not in (None, "exclusive_process"):
+            overrides["compute_mode"] = "exclusive_process"
+    else:  # whole GPU, or freed
+        entry.pop("mps", None)
+        if target.mode != "freed" or target.clear_mig:
+            entry.pop("mig", None)
+        if had_mps and overrides.get("compute_mode") == "exclusive_process":
+            overrides["compute_mode"] = "default"
+
+
+_GPU_LAYOUT_FAULTS = ("mig_create", "mig_destroy", "mps_restart")
+
+
+def _kept_faults(raw: Any, scenario: Scenario, changed: set[int]) -> Any:
+    """The fault timeline less the entries tied to a reconfigured GPU's MIG layout or MPS server."""
+    if not isinstance(raw, dict):
+        return copy.deepcopy(raw)
+    timeline = [
+        copy.deepcopy(f)
+        for f in raw.get("timeline") or []
+        if not (
+            isinstance(f, dict)
+            and f.get("gpu") in changed
+            and (any(k in f for k in _GPU_LAYOUT_FAULTS) or "instance" in f)
+        )
+    ]
+    return {**copy.deepcopy(raw), "timeline": timeline}
+
+
+# ---------------------------------------------------------------------------------------------
+# the command
+
+
+def parse_grow(values: list[str]) -> dict[str, float]:
+    """`--grow JOB=FACTOR` values."""
+    out: dict[str, float] = {}
+    for value in values:
+        job, sep, factor = value.rpartition("=")
+        try:
+            number = float(factor)
+        except ValueError:
+            number = math.nan
+        if not sep or not job or not (number > 0 and math.isfinite(number)):
+            raise ApplyPlanError(f"--grow: expected JOB=FACTOR with a factor above 0, found {value!r}")
+        out[job] = number
+    return out
+
+
+def render(data: dict[str, Any], scenario_source: str, report: str) -> str:
+    """The applied scenario as YAML, with a header saying where it came from."""
+    header = (
+        f"# Generated by gpulens sim apply-plan from {scenario_source} and the plan in {report}:\n"
+        "# the node as it runs after the plan was applied (docs/simulator.md, 'Applying a plan').\n"
+    )
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110)
+
+
+def apply_plan_files(
+    scenario_path: str, report: str | Path, out: str | Path, grow: Mapping[str, float] | None = None
+) -> Scenario:
+    """Read a scenario and a report directory, write the applied scenario to `out`; returns it."""
+    try:
+        scenario = load_scenario(scenario_path)
+        path = Path(scenario_path)
+        if not path.is_file():
+            path = BUILTIN_DIR / f"{scenario_path}.yaml"
+        data = load_yaml_file(path, scenario.source)
+    except ScenarioError as e:
+        raise ApplyPlanError(str(e)) from None
+    plan = read_report(Path(report), scenario)
+    applied = apply_plan(data, scenario, plan, grow)
+    text = render(applied, scenario.source, str(report))
+    try:
+        result = parse_scenario(yaml.safe_load(text), str(out), name=Path(out).stem)
+    except ScenarioError as e:
+        raise ApplyPlanError(f"the applied scenario does not validate: {e}") from None
+    try:
+        write_text(out, text)
+    except OSError as e:
+        raise ApplyPlanError(f"{out}: expected a writable file, found {e.strerror or e}") from None
+    return result

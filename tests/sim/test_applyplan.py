@@ -1,0 +1,255 @@
+"""`gpulens sim apply-plan`: week 1's scenario and report -> week 2 as an SRE who applied the plan runs it.
+
+The week pair is tests/data/weekpair/week1.yaml: four under-used pods on GPUs 0-3 (the plan packs
+them as MPS clients onto GPU 3), two small pods on MIG 2x 3g.40gb (re-sliced to 2x 1g.10gb on
+GPU 4) and a busy trainer on GPU 5 (kept).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpulens.analyzer.workload import pod_owner
+from gpulens.cli import main
+from gpulens.sim.applyplan import ApplyPlanError, apply_plan_files, parse_grow
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import build_node
+from gpulens.sim.history import simulate
+from gpulens.sim.scenario import KubernetesJob, Scenario, load_scenario
+
+WEEK1 = Path(__file__).resolve().parents[1] / "data" / "weekpair" / "week1.yaml"
+DAY, STEP = 86400.0, 300.0
+RANKER, EMBEDDER, FEATURIZE = (
+    "ml-serving/ranker-6c9f7d8b5-k2x7q",
+    "ml-serving/embedder-0",
+    "batch/featurize-x7k2p",
+)
+
+
+def _report(history: Path, out: Path, *extra: str) -> dict:
+    assert main(["report", "--history", str(history), "--out", str(out), *extra]) == 0
+    jobs = json.loads((out / "jobs.json").read_text())["jobs"]
+    return {"plan": json.loads((out / "plan.json").read_text()), "jobs": {j["job_id"]: j for j in jobs}}
+
+
+@pytest.fixture(scope="module")
+def week1(tmp_path_factory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("week1")
+    simulate(str(WEEK1), duration_s=DAY, out=root / "history", step_s=STEP, start=1_750_000_200.0)
+    return root / "report", _report(root / "history", root / "report")
+
+
+@pytest.fixture(scope="module")
+def week2(week1, tmp_path_factory) -> tuple[Path, Scenario]:
+    out = tmp_path_factory.mktemp("week2") / "week2.yaml"
+    return out, apply_plan_files(str(WEEK1), week1[0], out)
+
+
+def _by_workload(scenario: Scenario) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for p in scenario.processes:
+        assert isinstance(p.job, KubernetesJob)
+        out.setdefault(f"{p.job.namespace}/{pod_owner(p.job.pod)}", []).append(p)
+    return out
+
+
+def test_the_week1_plan_has_mps_moves_a_mig_reslice_and_a_kept_job(week1):
+    _, report = week1
+    modes = {e["sharing"] for e in report["plan"]["layout"]}
+    assert {"mps", "mig", "exclusive"} <= modes and len(report["plan"]["freed"]) >= 2
+    assert report["jobs"]["research/pretrain-llm-0"]["action"] == "keep"
+
+
+def test_every_job_runs_where_the_plan_puts_it_in_its_mode(week1, week2):
+    _, report = week1
+    _, applied = week2
+    uuids = {g.uuid: g for g in applied.gpus}
+    procs = _by_workload(applied)
+    for entry in report["plan"]["layout"]:
+        gpu = uuids[entry["uuid"]]
+        for job in entry["jobs"]:
+            (proc,) = procs[report["jobs"][job]["workload"]]
+            assert proc.gpu == gpu.index
+            if entry["sharing"] == "mps":
+                (client,) = [c for c in entry["mps_clients"] if c["job_id"] == job]
+                env = dict(proc.environ)
+                assert proc.kind == "mps_client" and gpu.mps is not None
+                assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(
+                    client["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]
+                )
+                assert proc.memory_limit_bytes == client["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]
+            elif entry["sharing"] == "mig":
+                (placed,) = [s for s in entry["mig_layout"] if s["job_id"] == job]
+                (inst,) = [i for i in gpu.mig or () if i.gpu_instance_id == proc.instance]
+                assert (inst.profile.name, inst.start) == (placed["profile"], placed["start"])
+            else:
+                assert gpu.mig is None and gpu.mps is None and proc.kind == "compute"
+
+
+def test_the_mig_gpu_is_resliced_as_mig_parted_says(week1, week2):
+    config = yaml.safe_load((week1[0] / "config" / "mig-parted.yaml").read_text())
+    (entry,) = config["mig-configs"]["gpulens-k8s-weekpair-1"]
+    (index,) = entry["devices"]
+    layout = week2[1].gpus[index].mig
+    assert layout is not None and sorted(i.profile.name for i in layout) == sorted(
+        p for p, n in entry["mig-devices"].items() for _ in range(n)
+    )
+
+
+def test_freed_gpus_are_left_empty(week1, week2):
+    _, applied = week2
+    freed = {g["uuid"] for g in week1[1]["plan"]["freed"]}
+    empty = [g for g in applied.gpus if g.uuid in freed]
+    assert len(empty) == len(freed)
+    assert all(g.mps is None and not any(p.gpu == g.index for p in applied.processes) for g in empty)
+
+
+def test_rolled_out_pods_are_renamed_by_their_owner_kind(week2):
+    procs = {f"{p.job.namespace}/{pod_owner(p.job.pod)}": p.job for p in week2[1].processes}  # type: ignore[union-attr]
+    ranker = procs["ml-serving/ranker"]  # a Deployment's pod: new ReplicaSet hash and suffix
+    assert ranker.pod.startswith("ranker-") and ranker.pod != "ranker-6c9f7d8b5-k2x7q"
+    assert [len(p) for p in ranker.pod.split("-")[1:]] == [9, 5]
+    assert set(ranker.pod.split("-")[1:]).isdisjoint({"6c9f7d8b5", "k2x7q"})
+    embedder = procs["ml-serving/embedder-0"]  # a StatefulSet's pod keeps its name, not its UID
+    assert embedder.pod == "embedder-0" and embedder.pod_uid != load_scenario(WEEK1).processes[1].job.pod_uid  # type: ignore[union-attr]
+    featurize = procs["batch/featurize"]  # a Job's pod: a new suffix
+    assert featurize.pod.startswith("featurize-") and featurize.pod != "featurize-x7k2p"
+
+
+def test_moved_processes_get_new_pids_and_start_at_week2s_start(week2):
+    week1 = {p.pid for p in load_scenario(WEEK1).processes}
+    moved = [p for p in week2[1].processes if p.pid not in week1]
+    assert len(moved) == 6 and all(p.start == 0 for p in moved)
+
+
+def test_the_kept_job_is_byte_for_byte_the_same(week2):
+    before = yaml.safe_load(WEEK1.read_text())["processes"]
+    after = yaml.safe_load(week2[0].read_text())["processes"]
+    (kept,) = [p for p in before if p["job"]["kubernetes"]["pod"] == "pretrain-llm-0"]
+    assert kept in after
+    assert [g for g in yaml.safe_load(week2[0].read_text())["gpus"]][-1] == yaml.safe_load(WEEK1.read_text())[
+        "gpus"
+    ][-1]
+
+
+def test_moving_a_job_keeps_its_workload(week2):
+    before = {pod_owner(p.job.pod): p.workload for p in load_scenario(WEEK1).processes}  # type: ignore[union-attr]
+    after = {pod_owner(p.job.pod): p.workload for p in week2[1].processes}  # type: ignore[union-attr]
+    assert before == after
+
+
+def test_the_output_validates_and_reads_back_equal(week2, capsys):
+    out, applied = week2
+    assert main(["sim", "validate", str(out)]) == 0
+    assert load_scenario(out) == applied
+
+
+def test_a_grown_job_binds_its_thread_cap_in_week2(week1, tmp_path):
+    out = tmp_path / "grown.yaml"
+    applied = apply_plan_files(str(WEEK1), week1[0], out, parse_grow([f"{RANKER}=3"]))
+    (ranker,) = _by_workload(applied)["ml-serving/ranker"]
+    assert ranker.workload.sm == pytest.approx(0.36) and ranker.sm_cap is not None and ranker.sm_cap < 0.36
+    alone = {**yaml.safe_load(out.read_text())}
+    alone["processes"] = [p for p in alone["processes"] if p["pid"] == ranker.pid]
+    path = tmp_path / "alone.yaml"
+    path.write_text(yaml.safe_dump(alone))
+    clock = ManualClock(1_750_000_000.0)
+    node = build_node(load_scenario(path), clock=clock)
+    clock.advance(600)
+    assert node.gpu_state(ranker.gpu).activity.sm == pytest.approx(ranker.sm_cap)
+
+
+@pytest.mark.parametrize(
+    ("breaks", "message"),
+    [
+        ("no-plan", "plan.json: expected a report file (gpulens report --out DIR), found none"),
+        ("bad-json", "plan.json: expected valid JSON"),
+        ("foreign-gpu", "plan.json: layout[0].uuid: expected a GPU of k8s-weekpair-1, found 'GPU-nope'"),
+        ("bad-sharing", "plan.json: layout[0].sharing: expected one of mig, mps, unchanged"),
+        ("unknown-job", "'ns/ghost': expected a job of scenario weekpair-week1, found none"),
+        ("jobs-disagree", ".proposed_gpu: expected GPU-"),
+        ("mig-parted-disagrees", "mig-devices: expected {'1g.10gb': 2} on GPU 4 as plan.json slices it"),
+    ],
+)
+def test_bad_report_input_gets_one_line_errors(week1, tmp_path, breaks, message):
+    report = tmp_path / "report"
+    shutil.copytree(week1[0], report, symlinks=False)
+    plan_path, jobs_path = report / "plan.json", report / "jobs.json"
+    plan, jobs = json.loads(plan_path.read_text()), json.loads(jobs_path.read_text())
+    if breaks == "no-plan":
+        plan_path.unlink()
+    elif breaks == "bad-json":
+        plan_path.write_text("{")
+    elif breaks == "foreign-gpu":
+        plan["layout"][0]["uuid"] = "GPU-nope"
+    elif breaks == "bad-sharing":
+        plan["layout"][0]["sharing"] = "sliced"
+    elif breaks == "unknown-job":
+        plan["layout"][0]["jobs"].append("ns/ghost")
+    elif breaks == "jobs-disagree":
+        jobs["jobs"][0]["proposed_gpu"] = "GPU-elsewhere"
+    elif breaks == "mig-parted-disagrees":
+        mig = report / "config" / "mig-parted.yaml"
+        mig.write_text(mig.read_text().replace("1g.10gb: 2", "2g.20gb: 1"))
+    if breaks not in ("no-plan", "bad-json"):
+        plan_path.write_text(json.dumps(plan))
+        jobs_path.write_text(json.dumps(jobs))
+    with pytest.raises(ApplyPlanError) as error:
+        apply_plan_files(str(WEEK1), report, tmp_path / "out.yaml")
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_the_command_reports_bad_input_on_one_line(week1, tmp_path, capsys):
+    out = str(tmp_path / "o.yaml")
+    code = main(
+        ["sim", "apply-plan", str(WEEK1), "--report", str(week1[0]), "--out", out, "--grow", "ranker"]
+    )
+    err = capsys.readouterr().err
+    assert (
+        code == 2
+        and err == "gpulens: error: --grow: expected JOB=FACTOR with a factor above 0, found 'ranker'\n"
+    )
+
+
+def _placed(report: dict) -> dict[str, tuple]:
+    """Per workload: (GPU UUID, mode, MIG profile, MPS thread percentage) as the plan places it."""
+    by_job = {}
+    for entry in report["plan"]["layout"]:
+        caps = {c["job_id"]: c["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for c in entry.get("mps_clients", [])}
+        slices = {s["job_id"]: s["profile"] for s in entry.get("mig_layout", [])}
+        for job in entry["jobs"]:
+            workload = report["jobs"][job]["workload"]
+            by_job[workload] = (entry["uuid"], entry["sharing"], slices.get(job), caps.get(job))
+    return by_job
+
+
+@pytest.fixture(scope="module")
+def week2_report(week2, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("week2-report")
+    simulate(
+        str(week2[0]), duration_s=DAY, out=root / "history", step_s=STEP, start=1_750_000_200.0 + 7 * DAY
+    )
+    return _report(root / "history", root / "report")
+
+
+@pytest.mark.slow
+def test_the_week2_plan_moves_no_job_the_week1_plan_placed(week1, week2_report):
+    first = {job: placed[:3] for job, placed in _placed(week1[1]).items()}
+    assert {job: placed[:3] for job, placed in _placed(week2_report).items()} == first
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 30 item 4, analyzer side: under MPS the jobs' measured demand moves, and with it their "
+    "planned thread caps (week 1 -> week 2: embedder 13 -> 14 %, featurize 19 -> 16 %, eval 10 -> 11 %; "
+    "featurize's p95 SM activity 0.151 whole -> 0.133 as an MPS client)",
+)
+def test_the_week2_plan_keeps_the_week1_thread_caps(week1, week2_report):
+    assert _placed(week2_report) == _placed(week1[1])
