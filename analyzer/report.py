@@ -370,7 +370,7 @@ def _since_last_week(week: WeekOverWeek | None) -> list[str]:
     ] + [
         [
             ("", _e(o.job_id)),
-            ("", "not applied"),
+            ("", _e(f"superseded by {o.superseded_by}" if o.superseded_by else "not applied")),
             ("wrap", _e(f"{o.was} → {o.told}")),
             ("wrap", _e(o.now)),
             ("", ""),
@@ -616,7 +616,10 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
             for o in previous.applied
         ]
         lines += [
-            f"- not applied: {o.job_id}: still {o.now} (proposed {o.told})" for o in previous.not_applied
+            f"- superseded: {o.job_id}: still {o.now}; proposed {o.told} last week, {o.superseded_by} now"
+            if o.superseded_by
+            else f"- not applied: {o.job_id}: still {o.now} (proposed {o.told})"
+            for o in previous.not_applied
         ]
     if model.adjustments or model.notes:
         lines += ["", "## Changed for the tools, and notes", ""]

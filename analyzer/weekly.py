@@ -7,7 +7,12 @@ For each action last week recommended, on a job that still runs this week:
   has risks out-of-memory errors;
   such a regression makes the action *roll back*, with the command that undoes it on the job's
   node (last week's `rollback-<node>.sh`);
-- *not applied* when it still runs as it did.
+- *not applied* when it still runs as it did, and this week's plan proposes the same again;
+- *superseded* when it was not applied and this week's plan proposes something else for the job
+  (its demand moved): last week's action is void, this week's stands.
+A job at its cap is judged against the cap it runs under (the one last week's plan gave it), at
+the percentile it is sized at (`sizing_percentile`, from `compute.max_bind_fraction`): its demand
+there at 95 % of the cap or more means the cap binds more often than that fraction allows.
 A job is followed by its id and, when that id is gone, by its workload (`analyzer/workload.py`):
 applying a recommendation rolls a Kubernetes pod, and its successor under the same Deployment,
 StatefulSet, Job or CronJob is the same job applied, not a job that ended. Jobs that ended are
@@ -46,15 +51,18 @@ class Outcome:
     rollback: str = ""  # the command that undoes the change on the job's node last week
     p95_then: float | None = None  # its sizing signal last week and now, on the same scale
     p95_now: float | None = None
+    superseded_by: str = ""  # not applied: what this week's plan proposes instead
 
     @property
     def status(self) -> str:
         return "roll back" if self.warning else "applied"
 
     def as_dict(self, applied: bool) -> dict[str, Any]:
+        unapplied = f"superseded by {self.superseded_by}" if self.superseded_by else "not applied"
         return {
             "job_id": self.job_id,
-            "status": self.status if applied else "not applied",
+            "status": self.status if applied else unapplied,
+            "superseded_by": self.superseded_by,
             "was": self.was,
             "proposed": self.told,
             "now": self.now,
@@ -139,12 +147,12 @@ def load_previous(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any
     return jobs, plan
 
 
-def _cap(row: Any) -> float:
-    """The share of the GPU a job may use now: its MPS thread cap, else all of its GPU or slice."""
+def _cap(row: Any, told: dict[str, Any]) -> float:
+    """The share of the GPU a job may use now: the MPS thread cap last week's plan gave it (what
+    it runs under once applied; this week's proposal is not in force yet), else all of its GPU or
+    slice."""
     if _text(row.get("sharing")) == "mps":
-        threads = _float(row.get("proposed_mps_active_thread_percentage")) or _float(
-            row.get("mps_active_thread_percentage")
-        )
+        threads = _float(told.get("mps_active_thread_percentage"))
         if threads:
             return threads / 100.0
     return 1.0
@@ -158,17 +166,24 @@ def _float(value: object) -> float | None:
         return None
 
 
-def _warning(row: Any) -> str:
+def _warning(row: Any, told: dict[str, Any]) -> str:
+    """A regression since the change (empty when none): its cap binds, or its memory is full."""
     warnings = []
-    p95 = float(row.get("sm_active_p95") or 0.0)
-    cap = _cap(row)
-    if p95 >= AT_CAP * cap:  # at its cap in more than 5 % of samples: it binds
+    percentile = _text(row.get("sizing_percentile")) or "p95"
+    demand = _float(row.get(f"sm_active_{percentile}"))
+    if demand is None:
+        demand = _float(row.get("sm_active_p95")) or 0.0
+    cap = _cap(row, told)
+    if demand >= AT_CAP * cap:  # at its cap more often than compute.max_bind_fraction allows
         where = "its cap" if cap < 1.0 else "its GPU's limit"
-        warnings.append(f"at {where} (p95 activity {p95:.0%} of {cap:.0%}): may be slower than before")
+        warnings.append(
+            f"at {where} ({percentile} activity {demand:.0%} of {cap:.0%}, compute.max_bind_fraction): "
+            "may be slower than before"
+        )
     peak = float(row.get("memory_peak_bytes") or 0.0)
-    limit = float(row.get("mps_pinned_memory_limit_bytes") or 0.0) or float(
-        row.get("device_memory_bytes") or 0.0
-    )
+    limit = (
+        _float(told.get("mps_pinned_memory_limit_bytes")) if _text(row.get("sharing")) == "mps" else None
+    ) or float(row.get("device_memory_bytes") or 0.0)
     if limit and peak >= MEMORY_FULL * limit:
         warnings.append(f"peak memory {peak / limit:.0%} of what it has: out-of-memory risk")
     return "; ".join(warnings)
@@ -240,7 +255,7 @@ def compare(
             and is_model == told_model
         )
         if applied:
-            warning = _warning(row)
+            warning = _warning(row, job)
             out.applied.append(
                 Outcome(
                     *outcome_args,
@@ -251,5 +266,20 @@ def compare(
                 )
             )
         else:
-            out.not_applied.append(Outcome(*outcome_args))
+            out.not_applied.append(
+                Outcome(*outcome_args, superseded_by=_proposal_if_new(row, told_mode, told_mig))
+            )
     return out
+
+
+def _proposal_if_new(row: dict[str, Any], told_mode: str, told_mig: str) -> str:
+    """This week's proposal for a job whose last action was not applied, when it differs from
+    last week's (else empty: the same action stands)."""
+    mode, action = _text(row.get("recommendation")), _text(row.get("action"))
+    if not mode or mode in UNCHANGED or action == "keep":
+        return "keep" if mode and action == "keep" else ""
+    mig = _text(row.get("mig_profile"))
+    model = _text(row.get("target_gpu_model")) or _text(row.get("gpu_model"))
+    if mode == told_mode and (mode != "mig" or mig == told_mig):
+        return ""
+    return _how(mode, mig if mode == "mig" else "", model)

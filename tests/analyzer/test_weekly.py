@@ -163,16 +163,65 @@ def test_a_regression_after_the_change_is_a_roll_back_with_the_command_that_undo
 
 def test_an_mps_job_that_binds_its_thread_cap_is_a_regression(week):
     analysis, last = week
-    # now an MPS client capped at 30 % whose p95 is 29 %: its cap binds in over 5 % of samples
-    bound = _with(analysis, "5101", sharing="mps", mps_active_thread_percentage=30, sm_active_p95=0.29)
-    jobs, plan = previous(
-        last, {"5101": {"recommendation": "mps", "sharing": "exclusive", "action": "change"}}
-    )
+    # last week's plan capped it at 30 %; now its p95 (its sizing percentile) is 29 %: the cap binds
+    # in over compute.max_bind_fraction of samples. This week's own proposal (45 %) is not in force.
+    now = {"sharing": "mps", "mps_active_thread_percentage": 45, "sizing_percentile": "p95"}
+    bound = _with(analysis, "5101", sm_active_p95=0.29, **now)
+    told = {
+        "recommendation": "mps",
+        "sharing": "exclusive",
+        "action": "change",
+        "mps_active_thread_percentage": 30,
+    }
+    jobs, plan = previous(last, {"5101": told})
     outcome = next(o for o in compare(bound, jobs, plan, str(last)).applied if o.job_id == "5101")
-    assert "at its cap (p95 activity 29% of 30%)" in outcome.warning
-    quiet = _with(analysis, "5101", sharing="mps", mps_active_thread_percentage=30, sm_active_p95=0.10)
+    assert "at its cap (p95 activity 29% of 30%" in outcome.warning and outcome.status == "roll back"
+    quiet = _with(analysis, "5101", sm_active_p95=0.10, **now)
     outcome = next(o for o in compare(quiet, jobs, plan, str(last)).applied if o.job_id == "5101")
     assert outcome.status == "applied"
+
+
+def test_a_latency_sensitive_job_is_judged_at_the_percentile_it_is_sized_at(week):
+    analysis, last = week
+    now = {"sharing": "mps", "sizing_percentile": "p99", "sm_active_p95": 0.10}
+    told = {
+        "recommendation": "mps",
+        "sharing": "exclusive",
+        "action": "change",
+        "mps_active_thread_percentage": 30,
+    }
+    jobs, plan = previous(last, {"5101": told})
+    bursty = _with(analysis, "5101", sm_active_p99=0.30, **now)
+    outcome = next(o for o in compare(bursty, jobs, plan, str(last)).applied if o.job_id == "5101")
+    assert "p99 activity 30% of 30%" in outcome.warning
+
+
+def test_an_action_not_applied_whose_job_now_gets_another_proposal_is_superseded(week, tmp_path):
+    analysis, last = week
+    told = {"recommendation": "mps", "sharing": "exclusive", "action": "change"}
+    jobs, plan = previous(last, {"5101": told})
+    other = _with(
+        analysis,
+        "5101",
+        sharing="exclusive",
+        mig_profile_now="",
+        recommendation="mig",
+        mig_profile="1g.10gb",
+        action="change",
+    )
+    result = compare(other, jobs, plan, str(last))
+    (outcome,) = [o for o in result.not_applied if o.job_id == "5101"]
+    assert outcome.superseded_by.startswith("mig 1g.10gb")
+    write_report(other, tmp_path / "now", previous=result)
+    doc = json.loads((tmp_path / "now" / "week.json").read_text())
+    (entry,) = [a for a in doc["actions"] if a["job_id"] == "5101"]
+    assert entry["status"].startswith("superseded by mig 1g.10gb")
+    assert "- superseded: 5101" in (tmp_path / "now" / "summary.md").read_text()
+    same = _with(
+        analysis, "5101", sharing="exclusive", mig_profile_now="", recommendation="mps", action="change"
+    )
+    (outcome,) = [o for o in compare(same, jobs, plan, str(last)).not_applied if o.job_id == "5101"]
+    assert outcome.superseded_by == ""
 
 
 def test_the_report_writes_every_previous_actions_status_and_figures_to_week_json(week, tmp_path):

@@ -1,0 +1,105 @@
+"""Week 1 -> the plan applied the way each tool applies it -> week 2 with `--previous` (issue 30).
+
+tests/data/weekpair/week1.yaml runs four under-used pods on whole GPUs, two small pods on MIG
+3g.40gb slices and a busy trainer. `gpulens sim apply-plan` writes week 2 as an SRE who applied
+week 1's plan runs it (pods rolled out under new names, MPS clients with their caps, the MIG GPU
+re-sliced, GPUs left empty); week 2 is simulated and reported on against week 1's report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpulens.cli import main
+from gpulens.sim.applyplan import apply_plan_files
+from gpulens.sim.history import simulate
+from gpulens.sim.scenario import Scenario
+
+pytestmark = pytest.mark.slow
+
+WEEK1 = Path(__file__).resolve().parents[1] / "data" / "weekpair" / "week1.yaml"
+DAY, STEP, START = 86400.0, 300.0, 1_750_000_200.0
+GROWN = "ml-serving/embedder-0"
+
+
+def _report(history: Path, out: Path, *extra: str) -> Path:
+    assert main(["report", "--history", str(history), "--out", str(out), *extra]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def week1(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("week1")
+    simulate(str(WEEK1), duration_s=DAY, out=root / "history", step_s=STEP, start=START)
+    return _report(root / "history", root / "report")
+
+
+def _week2(week1: Path, root: Path, grow: dict[str, float] | None = None) -> tuple[Scenario, Path]:
+    scenario = apply_plan_files(str(WEEK1), week1, root / "week2.yaml", grow=grow or {})
+    simulate(
+        str(root / "week2.yaml"), duration_s=DAY, out=root / "history", step_s=STEP, start=START + 7 * DAY
+    )
+    return scenario, _report(root / "history", root / "report", "--previous", str(week1))
+
+
+@pytest.fixture(scope="module")
+def applied(week1, tmp_path_factory) -> tuple[Scenario, Path]:
+    return _week2(week1, tmp_path_factory.mktemp("week2"))
+
+
+@pytest.fixture(scope="module")
+def grown(week1, tmp_path_factory) -> tuple[Scenario, Path]:
+    return _week2(week1, tmp_path_factory.mktemp("week2-grown"), {GROWN: 3.0})
+
+
+def _week(report: Path) -> dict:
+    return json.loads((report / "week.json").read_text())
+
+
+def _changes(report: Path) -> set[str]:
+    """Jobs the report moves or re-sizes (a `fix` is advice to the job's owner: it stays put)."""
+    jobs = json.loads((report / "jobs.json").read_text())["jobs"]
+    return {j["job_id"] for j in jobs if j["action"] in ("change", "reclaim")}
+
+
+def test_week_one_proposes_changes_to_apply(week1):
+    assert len(_changes(week1)) >= 5 and (week1 / "config").is_dir()
+
+
+def test_a_fleet_running_the_plan_gets_no_further_change(applied):
+    _, report = applied
+    assert not (report / "config").exists() and not _changes(report)
+    assert "no configuration file is emitted" in (report / "summary.md").read_text()
+
+
+def test_every_applied_action_is_reported_applied_through_the_rollout(week1, applied):
+    _, report = applied
+    actions = {a["job_id"]: a for a in _week(report)["actions"]}
+    assert set(actions) == _changes(week1)
+    assert {a["status"] for a in actions.values()} == {"applied"}
+    renamed = [a for a in actions.values() if "(now " in a["now"]]
+    assert renamed  # Deployment and Job pods came back under new names and were still followed
+    assert _week(report)["ended"] == []
+
+
+def test_gpus_released_are_the_gpus_the_applied_plan_left_empty(week1, applied):
+    scenario, report = applied
+    empty = {g.index for g in scenario.gpus} - {p.gpu for p in scenario.processes}
+    week = _week(report)
+    assert empty and week["gpus_released"] == len(empty)
+    assert week["gpus_promised"] == json.loads((week1 / "plan.json").read_text())["gpus_freed"]
+
+
+def test_a_moved_job_that_binds_its_cap_gets_a_roll_back_with_its_command(week1, grown):
+    _, report = grown
+    actions = {a["job_id"]: a for a in _week(report)["actions"]}
+    moved = actions[GROWN]
+    assert moved["status"] == "roll back" and "at its cap" in moved["regression"]
+    command = moved["rollback"]
+    assert command.startswith("sh ") and Path(command[3:]).is_file()
+    assert Path(command[3:]).parent == week1 / "config"
+    others = [a["status"] for job, a in actions.items() if job != GROWN]
+    assert others and set(others) <= {"applied", "roll back"}
