@@ -49,6 +49,7 @@ from gpulens.exporter.sampler import Sampler, SamplerSettings
 from gpulens.exporter.snapshot import Area, AreaTiming, NodeSnapshot, sm_figure
 from gpulens.httpd.metrics import families as http_families
 from gpulens.httpd.server import Server, freeze_startup_heap
+from gpulens.selfmetrics import SelfMetrics
 
 SWITCH_INTERVAL = 0.0005  # seconds a thread may hold the GIL while others wait (CPython default 0.005)
 # allocations of tracked objects between young-generation collections (CPython default 700); see start()
@@ -125,6 +126,8 @@ class Exporter:
         )
         self.xid = XidWatcher(self.clock, self.log) if Area.XID in areas else None
         self.http: Server | None = None  # set by the HTTP server serving this exporter (server.py)
+        # process_* / python_* of this process: served with the HTTP server's own series
+        self.self_metrics = None if config.disable_exporter_metrics else SelfMetrics()
         self._attributor: Any = None
         self._attribution_error = ""
         if Area.JOBS in self.enabled:
@@ -265,6 +268,8 @@ class Exporter:
         families.extend(meta.collect(snapshot, statuses))
         if self.http is not None:  # the HTTP server's own series, as of this render
             families.extend(http_families(self.http))
+            if self.self_metrics is not None:  # the process's (--web.disable-exporter-metrics)
+                families.extend(self.self_metrics.families())
         if self.config.metrics_allow or self.config.metrics_deny:  # --metrics.allow / --metrics.deny
             families = [f for f in families if self.config.serves_family(f.name, _exposed_name(f))]
         return families, statuses

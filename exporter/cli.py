@@ -97,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"most open connections; beyond it the one idle the longest is closed (default "
         f"{DEFAULT_MAX_CONNECTIONS}, at most half the open-files limit)",
     )
+    p.add_argument(
+        "--web.disable-exporter-metrics",
+        dest="disable_exporter_metrics",
+        action="store_true",
+        default=None,
+        help="leave out the process_* and python_* self-metrics (the exporter's CPU, memory, "
+        "descriptors, garbage collector)",
+    )
     p.add_argument("--interval", type=float, metavar="SECONDS", help="sampling interval (default 5)")
     p.add_argument(
         "--nvml.timeout",
@@ -335,6 +343,10 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> E
     if per_link is None:
         per_link = _from_env(_env_name("--collector.pcie_nvlink.per-link"), env, _bool)
     values["nvlink_per_link"] = bool(per_link)
+    no_self = args.disable_exporter_metrics
+    if no_self is None:
+        no_self = _from_env(_env_name("--web.disable-exporter-metrics"), env, _bool)
+    values["disable_exporter_metrics"] = bool(no_self)
     for source in ("procfs", "mapping", "kubernetes"):
         disabled = getattr(args, f"no_attribution_{source}")
         if disabled is None:
@@ -460,9 +472,9 @@ def run(config: ExporterConfig) -> int:
 def serve(config: ExporterConfig, node: Any = None, signals: Signals | None = None) -> int:
     """Sample `node` (simulated) or the real NVML library and serve until SIGTERM/SIGINT."""
     from gpulens.exporter.app import Exporter
-    from gpulens.exporter.logging_setup import setup_logging
     from gpulens.exporter.server import HttpServer
-    from gpulens.exporter.webconfig import WebConfig, load_web_config
+    from gpulens.httpd.webconfig import WebConfig, load_web_config
+    from gpulens.logsetup import setup_logging
 
     log = setup_logging(config.log_level, config.log_format)
     signals = signals or Signals()
@@ -513,7 +525,7 @@ def serve(config: ExporterConfig, node: Any = None, signals: Signals | None = No
 
 def reload_web_config(server: Any, config: ExporterConfig, log: logging.Logger) -> None:
     """SIGHUP: re-read --web.config.file; a bad file is one error line and changes nothing."""
-    from gpulens.exporter.webconfig import load_web_config
+    from gpulens.httpd.webconfig import load_web_config
 
     if config.web_config_file is None:
         log.info("SIGHUP: no --web.config.file to reload; ignored")

@@ -12,31 +12,20 @@ from pathlib import Path
 
 from gpulens.exporter.compat import CompatError, CompatSpec, parse_compat
 
+# shared with the receiver (one set of conventions for both servers), re-exported for the exporter
+from gpulens.serverflags import LOG_FORMAT_ALIASES as LOG_FORMAT_ALIASES
+from gpulens.serverflags import LOG_FORMATS as LOG_FORMATS
+from gpulens.serverflags import LOG_LEVELS as LOG_LEVELS
+from gpulens.serverflags import ConfigError as ConfigError
+from gpulens.serverflags import parse_listen as parse_listen
+
 DEFAULT_PORT = 9842
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
 DEFAULT_TELEMETRY_PATH = "/metrics"
 DEFAULT_MAX_REQUESTS = 40  # exporter-toolkit's default; 0 means no limit
 DEFAULT_MAX_CONNECTIONS = 512  # also capped at half the open-files limit (gpulens.httpd)
 RESERVED_PATHS = ("/", "/-/healthy", "/-/ready")
-LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
-LOG_FORMATS = ("logfmt", "json")
-LOG_FORMAT_ALIASES = {"text": "logfmt"}  # the name before logfmt, still accepted
 PROFILING_MODES = ("auto", "dcgm", "gpm", "off")
-
-
-class ConfigError(ValueError):
-    """A bad flag, variable or file; `str()` is one line naming it.
-
-    Control characters are escaped here, once for every message: a value quoted into the message
-    (a path, an unparsed argument) can carry a newline, which must not split or forge log lines.
-    """
-
-    def __str__(self) -> str:
-        text = super().__str__()
-        if text.isprintable():
-            return text
-        return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-
 
 # samples between reads of the slow tier (backends/nvml.py SLOW_FIELDS): 12 x the default 5 s = 1 min
 DEFAULT_SLOW_EVERY = 12
@@ -66,6 +55,7 @@ class ExporterConfig:
     telemetry_path: str = DEFAULT_TELEMETRY_PATH
     max_requests: int = DEFAULT_MAX_REQUESTS  # concurrent scrapes served; more get 503 (0: no limit)
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # open connections; the oldest idle closed beyond
+    disable_exporter_metrics: bool = False  # True: no process_* / python_* self-metrics
     collectors: frozenset[str] | None = None  # None: the defaults; empty: only the exporter's own metrics
     processes_max: int = 100
     profiling: str = "auto"
@@ -94,21 +84,6 @@ class ExporterConfig:
     def read_deadline(self) -> float:
         """Seconds one GPU's reads may take before the GPU is reported hung."""
         return max(0.05, min(self.nvml_timeout, self.interval * 0.8))
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """':9842' -> ('', 9842); '127.0.0.1:1' -> ('127.0.0.1', 1); '[::1]:9842' -> ('::1', 9842)."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep:
-        raise ConfigError(f"--web.listen-address: expected [HOST]:PORT, got {value!r}")
-    host = host.strip("[]")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ConfigError(f"--web.listen-address: port must be a number, got {port_text!r}") from None
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"--web.listen-address: port must be 0..65535, got {port}")
-    return host, port
 
 
 def validate(config: ExporterConfig) -> ExporterConfig:

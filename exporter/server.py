@@ -23,9 +23,9 @@ from gpulens.exporter.render import (
     accepts_gzip,
     wants_openmetrics,
 )
-from gpulens.exporter.webconfig import WebConfig
 from gpulens.httpd.parse import Head
 from gpulens.httpd.server import Limits, Request, Response, Server, text
+from gpulens.httpd.webconfig import WebConfig
 
 MAX_PENDING_CHECKS = 4
 UNAUTHORIZED = Response(

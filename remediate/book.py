@@ -40,7 +40,7 @@ class EpisodeBook:
         self._lock = threading.Lock()
         self._open: OrderedDict[str, Episode] = OrderedDict()
         self._returned: OrderedDict[str, float] = OrderedDict()  # node -> last return time
-        metrics.bind_episodes(self.open_episodes)
+        metrics.bind_episodes(self.open_episodes, clock)
 
     def resume(self) -> int:
         """Load the audit log's open episodes and return times; how many episodes are open."""

@@ -1,4 +1,12 @@
-"""`gpulens remediate`: run the Alertmanager webhook receiver that isolates faulty GPUs' nodes."""
+"""`gpulens remediate`: run the Alertmanager webhook receiver that isolates faulty GPUs' nodes.
+
+The web and log flags are the exporter's (exporter-toolkit's names, `gpulens.serverflags`):
+`--web.listen-address`, `--web.config.file` (TLS, basic auth users, headers), `--web.telemetry-path`,
+`--web.disable-exporter-metrics`, `--log.level`, `--log.format`. The names the receiver used before
+(`--listen`, `--log-level`, `--basic-auth-user` / `--basic-auth-password-file`) still work and log
+one warning line naming the flag that replaces them. The bearer token Alertmanager sends stays
+`--token-file`: the web config file has no place for one.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +15,26 @@ import base64
 import json
 import logging
 import os
-import re
 import signal
 import sys
 from pathlib import Path
 
-from gpulens import httpclient
+from gpulens import httpclient, selfmetrics, serverflags
 from gpulens.httpd.server import freeze_startup_heap
+from gpulens.httpd.webconfig import WebConfig, load_web_config
+from gpulens.logsetup import setup_logging
 from gpulens.remediate.audit import AuditError
 from gpulens.remediate.auth import AuthConfigError, Authenticator, read_secret
 from gpulens.remediate.breaker import BreakerStore, BreakerStoreError, CircuitBreaker, FileStore, MemoryStore
+from gpulens.remediate.dra import DeviceTaints, DraMode
+from gpulens.remediate.fencing import FencingKubernetesIsolator
 from gpulens.remediate.health import AlertOnlyHealth, Health, PrometheusHealth
 from gpulens.remediate.kubernetes import DEFAULT_JOB_IMAGE, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.kubestate import ConfigMapStore
 from gpulens.remediate.loop import LoopPolicy
 from gpulens.remediate.queue import NotificationQueue, QueueError
 from gpulens.remediate.recovery import Backend
-from gpulens.remediate.server import RemediateServer
+from gpulens.remediate.server import DEFAULT_TELEMETRY_PATH, RESERVED_PATHS, RemediateServer
 from gpulens.remediate.service import Remediator
 from gpulens.remediate.slurm import SlurmIsolator
 
@@ -37,18 +48,39 @@ class UsageError(ValueError):
 
 
 def parse_duration(text: str) -> float:
-    """`90`, `90s`, `30m`, `1h`, `1d` -> seconds."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 90s, 30m or 1h")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    """`90`, `90s`, `30m`, `1h`, `1d` -> seconds (the exporter's durations: gpulens.serverflags)."""
+    try:
+        return serverflags.parse_duration(text)
+    except serverflags.ConfigError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 90s, 30m or 1h") from None
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    """`HOST:PORT`, `[V6]:PORT`, or `:PORT` for every address, as the exporter's."""
+    try:
+        return serverflags.parse_listen(text)
+    except serverflags.ConfigError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected [HOST]:PORT") from None
+
+
+class DeprecatedFlag(argparse.Action):
+    """An earlier flag name: stores its value where the new flag does and notes (old, new) in
+    `deprecated_flags`, which `run` logs as one warning line each."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: object) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        noted = getattr(namespace, "deprecated_flags", [])
+        namespace.deprecated_flags = [*noted, (option_string or self.option_strings[0], self.new)]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,14 +89,65 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Alertmanager webhook receiver that isolates faulty GPU nodes",
         description=__doc__.splitlines()[0],
     )
-    parser.add_argument(
+    web = parser.add_argument_group("web and logs (the exporter's flags)")
+    web.add_argument(
         "--web.listen-address",  # exporter-toolkit's name, as the exporter takes it
+        dest="listen",
+        type=parse_listen,
+        default=parse_listen(DEFAULT_LISTEN),
+        metavar="[HOST]:PORT",
+        help=f"address to serve on (default {DEFAULT_LISTEN}; :PORT is every address)",
+    )
+    web.add_argument(
         "--listen",
         dest="listen",
         type=parse_listen,
-        default=DEFAULT_LISTEN,
-        metavar="HOST:PORT",
-        help=f"address to serve on (default {DEFAULT_LISTEN}; --listen is the older name)",
+        action=DeprecatedFlag,
+        new="--web.listen-address",
+        metavar="[HOST]:PORT",
+        help="deprecated: --web.listen-address",
+    )
+    web.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        type=Path,
+        metavar="FILE",
+        help="TLS, basic auth users (bcrypt) and response headers, exporter-toolkit format",
+    )
+    web.add_argument(
+        "--web.telemetry-path",
+        dest="telemetry_path",
+        default=DEFAULT_TELEMETRY_PATH,
+        metavar="PATH",
+        help=f"path of the receiver's own metrics (default {DEFAULT_TELEMETRY_PATH})",
+    )
+    web.add_argument(
+        "--web.disable-exporter-metrics",
+        dest="disable_exporter_metrics",
+        action="store_true",
+        help="leave out the process_* and python_* self-metrics",
+    )
+    web.add_argument(
+        "--log.level",
+        dest="log_level",
+        default="info",
+        choices=serverflags.LOG_LEVELS,
+        help="log level (default info)",
+    )
+    web.add_argument(
+        "--log-level",
+        dest="log_level",
+        choices=serverflags.LOG_LEVELS,
+        action=DeprecatedFlag,
+        new="--log.level",
+        help="deprecated: --log.level",
+    )
+    web.add_argument(
+        "--log.format",
+        dest="log_format",
+        default="logfmt",
+        choices=(*serverflags.LOG_FORMATS, *serverflags.LOG_FORMAT_ALIASES),
+        help="logfmt (default) or json",
     )
     parser.add_argument(
         "--backend",
@@ -76,10 +159,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="really isolate; without it every action is only logged (dry-run)",
     )
-    auth = parser.add_argument_group("caller authentication (one of)")
+    auth = parser.add_argument_group(
+        "caller authentication (one of: --token-file, basic_auth_users in --web.config.file)"
+    )
     auth.add_argument("--token-file", type=Path, help="file with the bearer token Alertmanager sends")
-    auth.add_argument("--basic-auth-user", help="basic auth user name Alertmanager sends")
-    auth.add_argument("--basic-auth-password-file", type=Path, help="file with the basic auth password")
+    auth.add_argument(
+        "--basic-auth-user",
+        action=DeprecatedFlag,
+        new="--web.config.file (basic_auth_users)",
+        help="deprecated: basic_auth_users in --web.config.file",
+    )
+    auth.add_argument(
+        "--basic-auth-password-file",
+        type=Path,
+        action=DeprecatedFlag,
+        new="--web.config.file (basic_auth_users)",
+        help="deprecated: basic_auth_users in --web.config.file",
+    )
     breaker = parser.add_argument_group("circuit breaker")
     breaker.add_argument(
         "--breaker-max-nodes",
@@ -154,6 +250,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_JOB_IMAGE,
         help="image of the recovery Jobs: nvidia-smi for resets, nsenter for reboots "
         f"(default {DEFAULT_JOB_IMAGE})",
+    )
+    fencing = parser.add_argument_group("GPU fencing (kubernetes backend)")
+    fencing.add_argument(
+        "--dra-device-taints",
+        choices=[m.value for m in DraMode],
+        default=DraMode.AUTO.value,
+        help="fence a faulty GPU alone with a DRA DeviceTaintRule, its node left schedulable: auto "
+        "(default) where the API serves resource.k8s.io DeviceTaintRules and ResourceSlices, on "
+        "(always try), off (always isolate the node)",
     )
     slurm = parser.add_argument_group("slurm backend")
     slurm.add_argument("--scontrol", default="scontrol", help="scontrol binary (default: from PATH)")
@@ -242,14 +347,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="return it even though its episodes are not ready (escalated, recovering); never for RMA",
     )
-    parser.add_argument(
-        "--log.level",
-        "--log-level",
-        dest="log_level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="log level (default info; --log-level is the older name)",
-    )
     parser.set_defaults(func=run)
 
 
@@ -271,11 +368,13 @@ def build_isolator(args: argparse.Namespace) -> Backend:
     if args.apply and token is None:
         raise UsageError(f"--kube-token-file {args.kube_token_file}: no such file")
     ca = args.kube_ca_file if args.kube_ca_file and args.kube_ca_file.exists() else None
-    return KubernetesIsolator(
-        KubernetesClient(args.kube_api_url, token, ca),
+    client = KubernetesClient(args.kube_api_url, token, ca)
+    return FencingKubernetesIsolator(
+        client,
         drain=args.drain,
         job_namespace=args.job_namespace,
         job_image=args.job_image,
+        taints=DeviceTaints(client, DraMode(args.dra_device_taints)),
     )
 
 
@@ -300,14 +399,28 @@ def build_store(args: argparse.Namespace, isolator: Backend) -> BreakerStore:
     return MemoryStore()
 
 
-def build_authenticator(args: argparse.Namespace) -> Authenticator:
+def build_authenticator(args: argparse.Namespace, web: WebConfig) -> Authenticator:
     token = read_secret(args.token_file, "--token-file") if args.token_file else None
+    user = getattr(args, "basic_auth_user", None)  # absent unless the deprecated flags are given
+    password_file = getattr(args, "basic_auth_password_file", None)
     password = None
-    if args.basic_auth_password_file:
-        if not args.basic_auth_user:
+    if password_file:
+        if not user:
             raise UsageError("--basic-auth-password-file needs --basic-auth-user")
-        password = read_secret(args.basic_auth_password_file, "--basic-auth-password-file")
-    return Authenticator(token=token, username=args.basic_auth_user, password=password)
+        password = read_secret(password_file, "--basic-auth-password-file")
+    return Authenticator(token=token, username=user, password=password, users=web.basic_auth)
+
+
+def load_web(args: argparse.Namespace) -> WebConfig:
+    """--web.config.file, checked as the exporter checks it (one line naming file and field)."""
+    return load_web_config(args.web_config_file) if args.web_config_file else WebConfig()
+
+
+def check_telemetry_path(path: str) -> None:
+    if not path.startswith("/") or not path.isprintable() or any(c in path for c in " ?#"):
+        raise UsageError(f"--web.telemetry-path: expected an absolute URL path like /metrics, got {path!r}")
+    if path in RESERVED_PATHS:
+        raise UsageError(f"--web.telemetry-path: {path} is already served by the receiver")
 
 
 def _fail(message: str) -> int:
@@ -319,10 +432,12 @@ def _fail(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "remediate_action", None) == "return":
         return run_return(args)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(args.log_level, serverflags.log_format(args.log_format), name=log.name)
+    for old, new in getattr(args, "deprecated_flags", []):
+        log.warning("%s is deprecated: use %s", old, new)
     try:
+        check_telemetry_path(args.telemetry_path)
+        web = load_web(args)
         if not args.backend:
             raise UsageError("--backend is required (kubernetes or slurm)")
         if args.recovery_attempts < 1:
@@ -333,12 +448,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--breaker-max-nodes: expected at least 1")
         if args.action_timeout <= 0:
             raise UsageError("--action-timeout: expected a positive duration")
-        auth = build_authenticator(args)
+        auth = build_authenticator(args, web)
         isolator = build_isolator(args)
         store = build_store(args, isolator)
         breaker = CircuitBreaker(args.breaker_max_nodes, args.breaker_window, store=store)
         health = build_health(args)
-    except (UsageError, AuthConfigError, BreakerStoreError) as exc:
+    except (UsageError, AuthConfigError, BreakerStoreError, serverflags.ConfigError) as exc:
         return _fail(str(exc))
     if isinstance(store, MemoryStore) and args.apply:
         log.warning(
@@ -389,24 +504,29 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
 
     breaker.on_save_error = save_failed
+    if not args.disable_exporter_metrics:
+        selfmetrics.register(remediator.metrics.registry)
     try:
-        server = RemediateServer(args.listen, remediator, auth)
+        server = RemediateServer(args.listen, remediator, auth, web=web, telemetry_path=args.telemetry_path)
     except OSError as exc:
-        return _fail(f"--listen {args.listen[0]}:{args.listen[1]}: {exc.strerror or exc}")
+        host, port = args.listen
+        return _fail(f"--web.listen-address {host}:{port}: cannot listen: {exc.strerror or exc}")
     freeze_startup_heap()  # start-up objects out of the GC's full collections (httpd/server.py)
     mode = "APPLY" if args.apply else "dry-run (pass --apply to act)"
     log.info(
-        "listening on http://%s:%d/alerts, backend %s, %s, breaker %d nodes / %gs",
+        "listening on %s://%s:%d/alerts, backend %s, %s, breaker %d nodes / %gs, basic auth users %s",
+        "https" if web.tls else "http",
         *server.server_address[:2],
         isolator.backend,
         mode,
         args.breaker_max_nodes,
         args.breaker_window,
+        "on" if web.basic_auth else "off",
     )
 
     def on_signal(signum: int, _frame: object) -> None:
         if signum == signal.SIGHUP:
-            log.info("SIGHUP ignored: the receiver has nothing to reload (restart it to re-read secrets)")
+            reload_web(server, args)
             return
         log.info("shutting down (%s)", signal.Signals(signum).name)
         server.request_stop()
@@ -427,6 +547,28 @@ def run(args: argparse.Namespace) -> int:
                 args.action_timeout,
             )
     return 0
+
+
+def reload_web(server: RemediateServer, args: argparse.Namespace) -> None:
+    """SIGHUP: re-read --web.config.file (a renewed certificate, changed users), as the exporter
+    does; a file that no longer loads is one error line and the running configuration stays.
+    The secret files of --token-file are not re-read (restart for a new token)."""
+    if args.web_config_file is None:
+        log.info("SIGHUP: no --web.config.file to reload; ignored (restart to re-read --token-file)")
+        return
+    try:
+        web = load_web(args)
+        auth = build_authenticator(args, web)
+    except (serverflags.ConfigError, AuthConfigError, UsageError) as exc:
+        log.error("SIGHUP: keeping the previous web configuration: %s", exc)
+        return
+    server.reload(web, auth)
+    log.info(
+        "SIGHUP: reloaded --web.config.file %s (TLS %s, basic auth users %s)",
+        args.web_config_file,
+        "on" if web.tls else "off",
+        "on" if web.basic_auth else "off",
+    )
 
 
 def build_queue(args: argparse.Namespace) -> NotificationQueue:

@@ -9,6 +9,10 @@ The states and what moves an episode on (`loop.Reconciler` does, every few secon
     ready ──(--return-to-service, or `gpulens remediate return NODE`)──> returned
     any open state ──(gpulens' isolation found gone before an action: a person's return)──> returned_by_hand
 
+An episode holds out either its node (cordon + taint, Slurm drain) or, where the cluster can fence
+one GPU (Kubernetes DRA), only its GPU: `fence` names the DeviceTaintRules, and the node stays in
+service; such an episode is checked, returned and returned by hand through its rules alone.
+
 An episode whose node was returned within the flap window is `escalated` at once: it stays
 isolated, nothing is retried and nothing returns it automatically. `rma` and `escalated` never
 return by themselves. In a dry run an episode records what would happen and stops at `dry_run`.
@@ -84,6 +88,14 @@ class Episode:
     attempts: int = 0  # recovery actions started
     marker: str = ""  # backend's before-action mark: boot time / boot ID, or the Job's name
     detail: str = ""
+    # set when only the GPU was fenced (its DeviceTaintRules, comma-separated) and the node stays in
+    # service; empty when the node itself is isolated
+    fence: str = ""
+    kept_gpus: int = 0  # the node's other GPUs that stayed in service thanks to the fence
+
+    @property
+    def fences(self) -> list[str]:
+        return [name for name in self.fence.split(",") if name]
 
     def to_dict(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)

@@ -1,9 +1,10 @@
 """Kubernetes backend: cordon + taint the node through the REST API, optionally drain it.
 
 Isolation sets `spec.unschedulable`, adds the taint `gpulens.io/gpu-fault=<AlertName>:NoSchedule`
-and annotates the node with the time, the reason and the alert fingerprint. Kubernetes has no
-standard way to fence one GPU (the device plugin owns that), so `isolate_gpu` isolates the node
-without evicting anything: workloads on the healthy GPUs finish. `isolate_node` additionally evicts
+and annotates the node with the time, the reason and the alert fingerprint. A device-plugin
+cluster has no way to fence one GPU, so `isolate_gpu` isolates the node without evicting anything:
+workloads on the healthy GPUs finish (fencing.py fences the GPU alone where DRA device taints are
+served). `isolate_node` additionally evicts
 the node's pods through the Eviction API (PodDisruptionBudgets apply) when draining is enabled;
 DaemonSet and mirror pods stay, as with `kubectl drain --ignore-daemonsets`.
 
@@ -456,6 +457,20 @@ class KubernetesIsolator:
     def recovery_returns_node(self, episode: Episode) -> bool:
         return False  # the node stays cordoned and tainted until gpulens (or a person) returns it
 
+    # ---- GPU fences (recovery.Recoverer): this backend fences nodes only ----------------------------
+
+    def fence_in_place(self, episode: Episode, deadline: Deadline) -> bool | None:
+        log.warning(
+            "episode %s names a GPU fence, which the %s backend cannot read", episode.id, self.backend
+        )
+        return None
+
+    def describe_return_gpu(self, episode: Episode) -> str:
+        return f"the {self.backend} backend fences no single GPU"
+
+    def return_gpu(self, episode: Episode, deadline: Deadline) -> Outcome:
+        return Outcome("failed", f"the {self.backend} backend fences no single GPU")
+
     def describe_return(self, node: str) -> str:
         return (
             f"PATCH {self.client.api_url.rstrip('/')}/api/v1/nodes/{node}: remove taint {TAINT_KEY}, "
@@ -565,11 +580,13 @@ def _episode(value: Any, node: str) -> Episode | None:
     times: list[object] = [episode.detected_at, episode.isolated_at, episode.action_started_at]
     times += [episode.action_finished_at, episode.resolved_at, episode.healthy_since]
     times += [episode.recovered_at, episode.returned_at]
-    if not all(isinstance(t, str) for t in (*texts, episode.marker, episode.detail)):
+    if not all(isinstance(t, str) for t in (*texts, episode.marker, episode.detail, episode.fence)):
         return None
     if not all(t is None or (isinstance(t, int | float) and not isinstance(t, bool)) for t in times):
         return None
-    if not isinstance(episode.attempts, int) or episode.detected_at is None:
+    if not isinstance(episode.attempts, int) or not isinstance(episode.kept_gpus, int):
+        return None
+    if episode.detected_at is None:
         return None
     return episode
 

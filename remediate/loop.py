@@ -234,11 +234,18 @@ class Reconciler:
     # ---- what is true now ------------------------------------------------------------------------
 
     def _stopped_by_node(self, node: str, acting: list[Episode], deadline: Deadline) -> Outcome | None:
-        """Re-read `node` before an action on it for `acting`: None to go ahead (gpulens' isolation
-        is still there), else why not. Unreadable: `deferred`, nothing done, retried next pass.
-        Gone: a person returned the node, every open episode of it closes as returned by hand."""
+        """Re-read what holds `acting` out before an action for them: None to go ahead (gpulens'
+        isolation is still there), else why not. Unreadable: `deferred`, nothing done, retried next
+        pass. Gone: a person returned it, and what it held closes as returned by hand: the node's
+        episodes for a node, the one episode for a GPU fence (a deleted DeviceTaintRule)."""
         if self.dry_run:
             return None  # nothing was isolated, nothing will be done
+        for episode in [e for e in acting if e.fence]:
+            stopped = self._stopped_by_fence(episode, deadline)
+            if stopped is not None:
+                return stopped
+        if all(e.fence for e in acting):
+            return None
         try:
             in_place = self.backend.isolation_in_place(node, deadline)
         except Exception:  # the backends do not raise; a bug must not make the loop act blind
@@ -260,20 +267,47 @@ class Reconciler:
             f"({self.backend.isolation_mark}); nothing more is done for this episode"
         )
         for episode in self.book.of_node(node):
-            if episode.state is not State.DRY_RUN:
+            if episode.state is not State.DRY_RUN and not episode.fence:  # a fenced GPU stays fenced
                 moved = episode.moved(State.RETURNED_BY_HAND, returned_at=now, detail=detail)
                 self.book.save("returned_by_hand", moved)
         return Outcome("already", f"node {node} was returned by hand: its episodes are closed, nothing done")
 
+    def _stopped_by_fence(self, episode: Episode, deadline: Deadline) -> Outcome | None:
+        """The GPU-fence counterpart of `_stopped_by_node` for one fenced episode."""
+        try:
+            in_place = self.backend.fence_in_place(episode, deadline)
+        except Exception:  # the backends do not raise; a bug must not make the loop act blind
+            log.exception("reading the fence of episode %s failed", episode.id)
+            in_place = None
+        if in_place:
+            return None
+        where = f"GPU {episode.uuid or episode.gpu} on node {episode.node}"
+        if in_place is None:
+            detail = f"the fence of {where} cannot be read now: nothing is done to it until it can"
+            if episode.detail != detail:
+                self.book.save("waiting", episode.moved(episode.state, detail=detail))
+            return Outcome("deferred", f"{detail}; try again")
+        detail = (
+            f"returned by hand: {where} no longer carries gpulens' fence (DeviceTaintRule "
+            f"{episode.fence}); nothing more is done for this episode"
+        )
+        moved = episode.moved(State.RETURNED_BY_HAND, returned_at=self.clock(), detail=detail)
+        self.book.save("returned_by_hand", moved)
+        return Outcome("already", f"{where} was returned by hand: its episode is closed, nothing done")
+
     # ---- return to service -----------------------------------------------------------------------
 
     def _maybe_return(self, node: str) -> None:
-        episodes = self.book.of_node(node)
-        if not episodes or not all(e.state is State.READY for e in episodes):
-            return
+        """Return what is ready: each fenced GPU on its own, the node once all its node-level
+        episodes are ready."""
         if not self.policy.return_to_service:
             return  # `gpulens remediate return NODE` (POST /-/return) does it
-        self._return(node, episodes, "returned after the hold-down")
+        episodes = self.book.of_node(node)
+        for episode in [e for e in episodes if e.fence and e.state is State.READY]:
+            self._return(node, [episode], "returned after the hold-down")
+        whole = [e for e in episodes if not e.fence]
+        if whole and all(e.state is State.READY for e in whole):
+            self._return(node, whole, "returned after the hold-down")
 
     def return_node(self, node: str, force: bool = False) -> Outcome:
         """What `gpulens remediate return NODE` asks for: return the node if its episodes allow."""
@@ -294,12 +328,28 @@ class Reconciler:
             return self._return(node, episodes, "returned by a person" if blocking else "returned on request")
 
     def _return(self, node: str, episodes: list[Episode], why: str) -> Outcome:
+        """Return the node (its node-level episodes) and lift the fences of its fenced GPUs."""
+        fenced = [e for e in episodes if e.fence]
+        whole = [e for e in episodes if not e.fence]
+        outcome: Outcome | None = None
+        for episode in fenced:
+            outcome = self._return_some(node, [episode], why)
+        if whole or outcome is None:
+            outcome = self._return_some(node, whole, why)
+        return outcome
+
+    def _return_some(self, node: str, episodes: list[Episode], why: str) -> Outcome:
+        """One return: of the node for node-level `episodes`, or of one fenced GPU."""
         deadline = Deadline(self.policy.action_timeout_s)
         stopped = self._stopped_by_node(node, episodes, deadline)
         if stopped is not None:
             return stopped
+        fence = episodes[0] if len(episodes) == 1 and episodes[0].fence else None
         if self.dry_run:
-            outcome = Outcome("dry_run", f"DRY-RUN: {self.backend.describe_return(node)}")
+            what = self.backend.describe_return_gpu(fence) if fence else self.backend.describe_return(node)
+            outcome = Outcome("dry_run", f"DRY-RUN: {what}")
+        elif fence is not None:
+            outcome = self.backend.return_gpu(fence, deadline)
         else:
             outcome = self.backend.return_node(node, deadline)
         if outcome.result in ("applied", "already", "dry_run"):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from gpulens.httpd.metrics import ServerCollector
 from gpulens.httpd.server import Server
@@ -99,8 +103,38 @@ class RemediateMetrics:
             registry=self.registry,
         )
         isolated.set_function(
-            lambda: float(len({e.node for e in self._open_episodes() if e.state.value != "dry_run"}))
+            lambda: float(
+                len({e.node for e in self._open_episodes() if e.state.value != "dry_run" and not e.fence})
+            )
         )
+        fenced = Gauge(
+            "gpulens_remediate_fenced_gpus",
+            "GPUs fenced by open fault episodes now (DRA device taints; their nodes stay in service).",
+            registry=self.registry,
+        )
+        fenced.set_function(
+            lambda: float(
+                len(
+                    {
+                        (e.node, e.uuid)
+                        for e in self._open_episodes()
+                        if e.state.value != "dry_run" and e.fence
+                    }
+                )
+            )
+        )
+        self.isolations = Counter(
+            "gpulens_remediate_isolations",
+            "Fault episodes opened with an isolation, by what was taken out: one GPU (fenced) or its node.",
+            ["scope"],
+            registry=self.registry,
+        )
+        for scope in ("gpu", "node"):
+            self.isolations.labels(scope=scope)
+        self._clock: Callable[[], float] = time.time
+        self._kept_closed_s = 0.0  # GPU-seconds kept by fences of closed episodes
+        self._kept_lock = threading.Lock()
+        self.registry.register(_KeptCollector(self._kept_seconds))
         self.open_by_state = Gauge(
             "gpulens_remediate_episodes_open",
             "Open fault episodes by state.",
@@ -123,9 +157,25 @@ class RemediateMetrics:
         )
         size.set_function(lambda: float(stats().bytes))
 
-    def bind_episodes(self, open_episodes: Callable[[], list]) -> None:
-        """Where the gauges of open episodes read from (the EpisodeBook)."""
+    def bind_episodes(
+        self, open_episodes: Callable[[], list], clock: Callable[[], float] | None = None
+    ) -> None:
+        """Where the gauges of open episodes read from (the EpisodeBook), and its clock."""
         self._open_episodes = open_episodes
+        if clock is not None:
+            self._clock = clock
+
+    def _kept_seconds(self) -> float:
+        """Healthy GPU-seconds kept in service by GPU fences: each fenced episode's other GPUs for
+        as long as it was (closed episodes) or has been (open ones) fenced instead of its node."""
+        now = self._clock()
+        running = sum(
+            e.kept_gpus * max(now - (e.isolated_at or now), 0.0)
+            for e in self._open_episodes()
+            if e.fence and e.state.value != "dry_run"
+        )
+        with self._kept_lock:
+            return self._kept_closed_s + running
 
     def episodes_resumed(self, episodes: list) -> None:
         """Count the open episodes a restart took over (from the audit log or the nodes) in the
@@ -142,12 +192,17 @@ class RemediateMetrics:
             return
         if before is not None:
             self.open_by_state.labels(state=before.state.value).dec()
+            if before.state.open and not after.state.open and after.fence and after.isolated_at is not None:
+                ended = after.returned_at if after.returned_at is not None else self._clock()
+                with self._kept_lock:
+                    self._kept_closed_s += after.kept_gpus * max(ended - after.isolated_at, 0.0)
         if after.state.open:
             self.open_by_state.labels(state=after.state.value).inc()
         outcome = OUTCOMES.get(after.state.value)
         if outcome:
             self.episodes.labels(recovery=recovery, outcome=outcome).inc()
         if before is None and after.isolated_at is not None and after.state.value != "dry_run":
+            self.isolations.labels(scope="gpu" if after.fence else "node").inc()
             self.time_to_isolate.labels(recovery=recovery).observe(
                 max(after.isolated_at - after.detected_at, 0)
             )
@@ -169,3 +224,18 @@ class RemediateMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _KeptCollector(Collector):
+    """`gpulens_remediate_healthy_gpus_kept_seconds_total`, computed at each scrape."""
+
+    def __init__(self, seconds: Callable[[], float]) -> None:
+        self._seconds = seconds
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "gpulens_remediate_healthy_gpus_kept_seconds",
+            "Healthy GPU-seconds kept in service by fencing one faulty GPU instead of its node "
+            "(the node's other GPUs times the time fenced); / 3600 for GPU-hours.",
+            value=self._seconds(),
+        )

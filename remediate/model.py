@@ -71,6 +71,10 @@ class Outcome:
 
     result: Result
     detail: str
+    # a GPU fenced instead of its node (Kubernetes DRA): the DeviceTaintRule names, comma-separated,
+    # and how many other GPUs of the node stay in service
+    fence: str = ""
+    kept_gpus: int = 0
 
 
 @dataclass(frozen=True)

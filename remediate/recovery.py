@@ -73,6 +73,17 @@ class Recoverer(Protocol):
         """Has the started action finished (DONE), failed (FAILED), or not yet (PENDING)?"""
         ...
 
+    def fence_in_place(self, episode: Episode, deadline: Deadline) -> bool | None:
+        """For an episode that fenced only its GPU (`episode.fence`): True while every fence is
+        there, False when one is gone (a person returned the GPU), None when it cannot be read."""
+        ...
+
+    def describe_return_gpu(self, episode: Episode) -> str: ...
+
+    def return_gpu(self, episode: Episode, deadline: Deadline) -> Outcome:
+        """Lift the episode's GPU fence; `applied`, `already` (gone) or `failed`."""
+        ...
+
     def describe_return(self, node: str) -> str: ...
 
     def return_node(self, node: str, deadline: Deadline) -> Outcome:

@@ -3,9 +3,13 @@ POST /-/breaker/reset, POST /-/return. Write endpoints and `/-/state` (node name
 open episodes) need the caller's credentials; `/-/healthy` (the probes) and `/metrics` (Prometheus
 scrapes it; fixed label values, no node names) stay open. Errors are one line.
 
-Served by `gpulens.httpd` (bounded connections, deadlines, strict framing; see its docstring).
-Credentials are checked on the request head, before any body is read, so only an authenticated
-caller can make the receiver buffer a body, and at most `Limits.max_requests` bodies at once.
+Served by `gpulens.httpd` (bounded connections, deadlines, strict framing; see its docstring),
+over TLS and with response headers from `--web.config.file` as the exporter is (the same file
+format, `gpulens.httpd.webconfig`). Credentials are checked on the request head, before any body
+is read, so only a caller with valid or not yet checked credentials can make the receiver buffer
+a body, at most `Limits.max_requests` bodies at once. A bcrypt check (basic_auth_users) that is not
+cached runs on the worker pool before the request is handled, at most `MAX_PENDING_CHECKS` at once:
+a flood of wrong passwords gets 503s, never the event loop.
 A notification is appended to the queue (queue.py: an fsynced line with --state-dir) on the
 server's worker pool and answered 200 at once; the dispatcher acts on it afterwards, so a slow
 orchestrator never holds Alertmanager or an HTTP slot. A full queue answers 503 (retried).
@@ -20,6 +24,7 @@ from http import HTTPStatus
 
 from gpulens.httpd.parse import Head
 from gpulens.httpd.server import Limits, Request, Response, Server
+from gpulens.httpd.webconfig import WebConfig
 from gpulens.remediate.auth import Authenticator
 from gpulens.remediate.payload import PayloadError, parse_webhook
 from gpulens.remediate.queue import QueueError, QueueFull
@@ -38,6 +43,11 @@ LIMITS = Limits(
 )
 WRITE_PATHS = ("/alerts", "/-/breaker/reset", "/-/return")
 PROTECTED_READS = ("/-/state",)  # GET/HEAD behind the same credentials as the writes
+DEFAULT_TELEMETRY_PATH = "/metrics"
+# what --web.telemetry-path may not take: the receiver's other endpoints
+RESERVED_PATHS = ("/", "/-/healthy", "/-/ready", *PROTECTED_READS, *WRITE_PATHS)
+MAX_PENDING_CHECKS = 4  # bcrypt checks queued on the worker pool at once; more get 503
+UNAUTHORIZED_LINE = "unauthorized: send the shared bearer token or basic auth credentials"
 SIZED_PATHS = ("/alerts", "/-/return")  # these read a body
 UNAUTHORIZED_CHALLENGE = (
     ("WWW-Authenticate", 'Bearer realm="gpulens-remediate", Basic realm="gpulens-remediate"'),
@@ -55,22 +65,42 @@ def _json(status: int, doc: object) -> Response:
 
 
 class ReceiverApp:
+    """Routes and credentials; `web` and `auth` may be swapped at any time (SIGHUP reload)."""
+
     keep_body = True
 
-    def __init__(self, remediator: Remediator, auth: Authenticator) -> None:
+    def __init__(
+        self,
+        remediator: Remediator,
+        auth: Authenticator,
+        web: WebConfig | None = None,
+        telemetry_path: str = DEFAULT_TELEMETRY_PATH,
+    ) -> None:
         self.remediator = remediator
         self.auth = auth
+        self.web = web or WebConfig()
+        self.telemetry_path = telemetry_path
+        self._pending_checks = 0
 
     def _counted(self, head: Head, response: Response) -> Response:
         if head.path == "/alerts":
             self.remediator.metrics.requests.labels(code=str(response.status)).inc()
         return response
 
-    def check_head(self, head: Head) -> Response | None:
-        """Answers that need no body: unknown paths and methods, credentials, missing lengths."""
+    @staticmethod
+    def _protected(head: Head) -> bool:
         if head.method in ("GET", "HEAD"):
-            if head.path in PROTECTED_READS and not self.auth.allows(head.header("authorization")):
-                return _text(401, "unauthorized: send the shared bearer token or basic auth credentials")
+            return head.path in PROTECTED_READS
+        return head.method == "POST" and head.path in WRITE_PATHS
+
+    def check_head(self, head: Head) -> Response | None:
+        """Answers that need no body: unknown paths and methods, credentials, missing lengths.
+
+        Credentials whose bcrypt check is not cached pass here (the verdict is None) and are
+        checked in `handle`, on the worker pool, before anything else is done."""
+        if head.method in ("GET", "HEAD"):
+            if head.path in PROTECTED_READS and self.auth.verdict(head.header("authorization")) is False:
+                return _text(401, UNAUTHORIZED_LINE)
             return None
         if head.method in ("PUT", "DELETE", "PATCH"):
             return self._counted(head, _text(405, "method not allowed"))
@@ -78,10 +108,8 @@ class ReceiverApp:
             return self._counted(head, _text(501, f"method {head.method} is not served", close=True))
         if head.path not in WRITE_PATHS:
             return _text(404, f"not found: {head.path}")
-        if not self.auth.allows(head.header("authorization")):
-            return self._counted(
-                head, _text(401, "unauthorized: send the shared bearer token or basic auth credentials")
-            )
+        if self.auth.verdict(head.header("authorization")) is False:
+            return self._counted(head, _text(401, UNAUTHORIZED_LINE))
         if head.path in SIZED_PATHS:
             if head.header("content-length") is None:
                 return self._counted(head, _text(411, "Content-Length required"))
@@ -91,10 +119,35 @@ class ReceiverApp:
 
     def handle(self, request: Request) -> Response | Awaitable[Response]:
         head = request.head
+        if self._protected(head):
+            verdict = self.auth.verdict(head.header("authorization"))
+            if verdict is None:
+                return self._checked(request)
+            if not verdict:  # another request's check, finished since the head, said no
+                return self._counted(head, _text(401, UNAUTHORIZED_LINE))
+        return self._route(request)
+
+    async def _checked(self, request: Request) -> Response:
+        """The bcrypt check on the worker pool, then the request as usual."""
+        head = request.head
+        if self._pending_checks >= MAX_PENDING_CHECKS:
+            return self._counted(head, _text(503, "too many password checks in progress, try again later"))
+        self._pending_checks += 1
+        try:
+            ok = await request.run_blocking(self.auth.verify, head.header("authorization"))
+        finally:
+            self._pending_checks -= 1
+        if not ok:
+            return self._counted(head, _text(401, UNAUTHORIZED_LINE))
+        answer = self._route(request)
+        return await answer if not isinstance(answer, Response) else answer
+
+    def _route(self, request: Request) -> Response | Awaitable[Response]:
+        head = request.head
         if head.method == "POST":
             return self._post(request)
         path = head.path
-        if path == "/metrics":
+        if path == self.telemetry_path:
             return Response(200, self.remediator.metrics.render(), "text/plain; version=0.0.4")
         if path == "/-/healthy":
             return _text(200, "OK")
@@ -102,7 +155,9 @@ class ReceiverApp:
             return self._state(request)
         if path == "/":
             return _text(
-                200, "gpulens remediate: POST Alertmanager webhooks to /alerts; see /-/state and /metrics"
+                200,
+                "gpulens remediate: POST Alertmanager webhooks to /alerts; see /-/state and "
+                f"{self.telemetry_path}",
             )
         return _text(404, f"not found: {path}")
 
@@ -159,15 +214,36 @@ class RemediateServer:
         remediator: Remediator,
         auth: Authenticator,
         limits: Limits = LIMITS,
+        web: WebConfig | None = None,
+        telemetry_path: str = DEFAULT_TELEMETRY_PATH,
     ) -> None:
         self.remediator = remediator
-        self.auth = auth
-        self.app = ReceiverApp(remediator, auth)
+        self.app = ReceiverApp(remediator, auth, web, telemetry_path)
         self._server = Server(
-            self.app, address[0], address[1], limits=limits, server_name="gpulens-remediate", logger=log
+            self.app,
+            address[0],
+            address[1],
+            limits=limits,
+            tls=lambda: self.app.web.tls_context,
+            extra_headers=lambda: self.app.web.headers,
+            server_name="gpulens-remediate",
+            logger=log,
         )
         remediator.metrics.watch_server(self._server)
         self.server_address = self._server.address
+
+    @property
+    def auth(self) -> Authenticator:
+        return self.app.auth
+
+    @property
+    def web(self) -> WebConfig:
+        return self.app.web
+
+    def reload(self, web: WebConfig, auth: Authenticator) -> None:
+        """Swap the web config and the credentials (SIGHUP): new connections use the new TLS
+        context, every request after the swap the new users and headers."""
+        self.app.web, self.app.auth = web, auth
 
     @property
     def server(self) -> Server:

@@ -247,6 +247,8 @@ class Remediator:
             detected_at=min(parse_time(alert.starts_at, now), now),
             isolated_at=now,
             detail=printable(outcome.detail, MAX_DETAIL),
+            fence=outcome.fence,
+            kept_gpus=outcome.kept_gpus,
         )
         last_return = self.book.last_return(request.node)
         if self.dry_run:

@@ -229,6 +229,20 @@ class SlurmIsolator:
         done = episode.action_finished_at is not None
         return self.reboot_nextstate.upper() == "RESUME" and rebooted and done
 
+    # ---- GPU fences (recovery.Recoverer): this backend fences nodes only ----------------------------
+
+    def fence_in_place(self, episode: Episode, deadline: Deadline) -> bool | None:
+        log.warning(
+            "episode %s names a GPU fence, which the %s backend cannot read", episode.id, self.backend
+        )
+        return None
+
+    def describe_return_gpu(self, episode: Episode) -> str:
+        return f"the {self.backend} backend fences no single GPU"
+
+    def return_gpu(self, episode: Episode, deadline: Deadline) -> Outcome:
+        return Outcome("failed", f"the {self.backend} backend fences no single GPU")
+
     def return_command(self, node: str) -> list[str]:
         return [self.scontrol, "update", f"NodeName={node}", "State=RESUME"]
 

@@ -89,7 +89,7 @@ class KubeRequest:
 @dataclass
 class KubeStandIn:
     """Serves nodes (one, or all in pages), pods, ConfigMaps and Jobs like the API server does, and
-    records every request.
+    records every request; with `dra` also DRA's ResourceSlices and DeviceTaintRules.
 
     `hold` makes reads of a node wait until its event is set (a slow API for that node only);
     `held` is set when such a read arrived. `redirect` answers every request with a 302 to that
@@ -108,6 +108,11 @@ class KubeStandIn:
     hold: dict[str, threading.Event] = field(default_factory=dict)
     held: threading.Event = field(default_factory=threading.Event)
     redirect: str = ""
+    # DRA: with `dra` the API serves resource.k8s.io (v1 ResourceSlices, v1beta2 DeviceTaintRules)
+    dra: bool = False
+    dra_unavailable: bool = False  # resource.k8s.io answers 503 (an aggregated API or etcd trouble)
+    resource_slices: list[dict] = field(default_factory=list)
+    device_taint_rules: dict[str, dict] = field(default_factory=dict)  # name -> object
     requests: list[KubeRequest] = field(default_factory=list)
     url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -119,10 +124,55 @@ class KubeStandIn:
         """PATCHes that change a node's scheduling (cordon, taint), not only its episode annotations."""
         return [r for r in self.of("PATCH") if isinstance(r.body, dict) and "spec" in r.body]
 
+    def schedulable_devices(self, node: str) -> list[str]:
+        """The DRA devices of `node` a new claim can get, as the scheduler decides: none on a cordoned
+        or NoSchedule-tainted node, else every published device no DeviceTaintRule selects."""
+        spec = self.nodes[node].get("spec", {})
+        tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or [])
+        if spec.get("unschedulable") or tainted:
+            return []
+        names = []
+        for item in self.resource_slices:
+            slice_spec = item["spec"]
+            if slice_spec.get("nodeName") != node:
+                continue
+            for device in slice_spec["devices"]:
+                selected = (slice_spec["driver"], slice_spec["pool"]["name"], device["name"])
+                rules = [r["spec"]["deviceSelector"] for r in self.device_taint_rules.values()]
+                if not any((r.get("driver"), r.get("pool"), r.get("device")) == selected for r in rules):
+                    names.append(device["name"])
+        return names
+
     def episode_records(self, node: str) -> dict[str, dict]:
         """The episodes kept on `node` (annotations episodes.gpulens.io/...), by annotation key."""
         annotations = self.nodes[node].get("metadata", {}).get("annotations") or {}
         return {k: json.loads(v) for k, v in annotations.items() if k.startswith("episodes.gpulens.io/")}
+
+
+DRA_DRIVER = "gpu.nvidia.com"
+
+
+def gpu_slice(node: str, uuids: list[str], mig: dict[str, list[str]] | None = None) -> dict:
+    """A ResourceSlice as NVIDIA's DRA driver publishes a node's GPUs (resource.k8s.io/v1): one
+    device `gpu-<i>` per GPU with its `uuid` attribute, and `gpu-<i>-mig-<j>` per MIG device of the
+    GPUs named in `mig` (uuid -> MIG uuids) with their `parentUUID`."""
+    devices = []
+    for index, uuid in enumerate(uuids):
+        devices.append({"name": f"gpu-{index}", "attributes": {"uuid": {"string": uuid}}})
+        for j, mig_uuid in enumerate((mig or {}).get(uuid, [])):
+            attributes = {"uuid": {"string": mig_uuid}, "parentUUID": {"string": uuid}}
+            devices.append({"name": f"gpu-{index}-mig-{j}", "attributes": attributes})
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRA_DRIVER}-x1"},
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
 
 
 def _merge(target: dict, patch: dict) -> dict:
@@ -173,12 +223,73 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             return True
 
+        def _dra(self, method: str, url: urllib.parse.ParseResult, body: object) -> bool:
+            """resource.k8s.io when `dra`: discovery, ResourceSlices (list) and DeviceTaintRules
+            (create, get, list, delete); True when it answered."""
+            if not state.dra or not url.path.startswith("/apis/resource.k8s.io"):
+                return False
+            if state.dra_unavailable:
+                self._reply(
+                    503, {"kind": "Status", "message": "the server is currently unable to handle the request"}
+                )
+                return True
+            parts = url.path.strip("/").split("/")[2:]  # after apis/resource.k8s.io
+            resources = {"v1": ["resourceslices", "resourceclaims"], "v1beta2": ["devicetaintrules"]}
+            if method == "GET" and not parts:
+                versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in resources]
+                self._reply(200, {"kind": "APIGroup", "name": "resource.k8s.io", "versions": versions})
+            elif method == "GET" and len(parts) == 1 and parts[0] in resources:
+                listing = [{"name": r, "namespaced": False} for r in resources[parts[0]]]
+                self._reply(200, {"kind": "APIResourceList", "resources": listing})
+            elif method == "GET" and parts == ["v1", "resourceslices"]:
+                query = urllib.parse.parse_qs(url.query)
+                node = query.get("fieldSelector", [""])[0].removeprefix("spec.nodeName=")
+                items = [i for i in state.resource_slices if i["spec"].get("nodeName") == node]
+                self._reply(200, {"kind": "ResourceSliceList", "metadata": {}, "items": items})
+            elif parts[:2] == ["v1beta2", "devicetaintrules"]:
+                self._device_taint_rules(method, parts[2:], body)
+            else:
+                self._reply(404, {"kind": "Status", "message": f"{url.path} not found"})
+            return True
+
+        def _device_taint_rules(self, method: str, rest: list[str], body: object) -> None:
+            rules = state.device_taint_rules
+            with state.lock:
+                if method == "POST" and not rest and isinstance(body, dict):
+                    name = body["metadata"]["name"]
+                    if name in rules:
+                        self._reply(
+                            409, {"kind": "Status", "message": f'devicetaintrules "{name}" already exists'}
+                        )
+                        return
+                    rules[name] = json.loads(json.dumps(body))
+                    self._reply(201, rules[name])
+                elif method == "GET" and not rest:
+                    self._reply(200, {"kind": "DeviceTaintRuleList", "items": list(rules.values())})
+                elif method in ("GET", "DELETE") and len(rest) == 1:
+                    found = rules.get(rest[0]) if method == "GET" else rules.pop(rest[0], None)
+                    if found is None:
+                        self._reply(
+                            404, {"kind": "Status", "message": f'devicetaintrules "{rest[0]}" not found'}
+                        )
+                    else:
+                        self._reply(200, found)
+                else:
+                    self._reply(405, {"kind": "Status", "message": "method not allowed"})
+
+        def do_DELETE(self) -> None:
+            self._record()
+            if not self._dra("DELETE", urllib.parse.urlparse(self.path), None):
+                self._reply(404, {"message": "not found"})
+
         def do_GET(self) -> None:
             self._record()
             if self._redirected():
                 return
             url = urllib.parse.urlparse(self.path)
             parts = url.path.strip("/").split("/")
+            if self._dra("GET", url, None):
+                return
             if url.path == "/api/v1/nodes":  # a list, in pages of `limit` with a `continue` token
                 query = urllib.parse.parse_qs(url.query)
                 limit = int(query.get("limit", ["0"])[0]) or len(state.nodes) or 1
@@ -257,6 +368,8 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             body = self._record()
             if self._redirected():
+                return
+            if self._dra("POST", urllib.parse.urlparse(self.path), body):
                 return
             parts = urllib.parse.urlparse(self.path).path.strip("/").split("/")
             if parts[-1] in ("configmaps", "jobs") and isinstance(body, dict):

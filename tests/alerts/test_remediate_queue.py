@@ -129,7 +129,7 @@ def test_a_corrupt_queue_file_is_moved_aside_with_a_warning_and_the_receiver_sta
     (tmp_path / "token").write_text(TOKEN)
     port = free_port()
     command = [sys.executable, "-m", "gpulens.cli", "remediate", "--backend", "slurm"]
-    command += ["--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path)]
+    command += ["--web.listen-address", f"127.0.0.1:{port}", "--state-dir", str(tmp_path)]
     command += ["--token-file", str(tmp_path / "token")]
     proc = subprocess.Popen(
         command, env=path_with(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -141,7 +141,7 @@ def test_a_corrupt_queue_file_is_moved_aside_with_a_warning_and_the_receiver_sta
     finally:
         proc.terminate()
         output = proc.communicate(timeout=WAIT_S)[0]
-    warnings = [line for line in output.splitlines() if " WARNING " in line]
+    warnings = [line for line in output.splitlines() if " level=warning " in line]
     assert len(warnings) == 1 and "queue-dry-run.jsonl line 1 is not a queued notification" in warnings[0]
     assert "moved to queue-dry-run.jsonl.corrupt" in warnings[0]
     assert (tmp_path / "queue-dry-run.jsonl.corrupt").read_text().endswith("not json\n")
@@ -243,7 +243,7 @@ def test_a_receiver_without_a_state_dir_says_its_queue_is_in_memory(tmp_path):
     (tmp_path / "token").write_text(TOKEN)
     port = free_port()
     command = [sys.executable, "-m", "gpulens.cli", "remediate", "--backend", "slurm", "--apply"]
-    command += ["--listen", f"127.0.0.1:{port}", "--token-file", str(tmp_path / "token")]
+    command += ["--web.listen-address", f"127.0.0.1:{port}", "--token-file", str(tmp_path / "token")]
     proc = subprocess.Popen(
         command, env=path_with(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -253,7 +253,7 @@ def test_a_receiver_without_a_state_dir_says_its_queue_is_in_memory(tmp_path):
         proc.terminate()
         output = proc.communicate(timeout=WAIT_S)[0]
     (line,) = [line for line in output.splitlines() if "notification queue" in line]
-    assert " WARNING " in line and "kept in memory only" in line and "(pass --state-dir)" in line
+    assert " level=warning " in line and "kept in memory only" in line and "(pass --state-dir)" in line
 
 
 def test_sigterm_lets_the_action_in_progress_end_and_leaves_the_rest_queued_for_the_next_start(tmp_path):

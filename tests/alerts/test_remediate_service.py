@@ -305,8 +305,8 @@ def test_cli_refuses_to_start_without_caller_credentials():
     result = _cli("--backend", "slurm")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "gpulens: error: no credentials: give --token-file, "
-        "or --basic-auth-user with --basic-auth-password-file"
+        "gpulens: error: no credentials: give --token-file, or basic_auth_users in --web.config.file "
+        "(or the deprecated --basic-auth-user with --basic-auth-password-file)"
     ]
 
 

@@ -8,7 +8,7 @@ import logging
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpulens.exporter.logging_setup import JsonFormatter, LogfmtFormatter, logfmt_value, setup_logging
+from gpulens.logsetup import JsonFormatter, LogfmtFormatter, logfmt_value, setup_logging
 
 
 def _record(message: str, *args: object) -> logging.LogRecord:

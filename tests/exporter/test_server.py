@@ -21,7 +21,7 @@ from gpulens.exporter.config import ConfigError, ExporterConfig
 from gpulens.exporter.render import render
 from gpulens.exporter.server import HttpServer
 from gpulens.exporter.snapshot import NodeSnapshot
-from gpulens.exporter.webconfig import WebConfig, load_web_config
+from gpulens.httpd.webconfig import WebConfig, load_web_config
 from tests.exporter.tls_material import TlsFiles, make_tls_files
 
 
@@ -256,7 +256,7 @@ def test_json_log_lines_are_json_objects() -> None:
     import json
     import logging
 
-    from gpulens.exporter.logging_setup import JsonFormatter
+    from gpulens.logsetup import JsonFormatter
 
     record = logging.LogRecord(
         "gpulens.exporter", logging.WARNING, __file__, 1, "GPU %d: %s", (2, "lost"), None

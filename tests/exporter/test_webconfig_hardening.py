@@ -14,7 +14,7 @@ import pytest
 
 from gpulens.exporter.config import ConfigError, ExporterConfig
 from gpulens.exporter.server import HttpServer
-from gpulens.exporter.webconfig import WebConfig, load_web_config
+from gpulens.httpd.webconfig import WebConfig, load_web_config
 from tests.exporter.test_server import StubExporter, _published
 from tests.exporter.tls_material import TlsFiles, make_tls_files
 

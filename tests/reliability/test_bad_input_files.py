@@ -31,7 +31,7 @@ from gpulens.exporter.attribution.mapping_dir import (
 )
 from gpulens.exporter.cli import parse_config
 from gpulens.exporter.config import ConfigError
-from gpulens.exporter.webconfig import load_web_config
+from gpulens.httpd.webconfig import load_web_config
 from gpulens.sim.scenario import BUILTIN_DIR, Scenario, ScenarioError, parse_scenario
 
 Count = Callable[..., None]

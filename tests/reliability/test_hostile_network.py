@@ -120,7 +120,7 @@ def receiver_command(tmp_path: Path, port: int) -> list[str]:
     scontrol = tmp_path / "scontrol"
     scontrol.write_text("#!/bin/sh\nexit 0\n")
     scontrol.chmod(0o755)
-    cmd = [sys.executable, "-m", "gpulens.cli", "remediate", "--listen", f"127.0.0.1:{port}"]
+    cmd = [sys.executable, "-m", "gpulens.cli", "remediate", "--web.listen-address", f"127.0.0.1:{port}"]
     return [*cmd, "--backend", "slurm", "--scontrol", str(scontrol), "--token-file", str(tmp_path / "token")]
 
 

@@ -29,8 +29,8 @@ from gpulens.exporter.config import ExporterConfig
 from gpulens.exporter.render import Rendered, render
 from gpulens.exporter.server import HttpServer
 from gpulens.exporter.snapshot import NodeSnapshot
-from gpulens.exporter.webconfig import WebConfig
 from gpulens.httpd.server import Limits
+from gpulens.httpd.webconfig import WebConfig
 from gpulens.remediate.auth import Authenticator
 from gpulens.remediate.breaker import CircuitBreaker
 from gpulens.remediate.server import RemediateServer

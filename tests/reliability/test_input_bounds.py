@@ -43,8 +43,8 @@ from gpulens.analyzer.sources.promclient import PromClient, PromConfig, answer_l
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.analyzer.weekly import load_previous
 from gpulens.exporter.config import ConfigError as WebConfigError
-from gpulens.exporter.webconfig import load_web_config
 from gpulens.httpclient import Deadline
+from gpulens.httpd.webconfig import load_web_config
 from gpulens.promscope.config import ConfigError as MixinConfigError
 from gpulens.promscope.config import load as load_mixin_config
 from gpulens.remediate.kubernetes import MAX_NODE_ANSWER, KubernetesClient, KubernetesIsolator

@@ -32,7 +32,7 @@ from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.analyzer.weekly import load_previous
 from gpulens.catalog import get_model
 from gpulens.exporter.config import ConfigError as WebConfigError
-from gpulens.exporter.webconfig import load_web_config
+from gpulens.httpd.webconfig import load_web_config
 from gpulens.promscope.config import ConfigError as MixinConfigError
 from gpulens.promscope.config import load as load_mixin_config
 from gpulens.safeload import MAX_DEPTH, load_json, load_yaml

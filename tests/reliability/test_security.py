@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gpulens.exporter.server import HttpServer
-from gpulens.exporter.webconfig import load_web_config
+from gpulens.httpd.webconfig import load_web_config
 from tests.reliability.expo import parsed_samples, series
 from tests.reliability.harness import LiveExporter, live_exporter
 from tests.support.procs import free_port

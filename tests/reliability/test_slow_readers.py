@@ -1,6 +1,7 @@
 """Readers that never read (issue 34): 60 connections per server that ask and never take the answer.
 
-Each daemon runs as its own process; `slow_readers.py` (another process) keeps 60 connections that
+Each daemon runs as its own process, over plain HTTP and over TLS (the same web config file on
+both); `slow_readers.py` (another process) keeps 60 connections that
 each pipeline requests with a 4 KiB receive window and read nothing, reopening any the server
 drops (from the scraper's own address for the exporter: an unread answer holds no slot, so
 sharing an address with an attacker costs nothing). Meanwhile this process scrapes the exporter,
@@ -29,7 +30,6 @@ from tests.reliability.test_hostile_network import (
     EXPORTER_RSS_LIMIT,
     RECEIVER_RSS_LIMIT,
     TOKEN,
-    daemon,
     peak_rss,
     receiver_command,
 )
@@ -146,9 +146,30 @@ def test_sixty_tls_readers_that_never_read_leave_every_scrape_and_probe_answered
     exporter_under_slow_readers(tmp_path, tls=True)
 
 
-def test_sixty_readers_of_the_receivers_state_leave_every_notification_accepted(tmp_path: Path) -> None:
+def receiver_under_slow_readers(tmp_path: Path, tls: bool) -> None:
     port = free_port()
     cmd = receiver_command(tmp_path, port)
+    context = None
+    ca = None
+    scheme = "http"
+    if tls:
+        (tmp_path / "tls").mkdir()
+        files = make_tls_files(tmp_path / "tls")
+        web = tmp_path / "web.yml"
+        web.write_text(
+            json.dumps(
+                {
+                    "tls_server_config": {
+                        "cert_file": str(files.server_cert),
+                        "key_file": str(files.server_key),
+                    }
+                }
+            )
+        )
+        cmd += ["--web.config.file", str(web)]
+        ca = files.ca_cert
+        context = ssl.create_default_context(cafile=str(ca))
+        scheme = "https"
     watchdog = {"status": "firing", "labels": {"alertname": "Watchdog"}, "fingerprint": "f"}
     notification = json.dumps({"version": "4", "status": "firing", "alerts": [watchdog]}).encode()
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -157,19 +178,21 @@ def test_sixty_readers_of_the_receivers_state_leave_every_notification_accepted(
     peeks: list[int] = []
 
     def step() -> None:
-        posts.append(ask(port, "POST", "/alerts", headers, notification))
-        probes.append(ask(port, "GET", "/-/healthy", {}))
-        peeks.append(ask(port, "GET", "/-/state", {})[0])  # what each attacker's request gets
+        posts.append(ask(port, "POST", "/alerts", headers, notification, tls=context))
+        probes.append(ask(port, "GET", "/-/healthy", {}, tls=context))
+        peeks.append(ask(port, "GET", "/-/state", {}, tls=context)[0])  # what each attacker's request gets
 
-    with daemon(cmd, f"http://127.0.0.1:{port}/-/healthy", tmp_path / "receiver.log", {}) as proc:
+    ready = f"{scheme}://127.0.0.1:{port}/-/healthy"
+    log = tmp_path / "receiver.log"
+    with running(cmd, ready, log, 60, {}, limit_descriptors, context) as proc:
         # the attackers hold no token: /-/state answers them a small 401 (it is behind the same
         # credentials as /alerts), enough of them pipelined to fill the socket buffers; from
         # another address than Alertmanager's, as on a real network (one address gets at most
         # --max-requests-per-client of the slots where a handler waits on the worker pool)
-        counts = under_attack(readers(port, "/-/state", pipeline=2000, source="127.0.0.2"), step)
+        counts = under_attack(readers(port, "/-/state", ca, pipeline=2000, source="127.0.0.2"), step)
         peak = peak_rss(proc.pid)
         assert proc.poll() is None
-        state = ask(port, "GET", "/-/state", {"Authorization": f"Bearer {TOKEN}"})
+        state = ask(port, "GET", "/-/state", {"Authorization": f"Bearer {TOKEN}"}, tls=context)
     assert state[0] == 200 and b'"queue"' in state[1], state
     assert peeks and set(peeks) == {401}, peeks[:5]
     failed = [p for p in posts if p[0] != 200]
@@ -178,4 +201,12 @@ def test_sixty_readers_of_the_receivers_state_leave_every_notification_accepted(
     assert len(posts) >= 20
     assert counts["opened"] >= 60, counts
     assert peak < RECEIVER_RSS_LIMIT, f"peak RSS {peak / 2**20:.0f} MiB"
-    assert "Traceback" not in (tmp_path / "receiver.log").read_text()
+    assert "Traceback" not in log.read_text()
+
+
+def test_sixty_readers_of_the_receivers_state_leave_every_notification_accepted(tmp_path: Path) -> None:
+    receiver_under_slow_readers(tmp_path, tls=False)
+
+
+def test_sixty_tls_readers_of_the_receivers_state_leave_every_notification_accepted(tmp_path: Path) -> None:
+    receiver_under_slow_readers(tmp_path, tls=True)

@@ -275,13 +275,18 @@ def test_the_privilege_list_sees_what_it_must():
 def test_the_receivers_rbac_is_exactly_the_calls_its_code_makes(renderings):
     """remediate/kubernetes.py and kubestate.py: GET/PATCH a node, list nodes (resume episodes), list
     pods (drain, reboot gate), POST pods/eviction, POST/GET jobs in its namespace, GET/PATCH/POST its
-    breaker ConfigMap. No delete, no update, no secrets, no pods/exec, no wildcard."""
+    breaker ConfigMap; dra.py: list ResourceSlices, create/get/delete DeviceTaintRules (its own GPU
+    fences: the only delete). No update, no secrets, no pods/exec, no wildcard."""
     expected = {
         ("gpulens-remediate", "ClusterRole get nodes"),
         ("gpulens-remediate", "ClusterRole list nodes"),
         ("gpulens-remediate", "ClusterRole patch nodes"),
         ("gpulens-remediate", "ClusterRole list pods"),
         ("gpulens-remediate", "ClusterRole create pods/eviction"),
+        ("gpulens-remediate", "ClusterRole list resource.k8s.io/resourceslices"),
+        ("gpulens-remediate", "ClusterRole create resource.k8s.io/devicetaintrules"),
+        ("gpulens-remediate", "ClusterRole get resource.k8s.io/devicetaintrules"),
+        ("gpulens-remediate", "ClusterRole delete resource.k8s.io/devicetaintrules"),
         ("gpulens-remediate", "Role create batch/jobs"),
         ("gpulens-remediate", "Role get batch/jobs"),
         ("gpulens-remediate", "Role get configmaps[gpulens-remediate-breaker]"),

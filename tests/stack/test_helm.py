@@ -537,7 +537,7 @@ def test_probes_switch_to_tcp_when_metrics_need_credentials_or_tls(helm, setting
 
 
 def test_rendered_web_config_is_one_the_exporter_loads_and_its_password_works(helm, tmp_path):
-    from gpulens.exporter.webconfig import load_web_config
+    from gpulens.httpd.webconfig import load_web_config
 
     objects = rendered(helm, "kube-prometheus-stack")
     secret = only(objects, "Secret", "gpulens-web-config")
@@ -621,7 +621,7 @@ def test_default_podmonitor_selects_the_exporter_pods_and_names_instances_by_nod
 
 def test_kube_prometheus_stack_servicemonitor_carries_the_release_label_and_scrape_settings(helm):
     objects = rendered(helm, "kube-prometheus-stack")
-    monitor = only(objects, "ServiceMonitor")
+    monitor = only(objects, "ServiceMonitor", "gpulens-exporter")
     assert selects(KPS_RELEASE_LABEL, monitor["metadata"]["labels"])
     service = only(objects, "Service", "gpulens-exporter")
     assert selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
@@ -721,6 +721,39 @@ def test_remediation_receiver_is_dry_run_with_arguments_gpulens_accepts(helm):
     assert str(args.token_file) == "/etc/gpulens/token/token"
 
 
+def test_remediation_receiver_args_use_the_exporters_flag_names_and_no_deprecated_one(helm):
+    from gpulens.cli import build_parser
+
+    container = remediate_container(rendered(helm, "kube-prometheus-stack"))
+    assert any(a.startswith("--web.listen-address=") for a in container["args"])
+    assert not hasattr(build_parser("remediate").parse_args(container["args"]), "deprecated_flags")
+
+
+@pytest.mark.parametrize(
+    ("setting", "kind", "endpoints"),
+    [
+        ("podMonitor.enabled=true,serviceMonitor.enabled=false", "PodMonitor", "podMetricsEndpoints"),
+        ("podMonitor.enabled=false,serviceMonitor.enabled=true", "ServiceMonitor", "endpoints"),
+    ],
+)
+def test_the_receiver_is_scraped_like_the_exporter_under_a_job_only_the_remediate_selector_reads(
+    helm, setting: str, kind: str, endpoints: str
+):
+    objects = template(helm, "--set", f"remediate.enabled=true,{setting}")
+    monitor = only(objects, kind, "gpulens-remediate")
+    if kind == "PodMonitor":
+        scraped = only(objects, "Deployment", "gpulens-remediate")["spec"]["template"]["metadata"]["labels"]
+    else:
+        scraped = only(objects, "Service", "gpulens-remediate")["metadata"]["labels"]
+    assert selects(monitor["spec"]["selector"]["matchLabels"], scraped)
+    (endpoint,) = monitor["spec"][endpoints]
+    assert endpoint["port"] in {p["name"] for p in remediate_container(objects)["ports"]}
+    assert endpoint["path"] == "/metrics"
+    (job,) = [r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
+    # the mixin's defaults: remediateSelector job=~".*remediate.*", selector job=~".*gpulens.*"
+    assert "remediate" in job and "gpulens" not in job
+
+
 def test_remediation_apply_and_drain_are_values(helm):
     from gpulens.cli import build_parser
 
@@ -730,7 +763,7 @@ def test_remediation_apply_and_drain_are_values(helm):
     assert build_parser("remediate").parse_args(args).apply
 
 
-def test_remediation_rbac_grants_only_cordon_taint_and_eviction_to_its_own_account(helm):
+def test_remediation_rbac_grants_only_cordon_taint_eviction_and_gpu_fencing_to_its_own_account(helm):
     objects = rendered(helm, "kube-prometheus-stack")
     role = only(objects, "ClusterRole")
     grants = {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]}
@@ -738,6 +771,9 @@ def test_remediation_rbac_grants_only_cordon_taint_and_eviction_to_its_own_accou
         (("nodes",), ("get", "list", "patch")),
         (("pods",), ("list",)),
         (("pods/eviction",), ("create",)),
+        # DRA: find a faulty GPU's device and fence it alone (docs/alerts.md, per-GPU fencing)
+        (("resourceslices",), ("list",)),
+        (("devicetaintrules",), ("create", "get", "delete")),
     }
     binding = only(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

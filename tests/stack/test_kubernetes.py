@@ -337,6 +337,27 @@ def test_remediate_runs_dry_run_against_the_kubernetes_backend_with_flags_it_acc
     assert args.listen == ("0.0.0.0", 9843)
 
 
+def test_remediate_args_use_the_exporters_flag_names_and_no_deprecated_one():
+    from gpulens.cli import build_parser
+
+    (container,) = remediate_one("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert not hasattr(build_parser("remediate").parse_args(container["args"]), "deprecated_flags")
+
+
+def test_remediate_podmonitor_scrapes_the_receiver_under_a_job_only_the_remediate_selector_reads():
+    monitor = remediate_one("PodMonitor")
+    deployment = remediate_one("Deployment")
+    assert selects(
+        monitor["spec"]["selector"]["matchLabels"], deployment["spec"]["template"]["metadata"]["labels"]
+    )
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in container["ports"]} and endpoint["path"] == "/metrics"
+    (job,) = [r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
+    # the mixin's defaults: remediateSelector job=~".*remediate.*", selector job=~".*gpulens.*"
+    assert "remediate" in job and "gpulens" not in job
+
+
 def test_remediate_token_comes_from_the_secret_the_instructions_create():
     spec = remediate_one("Deployment")["spec"]["template"]["spec"]
     (container,) = spec["containers"]
@@ -362,13 +383,16 @@ def test_remediate_service_and_probes_use_the_named_port():
     assert container["livenessProbe"]["httpGet"] == {"path": "/-/healthy", "port": "http"}
 
 
-def test_remediate_rbac_grants_only_cordon_taint_and_eviction_to_its_own_account():
+def test_remediate_rbac_grants_only_cordon_taint_eviction_and_gpu_fencing_to_its_own_account():
     role = remediate_one("ClusterRole")
     grants = {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]}
     assert grants == {
         (("nodes",), ("get", "list", "patch")),
         (("pods",), ("list",)),
         (("pods/eviction",), ("create",)),
+        # DRA: find a faulty GPU's device and fence it alone (docs/alerts.md, per-GPU fencing)
+        (("resourceslices",), ("list",)),
+        (("devicetaintrules",), ("create", "get", "delete")),
     }
     binding = remediate_one("ClusterRoleBinding")
     assert binding["roleRef"] == {

@@ -1,4 +1,7 @@
-"""`--web.config-file`: TLS, basic auth and response headers in Prometheus' exporter-toolkit format.
+"""`--web.config.file`: TLS, basic auth and response headers in Prometheus' exporter-toolkit format.
+
+The same file format for both servers (the exporter and `gpulens remediate`), as every Prometheus
+exporter reads it:
 
     tls_server_config:
       cert_file: server.crt
@@ -43,8 +46,8 @@ from typing import Any
 
 import yaml
 
-from gpulens.exporter.config import ConfigError
 from gpulens.safeload import InputError, load_yaml_file
+from gpulens.serverflags import ConfigError
 
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,

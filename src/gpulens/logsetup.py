@@ -1,4 +1,4 @@
-"""Logging for the daemon: `--log.level` and `--log.format logfmt|json` on stderr.
+"""Logging for both daemons (the exporter, `gpulens remediate`): `--log.level`, `--log.format`.
 
 Prometheus exporters log in logfmt by default (exporter-toolkit's promslog), so gpulens does too:
 one line per record, `key=value` pairs in a fixed order, values quoted when they hold spaces,
@@ -12,6 +12,8 @@ import json
 import logging
 import sys
 import time
+
+from gpulens.serverflags import log_level
 
 LOGFMT = "logfmt"
 JSON = "json"
@@ -54,11 +56,16 @@ class LogfmtFormatter(logging.Formatter):
         return " ".join(f"{key}={logfmt_value(value)}" for key, value in _fields(record, self).items())
 
 
-def setup_logging(level: str = "info", fmt: str = LOGFMT) -> logging.Logger:
+def setup_logging(level: str = "info", fmt: str = LOGFMT, name: str = "gpulens.exporter") -> logging.Logger:
+    """One handler on stderr for every `gpulens.*` logger; returns the logger called `name`.
+
+    `level` and `fmt` are checked values (`serverflags.log_level` / `log_format`); the libraries'
+    own loggers (outside `gpulens`) stay at Python's default, warnings only.
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == JSON else LogfmtFormatter())
     root = logging.getLogger("gpulens")
     root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, "WARNING" if level == "warn" else level.upper()))
+    root.setLevel(getattr(logging, log_level(level)))
     root.propagate = False
-    return logging.getLogger("gpulens.exporter")
+    return logging.getLogger(name)
