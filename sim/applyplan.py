@@ -14,7 +14,9 @@ is read against the week-1 scenario's YAML, and the result is the same YAML with
   suffix, a Job's pod a new suffix, a StatefulSet's (or a bare) pod keeps its name, and every
   such pod a new UID and container; a Slurm job a new job id with the same user and account;
   its processes new pids, started at week 2's start (relative time 0), the same workload;
-- jobs the plan leaves where they run, and their GPUs, exactly as they were (the same YAML).
+- jobs the plan leaves where they run, and their GPUs, exactly as they were (the same YAML): the
+  jobs of a GPU it keeps `unchanged`, and MPS clients it keeps on a GPU whose clients do not
+  change (the emitted configs leave that GPU alone, so their caps are not re-set).
 
 Moving a job never changes what it asks for (its workload): only what the GPU lets it have. For
 tests, `grow` scales one job's SM demand in week 2, so a moved job can be made to bind its cap.
@@ -296,6 +298,25 @@ def _current(scenario: Scenario, spec: ProcessSpec) -> Slot:
     return Slot(spec.gpu, "whole")
 
 
+def _stays(scenario: Scenario, spec: ProcessSpec, slot: Slot) -> bool:
+    """Whether the plan leaves the process where and as it runs now. A GPU the plan keeps as it is
+    (`unchanged`: its jobs could not all be sized, or its model could not be packed) keeps its
+    jobs in their slices and MPS settings, which the plan does not repeat."""
+    if slot.mode == "unchanged":
+        if slot.gpu != spec.gpu:
+            raise ApplyPlanError(
+                f"plan.json: layout: expected GPU {slot.gpu}, which the plan keeps unchanged, to hold "
+                f"only the jobs that run on it now, found {job_key(spec)} from GPU {spec.gpu}"
+            )
+        return True
+    now = _current(scenario, spec)
+    if slot.mode == "mps" and now.mode == "mps":
+        # a client staying on an MPS GPU whose clients the plan keeps (else the GPU is changed):
+        # the emitted configs leave it alone, so its caps stay what it was started with
+        return now.gpu == slot.gpu
+    return now == slot
+
+
 def _gpu_changes(scenario: Scenario, plan: ReportPlan) -> set[int]:
     """GPUs whose configuration the plan changes (every job on them is restarted)."""
     changed = set()
@@ -311,7 +332,15 @@ def _gpu_changes(scenario: Scenario, plan: ReportPlan) -> set[int]:
             now == "mig" and sorted((i.profile.name, i.start) for i in gpu.mig or ()) != sorted(target.mig)
         ):
             changed.add(index)
+        elif now == "mps" and _jobs_on(scenario, index) != {
+            j for j, s in plan.jobs.items() if s.gpu == index
+        }:
+            changed.add(index)  # other clients: the server's clients restart with the plan's caps
     return changed
+
+
+def _jobs_on(scenario: Scenario, index: int) -> set[str]:
+    return {key for p in scenario.processes if p.gpu == index and (key := job_key(p)) is not None}
 
 
 def _renamed_pod(pod: str) -> str:
@@ -408,7 +437,7 @@ def apply_plan(
         slot = plan.jobs.get(key) if key is not None else None
         if slot is None:
             continue
-        if slot.gpu in changed or _current(scenario, spec) != slot or key in grow:
+        if slot.gpu in changed or not _stays(scenario, spec, slot) or key in grow:
             moved.add(key)  # type: ignore[arg-type]
     applier = _Applier(data, scenario, plan)
     out = {k: copy.deepcopy(v) for k, v in data.items() if k not in ("gpus", "processes", "faults")}

@@ -16,11 +16,18 @@ import yaml
 
 from gpulens.analyzer.workload import pod_owner
 from gpulens.cli import main
-from gpulens.sim.applyplan import ApplyPlanError, apply_plan_files, parse_grow
+from gpulens.sim.applyplan import ApplyPlanError, apply_plan_files, job_key, parse_grow
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.history import simulate
-from gpulens.sim.scenario import KubernetesJob, Scenario, load_scenario
+from gpulens.sim.scenario import (
+    BUILTIN_DIR,
+    PINNED_MEM_LIMIT,
+    THREAD_PERCENTAGE,
+    KubernetesJob,
+    Scenario,
+    load_scenario,
+)
 
 WEEK1 = Path(__file__).resolve().parents[1] / "data" / "weekpair" / "week1.yaml"
 DAY, STEP = 86400.0, 300.0
@@ -253,3 +260,84 @@ def test_the_week2_plan_moves_no_job_the_week1_plan_placed(week1, week2_report):
 )
 def test_the_week2_plan_keeps_the_week1_thread_caps(week1, week2_report):
     assert _placed(week2_report) == _placed(week1[1])
+
+
+# --- plans that leave GPUs as they run (issue 30 item 4: every shipped scenario) -----------------
+
+
+def _write_report(root: Path, scenario: Scenario, layout: list[dict], freed: tuple[int, ...] = ()) -> Path:
+    """A report directory holding only what apply-plan reads: plan.json and jobs.json."""
+    root.mkdir()
+    node = scenario.hostname
+    for entry in layout:
+        entry.update(node=node, uuid=scenario.gpus[entry.pop("gpu")].uuid)
+    plan = {"layout": layout, "freed": [{"node": node, "uuid": scenario.gpus[i].uuid} for i in freed]}
+    jobs = [{"job_id": job, "action": "keep"} for entry in layout for job in entry["jobs"]]
+    (root / "plan.json").write_text(json.dumps(plan))
+    (root / "jobs.json").write_text(json.dumps({"jobs": jobs}))
+    return root
+
+
+def _jobs_by_gpu(scenario: Scenario) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for p in scenario.processes:
+        out.setdefault(p.gpu, []).append(job_key(p))  # type: ignore[arg-type]
+    return out
+
+
+def _yaml(name: str) -> dict:
+    return yaml.safe_load((BUILTIN_DIR / f"{name}.yaml").read_text())
+
+
+def test_gpus_the_plan_keeps_unchanged_keep_their_jobs_mig_instances_included(tmp_path):
+    scenario = load_scenario("k8s-a100-mixed")  # GPU 1: MIG, pods on four of its instances
+    layout = [{"gpu": g, "sharing": "unchanged", "jobs": jobs} for g, jobs in _jobs_by_gpu(scenario).items()]
+    out = tmp_path / "w2.yaml"
+    apply_plan_files("k8s-a100-mixed", _write_report(tmp_path / "report", scenario, layout), out)
+    after = yaml.safe_load(out.read_text())
+    assert after["processes"] == _yaml("k8s-a100-mixed")["processes"]
+    assert after["gpus"] == _yaml("k8s-a100-mixed")["gpus"]
+
+
+def test_an_unchanged_gpu_listing_a_job_from_another_gpu_is_a_one_line_error(tmp_path):
+    scenario = load_scenario("k8s-a100-mixed")
+    jobs = _jobs_by_gpu(scenario)
+    layout = [{"gpu": 0, "sharing": "unchanged", "jobs": [*jobs[0], *jobs[3]]}]
+    layout += [{"gpu": g, "sharing": "unchanged", "jobs": jobs[g]} for g in (1, 2)]
+    with pytest.raises(ApplyPlanError) as error:
+        apply_plan_files(
+            "k8s-a100-mixed", _write_report(tmp_path / "report", scenario, layout), tmp_path / "o.yaml"
+        )
+    assert "expected GPU 0, which the plan keeps unchanged, to hold only the jobs that run on it now" in str(
+        error.value
+    ) and "\n" not in str(error.value)
+
+
+def _mps(jobs: list[str], pct: int) -> dict:
+    clients = [{"job_id": j, THREAD_PERCENTAGE: pct, PINNED_MEM_LIMIT: 9 * 1024**3} for j in jobs]
+    return {"gpu": 1, "sharing": "mps", "jobs": jobs, "mps_clients": clients}
+
+
+def test_mps_clients_kept_with_the_same_neighbours_keep_the_caps_they_run_with(tmp_path):
+    scenario = load_scenario("faults")  # GPU 1: MPS server, clients 9003 and 9004 without caps
+    jobs = _jobs_by_gpu(scenario)
+    layout = [_mps(jobs[1], 40)] + [
+        {"gpu": g, "sharing": "unchanged", "jobs": j} for g, j in jobs.items() if g != 1
+    ]
+    out = tmp_path / "w2.yaml"
+    apply_plan_files("faults", _write_report(tmp_path / "report", scenario, layout), out)
+    assert yaml.safe_load(out.read_text())["processes"] == _yaml("faults")["processes"]
+
+
+def test_mps_clients_restart_with_the_plans_caps_when_their_neighbours_change(tmp_path):
+    scenario = load_scenario("faults")
+    jobs = _jobs_by_gpu(scenario)  # GPU 7's job joins GPU 1's two MPS clients
+    layout = [_mps([*jobs[1], *jobs[7]], 30)] + [
+        {"gpu": g, "sharing": "unchanged", "jobs": j} for g, j in jobs.items() if g not in (1, 7)
+    ]
+    applied = apply_plan_files(
+        "faults", _write_report(tmp_path / "report", scenario, layout, (7,)), tmp_path / "o.yaml"
+    )
+    clients = [p for p in applied.processes if p.gpu == 1]
+    assert len(clients) == 3 and {p.sm_cap for p in clients} == {0.3}
+    assert not {p.pid for p in clients} & {p.pid for p in scenario.processes}

@@ -1,0 +1,67 @@
+"""A fleet already running its plan gets no further change (issue 30 item 4), on every shipped scenario.
+
+Per scenario in sim/scenarios/ (found there, so a new one is covered): week 1 simulated and
+reported, its plan applied by `gpulens sim apply-plan`, week 2 simulated and reported with
+`--previous`. Week 2 must emit no config file and give no job a `change` or `reclaim` action.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpulens.cli import main
+from gpulens.sim.applyplan import apply_plan_files
+from gpulens.sim.history import simulate
+from gpulens.sim.scenario import BUILTIN_DIR
+
+pytestmark = pytest.mark.slow
+
+DAY, STEP, START = 86400.0, 300.0, 1_750_000_200.0
+# a shorter window where a day is slow to simulate (large: 200 processes on 56 MIG instances)
+WINDOW = {"large": 6 * 3600.0}
+# scenarios that cannot reach a fixed point yet, each with the reason it is real (strict: once it
+# passes, the entry must go)
+NOT_YET = {
+    "faults": "issue 30 item 4, measurement side: an MPS client's SM demand is its share of the GPU's SM "
+    "activity split by per-process kernel time (NVML smUtil), not by what it occupies, so job 9010 "
+    "(constant, sm 0.4) measures p95 40 % whole and 56-59 % as an MPS client beside 9007, and 9007 "
+    "turns 'bursty' (p99); week 2's thread caps no longer fit on one GPU and the plan reshuffles them",
+}
+
+
+def _scenarios() -> list:
+    names = sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+    return [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[n])) if n in NOT_YET else n
+        for n in names
+    ]
+
+
+def _week(scenario: str, root: Path, start: float, window: float, *previous: str) -> Path:
+    simulate(scenario, duration_s=window, out=root / "history", step_s=STEP, start=start)
+    report = root / "report"
+    assert main(["report", "--history", str(root / "history"), "--out", str(report), *previous]) == 0
+    return report
+
+
+def _changes(report: Path) -> set[str]:
+    jobs = json.loads((report / "jobs.json").read_text())["jobs"]
+    return {j["job_id"] for j in jobs if j["action"] in ("change", "reclaim")}
+
+
+def test_there_are_scenarios_to_check():
+    assert len(_scenarios()) >= 6
+
+
+@pytest.mark.parametrize("name", _scenarios())
+def test_a_fleet_running_its_plan_gets_no_further_change(name, tmp_path):
+    window = WINDOW.get(name, DAY)
+    week1 = _week(name, tmp_path / "week1", START, window)
+    apply_plan_files(name, week1, tmp_path / "week2.yaml")
+    week2 = _week(
+        str(tmp_path / "week2.yaml"), tmp_path / "week2", START + 7 * DAY, window, "--previous", str(week1)
+    )
+    assert (_changes(week2), (week2 / "config").exists()) == (set(), False)
