@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv system-deps tools migcheck thanos prometheus3 native test test-fast lint typecheck format demo demo-stop bench dashboards rules clean
+.PHONY: help venv system-deps tools migcheck thanos prometheus3 native render test test-fast lint typecheck format demo demo-stop bench dashboards rules clean
 
 help:
 	@echo "make demo       run the demo on the simulated node (no GPU needed)"
@@ -39,6 +39,8 @@ system-deps:
 	command -v amtool >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	command -v slurmd >/dev/null || [ -x /usr/sbin/slurmd ] || missing="$$missing slurmd"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	optional=""; command -v victoria-metrics >/dev/null || optional="victoria-metrics"; \
 	if [ -n "$$missing$$optional" ]; then $(SUDO) apt-get update -qq; fi; \
 	if [ -n "$$missing" ]; then echo "installing from Debian:$$missing"; $(APT_INSTALL) $$missing; fi; \
@@ -116,7 +118,17 @@ $(MIGCHECK): tools/migcheck/main.go tools/migcheck/go.mod tools/migcheck/go.sum
 	@command -v go >/dev/null || { echo "make migcheck: go is needed to build tools/migcheck" >&2; exit 1; }
 	mkdir -p $(TOOLS_BIN) && cd tools/migcheck && CGO_CFLAGS=-w nice -n 10 go build -o $(MIGCHECK) .
 
-test: venv system-deps tools native thanos prometheus3
+# The dashboard render app (tools/dashboard-render: Perses' React packages, bundled with esbuild) that
+# tests/dashboards/test_render.py opens in Chromium, and @grafana/data for the unit check: `npm ci`
+# from the committed package-lock.json (no install scripts), again only when the lock file changes
+# (about 1 minute and 560 MB), then the bundle (about 10 s).
+RENDER := tools/dashboard-render
+render: system-deps
+	@[ $(RENDER)/node_modules/.package-lock.json -nt $(RENDER)/package-lock.json ] || \
+	  (cd $(RENDER) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
+	cd $(RENDER) && node build.mjs
+
+test: venv system-deps tools native thanos prometheus3 render
 	GPULENS_HELM=$(HELM) GPULENS_MIGCHECK=$(MIGCHECK) GPULENS_THANOS=$(THANOS) GPULENS_PROMETHEUS3=$(PROMETHEUS3) $(BIN)/python -m pytest -q
 
 test-fast: venv native

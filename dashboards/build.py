@@ -1,7 +1,9 @@
 """Render the dashboards to JSON files and a Kubernetes ConfigMap, byte for byte reproducibly.
 
 The Python modules are the source; the JSON under `dashboards/json/` and
-`deploy/kubernetes/dashboards-configmap.yaml` are generated and committed, and CI regenerates
+`deploy/kubernetes/dashboards-configmap.yaml` are generated and committed, and so are their Perses
+versions (`dashboards/perses/`, `deploy/perses/perses-dashboards.yaml`, converted from the
+same JSON by `gpulens.dashboards.perses`), and CI regenerates
 them and fails on any difference (`gpulens dashboards build --check`). Determinism comes from
 sorted keys, panel ids assigned in layout order and no timestamps or versions in the output.
 """
@@ -17,8 +19,8 @@ from typing import Any
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard
 
-from gpulens.dashboards import exporter, fleet, jobs, node, sharing
-from gpulens.dashboards.common import CLUSTER, SCRAPE_JOB
+from gpulens.dashboards import exporter, fleet, jobs, node, perses, sharing
+from gpulens.dashboards.common import CLUSTER, RUNBOOK_ALERT_FIELD, RUNBOOK_URL, SCRAPE_JOB
 from gpulens.promscope.config import DEFAULT, MixinConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -30,6 +32,19 @@ IN_SOURCE_TREE = KUBERNETES_DIR.is_dir()
 INSTALLED_OUT = Path("gpulens-dashboards")
 DEFAULT_JSON_DIR = PACKAGE_DIR / "json" if IN_SOURCE_TREE else INSTALLED_OUT
 DEFAULT_CONFIGMAP = (KUBERNETES_DIR if IN_SOURCE_TREE else INSTALLED_OUT) / "dashboards-configmap.yaml"
+# Perses: the dashboards as JSON in `perses/` beside the Grafana JSON's directory (dashboards/perses/
+# in a source checkout, <out>/perses/ otherwise); the PersesDashboard resources in deploy/perses/
+# (not deploy/kubernetes/: kustomize there applies without the Perses operator), or beside a
+# ConfigMap written elsewhere
+PERSES_RESOURCES = "perses-dashboards.yaml"
+DEFAULT_PERSES_RESOURCES = (
+    PACKAGE_DIR.parent / "deploy" / "perses" if IN_SOURCE_TREE else INSTALLED_OUT
+) / PERSES_RESOURCES
+
+
+def perses_dir(json_dir: Path) -> Path:
+    return PACKAGE_DIR / "perses" if json_dir == PACKAGE_DIR / "json" else json_dir / "perses"
+
 
 # every dashboard, in the order of the overview -> node -> sharing -> job -> exporter links
 BUILDERS: tuple[Callable[[], Dashboard], ...] = (
@@ -75,6 +90,8 @@ def _apply(node: Any, config: MixinConfig) -> Any:
         return {
             key: _scoped(value, config)
             if key in QUERY_FIELDS and isinstance(value, str)
+            else config.runbook_url(RUNBOOK_ALERT_FIELD)
+            if key == "url" and value == RUNBOOK_URL
             else _apply(value, config)
             for key, value in node.items()
         }
@@ -86,7 +103,8 @@ def _apply(node: Any, config: MixinConfig) -> Any:
 def apply_config(data: dict[str, Any], config: MixinConfig) -> dict[str, Any]:
     """The dashboard JSON scoped by the mixin config: every query's cluster matcher on the config's
     cluster label and its `job=~"$job"` preceded by the selector; the cluster and scrape-job
-    variables list the values of gpulens series only (the selector's)."""
+    variables list the values of gpulens series only (the selector's); runbook links follow the
+    config's runbookURLPattern."""
     scoped = _apply(json.loads(json.dumps(data, cls=DashboardEncoder)), config)
     gpulens = f"gpu_info{{{config.selector}}}" if config.selector else "gpu_info"
     cluster = f'{config.cluster_label}=~"$cluster"'
@@ -97,6 +115,9 @@ def apply_config(data: dict[str, Any], config: MixinConfig) -> dict[str, Any]:
     for variable in scoped.get("templating", {}).get("list", []):
         if variable.get("name") in queries:
             variable["query"] = queries[variable["name"]]
+        if variable.get("type") == "datasource":
+            # the variable that picks the datasource queries none (grafanalib writes null)
+            variable.pop("datasource", None)
     return scoped
 
 
@@ -146,6 +167,10 @@ class Outcome:
     removed: list[Path]
 
 
+def render_perses(rendered: list[Rendered]) -> list[perses.Converted]:
+    return [perses.convert(json.loads(r.text)) for r in rendered]
+
+
 def build(
     json_dir: Path = DEFAULT_JSON_DIR,
     configmap: Path | None = DEFAULT_CONFIGMAP,
@@ -154,11 +179,25 @@ def build(
 ) -> Outcome:
     """Write (or with `check`, only compare) every generated file; stale *.json files are removed."""
     rendered = render_all(config)
+    converted = render_perses(rendered)
     wanted: dict[Path, str] = {json_dir / r.filename: r.text for r in rendered}
+    wanted.update({perses_dir(json_dir) / c.filename: c.text for c in converted})
     if configmap is not None:
         wanted[configmap] = render_configmap(rendered)
+        resources = (
+            DEFAULT_PERSES_RESOURCES
+            if configmap == DEFAULT_CONFIGMAP
+            else configmap.parent / PERSES_RESOURCES
+        )
+        wanted[resources] = perses.render_resources(converted)
     changed = [path for path, text in wanted.items() if _read(path) != text]
-    removed = sorted(p for p in json_dir.glob("*.json") if p not in wanted) if json_dir.is_dir() else []
+    removed = sorted(
+        p
+        for directory in (json_dir, perses_dir(json_dir))
+        if directory.is_dir()
+        for p in directory.glob("*.json")
+        if p not in wanted
+    )
     if not check:
         for path in changed:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ import attr
 from grafanalib.core import (
     REFRESH_ON_TIME_RANGE_CHANGE,
     SORT_ALPHA_ASC,
+    Annotations,
     Dashboard,
     DashboardLink,
     GridPos,
@@ -245,6 +246,17 @@ def dashboard_links(current: str) -> list[DashboardLink]:
 
 def data_link(title: str, uid: str, **variables: str) -> dict[str, Any]:
     return {"title": title, "url": dashboard_url(uid, **variables), "targetBlank": False}
+
+
+# Where a link's URL is the runbook of the alert in the row: the build replaces this token with the
+# mixin config's runbookURLPattern, the alert name taken from the row's `alertname` field
+# (gpulens.dashboards.build.apply_config), so the links follow a user's own runbook location.
+RUNBOOK_URL = "${__gpulens_runbook_url}"
+RUNBOOK_ALERT_FIELD = "${__data.fields.alertname}"
+
+
+def runbook_link() -> dict[str, Any]:
+    return {"title": "Runbook", "url": RUNBOOK_URL, "targetBlank": True}
 
 
 def column_links(column: str, *links: dict[str, Any]) -> dict[str, Any]:
@@ -494,6 +506,39 @@ def heatmap(title: str, expr: str, unit: str, description: str = "", scheme: str
     )
 
 
+# --- annotations ----------------------------------------------------------------------------------
+
+
+def event_annotations() -> Annotations:
+    """Firing alerts and Xid events, marked on every time series of a dashboard (Grafana draws a
+    dashboard's annotations on all its time series panels): the two things an SRE looks for when a
+    curve changes. Scoped like the panels, so the build scopes them for the mixin config too."""
+    common = {"datasource": DATASOURCE, "enable": True, "hide": False, "step": "60s"}
+    return Annotations(
+        list=[
+            {
+                **common,
+                "name": "Alerts",
+                "iconColor": "red",
+                "expr": f'ALERTS{{{SCOPE}, alertstate="firing", instance=~"$node|"}}',
+                "titleFormat": "{{alertname}}",
+                "textFormat": "{{severity}} on {{instance}} GPU {{gpu}}",
+                "tagKeys": "severity",
+            },
+            {
+                **common,
+                "name": "Xid events",
+                "iconColor": "orange",
+                # the recording rule counts the first event of a code too (docs/dashboards.md)
+                "expr": f"instance_gpu_xid:gpu_xid_errors:increase10m{{{NODE_GPU}}} > 0",
+                "titleFormat": "Xid {{xid}}",
+                "textFormat": "{{instance}} GPU {{gpu}}",
+                "tagKeys": "xid",
+            },
+        ]
+    )
+
+
 # --- layout ---------------------------------------------------------------------------------------
 
 
@@ -511,7 +556,9 @@ class Layout:
 
     def row(self, title: str) -> Layout:
         self._newline()
-        self.panels.append(RowPanel(title=title, gridPos=GridPos(h=1, w=24, x=0, y=self._y)))
+        # a row's datasource is the panels' own (never null: an empty row would query the default)
+        row = RowPanel(title=title, dataSource=DATASOURCE, gridPos=GridPos(h=1, w=24, x=0, y=self._y))
+        self.panels.append(row)
         self._y += 1
         return self
 
@@ -536,7 +583,10 @@ class Layout:
 def dashboard(
     uid: str, description: str, layout: Layout, variables: Sequence[Template], time_from: str = "now-6h"
 ) -> Dashboard:
-    """A gpulens dashboard with stable ids, links to its siblings and shared conventions."""
+    """A gpulens dashboard with stable ids, links to its siblings and shared conventions.
+
+    Not editable: the dashboards are provisioned from these sources, and edits made in the UI would
+    be lost at the next provisioning (copy the dashboard to change it)."""
     return Dashboard(
         title=TITLES[uid],
         uid=uid,
@@ -546,7 +596,8 @@ def dashboard(
         refresh="30s",
         schemaVersion=SCHEMA_VERSION,
         graphTooltip=1,
-        editable=True,
+        editable=False,
+        annotations=event_annotations(),
         links=dashboard_links(uid),
         templating=Templating(list=list(variables)),
         time=Time(time_from, "now"),

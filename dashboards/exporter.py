@@ -69,6 +69,8 @@ def _scrape(layout: Layout) -> None:
             "GPUs seen",
             [(f"sum({sel('gpulens_gpus', base=NODE)})", "")],
             COUNT,
+            description="GPUs the exporters on the selected nodes see through NVML (gpulens_gpus); fewer "
+            "than installed means a GPU fell off the bus or the driver hides it.",
         ),
         w=4,
         h=6,
@@ -91,6 +93,8 @@ def _scrape(layout: Layout) -> None:
             NONE,
             hide=("Time", "Value"),
             overrides=[column_links("instance", node_link("${__data.fields.instance}"))],
+            description="gpulens, Python and NVML library versions per node (gpulens_build_info), to spot "
+            "nodes left behind by a rollout.",
         ),
         w=8,
         h=6,
@@ -139,6 +143,8 @@ def _sampling(layout: Layout) -> None:
             [(sel("gpulens_sample_duration_seconds", base=NODE), "{{instance}}")],
             SECONDS,
             thresholds=SLOW,
+            description="Seconds one sampling cycle took per node; a cycle longer than --interval means "
+            "samples arrive late (see Sample age).",
         ),
         w=12,
         h=8,
@@ -170,6 +176,8 @@ def _sampling(layout: Layout) -> None:
             ],
             SECONDS,
             stack=True,
+            description="Seconds each collector took in its last run, the slowest node's value per "
+            "collector: the place to look when Sample duration grows.",
         ),
         w=12,
         h=8,

@@ -36,6 +36,7 @@ from gpulens.dashboards.common import (
     job_link,
     node_link,
     node_variable,
+    runbook_link,
     scope_variables,
     stat,
     steps,
@@ -198,6 +199,8 @@ def _activity_row(layout: Layout) -> None:
             PERCENTUNIT,
             thresholds=IDLE_LOW,
             links=[node_link()],
+            description="Average SM activity of each node's GPUs (instance_gpu:gpu_sm_active:ratio; NVML "
+            "utilization where no profiling source exists).",
         ),
         w=8,
         h=8,
@@ -251,6 +254,8 @@ def _waste_row(layout: Layout) -> None:
             COUNT,
             stack=True,
             links=[node_link()],
+            description="GPUs per node that are idle: no process and SM activity below 5 % "
+            "(instance_gpu:gpu_idle:bool).",
         ),
         w=8,
         h=8,
@@ -283,10 +288,11 @@ def _alerts_row(layout: Layout) -> None:
             hide=("Time", "__name__", "job", "Value", "alertstate"),
             order=("alertname", "instance", "gpu", "uuid"),
             overrides=[
-                column_links("instance", gpu_link("${__data.fields.instance}", "${__data.fields.gpu}"))
+                column_links("alertname", runbook_link()),
+                column_links("instance", gpu_link("${__data.fields.instance}", "${__data.fields.gpu}")),
             ],
             description="Firing alerts with severity critical (alerts without a node label are always "
-            "shown).",
+            "shown). The alert name links to its runbook.",
         ),
         w=12,
         h=8,
@@ -314,6 +320,8 @@ def _alerts_row(layout: Layout) -> None:
             thresholds=ANY_IS_BAD,
             sort_by="events",
             overrides=[column_links("gpu", gpu_link("${__data.fields.instance}", "${__data.fields.gpu}"))],
+            description="Xid events per GPU and code over the dashboard's time range, the first event of a "
+            "code included (its counter is born with it).",
         ),
         w=24,
         h=7,

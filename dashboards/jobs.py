@@ -175,6 +175,8 @@ def _usage(layout: Layout) -> None:
             ],
             BYTES,
             overrides=[dashed_series(".* capacity")],
+            description="The job's device memory per slot against the memory of that slot (whole GPU or MIG"
+            " instance, dashed).",
         ),
         w=12,
         h=8,
@@ -193,6 +195,8 @@ def _usage(layout: Layout) -> None:
                     "properties": [{"id": "unit", "value": PERCENTUNIT}],
                 }
             ],
+            description="The job's highest memory use over the time range per slot, the slot's capacity and"
+            " the peak as a share of it: the figure a smaller slot must fit.",
         ),
         w=12,
         h=8,
@@ -202,6 +206,7 @@ def _usage(layout: Layout) -> None:
             "Processes",
             [(sel("gpu_job_processes", JOB, base=ANYWHERE), LEGEND)],
             COUNT,
+            description="Processes of the job on each GPU or MIG instance (gpu_job_processes).",
         ),
         w=12,
         h=8,

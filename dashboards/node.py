@@ -179,6 +179,8 @@ def _utilization(layout: Layout) -> None:
                 (sel("gpu_fp16_active_ratio"), "GPU {{gpu}} fp16"),
             ],
             PERCENTUNIT,
+            description="Share of cycles the FP64, FP32 and FP16 pipes were busy (GPM or DCGM profiling); "
+            "empty without a profiling source.",
         ),
         w=12,
         h=8,
@@ -217,6 +219,8 @@ def _memory(layout: Layout) -> None:
             [(q.memory_used_ratio(), LEGEND)],
             PERCENTUNIT,
             thresholds=RATIO_HIGH,
+            description="Device memory used as a share of the GPU's total "
+            "(instance_gpu:gpu_memory_used:ratio); orange at 80 %, red at 95 %.",
         ),
         w=8,
         h=8,
@@ -269,6 +273,8 @@ def _power_thermal(layout: Layout) -> None:
             ],
             CELSIUS,
             thresholds=TEMPERATURE,
+            description="GPU core and HBM temperatures; H100 starts slowing down near 87 °C (red line), 83 "
+            "°C is the warning line.",
         ),
         w=12,
         h=8,
@@ -282,6 +288,8 @@ def _power_thermal(layout: Layout) -> None:
                 (f"max by (instance) ({sel('gpu_sm_clock_max_hertz')})", "SM max"),
             ],
             HERTZ,
+            description="SM and memory clocks, with the node's maximum SM clock dashed: a clock well below "
+            "it under load points at throttling (see the throttle reasons).",
         ),
         w=12,
         h=8,
@@ -386,6 +394,8 @@ def _health(layout: Layout) -> None:
             TIMESTAMP,
             rename={"Value": "last seen"},
             sort_by="last seen",
+            description="When each GPU last reported each Xid code (gpu_xid_last_timestamp_seconds); empty "
+            "until a GPU reports its first Xid.",
         ),
         w=12,
         h=8,
@@ -402,6 +412,7 @@ def _interconnect(layout: Layout) -> None:
                 (f"{BY_GPU} (rate({sel('gpu_nvlink_rx_bytes_total')}[$__rate_interval]))", "GPU {{gpu}} rx"),
             ],
             BYTES_PER_SECOND,
+            description="Bytes per second sent (tx) and received (rx) over all NVLink links of each GPU.",
         ),
         w=8,
         h=8,
@@ -411,6 +422,8 @@ def _interconnect(layout: Layout) -> None:
             "NVLink links up",
             [(f"{BY_GPU} ({sel('gpu_nvlink_link_up')})", LEGEND)],
             COUNT,
+            description="NVLink links in the up state per GPU; a drop from the GPU's usual count is a "
+            "failed or degraded link.",
         ),
         w=8,
         h=8,
@@ -438,6 +451,7 @@ def _interconnect(layout: Layout) -> None:
                 (f"rate({sel('gpu_pcie_rx_bytes_total')}[$__rate_interval])", "GPU {{gpu}} rx"),
             ],
             BYTES_PER_SECOND,
+            description="Bytes per second over PCIe to (tx) and from (rx) each GPU.",
         ),
         w=8,
         h=8,

@@ -55,6 +55,7 @@ def _mig(layout: Layout) -> None:
             [(f"count({MIG_PARENTS})", "")],
             COUNT,
             no_value="0",
+            description='GPUs with MIG mode enabled on the selected nodes (gpu_info mig_mode="enabled").',
         ),
         w=4,
         h=8,
@@ -121,6 +122,8 @@ def _mig(layout: Layout) -> None:
                 (sel("gpu_mig_dram_active_ratio"), MIG_LEGEND + " dram"),
             ],
             PERCENTUNIT,
+            description="Tensor core and DRAM activity of each MIG instance (gpu_mig_*; GPM on Hopper and "
+            "later, or DCGM).",
         ),
         w=12,
         h=8,
@@ -130,6 +133,7 @@ def _mig(layout: Layout) -> None:
             "Memory used per instance",
             [(sel("gpu_mig_memory_used_bytes"), MIG_LEGEND)],
             BYTES,
+            description="Device memory used by each MIG instance (gpu_mig_memory_used_bytes).",
         ),
         w=12,
         h=8,
@@ -140,6 +144,8 @@ def _mig(layout: Layout) -> None:
             [(f"{sel('gpu_mig_memory_used_bytes')} / {sel('gpu_mig_memory_total_bytes')}", MIG_LEGEND)],
             PERCENTUNIT,
             thresholds=RATIO_HIGH,
+            description="Memory used by each MIG instance as a share of that instance's own memory; orange "
+            "at 80 %, red at 95 %.",
         ),
         w=12,
         h=8,
@@ -183,6 +189,7 @@ def _mps(layout: Layout) -> None:
             [(f"count({sel('gpu_mps_server_active')} == 1)", "")],
             COUNT,
             no_value="0",
+            description="GPUs on which an MPS control daemon serves clients (gpu_mps_server_active).",
         ),
         w=4,
         h=8,
@@ -240,6 +247,8 @@ def _time_slicing(layout: Layout) -> None:
                 )
             ],
             COUNT,
+            description="Jobs sharing each time-sliced GPU (several jobs on one GPU without MIG or MPS); "
+            "each gets a slice of time, not of the GPU.",
         ),
         w=8,
         h=8,
@@ -251,6 +260,8 @@ def _time_slicing(layout: Layout) -> None:
             PERCENTUNIT,
             stack=True,
             links=[job_link()],
+            description="NVML's per-process SM utilization summed per job on time-sliced GPUs: each job's "
+            "share of the time the GPU was busy.",
         ),
         w=8,
         h=8,
@@ -262,6 +273,8 @@ def _time_slicing(layout: Layout) -> None:
             BYTES,
             stack=True,
             links=[job_link()],
+            description="Device memory of each job on a time-sliced GPU; the jobs share the GPU's memory "
+            "with no limit between them.",
         ),
         w=8,
         h=8,
@@ -277,6 +290,8 @@ def _time_slicing(layout: Layout) -> None:
                 column_links("job_id", job_link("${__data.fields.job_id}")),
                 column_links("gpu", gpu_link("${__data.fields.instance}", "${__data.fields.gpu}")),
             ],
+            description="Every job on a MIG, MPS or time-sliced GPU: its node, GPU, slot and sharing mode "
+            "(gpu_job_info).",
         ),
         w=24,
         h=7,

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from gpulens.dashboards import build as dashboards_build
-from gpulens.dashboards.common import SLUGS, UID_FLEET, UID_JOBS, UID_NODE
+from gpulens.dashboards.common import RUNBOOK_ALERT_FIELD, SLUGS, UID_FLEET, UID_JOBS, UID_NODE
+from gpulens.promscope.config import DEFAULT
 from tests.dashboards.model import (
     CONFIGMAP,
     JSON_DIR,
@@ -75,7 +76,13 @@ def test_committed_json_and_configmap_equal_a_fresh_build() -> None:
 def test_build_writes_every_dashboard_and_then_reports_up_to_date(tmp_path: Path) -> None:
     configmap = tmp_path / "cm.yaml"
     first = dashboards_build.build(tmp_path / "json", configmap)
-    assert {p.name for p in first.changed} == {f"{uid}.json" for uid in EXPECTED_UIDS} | {"cm.yaml"}
+    # the Grafana JSON and, in perses/, the Perses JSON of the same names; the ConfigMap and the
+    # PersesDashboard resources beside it
+    assert {p.name for p in first.changed} == {f"{uid}.json" for uid in EXPECTED_UIDS} | {
+        "cm.yaml",
+        "perses-dashboards.yaml",
+    }
+    assert len(first.changed) == 2 * len(EXPECTED_UIDS) + 2
     second = dashboards_build.build(tmp_path / "json", configmap)
     assert second.changed == [] and second.removed == []
 
@@ -253,12 +260,13 @@ def test_power_is_never_summed_over_mig_instance_series() -> None:
 # --- links ------------------------------------------------------------------------------------------
 
 
-def test_every_link_resolves_to_a_generated_dashboard() -> None:
+def test_every_link_resolves_to_a_generated_dashboard_or_a_runbook() -> None:
+    runbook = DEFAULT.runbook_url(RUNBOOK_ALERT_FIELD)
     for uid, board in dashboards().items():
         urls = link_urls(board)
         assert urls, uid
         for url in urls:
-            assert linked_uid(url) in EXPECTED_UIDS, f"{uid}: {url}"
+            assert url == runbook or linked_uid(url) in EXPECTED_UIDS, f"{uid}: {url}"
 
 
 def test_links_walk_overview_to_node_to_gpu_to_job() -> None:

@@ -30,7 +30,8 @@ matcher then. "json": true escapes the values for a JSON string (the dashboards)
 {{- $text = replace "gpulens_chart_cluster_label" $mixin.clusterLabel $text -}}
 {{- $runbook := $mixin.runbookURLPattern -}}
 {{- if $json -}}{{- $runbook = toJson $runbook | trimPrefix "\"" | trimSuffix "\"" -}}{{- end -}}
-{{- regexReplaceAll "gpulens-chart-runbook:([A-Za-z0-9_]+)" $text (replace "%s" "${1}" (replace "$" "$$" $runbook)) -}}
+{{- /* an alert's name, or the dashboards' per-row `${__data.fields.alertname}` (Grafana fills it) */ -}}
+{{- regexReplaceAll `gpulens-chart-runbook:([A-Za-z0-9_]+|\$\{__data\.fields\.alertname\})` $text (replace "%s" "${1}" (replace "$" "$$" $runbook)) -}}
 {{- end -}}
 
 {{- /* Refuse a config the mixin would refuse (the schema checks each value's form). */}}
