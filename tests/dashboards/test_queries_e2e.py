@@ -74,7 +74,7 @@ FLEET_WIDE: dict[str, str] = {
     "fleet:gpu_faults_per_1000_gpu_days:ratio1d": "faults per 1,000 GPU-days of every node",
 }
 # panels fed by the `gpulens remediate` receiver, which this stack does not run (its metrics are
-# checked end to end in tests/alerts/test_e2e_remediation.py)
+# checked end to end in tests/remediate/test_e2e_remediation.py)
 FROM_RECEIVER: dict[tuple[str, str], str] = {
     ("gpulens-fleet", "MTTR (last 7 days)"): "the receiver's time-to-recover histogram",
     ("gpulens-fleet", "Isolated nodes now"): "the receiver's gauge",

@@ -15,7 +15,7 @@ from gpulens.httpclient import Deadline
 from gpulens.remediate.kubernetes import LIST_PAGE, TAINT_KEY, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.loop import LoopPolicy
 from gpulens.remediate.slurm import SlurmIsolator
-from tests.alerts.remediate_support import (
+from tests.remediate.remediate_support import (
     TOKEN,
     KubeStandIn,
     alert,

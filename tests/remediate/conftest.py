@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.alerts.remediate_support import path_with, write_fake_scontrol
+from tests.remediate.remediate_support import path_with, write_fake_scontrol
 
 
 @pytest.fixture

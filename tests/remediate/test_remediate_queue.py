@@ -23,7 +23,7 @@ from gpulens.remediate.plan import node_of
 from gpulens.remediate.queue import NotificationQueue, QueueLimits
 from gpulens.remediate.recovery import Recorded
 from gpulens.remediate.service import Remediator
-from tests.alerts.remediate_support import (
+from tests.remediate.remediate_support import (
     TOKEN,
     WAIT_S,
     alert,

@@ -39,7 +39,7 @@ def write_fake_scontrol(
     reason: str = "",
     **options: object,
 ) -> tuple[Path, Path]:
-    """A `scontrol` and an `squeue` (tests/alerts/fake_scontrol.py) in a fresh bin dir; returns
+    """A `scontrol` and an `squeue` (tests/remediate/fake_scontrol.py) in a fresh bin dir; returns
     (bin dir, record file).
 
     Any node name exists in `state` (with `reason`) unless `any_node=False` and `nodes={...}`;

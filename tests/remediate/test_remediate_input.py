@@ -13,7 +13,7 @@ from gpulens.remediate import service
 from gpulens.remediate.kubernetes import KubernetesClient, KubernetesIsolator, taint_value
 from gpulens.remediate.payload import MAX_DEPTH, PayloadError, parse_webhook
 from gpulens.remediate.slurm import SlurmIsolator
-from tests.alerts.remediate_support import (
+from tests.remediate.remediate_support import (
     KubeStandIn,
     alert,
     deliver,

@@ -19,9 +19,9 @@ import yaml
 
 from gpulens.sim.scenario import BUILTIN_DIR
 from tests.alerts import rulefiles
-from tests.alerts.remediate_support import DRA_DRIVER, KubeStandIn, gpu_slice, kube_api
 from tests.alerts.test_alertmanager import shipped_config_copy
-from tests.alerts.test_e2e_fault_loop import (
+from tests.remediate.remediate_support import DRA_DRIVER, KubeStandIn, gpu_slice, kube_api
+from tests.remediate.test_e2e_fault_loop import (
     NODE,
     TOKEN,
     _text,

@@ -26,7 +26,8 @@ import yaml
 
 from gpulens.sim.scenario import BUILTIN_DIR
 from tests.alerts import rulefiles
-from tests.alerts.remediate_support import (
+from tests.alerts.test_alertmanager import shipped_config_copy
+from tests.remediate.remediate_support import (
     KubeStandIn,
     kube_api,
     path_with,
@@ -34,7 +35,6 @@ from tests.alerts.remediate_support import (
     scontrol_state,
     write_fake_scontrol,
 )
-from tests.alerts.test_alertmanager import shipped_config_copy
 from tests.support.procs import (
     PROMETHEUS_ENGINES,
     alertmanager,

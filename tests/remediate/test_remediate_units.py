@@ -11,7 +11,7 @@ from gpulens.remediate.breaker import Admission, CircuitBreaker
 from gpulens.remediate.model import Alert
 from gpulens.remediate.payload import PayloadError, parse_webhook
 from gpulens.remediate.plan import PlanError, node_name, plan
-from tests.alerts.remediate_support import alert, notification
+from tests.remediate.remediate_support import alert, notification
 
 
 def test_parses_an_alertmanager_notification():

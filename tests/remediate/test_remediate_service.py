@@ -22,7 +22,7 @@ from gpulens.remediate.kubernetes import (
     KubernetesIsolator,
 )
 from gpulens.remediate.slurm import SlurmIsolator
-from tests.alerts.remediate_support import (
+from tests.remediate.remediate_support import (
     TOKEN,
     KubeStandIn,
     alert,

@@ -19,7 +19,7 @@ from gpulens.remediate.breaker import (
 from gpulens.remediate.kubernetes import LIST_PAGE, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.kubestate import DATA_KEY, ConfigMapStore
 from gpulens.remediate.slurm import SlurmIsolator
-from tests.alerts.remediate_support import (
+from tests.remediate.remediate_support import (
     WAIT_S,
     KubeStandIn,
     alert,

@@ -15,7 +15,7 @@ import pytest
 from gpulens.remediate.kubernetes import TAINT_KEY, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.loop import LoopPolicy
 from gpulens.remediate.slurm import SlurmIsolator
-from tests.alerts.remediate_support import (
+from tests.remediate.remediate_support import (
     KubeStandIn,
     alert,
     deliver,

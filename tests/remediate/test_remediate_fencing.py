@@ -14,7 +14,7 @@ from gpulens.remediate.dra import DeviceTaints, DraMode
 from gpulens.remediate.fencing import FencingKubernetesIsolator
 from gpulens.remediate.kubernetes import TAINT_KEY, KubernetesClient
 from gpulens.remediate.loop import LoopPolicy
-from tests.alerts.remediate_support import (
+from tests.remediate.remediate_support import (
     DRA_DRIVER,
     KubeStandIn,
     alert,
