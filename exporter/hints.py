@@ -15,5 +15,5 @@ def no_gpu_hint(nvml_error: str) -> str:
         "the NVIDIA driver is loaded (nvidia-smi works) and that this process sees the GPUs (in a "
         "container: the NVIDIA container runtime, e.g. runtimeClassName: nvidia or --gpus all). To try "
         "gpulens without a GPU, run: gpulens-exporter --simulate dgx-h100 (other built-in scenarios: "
-        "k8s-a100-mixed, seed-case, faults, large, typical-fleet; docs/simulator.md)."
+        "k8s-a100-mixed, seed-case, faults, large, typical-fleet, pcie-split; docs/simulator.md)."
     )

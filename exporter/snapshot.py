@@ -40,6 +40,7 @@ class Area(StrEnum):
     PROFILING = "profiling"
     XID = "xid"
     JOBS = "jobs"
+    TOPOLOGY = "topology"
 
 
 # Profiling metric keys, shared by the GPM backend and the profiling collector.
@@ -74,6 +75,30 @@ class NvLinkSample:
     tx_bytes: int | None = None
     rx_bytes: int | None = None
     errors: tuple[tuple[str, int], ...] = ()  # (kind, count)
+
+
+class Link(StrEnum):
+    """The fastest path between two GPUs, best first: NVLink, else the PCIe common ancestor
+    (NVML `nvmlGpuTopologyLevel_t`: INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM; the
+    `nvidia-smi topo -m` names NV#, PIX, PXB, PHB, NODE, SYS)."""
+
+    NVLINK = "nvlink"
+    BOARD = "board"  # both GPUs on one board (INTERNAL)
+    PCIE_SWITCH = "pcie_switch"  # one PCIe switch between them (SINGLE)
+    PCIE_SWITCHES = "pcie_switches"  # several switches, no host bridge (MULTIPLE)
+    PCIE_HOST_BRIDGE = "pcie_host_bridge"  # through one host bridge (HOSTBRIDGE)
+    NUMA = "numa"  # across host bridges of one NUMA node (NODE)
+    SYSTEM = "system"  # across NUMA nodes (the CPUs' SMP interconnect)
+
+
+@dataclass(frozen=True)
+class PeerLink:
+    """How this GPU reaches another GPU of the node (read once: it does not change while the
+    driver runs)."""
+
+    peer: int  # the peer's index
+    peer_uuid: str
+    link: Link
 
 
 @dataclass(frozen=True)
@@ -169,6 +194,9 @@ class GpuSample:
     # profiling
     profiling_source: str | None = None  # "gpm" | "dcgm" | "nvml"
     profiling: tuple[tuple[str, float], ...] = ()
+    # topology (read once per driver start or GPU reset, repeated every sample)
+    numa_node: int | None = None
+    peers: tuple[PeerLink, ...] = ()
 
     @property
     def mps_server_active(self) -> bool:

@@ -12,7 +12,8 @@ is read against the week-1 scenario's YAML, and the result is the same YAML with
 - freed GPUs empty (their MIG layout cleared where mig-parted.yaml disables MIG on them);
 - every moved job rolled out: on Kubernetes a Deployment's pod gets a new ReplicaSet hash and
   suffix, a Job's pod a new suffix, a StatefulSet's (or a bare) pod keeps its name, and every
-  such pod a new UID and container; a Slurm job a new job id with the same user and account;
+  such pod a new UID and container; a Slurm job a new job id with the same user, account and
+  name (the tasks of one array a new array id together, each its task index), as a resubmission;
   its processes new pids, started at week 2's start (relative time 0), the same workload;
 - jobs the plan leaves where they run, and their GPUs, exactly as they were (the same YAML): the
   jobs of a GPU it keeps `unchanged`, and MPS clients it keeps on a GPU whose clients do not
@@ -29,7 +30,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,10 @@ class ReportPlan:
     """The parts of a report directory apply-plan reads, for one node."""
 
     gpus: dict[int, GpuTarget]
-    jobs: dict[str, Slot]  # job id -> where the plan runs it
+    jobs: dict[str, Slot]  # job id -> where the plan runs it (a multi-GPU job: its first GPU)
     reclaimed: frozenset[str]  # jobs whose GPU is given back: they stop
+    # a multi-GPU job -> its GPUs in the plan, whole (one rank per GPU), lowest index first
+    multi: dict[str, tuple[Slot, ...]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +136,7 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
     rows = _field(str(jobs_path), jobs_doc, "jobs", list, "a list of jobs")
     gpus: dict[int, GpuTarget] = {}
     jobs: dict[str, Slot] = {}
+    multi: dict[str, list[Slot]] = {}
     mps_settings: dict[str, tuple[float | None, int | None]] = {}
     for i, entry in enumerate(layout):
         where = f"{plan_path}: layout[{i}]"
@@ -185,10 +189,13 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
             if not isinstance(name, str):
                 raise ApplyPlanError(f"{where}.jobs: expected job ids, found {name!r}")
             if name in jobs:
-                raise ApplyPlanError(
-                    f"{where}.jobs: expected each job on one GPU (apply-plan moves single-GPU jobs), "
-                    f"found {name!r} again"
-                )
+                if mode not in _WHOLE_MODES or jobs[name].mode != "whole":
+                    raise ApplyPlanError(
+                        f"{where}.jobs: expected a job on several GPUs to have each whole, "
+                        f"found {name!r} again on a {mode} GPU"
+                    )
+                multi.setdefault(name, [jobs[name]]).append(Slot(index, "whole"))
+                continue
             if mode == "mig" and name not in slices:
                 raise ApplyPlanError(f"{where}.mig_layout: expected a slice for job {name!r}, found none")
             cap, limit = mps_settings.get(name, (None, None))
@@ -209,7 +216,8 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
             raise ApplyPlanError(f"{where}.uuid: expected a GPU the layout does not use, found {uuid}")
         gpus[index] = GpuTarget("freed", clear_mig=index in cleared)
     reclaimed = _check_jobs(str(jobs_path), rows, jobs, scenario)
-    return ReportPlan(gpus, jobs, reclaimed)
+    spread = {name: tuple(sorted(slots, key=lambda s: s.gpu)) for name, slots in multi.items()}
+    return ReportPlan(gpus, jobs, reclaimed, spread)
 
 
 def _check_jobs(where: str, rows: list[Any], jobs: dict[str, Slot], scenario: Scenario) -> frozenset[str]:
@@ -378,7 +386,7 @@ class _Applier:
             int(p.job.job_id.split("_")[0]) for p in scenario.processes if isinstance(p.job, SlurmJob)
         ]
         self.next_slurm = max(slurm_ids, default=1000) + 1
-        self.slurm_renamed: dict[str, str] = {}
+        self.slurm_renamed: dict[str, str] = {}  # job id (an array's: the array's) -> its new one
 
     def pid(self) -> int:
         self.next_pid += 1
@@ -396,13 +404,12 @@ class _Applier:
             )
             return {"kubernetes": k}
         if isinstance(job, SlurmJob):
-            old = job.job_id
-            if old not in self.slurm_renamed:
-                array = old.split("_", 1)
-                self.slurm_renamed[old] = "_".join([str(self.next_slurm), *array[1:]])
+            array, sep, task = job.job_id.partition("_")
+            if array not in self.slurm_renamed:
+                self.slurm_renamed[array] = str(self.next_slurm)
                 self.next_slurm += 1
-            s = dict(raw["slurm"])
-            s["id"] = self.slurm_renamed[old]
+            s = dict(raw["slurm"])  # user, account and name as before: the same job resubmitted
+            s["id"] = self.slurm_renamed[array] + sep + task
             return {"slurm": s}
         return copy.deepcopy(raw)
 
@@ -431,14 +438,15 @@ def apply_plan(
     for name in (*plan.jobs, *grow):
         if name not in known:
             raise ApplyPlanError(f"{name!r}: expected a job of scenario {scenario.name}, found none")
+    slots = _process_slots(scenario, plan)
     moved: set[str] = set()
-    for spec in scenario.processes:
+    for i, spec in enumerate(scenario.processes):
         key = job_key(spec)
-        slot = plan.jobs.get(key) if key is not None else None
-        if slot is None:
+        slot = slots.get(i)
+        if slot is None or key is None:
             continue
         if slot.gpu in changed or not _stays(scenario, spec, slot) or key in grow:
-            moved.add(key)  # type: ignore[arg-type]
+            moved.add(key)  # a multi-GPU job moves whole: every rank restarts
     applier = _Applier(data, scenario, plan)
     out = {k: copy.deepcopy(v) for k, v in data.items() if k not in ("gpus", "processes", "faults")}
     out["name"] = f"{scenario.name}-applied"
@@ -456,11 +464,37 @@ def apply_plan(
                 )
             processes.append(copy.deepcopy(raw))
             continue
-        processes.append(_moved(raw, spec, plan.jobs[key], scenario, applier, grow.get(key)))
+        processes.append(_moved(raw, spec, slots[i], scenario, applier, grow.get(key)))
     out["processes"] = processes
     faults = _kept_faults(data.get("faults"), scenario, changed)
     if faults is not None:
         out["faults"] = faults
+    return out
+
+
+def _process_slots(scenario: Scenario, plan: ReportPlan) -> dict[int, Slot]:
+    """Process index -> where the plan runs it. A multi-GPU job's ranks keep their order: the
+    rank on its k-th lowest GPU now goes to the k-th lowest GPU the plan gives it."""
+    gpus_of: dict[str, list[int]] = {}
+    for spec in scenario.processes:
+        key = job_key(spec)
+        if key in plan.multi and spec.gpu not in gpus_of.setdefault(key, []):
+            gpus_of[key].append(spec.gpu)
+    out: dict[int, Slot] = {}
+    for i, spec in enumerate(scenario.processes):
+        key = job_key(spec)
+        if key is None or key not in plan.jobs:
+            continue
+        if key not in plan.multi:
+            out[i] = plan.jobs[key]
+            continue
+        now, target = sorted(gpus_of[key]), plan.multi[key]
+        if len(now) != len(target):
+            raise ApplyPlanError(
+                f"plan.json: layout: expected job {key!r} on as many GPUs as it runs on now ({len(now)}), "
+                f"found {len(target)}"
+            )
+        out[i] = target[now.index(spec.gpu)]
     return out
 
 

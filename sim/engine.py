@@ -65,6 +65,7 @@ from gpulens.sim.state import (
     SimClock,
     SimEvent,
 )
+from gpulens.sim.topology import Topology, default_topology
 
 MIB = 1024**2
 GIB = 1024**3
@@ -337,6 +338,8 @@ class ScenarioNode:
             )
             for g in scenario.gpus
         )
+        # None only for hand-built scenarios; parsed ones always carry one (their own or the default)
+        self.topology: Topology | None = scenario.topology or default_topology(scenario.gpus)
         self._timeline = Timeline(scenario)
         self._lock = threading.RLock()
         self._procs: dict[int, list[_Proc]] = {g.index: [] for g in scenario.gpus}

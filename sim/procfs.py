@@ -130,6 +130,11 @@ def environ(view: ProcView) -> bytes:
                 "CUDA_VISIBLE_DEVICES": "0",
             }
         )
+        if job.name:
+            env["SLURM_JOB_NAME"] = job.name
+        array, sep, task = job.job_id.partition("_")
+        if sep:  # an array's task (`4711_3`), as sbatch --array sets them
+            env.update({"SLURM_ARRAY_JOB_ID": array, "SLURM_ARRAY_TASK_ID": task})
     elif isinstance(job, KubernetesJob):
         env.update(
             {

@@ -35,6 +35,7 @@ from gpulens.sim.patterns import (
     splitmix64,
 )
 from gpulens.sim.state import DriverInfo
+from gpulens.sim.topology import Topology, default_topology, parse_topology
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "scenarios"
 FOREVER = float("inf")
@@ -109,6 +110,8 @@ class SlurmJob:
     step: str
     task: int
     cgroup: Literal["v1", "v2"]
+    # `sbatch --job-name`: what a resubmitted job keeps when its id changes (SLURM_JOB_NAME)
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,7 @@ class FaultKind(StrEnum):
     MPS_RESTART = "mps_restart"
     PCIE_REPLAY = "pcie_replay"
     NVLINK_ERROR = "nvlink_error"
+    DIAG_FAIL = "diag_fail"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,6 +278,29 @@ class NvlinkErrorFault(Fault):
     count: int = 1
 
 
+# the tests of `dcgmi diag` (DCGM 4) a diag_fail fault can name, with the lowest level running each
+DIAG_TESTS: dict[str, int] = {
+    "software": 1,
+    "pcie": 2,
+    "memory": 2,
+    "diagnostic": 3,
+    "targeted_stress": 3,
+    "targeted_power": 3,
+    "memory_bandwidth": 3,
+    "memtest": 4,
+    "pulse_test": 4,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiagFailFault(Fault):
+    """From `at` (for `duration`) the GPU fails DCGM's diagnostic `test` at its level and above;
+    NVML shows nothing (the fault only a diagnostic finds)."""
+
+    kind = FaultKind.DIAG_FAIL
+    test: str
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -288,6 +315,7 @@ class Scenario:
     repeat: float | None  # the fault timeline repeats with this period
     users: tuple[tuple[str, int], ...]
     kubernetes_defaults: tuple[tuple[str, str], ...] = ()
+    topology: Topology | None = None  # None: the model family's layout (`topology.default_topology`)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -768,6 +796,12 @@ def _parse_gpus(c: _Check, raw: Any, hostname: str, users: dict[str, int]) -> tu
     return tuple(gpus)
 
 
+# a job name as people give `sbatch --job-name` in scripts: no blanks or quotes, which a label value
+# and a shell line would have to escape; at most the exporter's label length
+SLURM_JOB_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.+:@=-]{0,127}"
+SLURM_JOB_NAME_WHAT = "a Slurm job name: 1-128 letters, digits or _.+:@=- (not starting with one of .+:@=-)"
+
+
 def _parse_job(c: _Check, path: str, raw: Any, k8s_defaults: dict[str, str]) -> Job:
     m = c.mapping(path, raw, (), ("slurm", "kubernetes", "mapping"))
     if len(m) != 1:
@@ -775,7 +809,7 @@ def _parse_job(c: _Check, path: str, raw: Any, k8s_defaults: dict[str, str]) -> 
         raise c.fail(path, f"expected exactly one of slurm, kubernetes, mapping, found {found}")
     if "slurm" in m:
         p = f"{path}.slurm"
-        s = c.mapping(p, m["slurm"], ("id",), ("user", "account", "step", "task", "cgroup"))
+        s = c.mapping(p, m["slurm"], ("id",), ("user", "account", "step", "task", "cgroup", "name"))
         return SlurmJob(
             job_id=c.string(f"{p}.id", s["id"], r"\d+(_\d+)?", "a Slurm job id like 4711 or 4711_3"),
             user=c.string(f"{p}.user", s.get("user", "root")),
@@ -783,6 +817,7 @@ def _parse_job(c: _Check, path: str, raw: Any, k8s_defaults: dict[str, str]) -> 
             step=c.string(f"{p}.step", s.get("step", 0), r"\d+|batch|extern|interactive", "a step id"),
             task=c.integer(f"{p}.task", s.get("task", 0), 0),
             cgroup=c.choice(f"{p}.cgroup", s.get("cgroup", "v2"), ("v1", "v2")),  # type: ignore[arg-type]
+            name=c.string(f"{p}.name", s["name"], SLURM_JOB_NAME, SLURM_JOB_NAME_WHAT) if "name" in s else "",
         )
     if "kubernetes" in m:
         p = f"{path}.kubernetes"
@@ -1250,6 +1285,11 @@ def _nvlink_error(e: _FaultEntry) -> Fault:
     )
 
 
+def _diag_fail(e: _FaultEntry) -> Fault:
+    test = e.c.choice(e.vpath, e.value, list(DIAG_TESTS))
+    return DiagFailFault(at=e.at, gpu=e.gpu_index, test=test, duration=e.duration)
+
+
 @dataclass(frozen=True)
 class _FaultRule:
     """How to read one kind: its parser and the keys its entry takes besides `at` and the kind."""
@@ -1274,6 +1314,7 @@ FAULT_PARSERS: dict[FaultKind, _FaultRule] = {
     FaultKind.MPS_RESTART: _FaultRule(_mps_restart),
     FaultKind.PCIE_REPLAY: _FaultRule(_pcie_replay),
     FaultKind.NVLINK_ERROR: _FaultRule(_nvlink_error),
+    FaultKind.DIAG_FAIL: _FaultRule(_diag_fail, optional=("gpu", "for")),
 }
 
 
@@ -1410,7 +1451,10 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
     """Validate parsed YAML (`data`) read from `source` (used in error messages)."""
     c = _Check(source)
     top = c.mapping(
-        "", data, ("gpus",), ("name", "description", "seed", "node", "users", "processes", "faults")
+        "",
+        data,
+        ("gpus",),
+        ("name", "description", "seed", "node", "users", "processes", "faults", "topology"),
     )
     scenario_name = c.string("name", top.get("name", name or Path(source).stem))
     description = c.string("description", top["description"]) if "description" in top else ""
@@ -1423,6 +1467,7 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
     users_raw = c.any_mapping("users", top.get("users", {}))
     users = {str(u): c.integer(f"users.{u}", uid, 0, MAX_UID) for u, uid in users_raw.items()}
     gpus = _parse_gpus(c, top["gpus"], hostname, users)
+    topology = parse_topology(top["topology"], gpus, c.fail) if "topology" in top else default_topology(gpus)
     faults, repeat = _parse_faults(c, top.get("faults"), gpus)
     instances = {g.index: instance_profiles(g, faults) for g in gpus}
     processes: list[ProcessSpec] = []
@@ -1457,6 +1502,7 @@ def parse_scenario(data: Any, source: str, name: str | None = None) -> Scenario:
         repeat=repeat,
         users=tuple(sorted(users.items())),
         kubernetes_defaults=tuple(sorted((str(k), str(v)) for k, v in k8s_defaults.items())),
+        topology=topology,
     )
 
 

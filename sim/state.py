@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gpulens.catalog import GpuModel, MigProfile
+from gpulens.sim.topology import Topology
 
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId when MIG is off or not attributable
 
@@ -236,6 +237,7 @@ class SimNode(Protocol):
     driver: DriverInfo
     identities: tuple[GpuIdentity, ...]
     clock: SimClock
+    topology: Topology | None  # None: the topology calls answer NOT_SUPPORTED
 
     def init_error(self) -> int | None:
         """An NVML_ERROR_* code nvmlInit must fail with right now (fault timeline), or None."""

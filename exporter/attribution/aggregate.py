@@ -90,6 +90,9 @@ def merge_identities(identities: Sequence[JobIdentity]) -> JobIdentity:
         namespace=_merge_field([i.namespace for i in identities]),
         pod=_merge_field([i.pod for i in identities]),
         container=_merge_field([i.container for i in identities]),
+        # one name per job, whatever its steps say (`srun -J` renames a step): the workload the
+        # analyzer follows must not change with which processes happen to run
+        name=min((i.name for i in identities if i.name), default=""),
         uid=next((i.uid for i in identities if i.uid is not None), None),
     )
 

@@ -112,6 +112,7 @@ def _sanitize(identity: JobIdentity) -> JobIdentity:
         namespace=sanitize_label_value(identity.namespace),
         pod=sanitize_label_value(identity.pod),
         container=sanitize_label_value(identity.container),
+        name=sanitize_label_value(identity.name),
         uid=identity.uid,
     )
 

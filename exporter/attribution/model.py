@@ -51,6 +51,9 @@ class JobIdentity:
     namespace: str = ""
     pod: str = ""
     container: str = ""
+    # the job's name (Slurm's SLURM_JOB_NAME): what a resubmitted job keeps when its id changes, so
+    # the analyzer follows it by (user, name); empty when no source says it
+    name: str = ""
     # the owner's numeric uid where a source says it (Slurm cgroup / env, jobstats mapping files);
     # not part of the identity's equality: the same job is the same job whoever reports its uid
     uid: int | None = field(default=None, compare=False)

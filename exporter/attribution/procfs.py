@@ -29,7 +29,9 @@ from gpulens.exporter.attribution.logonce import LogOnce
 
 MAX_CGROUP_BYTES = 64 * 1024
 MAX_ENVIRON_BYTES = 512 * 1024
-SLURM_ENV_KEYS = frozenset({"SLURM_JOB_ID", "SLURM_JOB_USER", "SLURM_JOB_ACCOUNT", "SLURM_JOB_UID"})
+SLURM_ENV_KEYS = frozenset(
+    {"SLURM_JOB_ID", "SLURM_JOB_USER", "SLURM_JOB_ACCOUNT", "SLURM_JOB_UID", "SLURM_JOB_NAME"}
+)
 _VANISHED = (errno.ENOENT, errno.ESRCH)
 
 

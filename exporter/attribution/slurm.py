@@ -1,7 +1,8 @@
 """Slurm job identity of a process from its cgroup (authoritative) and its environment.
 
 The cgroup path is set by slurmstepd and cannot be changed by the job, so its job id wins over
-`SLURM_JOB_ID` in the environment; the environment supplies what the cgroup lacks (user, account).
+`SLURM_JOB_ID` in the environment; the environment supplies what the cgroup lacks (user, account,
+the job's name: `SLURM_JOB_NAME`, which sbatch/salloc set for every task, so no `scontrol` call).
 The account goes into `JobIdentity.namespace`: it is Slurm's tenant, as the namespace is in Kubernetes.
 """
 
@@ -57,5 +58,6 @@ def slurm_identity(info: ProcessInfo, users: UserNames) -> JobIdentity | None:
         source=SOURCE_SLURM,
         user=user,
         namespace=env.get("SLURM_JOB_ACCOUNT", "").strip(),
+        name=env.get("SLURM_JOB_NAME", "").strip(),
         uid=uid,
     )

@@ -31,8 +31,10 @@ from gpulens.exporter.snapshot import (
     Area,
     GpuIdentity,
     GpuSample,
+    Link,
     MigSample,
     NvLinkSample,
+    PeerLink,
     ProcessSample,
 )
 
@@ -95,6 +97,15 @@ NVLINK_ERROR_FIELDS: dict[tuple[str, int], int] = {
     for kind, prefix in _NVLINK_ERROR_FIELD_PREFIX.items()
     for link in range(64)
     if hasattr(pynvml, f"NVML_FI_DEV_NVLINK_{prefix}_ERROR_COUNT_L{link}")
+}
+# NVML common-ancestor levels (nvmlGpuTopologyLevel_t) -> the `link` a pair without NVLink gets
+TOPOLOGY_LEVELS: dict[int, Link] = {
+    pynvml.NVML_TOPOLOGY_INTERNAL: Link.BOARD,
+    pynvml.NVML_TOPOLOGY_SINGLE: Link.PCIE_SWITCH,
+    pynvml.NVML_TOPOLOGY_MULTIPLE: Link.PCIE_SWITCHES,
+    pynvml.NVML_TOPOLOGY_HOSTBRIDGE: Link.PCIE_HOST_BRIDGE,
+    pynvml.NVML_TOPOLOGY_NODE: Link.NUMA,
+    pynvml.NVML_TOPOLOGY_SYSTEM: Link.SYSTEM,
 }
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
@@ -221,6 +232,19 @@ class _GpuState:
     # the slow tier's last answers (`SLOW_FIELDS`), by key; refreshed when a read is `slow_due`
     slow: dict[str, Any] = field(default_factory=dict)
     slow_due: bool = True  # this read refreshes the slow tier (set per read by `read_gpu`)
+    # NUMA node (read once) and the link to each peer index asked about so far (None: the driver
+    # does not support the pair): the topology is fixed while the driver runs; dropped with the
+    # state when the GPU is forgotten (lost, reset) or NVML is re-initialised (`_read_topology`)
+    numa_node: int | None = None
+    numa_read: bool = False
+    links: dict[int, Link | None] = field(default_factory=dict)
+    # read sequence numbers (`NvmlBackend._seq`): when this GPU's current and previous reads
+    # started, and when its last read ended with an answer; `reading` stays True while a call of
+    # it hangs
+    started: int = 0
+    previous_start: int = 0
+    answered: int = 0
+    reading: bool = False
 
     def slow_value(self, key: str, read: Callable[[], Any]) -> Any:
         """`read()` on a slow-tier read (or when never read), else its last answer."""
@@ -252,6 +276,7 @@ class NvmlBackend:
         self.procfs_root = procfs_root
         self.log = logger or logging.getLogger("gpulens.exporter.nvml")
         self._gpus: dict[int, _GpuState] = {}
+        self._seq = 0  # counts read_gpu calls: orders reads across cycles for `_read_topology`
         self._initialised = False
         self._profiler_factory = profiler_factory
         self.profiler: Any = None
@@ -332,6 +357,8 @@ class NvmlBackend:
     def forget(self, index: int) -> None:
         """Drop cached handle/identity so the next read starts fresh (after a lost GPU)."""
         self._gpus.pop(index, None)
+        for other in list(self._gpus.values()):
+            other.links.pop(index, None)  # asked again once it answers
         if self.profiler is not None:
             self.profiler.forget(index)
 
@@ -346,6 +373,21 @@ class NvmlBackend:
         Raises GpuLostError when the GPU is lost; the sampler turns that into `gpu_up 0`.
         """
         state = self._state(index)
+        self._seq += 1
+        state.previous_start, state.started, state.reading = state.started, self._seq, True
+        try:
+            sample, timings = self._read_gpu(state, index, areas, interval, slow)
+        except BaseException:
+            state.reading = False
+            raise
+        state.reading = False
+        self._seq += 1
+        state.answered = self._seq
+        return sample, timings
+
+    def _read_gpu(
+        self, state: _GpuState, index: int, areas: frozenset[Area], interval: float, slow: bool
+    ) -> tuple[GpuSample, dict[Area, float]]:
         state.slow_due = slow
         handle = state.handle
         if state.identity is None:
@@ -381,6 +423,7 @@ class NvmlBackend:
             Area.CLOCKS: lambda: self._read_clocks(state),
             Area.PCIE_NVLINK: lambda: self._read_pcie_nvlink(state),
             Area.HEALTH: lambda: self._read_health(state),
+            Area.TOPOLOGY: lambda: self._read_topology(index, state),
         }
         for area, reader in readers.items():
             if area in areas:
@@ -546,6 +589,37 @@ class NvmlBackend:
         link_count = values.get((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0))
         out["nvlinks"] = self._read_nvlinks(state, None if link_count is None else int(link_count))
         return out
+
+    def _read_topology(self, index: int, state: _GpuState) -> dict[str, Any]:
+        """NUMA node and one `PeerLink` per other GPU whose link is known.
+
+        A pair is asked about once, from its higher-index GPU's read, and only when the lower-index
+        peer answered its own read in this cycle (after this GPU's previous read began): a call
+        about a hung or lost GPU may hang too, and must not cost a healthy GPU its deadline. The
+        answer serves both GPUs, so a node's topology is whole from its second cycle. A pair the
+        driver does not support is left out (no link invented); a failed call is asked again."""
+        handle = state.handle
+        if not state.numa_read:
+            numa = _call(pynvml.nvmlDeviceGetNumaNodeId, handle)
+            state.numa_node = int(numa) if numa is not None and int(numa) >= 0 else None  # -1: none
+            state.numa_read = True
+        for peer in range(index):
+            known = self._gpus.get(peer)
+            if peer in state.links or known is None or known.reading:
+                continue
+            if known.answered <= state.previous_start:
+                continue  # it has not answered since this GPU was last read: it may be hung
+            try:
+                link = _peer_link(handle, known.handle)
+            except (AreaError, GpuLostError):  # the peer may be the one failing, not this GPU
+                continue
+            state.links[peer] = known.links[index] = link
+        peers = []
+        for peer, link in sorted(state.links.items()):
+            other = self._gpus.get(peer)
+            if link is not None and other is not None and other.identity is not None:
+                peers.append(PeerLink(peer=peer, peer_uuid=other.identity.uuid, link=link))
+        return {"numa_node": state.numa_node, "peers": tuple(peers)}
 
     def _read_nvlinks(self, gpu: _GpuState, link_count: int | None) -> tuple[NvLinkSample, ...]:
         handle = gpu.handle
@@ -830,6 +904,16 @@ class NvmlBackend:
 
 
 # ---- helpers -------------------------------------------------------------------------------
+def _peer_link(handle: Any, other: Any) -> Link | None:
+    """NVLink when P2P over NVLink is OK between the two, else their PCIe common ancestor; None
+    when the driver answers neither."""
+    status = _call(pynvml.nvmlDeviceGetP2PStatus, handle, other, pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+    if status == pynvml.NVML_P2P_STATUS_OK:
+        return Link.NVLINK
+    level = _call(pynvml.nvmlDeviceGetTopologyCommonAncestor, handle, other)
+    return None if level is None else TOPOLOGY_LEVELS.get(int(level))
+
+
 def _thresholds(handle: Any) -> tuple[tuple[str, float], ...]:
     thresholds: list[tuple[str, float]] = []
     for name, kind in TEMPERATURE_THRESHOLDS:

@@ -18,6 +18,7 @@ from gpulens.exporter.collectors import (
     power_thermal,
     processes,
     profiling,
+    topology,
     xid,
 )
 from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec
@@ -37,6 +38,7 @@ REGISTRY: dict[str, CollectorSpec] = {
         processes.SPEC,
         jobs.SPEC,
         profiling.SPEC,
+        topology.SPEC,
     )
 }
 

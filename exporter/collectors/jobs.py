@@ -35,14 +35,15 @@ USAGE_LABELS = [*GPU_LABELS, "gpu_instance", "job_id"]
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
     info = gauge(
         "gpu_job_info",
-        "A job running on the GPU or MIG instance, where its identity came from and how the GPU is"
-        " shared; always 1.",
+        "A job running on the GPU or MIG instance, where its identity came from (job_name: the Slurm"
+        " job's name) and how the GPU is shared; always 1.",
         [
             *GPU_LABELS,
             "gpu_instance",
             "job_id",
             "job_source",
             "job_user",
+            "job_name",
             "job_namespace",
             "job_pod",
             "job_container",
@@ -79,6 +80,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
             ident.job_id,
             ident.source,
             ident.user,
+            ident.name,
             ident.namespace,
             ident.pod,
             ident.container,

@@ -664,6 +664,36 @@ API nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t handle, unsigned *current
     return nvmlDeviceGetDriverModel_v2(handle, current, pending);
 }
 
+/* Topology (NUMA node, PCIe common ancestor, P2P status): the shared-memory layout does not carry
+ * the scenario's topology, so this driver answers as a driver without the data does (NOT_SUPPORTED)
+ * and the exporter leaves the topology families out; the in-process driver (sim/nvml/topology.py)
+ * serves them. The symbols exist so both drivers export the same NVML API. */
+API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t handle, unsigned *node) {
+    NEED_INIT();
+    (void)node;
+    Target t;
+    TRY(physical(handle, &t));
+    return E_NOT_SUPPORTED;
+}
+
+API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int *level) {
+    NEED_INIT();
+    (void)level;
+    Target ta, tb;
+    TRY(physical(a, &ta));
+    TRY(physical(b, &tb));
+    return E_NOT_SUPPORTED;
+}
+
+API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, int index, int *status) {
+    NEED_INIT();
+    (void)index, (void)status;
+    Target ta, tb;
+    TRY(physical(a, &ta));
+    TRY(physical(b, &tb));
+    return E_NOT_SUPPORTED;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Memory and utilization
  */

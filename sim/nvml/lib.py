@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,11 +20,12 @@ from gpulens.sim.nvml import (
     pcie,
     power,
     processes,
+    topology,
 )
 from gpulens.sim.nvml._core import LOG, Context, NvmlFail, Symbol
 from gpulens.sim.state import SimNode
 
-AREAS = (identity, memory, power, pcie, fields, health, events, processes, mig, gpm)
+AREAS = (identity, memory, power, pcie, fields, health, events, processes, mig, gpm, topology)
 
 
 def all_symbols() -> list[Symbol]:
@@ -61,8 +63,11 @@ class SimLib:
     the process when called).
     """
 
-    def __init__(self, node: SimNode, *, exclude: Iterable[str] = ()) -> None:
-        self._ctx = Context(node)
+    def __init__(
+        self, node: SimNode, *, exclude: Iterable[str] = (), block: Callable[[float], None] = time.sleep
+    ) -> None:
+        # `block` is how a hanging GPU's call waits, in real seconds (a test records it instead)
+        self._ctx = Context(node, block=block)
         self._callbacks: dict[str, Any] = {}
         self.missing_symbols: set[str] = set()  # looked up but absent: what a program wanted
         excluded = set(exclude)

@@ -84,6 +84,18 @@ def test_simulated_slurm_and_kubernetes_processes_are_identified(tmp_path):
     assert jobs[(0, None, "ml/b")].identity.container == "main"
 
 
+def test_a_simulated_slurm_jobs_name_reaches_its_identity(tmp_path):
+    job = scenario.SlurmJob(
+        job_id="4711_3", user="alice", account="physics", step="0", task=0, cgroup="v2", name="sweep"
+    )
+    specs = [spec(job)]
+    files = sim_procfs.NodeFiles(tmp_path / "proc", None, tmp_path / "mapping")
+    files.sync([sim_procfs.ProcView(spec=specs[0], pid=specs[0].pid, device_uuid=GPU0, hostname="n")], {})
+    attributor = Attributor(AttributionConfig(procfs_root=tmp_path / "proc", pod_resources_socket=None))
+    [usage] = attributor.attribute([proc(specs[0].pid)])
+    assert (usage.identity.job_id, usage.identity.name) == ("4711_3", "sweep")
+
+
 def test_simulated_mapping_directory_is_read(tmp_path):
     specs = [spec(scenario.MappingJob(job_id="lsf-77"))]
     files = sim_procfs.NodeFiles(tmp_path / "proc", None, tmp_path / "mapping")

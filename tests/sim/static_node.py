@@ -25,6 +25,7 @@ from gpulens.sim.state import (
     ProcessState,
     SimEvent,
 )
+from gpulens.sim.topology import Topology
 
 START = 1_700_000_000.0
 XID = 0x8  # nvmlEventTypeXidCriticalError
@@ -38,8 +39,10 @@ class StaticNode:
         gpus: Iterable[tuple[GpuIdentity, GpuState]],
         clock: Any | None = None,
         driver: DriverInfo | None = None,
+        topology: Topology | None = None,
     ) -> None:
         pairs = list(gpus)
+        self.topology = topology
         self.driver = driver or DriverInfo()
         self.identities = tuple(identity for identity, _ in pairs)
         self.clock = clock or ManualClock(START)

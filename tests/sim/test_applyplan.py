@@ -26,6 +26,7 @@ from gpulens.sim.scenario import (
     THREAD_PERCENTAGE,
     KubernetesJob,
     Scenario,
+    SlurmJob,
     load_scenario,
 )
 
@@ -341,3 +342,60 @@ def test_mps_clients_restart_with_the_plans_caps_when_their_neighbours_change(tm
     clients = [p for p in applied.processes if p.gpu == 1]
     assert len(clients) == 3 and {p.sm_cap for p in clients} == {0.3}
     assert not {p.pid for p in clients} & {p.pid for p in scenario.processes}
+
+
+SLURM_WEEK1 = WEEK1.parent / "slurm-week1.yaml"
+
+
+def test_a_moved_slurm_job_is_resubmitted_under_a_new_id_with_its_user_account_and_name(tmp_path):
+    scenario = load_scenario(str(SLURM_WEEK1))  # GPUs 0-1: tasks 0 and 1 of alice's `sweep` array
+    jobs = _jobs_by_gpu(scenario)
+    layout = [{"gpu": 3, "sharing": "time-slicing", "jobs": [*jobs[0], *jobs[1], *jobs[2], *jobs[3]]}]
+    layout += [{"gpu": 4, "sharing": "unchanged", "jobs": jobs[4]}]
+    applied = apply_plan_files(
+        str(SLURM_WEEK1), _write_report(tmp_path / "report", scenario, layout, (0, 1, 2)), tmp_path / "o.yaml"
+    )
+    before = {p.pid: p.job for p in scenario.processes if p.gpu in (0, 1, 2)}  # the jobs it moves
+    stays = {p.job.job_id for p in scenario.processes if p.gpu == 3}  # type: ignore[union-attr]
+    after = [p.job for p in applied.processes if p.gpu == 3 and p.job.job_id not in stays]  # type: ignore[union-attr]
+    assert all(isinstance(j, SlurmJob) for j in [*before.values(), *after])
+    kept = sorted((j.user, j.account, j.name) for j in before.values())  # type: ignore[union-attr]
+    assert sorted((j.user, j.account, j.name) for j in after) == kept  # type: ignore[union-attr]
+    assert not {j.job_id for j in after} & {j.job_id for j in before.values()}  # type: ignore[union-attr]
+    sweep = sorted(j.job_id for j in after if j.name == "sweep")  # type: ignore[union-attr]
+    assert len({j.split("_")[0] for j in sweep}) == 1 and [j.split("_")[1] for j in sweep] == ["0", "1"]
+
+
+def _pcie_layout(split_to: tuple[int, ...]) -> list[dict]:
+    """pcie-split's plan with its 4-GPU job 7001 (now on GPUs 2-5) on `split_to`, the rest kept."""
+    layout = [{"gpu": g, "sharing": "exclusive", "jobs": ["7002"]} for g in (0, 1)]
+    layout += [{"gpu": g, "sharing": "exclusive", "jobs": ["7001"]} for g in split_to]
+    return [*layout, {"gpu": 6, "sharing": "exclusive", "jobs": ["7003"]}]
+
+
+def test_a_multi_gpu_job_the_plan_keeps_where_it_runs_stays_as_written(tmp_path):
+    scenario = load_scenario("pcie-split")
+    report = _write_report(tmp_path / "report", scenario, _pcie_layout((2, 3, 4, 5)), freed=(7,))
+    out = tmp_path / "w2.yaml"
+    apply_plan_files("pcie-split", report, out)
+    assert yaml.safe_load(out.read_text())["processes"] == _yaml("pcie-split")["processes"]
+
+
+def test_a_moved_multi_gpu_job_takes_its_ranks_in_order_to_its_new_gpus_as_one_job(tmp_path):
+    scenario = load_scenario("pcie-split")
+    report = _write_report(tmp_path / "report", scenario, _pcie_layout((2, 3, 5, 7)))
+    applied = apply_plan_files("pcie-split", report, tmp_path / "w2.yaml")
+    before = {p.gpu: p for p in scenario.processes if job_key(p) == "7001"}
+    ranks = sorted((p for p in applied.processes if p.job.user == "olga"), key=lambda p: p.gpu)
+    assert [p.gpu for p in ranks] == [2, 3, 5, 7]
+    assert [p.job.task for p in ranks] == [before[g].job.task for g in (2, 3, 4, 5)]
+    assert len({p.job.job_id for p in ranks}) == 1 and ranks[0].job.job_id != "7001"
+
+
+def test_a_multi_gpu_job_given_fewer_gpus_than_it_runs_on_is_a_one_line_error(tmp_path):
+    scenario = load_scenario("pcie-split")
+    report = _write_report(tmp_path / "report", scenario, _pcie_layout((4, 5)))
+    with pytest.raises(ApplyPlanError) as error:
+        apply_plan_files("pcie-split", report, tmp_path / "w2.yaml")
+    assert "expected job '7001' on as many GPUs as it runs on now (4), found 2" in str(error.value)
+    assert "\n" not in str(error.value)

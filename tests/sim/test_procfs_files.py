@@ -114,6 +114,25 @@ def test_environ_is_nul_separated_with_the_slurm_variables() -> None:
     assert env["OMP_NUM_THREADS"] == "8"
 
 
+def _env(job: SlurmJob) -> dict[str, str]:
+    raw = procfs.environ(procfs.ProcView(spec(job), 4242, "GPU-x", "dgx-01"))
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if item)
+
+
+def test_a_named_slurm_job_has_its_name_in_the_environ() -> None:
+    assert _env(slurm(name="vit-b16"))["SLURM_JOB_NAME"] == "vit-b16"
+
+
+def test_a_slurm_job_without_a_name_has_no_name_variable() -> None:
+    assert "SLURM_JOB_NAME" not in _env(slurm())
+
+
+def test_an_array_task_has_the_array_variables_and_a_plain_job_none() -> None:
+    env = _env(slurm(job_id="4711_3"))
+    assert (env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"]) == ("4711", "3")
+    assert "SLURM_ARRAY_JOB_ID" not in _env(slurm()) and "SLURM_ARRAY_TASK_ID" not in _env(slurm())
+
+
 def test_kubernetes_environ_names_the_pod_and_the_visible_device() -> None:
     view = procfs.ProcView(spec(pod()), 4242, "MIG-1234", "node")
     env = dict(item.split("=", 1) for item in procfs.environ(view).decode().split("\0") if item)

@@ -132,6 +132,30 @@ CASES = [
         ", found slurm and kubernetes",
     ),
     (
+        one_gpu(processes=[proc(job={"slurm": {"id": 1, "name": "train llama"}})]),
+        "t.yaml: processes[0].job.slurm.name: expected a Slurm job name: 1-128 letters, digits or"
+        " _.+:@=- (not starting with one of .+:@=-), found 'train llama'",
+    ),
+    (
+        one_gpu(processes=[proc(job={"slurm": {"id": 1, "name": "x" * 129}})]),
+        "t.yaml: processes[0].job.slurm.name: expected a Slurm job name: 1-128 letters, digits or"
+        f" _.+:@=- (not starting with one of .+:@=-), found '{'x' * 129}'",
+    ),
+    (
+        one_gpu(processes=[proc(job={"slurm": {"id": 1, "name": ""}})]),
+        "t.yaml: processes[0].job.slurm.name: expected a Slurm job name: 1-128 letters, digits or"
+        " _.+:@=- (not starting with one of .+:@=-), found ''",
+    ),
+    (
+        one_gpu(faults={"timeline": [{"at": "5s", "gpu": 0, "diag_fail": "memroy"}]}),
+        "t.yaml: faults.timeline[0].diag_fail: expected one of software, pcie, memory, diagnostic,"
+        " targeted_stress, targeted_power, memory_bandwidth, memtest, pulse_test, found 'memroy'",
+    ),
+    (
+        one_gpu(faults={"timeline": [{"at": "5s", "diag_fail": "memory"}]}),
+        "t.yaml: faults.timeline[0].gpu: expected a GPU index for this fault, found nothing",
+    ),
+    (
         one_gpu(faults={"timeline": [{"at": "5s", "gpu": 0, "lost": "soon"}]}),
         "t.yaml: faults.timeline[0].lost: expected a duration like 30s, 5m, 2h, 1d (or seconds) or"
         " 'forever', "
@@ -280,3 +304,10 @@ def test_an_empty_or_binary_file_is_a_one_line_error(tmp_path) -> None:
         load_scenario(str(empty))
     with pytest.raises(ScenarioError, match=r"binary.yaml: not UTF-8 text \(byte 0xff at offset 6\)$"):
         load_scenario(str(binary))
+
+
+def test_a_slurm_job_name_is_optional_and_read_as_given() -> None:
+    named = parse_scenario(one_gpu(processes=[proc(job={"slurm": {"id": 7, "name": "sweep_lr-3e-5"}})]), "t")
+    plain = parse_scenario(one_gpu(processes=[proc(job={"slurm": {"id": 7}})]), "t")
+    assert named.processes[0].job.name == "sweep_lr-3e-5"  # type: ignore[union-attr]
+    assert plain.processes[0].job.name == ""  # type: ignore[union-attr]
