@@ -8,7 +8,8 @@ fetch function pointers through pynvml (nvitop), to run against the simulated no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import pynvml
@@ -24,13 +25,15 @@ def _swap(lib: SimLib | None) -> None:
         pynvml._nvmlLib_refcount = 0  # pynvml's own count of nvmlInit calls, for the new library
 
 
-def install(node: SimNode, *, exclude: Iterable[str] = ()) -> SimLib:
+def install(
+    node: SimNode, *, exclude: Iterable[str] = (), block: Callable[[float], None] = time.sleep
+) -> SimLib:
     """Serve `node` to every pynvml user in this process; replaces any library installed before.
 
     `exclude` names C symbols to leave out, to play an older driver (pynvml then raises
-    FunctionNotFound for them).
+    FunctionNotFound for them); `block` is how a hanging GPU's call waits (see `SimLib`).
     """
-    lib = SimLib(node, exclude=exclude)
+    lib = SimLib(node, exclude=exclude, block=block)
     _swap(lib)
     return lib
 
@@ -41,9 +44,11 @@ def uninstall() -> None:
 
 
 @contextmanager
-def simulated(node: SimNode, *, exclude: Iterable[str] = ()) -> Iterator[SimLib]:
+def simulated(
+    node: SimNode, *, exclude: Iterable[str] = (), block: Callable[[float], None] = time.sleep
+) -> Iterator[SimLib]:
     """`with simulated(node) as lib:` — install for the duration of the block."""
-    lib = install(node, exclude=exclude)
+    lib = install(node, exclude=exclude, block=block)
     try:
         yield lib
     finally:

@@ -171,8 +171,9 @@ class Context:
     between calls. All mutation happens under `lock`, never held while a call sleeps.
     """
 
-    def __init__(self, node: SimNode) -> None:
+    def __init__(self, node: SimNode, block: Callable[[float], None] = time.sleep) -> None:
         self.node = node
+        self.block = block  # a hang's real wait: time.sleep, or a test's recorder
         self.lock = threading.Lock()
         self.refcount = 0
         self.gpu_count = len(node.identities)
@@ -207,7 +208,7 @@ class Context:
         """The GPU's state now, after any hang it is in; GPU_IS_LOST if it is lost."""
         state = self.node.gpu_state(index)
         if state.hang_seconds > 0:
-            time.sleep(self.real_seconds(state.hang_seconds))  # ctypes released the GIL for the call
+            self.block(self.real_seconds(state.hang_seconds))  # ctypes released the GIL for the call
             state = self.node.gpu_state(index)
         if state.lost:
             raise NvmlFail(pynvml.NVML_ERROR_GPU_IS_LOST)

@@ -1,7 +1,6 @@
 """Device -> pod attribution through the kubelet pod-resources v1 gRPC API (a real server in the test)."""
 
 import logging
-import time
 
 import pytest
 
@@ -93,21 +92,29 @@ def test_missing_socket_is_logged_once_and_the_rest_still_works(node, caplog):
     assert sum("pod-resources socket" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_slow_kubelet_hits_the_deadline_and_is_not_retried_at_once(node, caplog):
+def test_slow_kubelet_is_cut_off_at_the_deadline(node, caplog):
     kubelet = FakeKubelet([("ml", "p", "c", "nvidia.com/gpu", [GPU0])], delay_s=2.0)
     node.mapping("0", "1234\n")
     with kubelet_server(kubelet) as socket_path:
         attributor = node.attributor(pod_resources_socket=socket_path)
         with caplog.at_level(logging.WARNING):
-            started = time.monotonic()
-            first = attributor.attribute([proc(10)])
-            second = attributor.attribute([proc(10)])
-            elapsed = time.monotonic() - started
+            [usage] = attributor.attribute([proc(10)])
+        attributor.close()
+    # the kubelet's answer (ml/p) never arrived: the sample fell back to the mapping file
+    assert usage.identity.job_id == "1234"
+    assert sum("DEADLINE_EXCEEDED" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_slow_kubelet_is_not_asked_again_by_the_next_sample(node):
+    kubelet = FakeKubelet([("ml", "p", "c", "nvidia.com/gpu", [GPU0])], delay_s=2.0)
+    node.mapping("0", "1234\n")
+    with kubelet_server(kubelet) as socket_path:
+        attributor = node.attributor(pod_resources_socket=socket_path)
+        first = attributor.attribute([proc(10)])
+        second = attributor.attribute([proc(10)])  # within the backoff: no second deadline to wait
         attributor.close()
     assert first[0].identity.job_id == second[0].identity.job_id == "1234"
-    assert elapsed < 1.5  # one 0.5 s deadline, then backoff: the second sample does not wait
     assert kubelet.list_calls == 1
-    assert sum("DEADLINE_EXCEEDED" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_kubelet_coming_back_is_used_again(node):

@@ -6,7 +6,6 @@ on the exact contents of other built-in scenarios.
 
 from __future__ import annotations
 
-import statistics
 import time
 import urllib.request
 from pathlib import Path
@@ -33,7 +32,8 @@ def scrape(target: str) -> tuple[int, float, bytes]:
     return status, time.perf_counter() - started, body
 
 
-def test_scrapes_stay_fast_while_a_gpu_is_lost_and_another_hangs(tmp_path: Path) -> None:
+def test_scrapes_are_answered_while_a_gpu_is_lost_and_another_hangs(tmp_path: Path) -> None:
+    # a scrape never calls NVML: with the 60 s hang, one that waited on it would time out (5 s)
     scenario = scenario_with_faults(
         tmp_path,
         "    - {at: 0s, lost: forever, gpu: 4}\n    - {at: 0s, hang: 60s, gpu: 5}\n",
@@ -49,8 +49,6 @@ def test_scrapes_stay_fast_while_a_gpu_is_lost_and_another_hangs(tmp_path: Path)
             time.sleep(0.2)
         results = [scrape(target) for _ in range(15)]
     assert all(status == 200 for status, _, _ in results)
-    median = statistics.median(seconds for _, seconds, _ in results)
-    assert median < 0.05, f"median scrape {median * 1000:.1f} ms"
     body = results[-1][2]
     assert value(body, "gpu_up", gpu="4") == 0  # lost
     assert value(body, "gpu_up", gpu="5") == 0  # hung call

@@ -275,15 +275,12 @@ def test_a_head_trickled_after_a_kept_alive_answer_is_cut_off_at_the_header_dead
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
         sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
         first = sock.recv(4096)
-        started = time.monotonic()
         sock.sendall(b"GET /-/healthy HTTP/1.1\r\nX-Slow: ")
-        sock.settimeout(10)
+        sock.settimeout(10)  # under the 60 s idle deadline: a head running on it times this recv out
         answer = sock.recv(4096)
-        waited = time.monotonic() - started
         sock.close()
     assert first.startswith(b"HTTP/1.1 200 ")
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:100]
-    assert waited < 30, "the head ran on the idle deadline"
 
 
 def test_the_idle_deadline_counts_from_the_last_answer_of_a_kept_alive_connection() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import statistics
 import threading
 import time
 import urllib.error
@@ -137,13 +136,12 @@ class LiveExporter:
             f"{name}{labels} == {expected}",
         )
 
-    def assert_scrapes_healthy(self, median_s: float = 0.05) -> None:
-        """Every /metrics scrape so far answered 200 with a body, and the median was fast."""
+    def assert_scrapes_healthy(self) -> None:
+        """Every /metrics scrape so far answered 200 with a body (how fast is `make bench`'s figure,
+        not an assert: a loaded CI machine says nothing about it)."""
         assert self.scrapes, "no scrapes recorded"
         bad = [s.status for s in self.scrapes if s.status != 200 or not s.body]
         assert not bad, f"{len(bad)} of {len(self.scrapes)} scrapes failed: {bad[:5]}"
-        median = statistics.median(s.seconds for s in self.scrapes)
-        assert median < median_s, f"median scrape {median * 1000:.1f} ms over {len(self.scrapes)} scrapes"
 
 
 @contextlib.contextmanager

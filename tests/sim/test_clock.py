@@ -13,13 +13,18 @@ def test_real_clock_is_wall_time() -> None:
     assert RealClock().now() == pytest.approx(time.time(), abs=0.5)
 
 
-def test_scaled_clock_runs_faster_from_its_start() -> None:
+def test_scaled_clock_runs_from_its_start_through_its_sleeps() -> None:
     clock = ScaledClock(100.0, start=1000.0)
     assert clock.now() == pytest.approx(1000.0, abs=1.0)
-    before = time.monotonic()
-    clock.sleep(5.0)  # five simulated seconds: about 50 ms of real time
-    assert time.monotonic() - before < 1.0
+    clock.sleep(5.0)
     assert clock.now() >= 1005.0
+
+
+def test_scaled_clock_sleeps_a_speedth_of_the_simulated_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)  # record the real wait instead of waiting
+    ScaledClock(100.0, start=1000.0).sleep(5.0)
+    assert slept == [pytest.approx(0.05)]
 
 
 def test_scaled_clock_rejects_a_non_positive_speed() -> None:

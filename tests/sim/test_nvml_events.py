@@ -32,12 +32,10 @@ def event_set(sim) -> Iterator[object]:
     pynvml.nvmlEventSetFree(event_set)
 
 
-def test_idle_event_set_blocks_for_the_timeout_then_raises_timeout(sim, event_set) -> None:
+def test_a_wait_on_an_idle_event_set_ends_in_timeout(sim, event_set) -> None:
     pynvml.nvmlDeviceRegisterEvents(handle(2), XID, event_set)
-    started = time.monotonic()
     with pytest.raises(pynvml.NVMLError_Timeout):
         pynvml.nvmlEventSetWait(event_set, 150)
-    assert 0.14 <= time.monotonic() - started < 1.0
 
 
 def test_xid_after_inject_is_delivered_once(sim, event_set) -> None:
@@ -66,11 +64,10 @@ def test_a_waiting_call_wakes_up_for_an_event_injected_meanwhile(sim, event_set)
 
     thread = threading.Thread(target=later)
     thread.start()
-    started = time.monotonic()
+    # a wait holding the GIL would keep `later` from injecting, and end in Timeout
     data = pynvml.nvmlEventSetWait_v2(event_set, 5000)
     thread.join()
     assert data.eventData == 48
-    assert time.monotonic() - started < 2.0  # the wait released the GIL and polled
 
 
 def test_events_before_registration_are_not_delivered(sim, event_set) -> None:

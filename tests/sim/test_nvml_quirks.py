@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
+from gpulens.sim.install import simulated
 from gpulens.sim.nvml import SimLib
 from tests.sim.static_node import StaticNode, example_node, installed
 
@@ -76,25 +77,34 @@ def test_a_recovered_gpu_answers_again(sim) -> None:
     assert pynvml.nvmlDeviceGetName(h) == "NVIDIA H100 80GB HBM3"
 
 
-def test_a_hanging_gpu_blocks_the_call_then_answers(sim) -> None:
-    node, _ = sim
-    h = handle(3)
-    node.update(3, hang_seconds=0.3)
-    started = time.monotonic()
-    assert pynvml.nvmlDeviceGetPowerUsage(h) == 55_000
-    assert time.monotonic() - started >= 0.3
+def test_a_hanging_gpu_blocks_the_call_for_its_hang_then_answers() -> None:
+    waits: list[float] = []  # the real seconds each call blocked for, recorded instead of slept
+    node = example_node()
+    with simulated(node, block=waits.append):
+        pynvml.nvmlInit()
+        h = handle(3)
+        node.update(3, hang_seconds=0.3)
+        assert pynvml.nvmlDeviceGetPowerUsage(h) == 55_000
+        pynvml.nvmlShutdown()
+    assert waits == [0.3]
 
 
 def test_a_hang_releases_the_gil_so_other_gpus_keep_answering(sim) -> None:
     node, _ = sim
-    node.update(3, hang_seconds=0.5)
+    node.update(3, hang_seconds=2.0)
     hung, other = handle(3), handle(2)
-    thread = threading.Thread(target=pynvml.nvmlDeviceGetPowerUsage, args=(hung,))
+    calling = threading.Event()
+
+    def call_the_hung_gpu() -> None:
+        calling.set()
+        pynvml.nvmlDeviceGetPowerUsage(hung)
+
+    thread = threading.Thread(target=call_the_hung_gpu)
     thread.start()
-    time.sleep(0.05)
-    started = time.monotonic()
+    calling.wait(timeout=30)
+    time.sleep(0.05)  # let the call reach its hang (there is nothing to wait on inside the driver)
     assert pynvml.nvmlDeviceGetPowerUsage(other) == 212_000
-    assert time.monotonic() - started < 0.25
+    assert thread.is_alive()  # answered while the hung call still blocks: it did not hold the GIL
     thread.join()
 
 
@@ -113,15 +123,13 @@ def test_a_bug_in_the_simulator_becomes_unknown_not_a_crash(sim) -> None:
 
 def test_a_hang_lasts_simulated_seconds_on_a_sped_up_clock() -> None:
     from gpulens.sim.clock import ScaledClock
-    from gpulens.sim.install import simulated
 
+    waits: list[float] = []
     node = example_node(clock=ScaledClock(speed=10))
-    with simulated(node):
+    with simulated(node, block=waits.append):
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(3)
+        h = handle(3)
         node.update(3, hang_seconds=2.0)  # two simulated seconds: 0.2 s of real time
-        started = time.monotonic()
-        pynvml.nvmlDeviceGetPowerUsage(handle)
-        elapsed = time.monotonic() - started
+        pynvml.nvmlDeviceGetPowerUsage(h)
         pynvml.nvmlShutdown()
-    assert 0.2 <= elapsed < 0.6
+    assert waits == [pytest.approx(0.2)]
