@@ -1,4 +1,5 @@
-"""HTTP(S) endpoints: `/` landing page, `/metrics` (`--web.telemetry-path`), `/-/healthy`, `/-/ready`.
+"""HTTP(S) endpoints: `/` landing page, `/metrics` (`--web.telemetry-path`), `/-/healthy`, `/-/ready`,
+`/runbooks/<Alert>` (the shipped runbooks, `gpulens.httpd.runbooks`; behind basic auth when it is on).
 
 Served by `gpulens.httpd` (one event-loop thread, bounded connections and deadlines; its module
 docstring says why no server library is used). `/metrics` writes the bytes the sampler already
@@ -24,6 +25,7 @@ from gpulens.exporter.render import (
     wants_openmetrics,
 )
 from gpulens.httpd.parse import Head
+from gpulens.httpd.runbooks import Runbooks
 from gpulens.httpd.server import Limits, Request, Response, Server, text
 from gpulens.httpd.webconfig import WebConfig
 
@@ -46,6 +48,7 @@ class ExporterApp:
         # the four /metrics answers of the rendered sample now being served, built on first use
         self._answers_of: Rendered | None = None
         self._answers: dict[tuple[bool, bool], Response] = {}
+        self.runbooks = Runbooks()
 
     def check_head(self, head: Head) -> Response | None:
         if head.method not in ("GET", "HEAD"):
@@ -87,7 +90,7 @@ class ExporterApp:
             if self.exporter.current.ready:
                 return text(200, "Ready")
             return text(503, "Not ready: no sample yet")
-        return text(404, "Not Found")
+        return self.runbooks.answer(path) or text(404, "Not Found")
 
     def _metrics(self, head: Head) -> Response:
         rendered = self.exporter.current.rendered
@@ -134,7 +137,8 @@ def landing_page(exporter: Any) -> str:
 <html><head><meta charset="utf-8"><title>gpulens exporter</title></head>
 <body>
 <h1>gpulens exporter {esc(__version__)}</h1>
-<p><a href="{metrics_path}">Metrics</a> · <a href="/-/healthy">healthy</a> · <a href="/-/ready">ready</a></p>
+<p><a href="{metrics_path}">Metrics</a> · <a href="/-/healthy">healthy</a> · <a href="/-/ready">ready</a>
+· <a href="/runbooks/">runbooks</a></p>
 {hint_html}<p>Backend: {esc(exporter.backend_name)} · NVML: {nvml} · driver {esc(snap.driver_version or "-")}
 · sampling every {exporter.config.interval:g} s · GPUs seen: {snap.gpu_count}</p>
 <h2>GPUs</h2>

@@ -23,13 +23,19 @@ from gpulens import httpclient, selfmetrics, serverflags
 from gpulens.httpd.server import freeze_startup_heap
 from gpulens.httpd.webconfig import WebConfig, load_web_config
 from gpulens.logsetup import setup_logging
+from gpulens.remediate import diagnose
 from gpulens.remediate.audit import AuditError
 from gpulens.remediate.auth import AuthConfigError, Authenticator, read_secret
 from gpulens.remediate.breaker import BreakerStore, BreakerStoreError, CircuitBreaker, FileStore, MemoryStore
 from gpulens.remediate.dra import DeviceTaints, DraMode
 from gpulens.remediate.fencing import FencingKubernetesIsolator
 from gpulens.remediate.health import AlertOnlyHealth, Health, PrometheusHealth
-from gpulens.remediate.kubernetes import DEFAULT_JOB_IMAGE, KubernetesClient, KubernetesIsolator
+from gpulens.remediate.kubernetes import (
+    DEFAULT_DIAG_IMAGE,
+    DEFAULT_JOB_IMAGE,
+    KubernetesClient,
+    KubernetesIsolator,
+)
 from gpulens.remediate.kubestate import ConfigMapStore
 from gpulens.remediate.loop import LoopPolicy
 from gpulens.remediate.queue import NotificationQueue, QueueError
@@ -278,6 +284,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     slurm.add_argument("--squeue", default="squeue", help="squeue binary (default: from PATH)")
     loop = parser.add_argument_group("fault loop (recover, hold down, return to service)")
     loop.add_argument(
+        "--diag",
+        choices=["on", "off"],
+        default="on",
+        help="before a GPU or node returns, run a diagnostic on the node (dcgmi diag, or NVML checks "
+        "where DCGM is absent) as a Job like recovery; a failure keeps it out (RMA). off: return "
+        "after the hold-down alone (default on)",
+    )
+    loop.add_argument(
+        "--diag-level",
+        type=int,
+        choices=diagnose.LEVELS,
+        default=2,
+        help="the `dcgmi diag -r` level: 1 quick, 2 medium (default), 3 long, 4 extended",
+    )
+    loop.add_argument(
+        "--diag-image",
+        default=DEFAULT_DIAG_IMAGE,
+        help="image of the diagnostic Jobs: gpulens, with dcgmi for DCGM's diagnostic "
+        f"(default {DEFAULT_DIAG_IMAGE})",
+    )
+    loop.add_argument(
         "--hold-down",
         type=parse_duration,
         default=600.0,
@@ -329,7 +356,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DURATION",
         help="how often open episodes are moved on (default 15s)",
     )
-    actions = parser.add_subparsers(dest="remediate_action", metavar="{return}")
+    actions = parser.add_subparsers(dest="remediate_action", metavar="{return,diag}")
+    diag = actions.add_parser(
+        "diag",
+        help="run the return diagnostic on this node (what the diagnostic Job runs)",
+        description="Run `dcgmi diag -r LEVEL -j` for the GPU where dcgmi is found, else NVML checks; "
+        "print the verdict as one JSON line (also to /dev/termination-log); exit 0 passed, 1 failed, "
+        "2 error.",
+    )
+    diag.add_argument("--level", type=int, choices=diagnose.LEVELS, default=2, help="dcgmi diag level")
+    diag.add_argument("--gpu", default="", help="the GPU's index (DCGM id); default every GPU")
+    diag.add_argument("--uuid", default="", help="the GPU's UUID, for the NVML check")
+    diag.add_argument("--dcgmi", default="dcgmi", help="the dcgmi program (default dcgmi from PATH)")
     back = actions.add_parser(
         "return",
         help="return a node that is ready (after its recovery and hold-down) to service",
@@ -374,6 +412,7 @@ def build_isolator(args: argparse.Namespace) -> Backend:
         drain=args.drain,
         job_namespace=args.job_namespace,
         job_image=args.job_image,
+        diag_image=args.diag_image,
         taints=DeviceTaints(client, DraMode(args.dra_device_taints)),
     )
 
@@ -432,6 +471,10 @@ def _fail(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "remediate_action", None) == "return":
         return run_return(args)
+    if getattr(args, "remediate_action", None) == "diag":
+        if args.gpu and not args.gpu.isdigit():
+            return _fail(f"--gpu {args.gpu!r}: expected a GPU index")
+        return diagnose.main(args.level, args.gpu, args.uuid, args.dcgmi)
     setup_logging(args.log_level, serverflags.log_format(args.log_format), name=log.name)
     for old, new in getattr(args, "deprecated_flags", []):
         log.warning("%s is deprecated: use %s", old, new)
@@ -466,6 +509,7 @@ def run(args: argparse.Namespace) -> int:
         max_attempts=args.recovery_attempts,
         action_timeout_s=args.action_timeout,
         node_gpu_threshold=max(args.node_gpu_threshold, 0),
+        diag_level=args.diag_level if args.diag == "on" else 0,
     )
     audit = None
     if args.state_dir:

@@ -5,7 +5,8 @@ The states and what moves an episode on (`loop.Reconciler` does, every few secon
     isolated ──(recovery class)──> recovering ──(reset / reboot seen done)──> recovered
         │  rma: kept isolated, a ticket record           │ failed N times: escalated
         │  none: straight to recovered                    │
-    recovered + alert resolved + healthy through the hold-down ──> ready (to return)
+    recovered + alert resolved + healthy through the hold-down ──> diagnosing ──(passed)──> ready
+        (with `--diag off`, straight to ready)                 │ failed, or the Job failed: rma
     ready ──(--return-to-service, or `gpulens remediate return NODE`)──> returned
     any open state ──(gpulens' isolation found gone before an action: a person's return)──> returned_by_hand
 
@@ -15,7 +16,9 @@ service; such an episode is checked, returned and returned by hand through its r
 
 An episode whose node was returned within the flap window is `escalated` at once: it stays
 isolated, nothing is retried and nothing returns it automatically. `rma` and `escalated` never
-return by themselves. In a dry run an episode records what would happen and stops at `dry_run`.
+return by themselves; an episode that reached `rma` because its diagnostic failed returns only by
+a person (`gpulens remediate return --force`), one opened as RMA class never. In a dry run an
+episode records what would happen and stops at `dry_run`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class State(StrEnum):
     ISOLATED = "isolated"
     RECOVERING = "recovering"
     RECOVERED = "recovered"
+    DIAGNOSING = "diagnosing"  # healthy through the hold-down; its diagnostic runs on the node
     READY = "ready"  # healthy through the hold-down: ready to return to service
     RETURNED = "returned"
     RETURNED_BY_HAND = "returned_by_hand"  # a person removed gpulens' isolation: nothing more is done
@@ -92,6 +96,8 @@ class Episode:
     # service; empty when the node itself is isolated
     fence: str = ""
     kept_gpus: int = 0  # the node's other GPUs that stayed in service thanks to the fence
+    # the diagnostic that gated the return: what ran and its verdict ("dcgmi diag -r 2: passed")
+    diagnostic: str = ""
 
     @property
     def fences(self) -> list[str]:

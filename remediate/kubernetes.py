@@ -34,12 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulens import httpclient
+from gpulens import __version__, httpclient
 from gpulens.httpclient import Deadline
+from gpulens.remediate.diagnose import DCGMI_TIMEOUT_S, Result, Verdict
 from gpulens.remediate.episodes import Episode, Recovery
 from gpulens.remediate.escape import printable
 from gpulens.remediate.model import IsolationRequest, Outcome
-from gpulens.remediate.recovery import Progress, Recorded, Step
+from gpulens.remediate.recovery import Diagnosis, Progress, Recorded, Step
 
 log = logging.getLogger("gpulens.remediate")
 TAINT_KEY = "gpulens.io/gpu-fault"
@@ -59,6 +60,10 @@ MAX_PAGE_ANSWER = 1 << 20
 MAX_LIST_PAGES = 5000
 # nvidia-smi comes with the NVIDIA container toolkit's driver mount; any image with nsenter works for reboots
 DEFAULT_JOB_IMAGE = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
+# the return diagnostic runs `gpulens remediate diag`: by default the receiver's own image, the one
+# the chart and the kustomization deploy it with (gpulens-exporter:<appVersion>; they pass it as
+# --diag-image); for DCGM's own diagnostic an image with both gpulens and dcgmi on the PATH
+DEFAULT_DIAG_IMAGE = f"gpulens-exporter:{__version__}"
 CONFLICT_RETRIES = 3
 MAX_ANSWER = 4 << 20  # one object (a Job, an eviction): lists are paged under MAX_PAGE_ANSWER
 # one node object is a few KiB (tens with many images or episode annotations); decoded, JSON takes
@@ -174,6 +179,7 @@ class KubernetesIsolator:
     backend: str = "kubernetes"
     job_namespace: str = "gpulens"
     job_image: str = DEFAULT_JOB_IMAGE
+    diag_image: str = DEFAULT_DIAG_IMAGE
 
     def _patch(self, request: IsolationRequest, now: float, taints: list[dict]) -> dict:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
@@ -431,6 +437,125 @@ class KubernetesIsolator:
             )
         return Progress(Step.PENDING, f"Job {self.job_namespace}/{name} running")
 
+    # ---- the return diagnostic (recovery.Recoverer) ------------------------------------------------
+    # A Job pinned to the node like the recovery Jobs, unprivileged, running `gpulens remediate diag`
+    # (diagnose.py) for the episode's GPU (every GPU for a node-level episode). Its verdict is the
+    # container's termination message, read from the Job's pod (RBAC: pods list, as for drains).
+
+    def diagnostic_unavailable(self, episode: Episode) -> str:
+        return ""
+
+    def diagnostic_job(self, episode: Episode, level: int) -> dict:
+        digest = hashlib.sha256(f"{episode.id}#diag".encode()).hexdigest()[:8]
+        node = re.sub(r"[^a-z0-9-]", "-", episode.node)[:36].strip("-")
+        # the shape the admission policy admits, element by element: `--gpu` and `--uuid` only when known
+        command = ["gpulens", "remediate", "diag", "--level", str(level)]
+        if episode.gpu:
+            command += ["--gpu", episode.gpu]
+        if episode.uuid:
+            command += ["--uuid", episode.uuid]
+        container = {
+            "name": "diagnose",
+            "image": self.diag_image,
+            "command": command,
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+            # unprivileged (the policy requires it): NVML and dcgmi read the GPU as any CUDA pod does
+            "securityContext": {
+                "privileged": False,
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+        }
+        pod = {
+            "nodeName": episode.node,
+            "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
+            "automountServiceAccountToken": False,  # it calls no API: its verdict is its termination message
+            "containers": [container],
+        }
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": f"gpulens-diag-{node}-{digest}",
+                "namespace": self.job_namespace,
+                "labels": {"app.kubernetes.io/part-of": "gpulens", "gpulens.io/action": "diagnose"},
+                "annotations": {ANNOTATION_EPISODE: episode.id},
+            },
+            "spec": {
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": DCGMI_TIMEOUT_S[level] + 300,
+                "ttlSecondsAfterFinished": 86400,
+                "template": {"metadata": {"labels": {"gpulens.io/action": "diagnose"}}, "spec": pod},
+            },
+        }
+
+    def describe_diagnostic(self, episode: Episode, level: int) -> str:
+        job = self.diagnostic_job(episode, level)
+        command = shlex.join(job["spec"]["template"]["spec"]["containers"][0]["command"])
+        return (
+            f"POST {self.client.api_url.rstrip('/')}{self._jobs_path()} "
+            f"{job['metadata']['name']} on node {episode.node}: {command}"
+        )
+
+    def start_diagnostic(self, episode: Episode, level: int, deadline: Deadline) -> Progress:
+        job = self.diagnostic_job(episode, level)
+        name = job["metadata"]["name"]
+        try:
+            status, answer = self.client.request("POST", self._jobs_path(), job, deadline=deadline)
+        except KubernetesError as exc:
+            return Progress(Step.FAILED, str(exc))
+        if status not in (200, 201, 409):  # 409: created by an earlier pass that lost its answer
+            return Progress(Step.FAILED, f"create Job {name}: HTTP {status} {answer.get('message', '')}")
+        return Progress(Step.DONE, f"created Job {self.job_namespace}/{name}", name)
+
+    def diagnostic_progress(self, episode: Episode, deadline: Deadline) -> Diagnosis:
+        name = episode.marker
+        where = f"Job {self.job_namespace}/{name}"
+        try:
+            status, doc = self.client.request(
+                "GET", f"{self._jobs_path()}/{urllib.parse.quote(name)}", deadline=deadline
+            )
+            if status == 404:
+                return Diagnosis(Step.DONE, Verdict(Result.ERROR, "unknown", f"{where} is gone"))
+            if status != 200:
+                return Diagnosis(Step.PENDING, detail=f"GET {where}: HTTP {status} {doc.get('message', '')}")
+            job_status = doc.get("status") or {}
+            if not job_status.get("succeeded") and not job_status.get("failed"):
+                return Diagnosis(Step.PENDING, detail=f"{where} running")
+            verdict = self._verdict(name, deadline)
+        except KubernetesError as exc:
+            return Diagnosis(Step.PENDING, detail=str(exc))
+        if job_status.get("succeeded"):
+            return Diagnosis(Step.DONE, verdict or Verdict(Result.PASSED, "unknown", f"{where} succeeded"))
+        if verdict is not None and verdict.result is not Result.PASSED:
+            return Diagnosis(Step.DONE, verdict)
+        reasons = [
+            str(c.get("reason") or c.get("type"))
+            for c in job_status.get("conditions") or []
+            if isinstance(c, dict) and c.get("status") == "True"
+        ]
+        why = f"{where} failed ({', '.join(reasons) or 'no reason given'}) without a verdict"
+        return Diagnosis(Step.DONE, Verdict(Result.ERROR, verdict.check if verdict else "unknown", why))
+
+    def _verdict(self, job: str, deadline: Deadline) -> Verdict | None:
+        """The verdict the Job's pod left as its termination message (None if there is none)."""
+        query = urllib.parse.urlencode({"labelSelector": f"job-name={job}", "limit": 1})
+        path = f"/api/v1/namespaces/{urllib.parse.quote(self.job_namespace)}/pods?{query}"
+        status, answer = self.client.request("GET", path, deadline=deadline, max_bytes=MAX_PAGE_ANSWER)
+        if status != 200:
+            raise KubernetesError(f"list the pods of Job {job}: HTTP {status} {answer.get('message', '')}")
+        for pod in answer.get("items") or []:
+            for container in (
+                ((pod.get("status") or {}).get("containerStatuses") or []) if isinstance(pod, dict) else []
+            ):
+                terminated = ((container or {}).get("state") or {}).get("terminated") or {}
+                message = terminated.get("message")
+                if isinstance(message, str):
+                    return Verdict.from_message(message.strip())
+        return None
+
     isolation_mark = f"the taint {TAINT_KEY} and the cordon (spec.unschedulable)"
 
     def isolation_in_place(self, node: str, deadline: Deadline) -> bool | None:
@@ -580,7 +705,10 @@ def _episode(value: Any, node: str) -> Episode | None:
     times: list[object] = [episode.detected_at, episode.isolated_at, episode.action_started_at]
     times += [episode.action_finished_at, episode.resolved_at, episode.healthy_since]
     times += [episode.recovered_at, episode.returned_at]
-    if not all(isinstance(t, str) for t in (*texts, episode.marker, episode.detail, episode.fence)):
+    if not all(
+        isinstance(t, str)
+        for t in (*texts, episode.marker, episode.detail, episode.fence, episode.diagnostic)
+    ):
         return None
     if not all(t is None or (isinstance(t, int | float) and not isinstance(t, bool)) for t in times):
         return None

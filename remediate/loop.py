@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from gpulens.httpclient import Deadline
 from gpulens.remediate.book import EpisodeBook
 from gpulens.remediate.breaker import CircuitBreaker
+from gpulens.remediate.diagnose import Result
 from gpulens.remediate.episodes import Episode, Recovery, State
 from gpulens.remediate.health import Health
 from gpulens.remediate.locks import NodeLocks
+from gpulens.remediate.metrics import RemediateMetrics
 from gpulens.remediate.model import Outcome
 from gpulens.remediate.recovery import Recoverer, Step
 
@@ -41,6 +43,7 @@ class LoopPolicy:
     max_attempts: int = 3
     action_timeout_s: float = 60.0
     node_gpu_threshold: int = 2  # faulty GPUs on one node that take the whole node out (0: never)
+    diag_level: int = 0  # `dcgmi diag -r` level of the return diagnostic, 1-4; 0: none (--diag off)
 
 
 PARALLEL_NODES = 8  # nodes stepped at once
@@ -154,6 +157,8 @@ class Reconciler:
                     self.book.save("action_failed", episode.moved(State.ISOLATED, detail=progress.detail))
         elif episode.state is State.RECOVERED:
             self._hold_down(episode, deadline, now)
+        elif episode.state is State.DIAGNOSING:
+            self._diagnosed(episode, deadline, now)
 
     def _start(self, episode: Episode, deadline: Deadline, now: float) -> None:
         if episode.recovery is Recovery.RESET_GPU:
@@ -227,9 +232,67 @@ class Reconciler:
             return
         healthy, why = self.health.check(episode, self.policy.hold_down_s, deadline)
         if healthy:
-            self.book.save("recovered", episode.moved(State.READY, recovered_at=now, detail=why))
+            self._diagnose(episode.moved(episode.state, detail=why), deadline, now)
         else:
             self.book.save("hold_down", episode.moved(State.RECOVERED, healthy_since=now, detail=why))
+
+    # ---- the return diagnostic -------------------------------------------------------------------
+
+    def _diagnose(self, episode: Episode, deadline: Deadline, now: float) -> None:
+        """Healthy through the hold-down: ready, once a diagnostic on the node has passed (with one
+        configured, and where the backend can run it)."""
+        level = self.policy.diag_level
+        unavailable = self.backend.diagnostic_unavailable(episode) if level else ""
+        if not level or self.dry_run or unavailable:
+            why = episode.detail
+            if level and self.dry_run:
+                why += f"; DRY-RUN: then {self.backend.describe_diagnostic(episode, level)}"
+            elif unavailable:
+                why += f"; no diagnostic: {unavailable}"
+            self.book.save("recovered", episode.moved(State.READY, recovered_at=now, detail=why))
+            return
+        if self._stopped_by_node(episode.node, [episode], deadline) is not None:
+            return  # returned by hand (closed) or unreadable (next pass)
+        started = self.backend.start_diagnostic(episode, level, deadline)
+        if started.step is not Step.DONE:
+            self._diagnosis_failed(episode, Result.ERROR, f"the diagnostic could not start: {started.detail}")
+            return
+        detail = f"{episode.detail}; diagnostic started: {started.detail}"
+        self.book.save(
+            "diagnostic_started", episode.moved(State.DIAGNOSING, marker=started.marker, detail=detail)
+        )
+
+    def _diagnosed(self, episode: Episode, deadline: Deadline, now: float) -> None:
+        diagnosis = self.backend.diagnostic_progress(episode, deadline)
+        if diagnosis.step is not Step.DONE or diagnosis.verdict is None:
+            return
+        verdict = diagnosis.verdict
+        what = f"{verdict.check}: {verdict.result.value}" + (f": {verdict.detail}" if verdict.detail else "")
+        if verdict.result is Result.PASSED:
+            self._count_diagnostic(Result.PASSED)
+            moved = episode.moved(State.READY, recovered_at=now, diagnostic=what, detail=f"diagnostic {what}")
+            self.book.save("diagnostic_passed", moved)
+            return
+        self._diagnosis_failed(episode, verdict.result, what)
+
+    def _diagnosis_failed(self, episode: Episode, result: Result, what: str) -> None:
+        """A failed (or unfinished) diagnostic keeps the GPU or node out: the RMA path, which nothing
+        but a person (`gpulens remediate return --force`) leaves."""
+        self._count_diagnostic(result)
+        out = (
+            f"GPU {episode.uuid or episode.gpu} on node {episode.node}"
+            if episode.gpu
+            else f"node {episode.node}"
+        )
+        detail = (
+            f"diagnostic {what}; RMA: {out} stays out of service until a person returns it "
+            "(gpulens remediate return --force)"
+        )
+        self.book.save("diagnostic_failed", episode.moved(State.RMA, diagnostic=what, detail=detail))
+
+    def _count_diagnostic(self, result: Result) -> None:
+        metrics: RemediateMetrics = self.book.metrics
+        metrics.diagnostics.labels(result=result.value).inc()
 
     # ---- what is true now ------------------------------------------------------------------------
 
@@ -318,7 +381,7 @@ class Reconciler:
             if not episodes:
                 return Outcome("rejected", f"node {node} has no open episode")
             blocking = [e for e in episodes if e.state is not State.READY]
-            if any(e.state is State.RMA for e in blocking):
+            if any(e.state is State.RMA and e.recovery is Recovery.RMA for e in blocking):
                 return Outcome("rejected", f"node {node} has an RMA-class fault: it is never returned")
             if blocking and not force:
                 states = ", ".join(sorted({e.state.value for e in blocking}))

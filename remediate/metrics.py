@@ -135,6 +135,14 @@ class RemediateMetrics:
         self._kept_closed_s = 0.0  # GPU-seconds kept by fences of closed episodes
         self._kept_lock = threading.Lock()
         self.registry.register(_KeptCollector(self._kept_seconds))
+        self.diagnostics = Counter(
+            "gpulens_remediate_diagnostics",
+            "Return diagnostics run on a node (dcgmi diag or the NVML check), by verdict.",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in ("passed", "failed", "error"):
+            self.diagnostics.labels(result=result)
         self.open_by_state = Gauge(
             "gpulens_remediate_episodes_open",
             "Open fault episodes by state.",

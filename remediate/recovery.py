@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from gpulens.httpclient import Deadline
+from gpulens.remediate.diagnose import Verdict
 from gpulens.remediate.episodes import Episode
 from gpulens.remediate.isolator import Isolator
 from gpulens.remediate.model import Outcome
@@ -28,6 +29,16 @@ class Progress:
     step: Step
     detail: str = ""
     marker: str = ""  # what start() recorded to recognise completion (boot time, Job name)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Where a started diagnostic is: PENDING (still running), or DONE with its verdict (a Job that
+    failed without one, timed out or vanished is an `error` verdict)."""
+
+    step: Step
+    verdict: Verdict | None = None
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,22 @@ class Recoverer(Protocol):
 
     def recovery_progress(self, episode: Episode, deadline: Deadline) -> Progress:
         """Has the started action finished (DONE), failed (FAILED), or not yet (PENDING)?"""
+        ...
+
+    def diagnostic_unavailable(self, episode: Episode) -> str:
+        """Why this backend cannot run the return diagnostic on the episode's node ("" when it can)."""
+        ...
+
+    def describe_diagnostic(self, episode: Episode, level: int) -> str:
+        """The exact diagnostic (its Job and command), for dry-run logs and the audit record."""
+        ...
+
+    def start_diagnostic(self, episode: Episode, level: int, deadline: Deadline) -> Progress:
+        """Start the diagnostic on the node: DONE means started (its marker recorded), FAILED refused."""
+        ...
+
+    def diagnostic_progress(self, episode: Episode, deadline: Deadline) -> Diagnosis:
+        """The started diagnostic's verdict (DONE) or PENDING; never raises."""
         ...
 
     def fence_in_place(self, episode: Episode, deadline: Deadline) -> bool | None:

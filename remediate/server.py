@@ -1,7 +1,8 @@
 """HTTP front of the receiver: POST /alerts, GET /metrics, GET /-/healthy, GET /-/state,
-POST /-/breaker/reset, POST /-/return. Write endpoints and `/-/state` (node names, recent actions,
-open episodes) need the caller's credentials; `/-/healthy` (the probes) and `/metrics` (Prometheus
-scrapes it; fixed label values, no node names) stay open. Errors are one line.
+POST /-/breaker/reset, POST /-/return, GET /runbooks/<Alert> (gpulens.httpd.runbooks). Write
+endpoints and `/-/state` (node names, recent actions, open episodes) need the caller's credentials;
+`/-/healthy` (the probes), `/metrics` (Prometheus scrapes it; fixed label values, no node names)
+and `/runbooks/` (public documentation) stay open. Errors are one line.
 
 Served by `gpulens.httpd` (bounded connections, deadlines, strict framing; see its docstring),
 over TLS and with response headers from `--web.config.file` as the exporter is (the same file
@@ -23,6 +24,7 @@ from collections.abc import Awaitable
 from http import HTTPStatus
 
 from gpulens.httpd.parse import Head
+from gpulens.httpd.runbooks import Runbooks
 from gpulens.httpd.server import Limits, Request, Response, Server
 from gpulens.httpd.webconfig import WebConfig
 from gpulens.remediate.auth import Authenticator
@@ -81,6 +83,7 @@ class ReceiverApp:
         self.web = web or WebConfig()
         self.telemetry_path = telemetry_path
         self._pending_checks = 0
+        self.runbooks = Runbooks()  # public documentation: /runbooks/<Alert> needs no credentials
 
     def _counted(self, head: Head, response: Response) -> Response:
         if head.path == "/alerts":
@@ -156,10 +159,10 @@ class ReceiverApp:
         if path == "/":
             return _text(
                 200,
-                "gpulens remediate: POST Alertmanager webhooks to /alerts; see /-/state and "
-                f"{self.telemetry_path}",
+                "gpulens remediate: POST Alertmanager webhooks to /alerts; see /-/state, "
+                f"{self.telemetry_path} and the alerts' runbooks at /runbooks/",
             )
-        return _text(404, f"not found: {path}")
+        return self.runbooks.answer(path) or _text(404, f"not found: {path}")
 
     async def _state(self, request: Request) -> Response:
         return _json(200, await request.run_blocking(self.remediator.state))  # takes the handling lock

@@ -29,7 +29,7 @@ from gpulens.httpclient import Deadline
 from gpulens.remediate.episodes import Episode, Recovery
 from gpulens.remediate.escape import printable
 from gpulens.remediate.model import IsolationRequest, Outcome
-from gpulens.remediate.recovery import Progress, Recorded, Step
+from gpulens.remediate.recovery import Diagnosis, Progress, Recorded, Step
 
 # A Slurm node name: a host name, no host-list syntax (brackets, commas) and no wildcards
 _NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
@@ -228,6 +228,23 @@ class SlurmIsolator:
         rebooted = episode.recovery in (Recovery.RESET_GPU, Recovery.REBOOT_NODE)
         done = episode.action_finished_at is not None
         return self.reboot_nextstate.upper() == "RESUME" and rebooted and done
+
+    # ---- the return diagnostic (recovery.Recoverer) ------------------------------------------------
+    # Not on Slurm yet: a drained (or DOWN) node starts no job, `srun` included, and gpulens' drain
+    # is what holds the node out; running the diagnostic would need the node returned first or a
+    # channel outside Slurm (NHC's HealthCheckProgram runs on the node itself). The episode says so.
+
+    def diagnostic_unavailable(self, episode: Episode) -> str:
+        return "Slurm starts no job on a drained node, so the diagnostic cannot run there"
+
+    def describe_diagnostic(self, episode: Episode, level: int) -> str:
+        return self.diagnostic_unavailable(episode)
+
+    def start_diagnostic(self, episode: Episode, level: int, deadline: Deadline) -> Progress:
+        return Progress(Step.FAILED, self.diagnostic_unavailable(episode))
+
+    def diagnostic_progress(self, episode: Episode, deadline: Deadline) -> Diagnosis:
+        return Diagnosis(Step.PENDING, detail=self.diagnostic_unavailable(episode))
 
     # ---- GPU fences (recovery.Recoverer): this backend fences nodes only ----------------------------
 

@@ -11,6 +11,7 @@ the rules (through deploy/helm/generate.py), so editing alerts/ needs this one c
 Rule files are every `alerts/*.yml` whose top level has a `groups` list (so `alertmanager.yml` and
 the promtool test files are skipped). Each rule file becomes one PrometheusRule object
 (`alerts/gpu_alerts.yml` -> `gpulens-gpu-alerts`), as Prometheus loads each file separately.
+Every alert's `runbook_url` there points at `RUNBOOK_URL_PATTERN`, the runbooks the exporter serves.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ LABELS = {
     "app.kubernetes.io/component": "rules",
     "app.kubernetes.io/part-of": "gpulens",
 }
+
+
+# The runbooks the kustomization serves itself (`/runbooks/<Alert>`, gpulens.httpd.runbooks) through
+# the exporter's Service, the one Service of the base (the receiver, remediate/, is optional and
+# serves the same pages): alert links work without an override. Overlays patch the annotation.
+RUNBOOK_URL_PATTERN = "http://gpulens-exporter.gpulens.svc:9842/runbooks/%s"
 
 
 class RuleSourceError(Exception):
@@ -64,8 +71,9 @@ def resource_name(path: Path) -> str:
     return stem if stem.startswith(NAME) else f"{NAME}-{stem}"
 
 
-def prometheus_rules(alerts_dir: Path) -> list[dict[str, Any]]:
-    """One PrometheusRule per rule file, holding its groups in order.
+def prometheus_rules(alerts_dir: Path, runbook_url_pattern: str | None = None) -> list[dict[str, Any]]:
+    """One PrometheusRule per rule file, holding its groups in order; with `runbook_url_pattern`
+    every alert's runbook_url is that pattern with the alert's name for its %s.
 
     One object per file mirrors how Prometheus loads `rule_files`: group names need only be unique
     within a file (the operator renders each PrometheusRule into one rule file and rejects
@@ -85,6 +93,8 @@ def prometheus_rules(alerts_dir: Path) -> list[dict[str, Any]]:
             if name in seen:
                 raise RuleSourceError(f"{path}: group {name!r} is defined twice")
             seen.add(name)
+            if runbook_url_pattern is not None:
+                _point_runbooks(group, runbook_url_pattern)
         rules.append(
             {
                 "apiVersion": "monitoring.coreos.com/v1",
@@ -94,6 +104,13 @@ def prometheus_rules(alerts_dir: Path) -> list[dict[str, Any]]:
             }
         )
     return rules
+
+
+def _point_runbooks(group: dict[str, Any], pattern: str) -> None:
+    for rule in group.get("rules") or []:
+        annotations = rule.get("annotations") if isinstance(rule, dict) else None
+        if isinstance(annotations, dict) and "runbook_url" in annotations and "alert" in rule:
+            annotations["runbook_url"] = pattern.replace("%s", str(rule["alert"]))
 
 
 class _Dumper(yaml.SafeDumper):
@@ -115,7 +132,7 @@ def render(alerts_dir: Path) -> str:
         "# Do not edit: change the rules in alerts/ and run `python deploy/kubernetes/generate.py`.\n"
     )
     body = yaml.dump_all(
-        prometheus_rules(alerts_dir),
+        prometheus_rules(alerts_dir, RUNBOOK_URL_PATTERN),
         Dumper=_Dumper,
         sort_keys=False,
         width=110,

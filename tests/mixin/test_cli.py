@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import yaml
 
 from gpulens.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
 
 CONFIG = """\
 selector: 'namespace="gpu-monitoring"'
@@ -56,3 +60,44 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["mixin", "build", "--config", str(config), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "clusterLabel: expected a string" in err
+
+
+def test_build_writes_every_runbook_quoting_the_config_s_rule(tmp_path):
+    config = tmp_path / "my.yaml"
+    config.write_text(CONFIG)
+    out = tmp_path / "out"
+    assert main(["mixin", "build", "--config", str(config), "--out", str(out)]) == 0
+    shipped = {p.name for p in (REPO / "alerts" / "runbooks").glob("*.md")}
+    assert {p.name for p in (out / "runbooks").glob("*.md")} == shipped
+    lost = (out / "runbooks" / "GPULost.md").read_text()
+    assert '```promql\ngpu_up{namespace="gpu-monitoring"} == 0\n```' in lost
+
+
+def without_grafanalib(monkeypatch) -> None:
+    """As in an install without the dashboards extra: importing grafanalib fails."""
+    monkeypatch.delitem(sys.modules, "gpulens.dashboards.build", raising=False)
+    for name in ("grafanalib", "grafanalib._gen", "grafanalib.core"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_without_grafanalib_the_default_config_gets_the_shipped_dashboards(tmp_path, monkeypatch):
+    without_grafanalib(monkeypatch)
+    out = tmp_path / "out"
+    assert main(["mixin", "build", "--out", str(out)]) == 0
+    committed = {p.name: p.read_text() for p in (REPO / "dashboards" / "json").glob("*.json")}
+    assert {p.name: p.read_text() for p in (out / "dashboards").glob("*.json")} == committed
+    assert (out / "rules" / "gpu_alerts.yml").read_text() == (REPO / "alerts" / "gpu_alerts.yml").read_text()
+
+
+def test_without_grafanalib_another_config_gets_its_rules_and_one_line_about_dashboards(
+    tmp_path, monkeypatch, capsys
+):
+    without_grafanalib(monkeypatch)
+    config = tmp_path / "my.yaml"
+    config.write_text(CONFIG)
+    out = tmp_path / "out"
+    assert main(["mixin", "build", "--config", str(config), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'gpulens[dashboards]'" in err
+    assert (out / "rules" / "gpu_alerts.yml").is_file() and (out / "runbooks" / "GPULost.md").is_file()
+    assert not (out / "dashboards").exists()

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shlex
+import subprocess
 import sys
 import threading
 import time
@@ -95,7 +96,10 @@ class KubeStandIn:
     `held` is set when such a read arrived. `redirect` answers every request with a 302 to that
     URL. A created Job completes at once (`job_outcome`: "succeeded" or "failed") the way the
     node's kubelet would report it, and a reboot Job (label gpulens.io/action=reboot_node) gives
-    its node a new `status.nodeInfo.bootID`, as a real reboot does.
+    its node a new `status.nodeInfo.bootID`, as a real reboot does. A diagnostic Job
+    (gpulens.io/action=diagnose) runs through `kubelet` (the Job -> its container's exit status and
+    termination message; default: `run_diagnostic` on the host, which has no dcgmi and no GPU), and
+    its pod, labelled job-name, is listed under /api/v1/namespaces/NS/pods with that message.
     """
 
     nodes: dict[str, dict] = field(default_factory=dict)
@@ -105,6 +109,8 @@ class KubeStandIn:
     configmaps: dict[str, dict] = field(default_factory=dict)  # "namespace/name" -> object
     jobs: dict[str, dict] = field(default_factory=dict)  # "namespace/name" -> object
     job_outcome: str = "succeeded"
+    kubelet: Any = None  # Callable[[dict], tuple[int, str]] for diagnostic Jobs
+    job_pods: list[dict] = field(default_factory=list)
     hold: dict[str, threading.Event] = field(default_factory=dict)
     held: threading.Event = field(default_factory=threading.Event)
     redirect: str = ""
@@ -325,6 +331,16 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                 more = str(start + limit) if start + limit < len(everything) else ""
                 page = everything[start : start + limit]
                 self._reply(200, {"kind": "PodList", "metadata": {"continue": more}, "items": page})
+            elif len(parts) == 5 and parts[2] == "namespaces" and parts[4] == "pods":
+                query = urllib.parse.parse_qs(url.query)
+                wanted = query.get("labelSelector", [""])[0].removeprefix("job-name=")
+                items = [
+                    p
+                    for p in state.job_pods
+                    if p["metadata"]["namespace"] == parts[3]
+                    and p["metadata"]["labels"]["job-name"] == wanted
+                ]
+                self._reply(200, {"kind": "PodList", "metadata": {}, "items": items})
             elif len(parts) >= 5 and parts[-4] == "namespaces" and parts[-2] in ("configmaps", "jobs"):
                 store = state.configmaps if parts[-2] == "configmaps" else state.jobs
                 obj = store.get(f"{parts[-3]}/{parts[-1]}")
@@ -391,6 +407,10 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
 
         def _run_job(self, job: dict) -> None:
             """What the kubelet of the pinned node reports once the Job's pod ran."""
+            labels = job.get("metadata", {}).get("labels", {})
+            if labels.get("gpulens.io/action") == "diagnose":
+                self._run_diagnostic(job)
+                return
             succeeded = state.job_outcome == "succeeded"
             job["status"] = {"succeeded": 1} if succeeded else {"failed": 1}
             condition = "Complete" if succeeded else "Failed"
@@ -403,7 +423,64 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                     info = node.setdefault("status", {}).setdefault("nodeInfo", {})
                     info["bootID"] = f"boot-{len(state.jobs) + 2}"
 
+        def _run_diagnostic(self, job: dict) -> None:
+            exit_status, message = (state.kubelet or run_diagnostic())(job)
+            job["status"] = {"succeeded": 1} if exit_status == 0 else {"failed": 1}
+            condition = "Complete" if exit_status == 0 else "Failed"
+            job["status"]["conditions"] = [{"type": condition, "status": "True"}]
+            meta = job["metadata"]
+            terminated = {"exitCode": exit_status, "message": message}
+            state.job_pods.append(
+                {
+                    "metadata": {
+                        "name": f"{meta['name']}-pod",
+                        "namespace": meta["namespace"],
+                        "labels": {"job-name": meta["name"]},
+                    },
+                    "status": {
+                        "containerStatuses": [{"name": "diagnose", "state": {"terminated": terminated}}]
+                    },
+                }
+            )
+
     return Handler
+
+
+def run_diagnostic(bin_dir: Path | None = None, env: dict[str, str] | None = None) -> Any:
+    """A kubelet for diagnostic Jobs: runs the Job's command (`gpulens remediate diag ...`) here,
+    with `bin_dir` first on the PATH (where a test puts its `dcgmi`), and reports its exit status
+    and its verdict line as the termination message."""
+
+    def run(job: dict) -> tuple[int, str]:
+        command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[:3] == ["gpulens", "remediate", "diag"], command
+        environment = {**os.environ, **(env or {})}
+        if bin_dir is not None:
+            environment["PATH"] = f"{bin_dir}{os.pathsep}{environment.get('PATH', '')}"
+        done = subprocess.run(
+            [sys.executable, "-m", "gpulens.cli", *command[1:]],
+            capture_output=True,
+            text=True,
+            env=environment,
+            timeout=120,
+            check=False,
+        )
+        lines = done.stdout.strip().splitlines()
+        return done.returncode, lines[-1] if lines else done.stderr.strip()[:200]
+
+    return run
+
+
+def sim_dcgmi(bin_dir: Path, scenario: Path) -> Path:
+    """A `dcgmi` on `bin_dir` answering diagnostics from the simulated node of `scenario`."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    dcgmi = bin_dir / "dcgmi"
+    dcgmi.write_text(
+        f"#!/bin/sh\nGPULENS_SIM_SCENARIO={shlex.quote(str(scenario))} "
+        f'exec {shlex.quote(sys.executable)} -m gpulens.sim.dcgm.dcgmi "$@"\n'
+    )
+    dcgmi.chmod(0o755)
+    return dcgmi
 
 
 @contextlib.contextmanager

@@ -198,6 +198,8 @@ def test_xid79_is_isolated_rebooted_held_down_and_returned_on_slurm_and_kubernet
                 stand_in.url,
                 "--kube-token-file",
                 str(kube_token),
+                "--diag",
+                "off",  # the return diagnostic has its own end-to-end test (test_e2e_gpu_fence.py)
             )
             with (
                 running(

@@ -3,7 +3,10 @@ on GPU 4 of the simulated node -> exporter -> Prometheus (shipped rules) -> Aler
 config) -> `gpulens remediate --apply --return-to-service` on Kubernetes with DRA (the API
 stand-in serves ResourceSlices with the node's GPUs and DeviceTaintRules). The receiver fences GPU 4
 alone with a NoExecute DeviceTaintRule while the node stays schedulable and its seven other GPUs
-keep taking work, resets it with a Job, holds it down against Prometheus and deletes the rule.
+keep taking work, resets it with a Job, holds it down against Prometheus, runs the return
+diagnostic (a Job the stand-in's kubelet runs for real, `dcgmi` being the simulated node's) and,
+as it passes, deletes the rule. With a `diag_fail` fault on the same GPU (DCGM's memory test fails
+there; NVML shows nothing) the diagnostic fails instead: the rule stays and the episode is `rma`.
 
 Scaled as test_e2e_fault_loop.py is: the Xid window and keep_firing_for become 20 s and 5 s in a
 copy of the rules; routing, inhibition and the rules' logic are the shipped ones.
@@ -12,6 +15,7 @@ copy of the rules; routing, inhibition and the rules' logic are the shipped ones
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,14 @@ import yaml
 from gpulens.sim.scenario import BUILTIN_DIR
 from tests.alerts import rulefiles
 from tests.alerts.test_alertmanager import shipped_config_copy
-from tests.remediate.remediate_support import DRA_DRIVER, KubeStandIn, gpu_slice, kube_api
+from tests.remediate.remediate_support import (
+    DRA_DRIVER,
+    KubeStandIn,
+    gpu_slice,
+    kube_api,
+    run_diagnostic,
+    sim_dcgmi,
+)
 from tests.remediate.test_e2e_fault_loop import (
     NODE,
     TOKEN,
@@ -41,7 +52,16 @@ from tests.support.procs import (
 )
 
 GPU = "4"
-STEPS = ["isolated", "action_started", "action_finished", "resolved", "hold_down", "recovered", "returned"]
+STEPS = [
+    "isolated",
+    "action_started",
+    "action_finished",
+    "resolved",
+    "hold_down",
+    "diagnostic_started",
+    "diagnostic_passed",
+    "returned",
+]
 
 
 def xid46_scenario(tmp_path: Path) -> Path:
@@ -62,16 +82,31 @@ def returned(state: Path) -> bool:
     return any(e["event"] == "returned" for e in audit(state))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", PROMETHEUS_ENGINES[:1])
-def test_an_xid_on_one_gpu_fences_that_gpu_only_and_returns_it_after_its_reset(tmp_path, engine, monkeypatch):
-    use_prometheus(engine, monkeypatch)
+@dataclass
+class Run:
+    """What one run of the loop left: the stand-in, the audit log's directory, the GPUs' UUIDs, the
+    DeviceTaintRules and node spec once the GPU was fenced, and the receiver's /metrics at the end."""
+
+    stand_in: KubeStandIn
+    state: Path
+    uuids: list[str]
+    rules_then: dict
+    node_then: dict
+    schedulable_then: list[str]
+    metrics: str
+
+
+def run_loop(tmp_path: Path, scenario: Path, until: str) -> Run:
+    """The scenario's node -> exporter -> Prometheus -> Alertmanager -> the receiver on the DRA
+    stand-in, whose kubelet runs diagnostic Jobs with the node's `dcgmi`, until the audit log
+    records the event `until`."""
     token = tmp_path / "webhook.token"
     token.write_text(TOKEN + "\n")
     kube_token = tmp_path / "kube.token"
     kube_token.write_text("sa-token\n")
     node = {"kind": "Node", "metadata": {"name": NODE, "resourceVersion": "1", "annotations": {}}, "spec": {}}
     stand_in = KubeStandIn(nodes={NODE: node}, dra=True)
+    stand_in.kubelet = run_diagnostic(sim_dcgmi(tmp_path / "bin", scenario).parent)
     port = free_port()
     am_config = shipped_config_copy(
         tmp_path, webhook_url=f"http://127.0.0.1:{port}/alerts", token_file=token, group_wait="1s"
@@ -90,7 +125,7 @@ def test_an_xid_on_one_gpu_fences_that_gpu_only_and_returns_it_after_its_reset(t
     with (
         kube_api(stand_in),
         alertmanager(tmp_path, am_config) as am,
-        exporter(tmp_path, "--simulate", str(xid46_scenario(tmp_path)), "--interval", "1") as target,
+        exporter(tmp_path, "--simulate", str(scenario), "--interval", "1") as target,
     ):
         rules = [rulefiles.RECORDING_RULES, scaled_alert_rules(tmp_path)]
         with prometheus(
@@ -107,13 +142,32 @@ def test_an_xid_on_one_gpu_fences_that_gpu_only_and_returns_it_after_its_reset(t
             cmd = receiver_cmd(port, token, state, prom.base_url, "--backend", "kubernetes")
             cmd += ["--kube-api-url", stand_in.url, "--kube-token-file", str(kube_token)]
             with running(cmd, f"http://127.0.0.1:{port}/-/healthy", tmp_path / "remediate.log"):
-                _wait("GPU 4 fenced", lambda: fenced(state) and stand_in.device_taint_rules, 120)
+                _wait(f"GPU {GPU} fenced", lambda: fenced(state) and stand_in.device_taint_rules, 120)
                 with stand_in.lock:
                     rules_then = json.loads(json.dumps(stand_in.device_taint_rules))
                     node_then = json.loads(json.dumps(stand_in.nodes[NODE]["spec"]))
                 schedulable_then = stand_in.schedulable_devices(NODE)
-                _wait("GPU 4 returned to service", lambda: returned(state), 180)
+                _wait(f"the event {until}", lambda: any(e["event"] == until for e in audit(state)), 180)
                 metrics = _text(f"http://127.0.0.1:{port}/metrics")
+    return Run(stand_in, state, uuids, rules_then, node_then, schedulable_then, metrics)
+
+
+def commands(stand_in: KubeStandIn) -> dict[str, list[str]]:
+    """The command of each Job the receiver created, by its gpulens.io/action label."""
+    jobs = {j["metadata"]["labels"]["gpulens.io/action"]: j for j in stand_in.jobs.values()}
+    assert len(jobs) == len(stand_in.jobs), "one Job per action"
+    return {
+        action: job["spec"]["template"]["spec"]["containers"][0]["command"] for action, job in jobs.items()
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", PROMETHEUS_ENGINES[:1])
+def test_an_xid_on_one_gpu_fences_that_gpu_only_and_returns_it_after_its_reset(tmp_path, engine, monkeypatch):
+    use_prometheus(engine, monkeypatch)
+    run = run_loop(tmp_path, xid46_scenario(tmp_path), "returned")
+    stand_in, state, uuids, metrics = run.stand_in, run.state, run.uuids, run.metrics
+    rules_then, node_then, schedulable_then = run.rules_then, run.node_then, run.schedulable_then
 
     (rule,) = rules_then.values()
     assert rule["spec"]["deviceSelector"] == {"driver": DRA_DRIVER, "pool": NODE, "device": f"gpu-{GPU}"}
@@ -125,14 +179,27 @@ def test_an_xid_on_one_gpu_fences_that_gpu_only_and_returns_it_after_its_reset(t
     assert not node_then.get("unschedulable") and not node_then.get("taints"), "the node stays schedulable"
     assert schedulable_then == [f"gpu-{i}" for i in range(8) if str(i) != GPU], "the other GPUs take work"
     assert stand_in.isolation_patches() == [], "the node was never cordoned or tainted"
-    (job,) = stand_in.jobs.values()
-    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["nvidia-smi", "-r", "-i", uuids[4]]
+    ran = commands(stand_in)
+    assert sorted(ran) == ["diagnose", "reset_gpu"], "one reset, then one diagnostic"
+    assert ran["reset_gpu"] == ["nvidia-smi", "-r", "-i", uuids[4]]
+    assert ran["diagnose"] == [
+        "gpulens",
+        "remediate",
+        "diag",
+        "--level",
+        "2",
+        "--gpu",
+        GPU,
+        "--uuid",
+        uuids[4],
+    ]
     assert stand_in.device_taint_rules == {}, "the return deleted the rule"
     lines = audit(state)
     assert [e["event"] for e in lines] == STEPS
     done = lines[-1]["episode"]
     assert (done["gpu"], done["uuid"], done["recovery"], done["kept_gpus"]) == (GPU, uuids[4], "reset_gpu", 7)
-    assert "gpu_up 1, no Xid, no pending row remap" in lines[-2]["episode"]["detail"]
+    assert "gpu_up 1, no Xid, no pending row remap" in lines[-3]["episode"]["detail"]
+    assert lines[-2]["episode"]["diagnostic"].startswith("dcgmi diag -r 2: passed")
     assert 'gpulens_remediate_isolations_total{scope="gpu"} 1.0' in metrics
     assert 'gpulens_remediate_isolations_total{scope="node"} 0.0' in metrics
     assert 'gpulens_remediate_episodes_total{outcome="returned",recovery="reset_gpu"} 1.0' in metrics
@@ -143,3 +210,46 @@ def test_an_xid_on_one_gpu_fences_that_gpu_only_and_returns_it_after_its_reset(t
         if ln.startswith("gpulens_remediate_healthy_gpus_kept_seconds_total")
     ]
     assert float(kept.split()[1]) > 0
+
+
+def diag_fail_scenario(tmp_path: Path) -> Path:
+    """The Xid 46 scenario, and GPU 4 fails DCGM's memory test (level 2) all along: NVML shows
+    nothing of it, so the alert resolves after the reset; only the diagnostic finds it."""
+    path = xid46_scenario(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["faults"]["timeline"].append({"at": "0s", "gpu": int(GPU), "diag_fail": "memory"})
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", PROMETHEUS_ENGINES[:1])
+def test_a_failing_diagnostic_keeps_the_gpu_fenced_on_the_rma_path(tmp_path, engine, monkeypatch):
+    use_prometheus(engine, monkeypatch)
+    run = run_loop(tmp_path, diag_fail_scenario(tmp_path), "diagnostic_failed")
+
+    lines = audit(run.state)
+    assert [e["event"] for e in lines] == [*STEPS[:-2], "diagnostic_failed"]
+    failed = lines[-1]["episode"]
+    assert (failed["state"], failed["gpu"], failed["uuid"]) == ("rma", GPU, run.uuids[4])
+    assert failed["diagnostic"].startswith("dcgmi diag -r 2: failed: memory on GPU 4")
+    assert "gpulens remediate return --force" in failed["detail"]
+    assert run.stand_in.device_taint_rules.keys() == run.rules_then.keys(), "the GPU stays fenced"
+    assert run.stand_in.schedulable_devices(NODE) == run.schedulable_then, "its node's other GPUs still work"
+    assert run.stand_in.isolation_patches() == [], "the node was never cordoned or tainted"
+    ran = commands(run.stand_in)
+    assert ran["diagnose"] == [
+        "gpulens",
+        "remediate",
+        "diag",
+        "--level",
+        "2",
+        "--gpu",
+        GPU,
+        "--uuid",
+        run.uuids[4],
+    ]
+    assert 'gpulens_remediate_diagnostics_total{result="failed"} 1.0' in run.metrics
+    assert 'gpulens_remediate_diagnostics_total{result="passed"} 0.0' in run.metrics
+    assert 'gpulens_remediate_episodes_total{outcome="rma",recovery="reset_gpu"} 1.0' in run.metrics
+    assert "gpulens_remediate_fenced_gpus 1.0" in run.metrics

@@ -6,14 +6,14 @@ kustomize` when kubectl is installed, else the files they list). From every pod 
 the test lists the privileges: hostPID / hostNetwork / hostIPC, hostPath volumes, a service-account
 token, uid or gid 0, privileged, privilege escalation, added capabilities, capabilities not all
 dropped, a writable root filesystem, seccomp not confined, supplemental groups, and every RBAC
-verb on every resource. The recovery Jobs the receiver creates at run time are listed from
-remediate/kubernetes.py's own template. The list must equal the table "Privilege inventory" in
+verb on every resource. The recovery and diagnostic Jobs the receiver creates at run time are
+listed from remediate/kubernetes.py's own templates. The list must equal the table "Privilege inventory" in
 docs/security.md: a new privilege fails until it is documented there (with why), and a row that no
 longer matches anything fails too.
 
-The NetworkPolicies and the ValidatingAdmissionPolicy are checked structurally: no CEL evaluator is
-available here, so the expressions are checked for balance, for naming the recovery Jobs' image and
-commands, and the policy against the Jobs the receiver really builds.
+The NetworkPolicies and the ValidatingAdmissionPolicy are checked structurally (the expressions
+balanced, naming the Jobs' images and commands), and the policy is evaluated by cel-go
+(tools/celcheck) against the Jobs the receiver really builds and hostile variants of them.
 """
 
 from __future__ import annotations
@@ -158,8 +158,14 @@ def privileges(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return found
 
 
+DIAG_LEVEL = 2  # the receiver's --diag-level default, which both deployments pass
+
+
 def recovery_jobs() -> list[dict[str, Any]]:
-    """The Jobs the receiver creates at run time, from its own template (one per action)."""
+    """The Jobs the receiver creates at run time, from its own templates: one per recovery action,
+    and the return diagnostic's for a GPU-level and a node-level episode."""
+    import dataclasses
+
     from gpulens.remediate.episodes import Recovery
     from gpulens.remediate.kubernetes import KubernetesClient, KubernetesIsolator
 
@@ -168,7 +174,20 @@ def recovery_jobs() -> list[dict[str, Any]]:
     for recovery in (Recovery.RESET_GPU, Recovery.REBOOT_NODE):
         episode = _episode(recovery)
         jobs.append(isolator.job(episode))
+    gpu_episode = dataclasses.replace(_episode(Recovery.RESET_GPU), gpu="0")
+    node_episode = dataclasses.replace(_episode(Recovery.REBOOT_NODE), gpu="", uuid="")
+    for episode in (gpu_episode, node_episode):
+        jobs.append(isolator.diagnostic_job(episode, DIAG_LEVEL))
     return jobs
+
+
+def job_kind(job: dict[str, Any]) -> str:
+    """`reset_gpu`, `reboot_node`, `diagnose GPU 0` or `diagnose node`: one name per shipped Job."""
+    action = job["metadata"]["labels"]["gpulens.io/action"]
+    if action != "diagnose":
+        return action
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    return f"diagnose GPU {command[command.index('--gpu') + 1]}" if "--gpu" in command else "diagnose node"
 
 
 def _episode(recovery: Any) -> Any:
@@ -190,7 +209,8 @@ def _episode(recovery: Any) -> Any:
 def recovery_privileges() -> set[tuple[str, str]]:
     found = set()
     for job in recovery_jobs():
-        name = f"recovery Job {job['metadata']['labels']['gpulens.io/action']}"
+        action = job["metadata"]["labels"]["gpulens.io/action"]
+        name = "diagnostic Job" if action == "diagnose" else f"recovery Job {action}"
         found |= {(name, p) for p in pod_privileges(job["spec"]["template"]["spec"])}
     return found
 
@@ -428,20 +448,21 @@ def test_the_admission_policy_admits_only_the_shipped_recovery_jobs(renderings, 
     # the image the receiver is told to use, and the commands of its templates
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     (image,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--job-image=")]
+    (diag_image,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--diag-image=")]
     assert f"c.image == '{image}'" in joined
+    assert f"c.image == '{diag_image}'" in joined
+    assert len({job_kind(job) for job in recovery_jobs()}) == len(recovery_jobs())
+    assert diag_image == container["image"], "the diagnostic runs the receiver's own image"
     assert f"request.namespace == '{namespace}'" in joined
-    reboot, reset = None, None
-    for job in recovery_jobs():
-        (job_container,) = job["spec"]["template"]["spec"]["containers"]
-        command = job_container["command"]
-        if job["metadata"]["labels"]["gpulens.io/action"] == "reboot_node":
-            reboot = command
-        else:
-            reset = command
-    assert reboot and reset
-    assert "[" + ", ".join(f"'{part}'" for part in reboot) + "]" in joined
-    for index, part in enumerate(reset[:3]):
+    commands = {
+        job_kind(job): job["spec"]["template"]["spec"]["containers"][0]["command"] for job in recovery_jobs()
+    }
+    assert "[" + ", ".join(f"'{part}'" for part in commands["reboot_node"]) + "]" in joined
+    for index, part in enumerate(commands["reset_gpu"][:3]):
         assert f"c.command[{index}] == '{part}'" in joined
+    for index, part in enumerate(commands["diagnose GPU 0"]):
+        if part.startswith("--") or index < 3:
+            assert f"c.command[{index}] == '{part}'" in joined
     # what the policy must refuse is named: volumes, host namespaces, other accounts, env
     for field in (
         "volumes",
@@ -502,6 +523,31 @@ HOSTILE = {
     "no node": lambda p: p.pop("nodeName", None),
 }
 
+# ...and variants of the diagnostic Job, which must stay unprivileged and run `gpulens remediate diag`
+DIAG_HOSTILE = {
+    "a privileged securityContext": lambda p: p["containers"][0]["securityContext"].update(privileged=True),
+    "hostPID": lambda p: p.update(hostPID=True),
+    "privilege escalation": lambda p: p["containers"][0]["securityContext"].update(
+        allowPrivilegeEscalation=True
+    ),
+    "no securityContext": lambda p: p["containers"][0].pop("securityContext"),
+    "an added capability": lambda p: p["containers"][0]["securityContext"].update(
+        capabilities={"add": ["SYS_ADMIN"]}
+    ),
+    "a root pod securityContext": lambda p: p.update(securityContext={"runAsUser": 0}),
+    "the service-account token": lambda p: p.update(automountServiceAccountToken=True),
+    "another gpulens command": lambda p: p["containers"][0].update(
+        command=["gpulens", "remediate", "--apply", "--backend", "kubernetes"]
+    ),
+    "a shell in the UUID": lambda p: p["containers"][0]["command"].__setitem__(-1, "GPU-1; sh -c id"),
+    "a level DCGM has not": lambda p: p["containers"][0]["command"].__setitem__(4, "5"),
+    "a GPU that is no index": lambda p: p["containers"][0]["command"].__setitem__(6, "0 --dcgmi=/bin/sh"),
+    "an extra argument": lambda p: p["containers"][0]["command"].extend(["--dcgmi", "/bin/sh"]),
+    "the recovery image": lambda p: p["containers"][0].update(
+        image="nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
+    ),
+}
+
 
 @pytest.mark.parametrize("where", ["helm with the receiver and report", "kustomize remediate"])
 def test_a_real_cel_evaluator_admits_the_shipped_recovery_jobs_and_denies_anything_else(renderings, where):
@@ -515,7 +561,7 @@ def test_a_real_cel_evaluator_admits_the_shipped_recovery_jobs_and_denies_anythi
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     namespace = deployment["metadata"].get("namespace", NAMESPACE)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    (image,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--job-image=")]
+    args = dict(a.split("=", 1) for a in container["args"] if a.startswith("--") and "=" in a)
     receiver = {
         "namespace": namespace,
         "userInfo": {"username": f"system:serviceaccount:{namespace}:{account}"},
@@ -523,16 +569,25 @@ def test_a_real_cel_evaluator_admits_the_shipped_recovery_jobs_and_denies_anythi
     cases: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     for job in recovery_jobs():
         action = job["metadata"]["labels"]["gpulens.io/action"]
+        kind = job_kind(job)
         for c in job["spec"]["template"]["spec"]["containers"]:
-            c["image"] = image  # the image the receiver is told to use (--job-image)
-        cases[f"{action}: shipped"] = (job, receiver)
-        cases[f"{action}: in kube-system"] = (job, dict(receiver, namespace="kube-system"))
-        cases[f"{action}: from a person"] = (job, dict(receiver, userInfo={"username": "alice"}))
-        for name, mutate in HOSTILE.items():
+            # the image the receiver is told to use (--job-image, --diag-image)
+            c["image"] = args["--diag-image" if action == "diagnose" else "--job-image"]
+        cases[f"{kind}: shipped"] = (job, receiver)
+        cases[f"{kind}: in kube-system"] = (job, dict(receiver, namespace="kube-system"))
+        cases[f"{kind}: from a person"] = (job, dict(receiver, userInfo={"username": "alice"}))
+        hostile = dict(HOSTILE, **DIAG_HOSTILE) if kind == "diagnose GPU 0" else HOSTILE
+        for name, mutate in hostile.items():
             bad = copy.deepcopy(job)
             mutate(bad["spec"]["template"]["spec"])
-            cases[f"{action}: {name}"] = (bad, receiver)
+            cases[f"{kind}: {name}"] = (bad, receiver)
+        relabelled = copy.deepcopy(job)  # a shipped Job under another action's label
+        other = "reset_gpu" if action == "diagnose" else "diagnose"
+        relabelled["metadata"]["labels"]["gpulens.io/action"] = other
+        cases[f"{kind}: labelled {other}"] = (relabelled, receiver)
+    assert int(args["--diag-level"]) == DIAG_LEVEL
     verdicts = _verdicts(policy, cases)
+    assert set(verdicts) == set(cases)
     for name, verdict in verdicts.items():
         assert verdict["error"] == "", (name, verdict)
         if name.endswith(": shipped"):

@@ -22,6 +22,7 @@ mixin build --config` writes for it). Every object they render is validated agai
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -104,12 +105,21 @@ def _rendered(helm: str, values: str) -> tuple[dict[str, Any], ...]:
     return tuple(template(helm, *(() if path is None else ("-f", str(path)))))
 
 
+# where the chart points runbook links when mixin.runbookURLPattern is "" (release gpulens)
+RECEIVER_RUNBOOKS = f"http://gpulens-remediate.{NAMESPACE}.svc:9843/runbooks/%s"
+EXPORTER_RUNBOOKS = f"http://gpulens-exporter.{NAMESPACE}.svc:9842/runbooks/%s"
+
+
 def mixin_config(values: str) -> MixinConfig:
-    """The mixin config a value set gives: the chart's defaults under the file's `mixin` keys."""
+    """The mixin config a value set gives: the chart's defaults under the file's `mixin` keys, an
+    empty runbook pattern being the release's own service (the receiver's when it is enabled)."""
     merged = dict(yaml.safe_load((CHART / "values.yaml").read_text())["mixin"])
     path = VALUE_FILES[values]
-    if path is not None:
-        merged.update(yaml.safe_load(path.read_text()).get("mixin") or {})
+    overrides = yaml.safe_load(path.read_text()) if path is not None else {}
+    merged.update(overrides.get("mixin") or {})
+    if not merged["runbookURLPattern"]:
+        receiver = (overrides.get("remediate") or {}).get("enabled", False)
+        merged["runbookURLPattern"] = RECEIVER_RUNBOOKS if receiver else EXPORTER_RUNBOOKS
     return from_mapping(merged, values)
 
 
@@ -300,9 +310,8 @@ def test_prometheusrules_pass_promtool_and_hold_exactly_the_groups_of_alerts(hel
         pytest.skip("promtool not installed (make system-deps)")
     generator = load_generator("gpulens_k8s_generate", KDIR / "generate.py")
     committed = {o["metadata"]["name"]: o["spec"] for o in generator.prometheus_rules(REPO / "alerts")}
+    assert _mixin_built(DEFAULT)[0] == committed
     expected, _ = _mixin_built(mixin_config(value_set))
-    if mixin_config(value_set) == DEFAULT:
-        assert expected == committed
     rules = chart_rules(rendered(helm, value_set))
     assert set(rules) == set(committed)  # release "gpulens": the kustomization's names
     for name, spec in rules.items():
@@ -318,8 +327,49 @@ def test_dashboards_are_what_the_mixin_builds_for_the_values_config(helm, value_
     assert chart_dashboards(rendered(helm, value_set)) == expected
 
 
-def test_the_chart_s_default_mixin_values_are_the_mixin_s_defaults():
-    assert mixin_config("default") == DEFAULT
+def test_the_chart_s_default_mixin_values_are_the_mixin_s_defaults_but_for_the_runbooks_it_serves():
+    assert (
+        dataclasses.replace(mixin_config("default"), runbook_url_pattern=DEFAULT.runbook_url_pattern)
+        == DEFAULT
+    )
+    assert mixin_config("default").runbook_url_pattern == EXPORTER_RUNBOOKS
+    assert mixin_config("kube-prometheus-stack").runbook_url_pattern == RECEIVER_RUNBOOKS
+
+
+def test_the_kube_prometheus_stack_preset_labels_every_monitor_and_rule_for_its_prometheus(helm):
+    preset = CHART / "values-kube-prometheus-stack.yaml"
+    for extra in ((), ("--set", "podMonitor.enabled=false", "--set", "serviceMonitor.enabled=true")):
+        objects = template(
+            helm,
+            "-f",
+            str(preset),
+            "--set",
+            "remediate.enabled=true",
+            "--set",
+            "remediate.token.create=true",
+            "--set",
+            "remediate.token.value=x",
+            *extra,
+        )
+        selected = [o for o in objects if o["kind"] in {"PodMonitor", "ServiceMonitor", "PrometheusRule"}]
+        kinds = {o["kind"] for o in selected}
+        assert "PrometheusRule" in kinds and kinds & {"PodMonitor", "ServiceMonitor"}
+        monitors = [o for o in selected if o["kind"] != "PrometheusRule"]
+        assert len(monitors) == 2  # the exporter's and the receiver's
+        for obj in selected:
+            assert obj["metadata"]["labels"].get("release") == "kube-prometheus-stack", obj["metadata"][
+                "name"
+            ]
+        exporter = next(o for o in monitors if "exporter" in o["metadata"]["name"])
+        endpoints = exporter["spec"].get("podMetricsEndpoints") or exporter["spec"]["endpoints"]
+        assert all(e.get("honorLabels") is True for e in endpoints)
+
+
+def test_the_kube_prometheus_stack_preset_passes_lint_and_the_schema(helm):
+    result = run_helm(
+        helm, "lint", "--strict", str(CHART), "-f", str(CHART / "values-kube-prometheus-stack.yaml")
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_mixin_values_reach_every_rule_and_dashboard(helm):
@@ -410,7 +460,8 @@ def test_generator_names_a_rule_file_the_mixin_does_not_make(tmp_path):
 
 
 def test_one_dashboard_configmap_per_committed_dashboard_holding_its_json(helm):
-    objects = rendered(helm, "default")
+    # the committed JSON is the mixin's default build: its runbook address, not the release's own
+    objects = template(helm, "--set", f"mixin.runbookURLPattern={DEFAULT.runbook_url_pattern}")
     maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")]
     committed = {p.name: json.loads(p.read_text()) for p in (REPO / "dashboards" / "json").glob("*.json")}
     shipped = {}
@@ -719,6 +770,44 @@ def test_remediation_receiver_is_dry_run_with_arguments_gpulens_accepts(helm):
     assert args.backend == "kubernetes" and not args.apply and not args.drain
     assert args.listen == ("0.0.0.0", 9843)
     assert str(args.token_file) == "/etc/gpulens/token/token"
+
+
+def test_the_return_diagnostic_is_on_and_runs_the_receivers_own_image_by_default(helm):
+    from gpulens.cli import build_parser
+    from gpulens.remediate.kubernetes import DEFAULT_DIAG_IMAGE
+
+    container = remediate_container(template(helm, "--set", "remediate.enabled=true"))
+    args = build_parser("remediate").parse_args(container["args"])
+    assert (args.diag, args.diag_level) == ("on", 2)
+    assert args.diag_image == container["image"] == DEFAULT_DIAG_IMAGE
+
+
+def test_the_return_diagnostic_image_follows_the_receivers_image_and_tag(helm):
+    from gpulens.cli import build_parser
+
+    settings = (
+        "remediate.enabled=true,remediate.image.repository=registry.example/gpulens,remediate.image.tag=9.9"
+    )
+    container = remediate_container(template(helm, "--set", settings))
+    assert (
+        build_parser("remediate").parse_args(container["args"]).diag_image == "registry.example/gpulens:9.9"
+    )
+
+
+def test_the_return_diagnostic_level_image_and_off_switch_come_from_values(helm):
+    from gpulens.cli import build_parser
+
+    settings = (
+        "remediate.enabled=true,remediate.diagnostic.level=3,remediate.diagnostic.image=site/gpulens-dcgm:1"
+    )
+    args = build_parser("remediate").parse_args(
+        remediate_container(template(helm, "--set", settings))["args"]
+    )
+    assert (args.diag, args.diag_level, args.diag_image) == ("on", 3, "site/gpulens-dcgm:1")
+    off = template(helm, "--set", "remediate.enabled=true,remediate.diagnostic.enabled=false")
+    args = build_parser("remediate").parse_args(remediate_container(off)["args"])
+    assert args.diag == "off"
+    assert "level" in template_error(helm, "--set", "remediate.enabled=true,remediate.diagnostic.level=5")
 
 
 def test_remediation_receiver_args_use_the_exporters_flag_names_and_no_deprecated_one(helm):

@@ -246,7 +246,12 @@ def test_one_prometheusrule_per_rule_file_holds_its_groups_in_order():
     assert set(rules) == {generator.resource_name(p) for p in files}
     for path in files:
         groups = rules[generator.resource_name(path)]["spec"]["groups"]
-        assert groups == yaml.safe_load(path.read_text())["groups"]
+        source = yaml.safe_load(path.read_text())["groups"]
+        for group in source:  # but for the runbook links, which point at the exporter's Service
+            for rule in group["rules"]:
+                if "runbook_url" in rule.get("annotations", {}):
+                    rule["annotations"]["runbook_url"] = generator.RUNBOOK_URL_PATTERN % rule["alert"]
+        assert groups == source
 
 
 def test_generator_rejects_a_group_name_defined_twice_in_one_file(tmp_path):
@@ -335,6 +340,18 @@ def test_remediate_runs_dry_run_against_the_kubernetes_backend_with_flags_it_acc
     assert str(args.token_file) == "/etc/gpulens/token/token"
     # an empty host means loopback to `gpulens remediate`: Alertmanager in another pod needs all addresses
     assert args.listen == ("0.0.0.0", 9843)
+
+
+def test_remediate_runs_the_return_diagnostic_in_its_own_image_which_the_policy_admits():
+    from gpulens.cli import build_parser
+    from gpulens.remediate.kubernetes import DEFAULT_DIAG_IMAGE
+
+    (container,) = remediate_one("Deployment")["spec"]["template"]["spec"]["containers"]
+    args = build_parser("remediate").parse_args(container["args"])
+    assert (args.diag, args.diag_level) == ("on", 2)
+    assert args.diag_image == container["image"] == DEFAULT_DIAG_IMAGE
+    policy = remediate_one("ValidatingAdmissionPolicy")
+    assert any(f"c.image == '{args.diag_image}'" in v["expression"] for v in policy["spec"]["validations"])
 
 
 def test_remediate_args_use_the_exporters_flag_names_and_no_deprecated_one():

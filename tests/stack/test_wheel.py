@@ -159,3 +159,67 @@ def test_dashboards_build_from_the_wheel_writes_into_the_current_directory(insta
     built = {p.name: json.loads(p.read_text()) for p in out.glob("*.json")}
     assert built == committed, result.stdout
     assert "kind: ConfigMap" in (out / "dashboards-configmap.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_every_runbook_the_servers_serve(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    shipped = {f"gpulens/runbooks/{p.name}" for p in (REPO / "alerts" / "runbooks").glob("*.md")}
+    assert shipped and not shipped - names, sorted(shipped - names)
+
+
+@pytest.fixture(scope="module")
+def lean(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment with the wheel and its analyzer extra (the mixin builds the
+    analyzer's recording rules, whose module needs pandas), not the dashboards extra: no grafanalib."""
+    venv = tmp_path_factory.mktemp("lean-venv")
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+    result = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}[analyzer]"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    probe = run(
+        venv / "bin", venv, "python", "-c", "import importlib.util as u; print(u.find_spec('grafanalib'))"
+    )
+    assert probe.stdout.strip() == "None"
+    return venv / "bin"
+
+
+@pytest.mark.slow
+def test_mixin_build_from_the_wheel_without_grafanalib_writes_rules_runbooks_and_shipped_dashboards(
+    lean, workdir
+):
+    run(lean, workdir, "gpulens", "mixin", "build")
+    out = workdir / "gpulens-mixin"
+    assert (out / "rules" / "gpu_alerts.yml").read_text() == (REPO / "alerts" / "gpu_alerts.yml").read_text()
+    assert {p.name for p in (out / "runbooks").glob("*.md")} >= {"GPULost.md", "GPUXidFallenOffBus.md"}
+    committed = {p.name: json.loads(p.read_text()) for p in (REPO / "dashboards" / "json").glob("*.json")}
+    assert {p.name: json.loads(p.read_text()) for p in (out / "dashboards").glob("*.json")} == committed
+
+
+@pytest.mark.slow
+def test_mixin_build_from_the_wheel_of_another_config_without_grafanalib_says_so_in_one_line(lean, workdir):
+    (workdir / "my.yaml").write_text("clusterLabel: k8s_cluster\n")
+    command = [str(lean / "gpulens"), "mixin", "build", "--config", "my.yaml", "--out", "out"]
+    result = subprocess.run(
+        command, cwd=workdir, env=clean_env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and "pip install 'gpulens[dashboards]'" in result.stderr
+    assert "k8s_cluster" in (workdir / "out" / "rules" / "gpu_alerts.yml").read_text()
+
+
+@pytest.mark.slow
+def test_the_exporter_from_the_wheel_serves_the_runbooks(lean, workdir):
+    port = free_port()
+    command = [str(lean / "gpulens-exporter"), "--simulate", "seed-case", f"--listen=127.0.0.1:{port}"]
+    with (
+        running(command, f"http://127.0.0.1:{port}/-/ready", workdir / "exporter.log", timeout=120),
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/runbooks/GPULost", timeout=30) as response,
+    ):
+        page = response.read().decode()
+    assert "<h1>GPULost</h1>" in page

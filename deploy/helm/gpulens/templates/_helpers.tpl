@@ -42,6 +42,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
 {{- end }}
 
+{{/* The receiver's image (remediate.image, else exporter.image): also its diagnostic Jobs' default. */}}
+{{- define "gpulens.remediate.image" -}}
+{{- $r := .Values.remediate.image }}
+{{- $e := .Values.exporter.image }}
+{{- include "gpulens.image" (dict "root" . "image" (dict "repository" (default $e.repository $r.repository) "tag" (default $e.tag $r.tag))) }}
+{{- end }}
+
+{{/* The image of the return diagnostic's Jobs (--diag-image; the admission policy admits only it). */}}
+{{- define "gpulens.remediate.diagImage" -}}
+{{- default (include "gpulens.remediate.image" .) .Values.remediate.diagnostic.image }}
+{{- end }}
+
 {{- define "gpulens.exporter.serviceAccountName" -}}
 {{- if .Values.exporter.serviceAccount.create }}
 {{- default (include "gpulens.componentName" (dict "root" . "component" "exporter")) .Values.exporter.serviceAccount.name }}

@@ -34,9 +34,37 @@ matcher then. "json": true escapes the values for a JSON string (the dashboards)
 {{- regexReplaceAll `gpulens-chart-runbook:([A-Za-z0-9_]+|\$\{__data\.fields\.alertname\})` $text (replace "%s" "${1}" (replace "$" "$$" $runbook)) -}}
 {{- end -}}
 
+{{- /*
+The runbook address: mixin.runbookURLPattern, or when it is "" (the default) the runbooks this
+release serves itself at /runbooks/<Alert> (gpulens.httpd.runbooks), so the alerts' links work
+with no override: the receiver's Service when remediate.enabled (no credentials on that path),
+else the exporter's (headless: any node's exporter answers; https with web.tls; behind basic auth
+when that is on). With neither Service, the mixin's own default (the project's repository).
+*/}}
+{{- define "gpulens.mixin.runbookURLPattern" -}}
+{{- $pattern := .Values.mixin.runbookURLPattern -}}
+{{- if not $pattern -}}
+{{- if .Values.remediate.enabled -}}
+{{- $pattern = printf "http://%s.%s.svc:%v/runbooks/%%s" (include "gpulens.componentName" (dict "root" . "component" "remediate")) .Release.Namespace .Values.remediate.port -}}
+{{- else if or .Values.exporter.service.enabled .Values.serviceMonitor.enabled -}}
+{{- $scheme := ternary "https" "http" .Values.web.tls.enabled -}}
+{{- $pattern = printf "%s://%s.%s.svc:%v/runbooks/%%s" $scheme (include "gpulens.componentName" (dict "root" . "component" "exporter")) .Release.Namespace .Values.exporter.port -}}
+{{- else -}}
+{{- $pattern = "https://github.com/gpulens/gpulens/blob/main/alerts/runbooks/%s.md" -}}
+{{- end -}}
+{{- end -}}
+{{- $pattern -}}
+{{- end -}}
+
+{{- /* .Values.mixin with the runbook address resolved: what gpulens.mixin.apply takes. */}}
+{{- define "gpulens.mixin.values" -}}
+{{- toYaml (merge (dict "runbookURLPattern" (include "gpulens.mixin.runbookURLPattern" .)) (deepCopy .Values.mixin)) -}}
+{{- end -}}
+
 {{- /* Refuse a config the mixin would refuse (the schema checks each value's form). */}}
 {{- define "gpulens.mixin.check" -}}
-{{- if ne (len (splitList "%s" .Values.mixin.runbookURLPattern)) 2 -}}
-{{- fail (printf "mixin.runbookURLPattern: expected exactly one %%s (the alert name), got %q" .Values.mixin.runbookURLPattern) -}}
+{{- $pattern := include "gpulens.mixin.runbookURLPattern" . -}}
+{{- if ne (len (splitList "%s" $pattern)) 2 -}}
+{{- fail (printf "mixin.runbookURLPattern: expected exactly one %%s (the alert name), got %q" $pattern) -}}
 {{- end -}}
 {{- end -}}
