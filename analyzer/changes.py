@@ -22,6 +22,8 @@ from gpulens.analyzer.kinds import ACTIONS, WHOLE, Action, Kind
 from gpulens.analyzer.plan import Plan
 from gpulens.analyzer.recommend import LEAK_HINT, capability
 from gpulens.analyzer.thresholds import Thresholds
+from gpulens.analyzer.topoadvice import advise, occupancy
+from gpulens.analyzer.topology import Topology
 from gpulens.catalog import GIB, model_for_nvml_name
 
 # plan bookkeeping keys that are not recommendation columns
@@ -186,9 +188,14 @@ def _proposed_text(row: Any, kind: str, action: Action, found: str, model: str, 
     return what if moves or other_model else f"{what}, same GPU"
 
 
-def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
-    """The plan's moves applied, then current/proposed, action, finding and GPU-hours recovered."""
+def annotate(
+    recs: pd.DataFrame, plan: Plan, th: Thresholds, topology: Topology | None = None
+) -> pd.DataFrame:
+    """The plan's moves applied, then current/proposed, action, finding and GPU-hours recovered;
+    with a `topology`, a multi-GPU job the plan leaves on a split placement gets the topology
+    finding (`topoadvice`), ranked by the GPU-hours it puts at stake."""
     recs = apply_moves(recs, plan)
+    occupied = occupancy(plan) if topology is not None and topology.nodes else None
     placed = _placement(plan)
     crowded = crowded_mps_gpus(recs)
     # GPUs the plan empties by moving their jobs: each move off one is part of freeing it
@@ -235,6 +242,15 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
         if action == Action.FIX and found.startswith("multi-GPU"):  # the GPUs it does not need
             gpus = int(row.gpus)
             recovered = _allocated(row) * (gpus - fewer_gpus(row, th)) / gpus
+        advice = None
+        if occupied is not None and topology is not None and action in (Action.KEEP, Action.FIX):
+            advice = advise(row, topology, occupied, th)
+        if advice is not None:  # its placement, not its size: told beside any other finding
+            recovered = (
+                max(recovered, advice.loss_gpu_hours) if action == Action.FIX else advice.loss_gpu_hours
+            )
+            found = f"{found}; {advice.text}" if found else advice.text
+            action = Action.FIX
         rows.append(
             {
                 "current_mode": now_mode,
@@ -258,6 +274,8 @@ def annotate(recs: pd.DataFrame, plan: Plan, th: Thresholds) -> pd.DataFrame:
                 + " -> "
                 + _proposed_text(row, kind, action, found, proposed_model, node, gpu),
                 "gpu_hours_recovered": round(recovered, 3),
+                "topology_link": advice.link.value if advice else None,
+                "topology_local_gpus": list(advice.alternative) if advice and advice.alternative else None,
             }
         )
     extra = pd.DataFrame(rows, index=recs.index)

@@ -324,7 +324,14 @@ def _analysis(
         }
         fleet = source.fleet(model)
         return pipeline.analyze_profiles(
-            profiles, th, args.prometheus, meta, with_archetypes, gpus=source.gpu_rows(), fleet=fleet or None
+            profiles,
+            th,
+            args.prometheus,
+            meta,
+            with_archetypes,
+            gpus=source.gpu_rows(),
+            fleet=fleet or None,
+            topology=source.topology(),
         )
     window = parse_duration(args.window, "--window") if args.window else None
     end = parse_time(args.end) if args.end else None

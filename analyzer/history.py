@@ -55,6 +55,7 @@ LABELS: tuple[str, ...] = (
     "job_id",
     "job_source",
     "job_user",
+    "job_name",
     "job_namespace",
     "job_pod",
     "job_container",
@@ -62,6 +63,9 @@ LABELS: tuple[str, ...] = (
     "gpu_spec",
     "qos",
     "phase",
+    "peer",  # gpu_topology_info: the peer GPU's index and uuid, and the link to it
+    "peer_uuid",
+    "link",
 )
 
 # families kept in histories (docs/metrics.md names, plus the trace-only request families)
@@ -83,6 +87,7 @@ FAMILIES: tuple[str, ...] = (
     "gpu_job_memory_used_bytes",
     "gpu_job_sm_utilization_ratio",
     "gpu_job_sm_unattributed_ratio",
+    "gpu_topology_info",
     "gpulens_trace_job_requested_gpus",
     "gpulens_trace_job_lifetime_seconds",
     "gpulens_trace_node_gpus",

@@ -23,6 +23,7 @@ from gpulens.analyzer.profile import FleetGpu, fleet_catalog_models
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.thresholds import Thresholds
+from gpulens.analyzer.topology import Topology
 from gpulens.analyzer.workload import workload_of
 from gpulens.catalog import GpuModel
 
@@ -60,7 +61,7 @@ EMIT_COLUMNS = (
 )
 
 # what a job's workload (analyzer/workload.py) is read from
-WORKLOAD_COLUMNS = ("job_id", "job_source", "job_namespace", "job_pod")
+WORKLOAD_COLUMNS = ("job_id", "job_source", "job_namespace", "job_pod", "job_user", "job_name")
 
 INTEGER_FIELDS = ("gpus", "samples", "mps_active_thread_percentage", "mps_pinned_memory_limit_bytes")
 
@@ -172,17 +173,19 @@ def analyze_profiles(
     with_archetypes: bool = True,
     gpus: list[dict] | None = None,
     fleet: list[FleetGpu] | None = None,
+    topology: Topology | None = None,
 ) -> Analysis:
     """Recommendations, plan, configuration and archetypes for a profile table.
 
     `fleet`: the inventory (`gpu_info` over the window) the plan counts and places jobs on;
     without it, the GPUs the jobs used. `gpus`: the same as `gpu_info` rows (with the GPU index)
-    for emit.
+    for emit. `topology`: the GPU topology (`gpu_topology_info`); without it, no topology
+    finding and no topology preference in the plan.
     """
     models = None if fleet is None else fleet_catalog_models(fleet)
     recs = recommend(profiles, th, models)
-    plan = build_plan(recs, th, fleet)
-    recs = annotate(recs, plan, th)
+    plan = build_plan(recs, th, fleet, topology)
+    recs = annotate(recs, plan, th, topology)
     recs["workload"] = [
         workload_of(r) for r in frames.records(recs[[c for c in WORKLOAD_COLUMNS if c in recs]])
     ]
@@ -223,6 +226,7 @@ def analyze_history(
         with_archetypes,
         gpus=gpu_info_rows(history),
         fleet=files.fleet(history, gpu_model) or None,
+        topology=files.topology(history),
     )
 
 

@@ -54,6 +54,7 @@ from gpulens.analyzer.kinds import SHARED, WHOLE, Kind
 from gpulens.analyzer.profile import FleetGpu
 from gpulens.analyzer.recommend import mps_settings
 from gpulens.analyzer.thresholds import Thresholds
+from gpulens.analyzer.topology import Tier, Topology, best_set
 from gpulens.catalog import CatalogError, GpuModel, model_for_nvml_name, place_mig_layout
 
 UNCHANGED = "unchanged"  # the mode of a held GPU (or a model kept as it is)
@@ -830,7 +831,7 @@ def account(
     return bins + _kept_as_they_are(kept) + held, moved, notes
 
 
-def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu]) -> None:
+def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu], topology: Topology | None = None) -> None:
     """Step 4a: every bin onto a real GPU of its model, the one its residents or else its largest
     job use when free; on Kubernetes a node's GPUs keep one sharing family where the fleet has room."""
     free: dict[str, list[FleetGpu]] = {}
@@ -879,6 +880,62 @@ def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu]) -> None:
             gpu.original_uuid, gpu.node = pick, by_uuid[pick].node
             if kubernetes:
                 node_family.setdefault(gpu.node, family)
+    if topology is not None and topology.nodes:
+        _keep_local(bins, by_uuid, topology, node_family)
+
+
+def _keep_local(
+    bins: list[GpuBin], by_uuid: dict[str, FleetGpu], topology: Topology, node_family: dict[str, str]
+) -> None:
+    """Step 4b: a multi-GPU job the plan moves gets the most local GPUs it can (best worst link:
+    one NVLink domain, else one PCIe switch, else one NUMA node), among the GPUs it was given and
+    those no bin uses, of its model (on Kubernetes, on nodes that keep whole GPUs). A job that
+    stays where it runs is left alone: moving it is the topology finding's advice, not the plan's."""
+    used = {b.original_uuid for b in bins if b.original_uuid}
+    groups: dict[str, list[GpuBin]] = {}
+    for gpu in bins:
+        for item in gpu.items:
+            if item.gpus > 1 and gpu.mode != UNCHANGED:
+                groups.setdefault(item.job_id, []).append(gpu)
+    for job, members in groups.items():
+        item = next(i for i in members[0].items if i.job_id == job)
+        placed = [b.original_uuid for b in members]
+        if len(members) != item.gpus or not all(placed) or set(placed) <= set(item.origin_uuids):
+            continue
+        if any(len(b.items) != 1 for b in members):  # a GPU it shares over time with another job
+            continue
+        kubernetes = item.source == KUBERNETES
+        best: tuple | None = None
+        for topo in topology.nodes:
+            pool = [
+                u
+                for u in topo.index
+                if u in by_uuid
+                and by_uuid[u].model == members[0].model
+                and (u not in used or u in placed)
+                and (not kubernetes or node_family.get(by_uuid[u].node, "whole") == "whole")
+            ]
+
+            def cost(chosen: tuple[str, ...], placed: list[str] = placed, item: Item = item) -> tuple:
+                return (-len(set(chosen) & set(item.origin_uuids)), -len(set(chosen) & set(placed)))
+
+            chosen = best_set(topo, pool, item.gpus, cost)
+            if chosen is not None:
+                key = (topo.worst(chosen)[0], *cost(chosen), topo.node)
+                if best is None or key < best[0]:
+                    best = (key, chosen)
+        now = topology.of(placed)
+        tier_now = now.worst(placed)[0] if now is not None else Tier.UNKNOWN
+        if best is None or best[0][0] >= tier_now:
+            continue
+        target = set(best[1])
+        stay = [b for b in members if b.original_uuid in target]
+        leave = [b for b in members if b.original_uuid not in target]
+        fresh = sorted(target - {b.original_uuid for b in stay})
+        for gpu, uuid in zip(leave, fresh, strict=True):
+            used.discard(gpu.original_uuid)
+            used.add(uuid)
+            gpu.original_uuid, gpu.node = uuid, by_uuid[uuid].node
 
 
 def _mig_layouts(bins: list[GpuBin]) -> None:
@@ -973,8 +1030,11 @@ def _freed(fleet: list[FleetGpu], bins: list[GpuBin], recs: pd.DataFrame) -> lis
     return out
 
 
-def build_plan(recs: pd.DataFrame, th: Thresholds, fleet: list[FleetGpu] | None = None) -> Plan:
-    """Hold, pack and account, then lay the result out on the fleet's GPUs (module docstring)."""
+def build_plan(
+    recs: pd.DataFrame, th: Thresholds, fleet: list[FleetGpu] | None = None, topology: Topology | None = None
+) -> Plan:
+    """Hold, pack and account, then lay the result out on the fleet's GPUs (module docstring);
+    `topology` keeps the multi-GPU jobs it moves topology-local (`_keep_local`)."""
     fleet = fleet_from_recs(recs) if fleet is None else _with_job_gpus(fleet, recs)
     if recs.empty and not fleet:
         return Plan(0, 0, 0, {}, 0.0, 0.0, 0.0, [], {})
@@ -983,7 +1043,7 @@ def build_plan(recs: pd.DataFrame, th: Thresholds, fleet: list[FleetGpu] | None 
     bins, moved, notes = account(movable, held, fleet, th) if len(recs) else ([], {}, [])
     if len(recs):
         moved.update(held_changes(recs))
-    _assign_gpus(bins, fleet)
+    _assign_gpus(bins, fleet, topology)
     _mig_layouts(bins)
     groups = _node_groups([b for b in bins if b.mode != UNCHANGED], th)
     before = _capacity(fleet)

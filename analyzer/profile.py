@@ -36,6 +36,7 @@ PROFILE_COLUMNS = (
     "instance",
     "job_source",
     "job_user",
+    "job_name",
     "job_namespace",
     "job_pod",
     "job_container",
@@ -66,6 +67,9 @@ PROFILE_COLUMNS = (
     "memory_peak_bytes",
     "memory_p95_bytes",
     "memory_trend_bytes_per_hour",
+    "memory_restarts",
+    "memory_cycle_slope_bytes_per_hour",
+    "memory_period_s",
     "dram_active_p95",
     "tensor_active_mean",
     "gpu_hours_allocated",
@@ -88,6 +92,11 @@ class JobStats:
     memory_peak: float = math.nan
     memory_p95: float = math.nan
     memory_slope: float = math.nan  # least-squares slope of the per-step memory, bytes per second
+    memory_restarts: float = (
+        math.nan
+    )  # steps whose memory fell under (1 - leak.restart_drop_fraction) x the last
+    memory_cycle_slope: float = math.nan  # median slope of leak.cycle_window_steps windows, bytes per second
+    memory_restart_span: float = math.nan  # seconds from the first restart to the last
     dram_p95: float = math.nan
     tensor_mean: float = math.nan
 
@@ -298,6 +307,67 @@ def slope(times: np.ndarray, values: np.ndarray) -> float:
     return float((x * (values - values.mean())).sum() / (x * x).sum())
 
 
+def cycle_stats(
+    segments: Sequence[tuple[np.ndarray, np.ndarray]], step_s: float, drop_fraction: float, window: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(restarts, seconds from the first restart to the last, median short-window slope per second)
+    of each job's (timestamps, memory).
+
+    What the PromQL paths compute at every step of the window, so both give the same numbers:
+    - a restart is a step whose memory is under `(1 - drop_fraction)` x the larger of its own and
+      the step before's (`last_over_time < bool k * max_over_time` over two steps);
+    - a window is the `window` steps ending at a step with a sample (its samples of them, at least
+      two); its slope is `slope` (`deriv`), and the job's figure is the median (linear, as
+      `quantile_over_time(0.5, ...)`) over its windows. Short windows that hold a restart are a
+      minority while a cycle is longer than twice the window, so the median is the growth between
+      restarts; a job without restarts gets its typical short-run slope, about 0 when steady.
+    Samples are neighbours within a window when they are less than the window (in steps) apart:
+    a gap in the data is a gap in the window, as it is for the subqueries.
+    """
+    count = len(segments)
+    restarts = np.zeros(count)
+    slopes = np.full(count, math.nan)
+    first, last = np.full(count, np.inf), np.full(count, -np.inf)
+    if not count:
+        return restarts, last - first, slopes
+    lengths = np.array([len(v) for _, v in segments], dtype=np.intp)
+    times = np.concatenate([t for t, _ in segments]).astype(float, copy=False)
+    values = np.concatenate([v for _, v in segments]).astype(float, copy=False)
+    job = np.repeat(np.arange(count), lengths)
+    keep = 1.0 - drop_fraction
+    rows = np.arange(len(values))
+    # column d: the sample d positions back, when it is of the same job and within the window
+    ts = np.full((len(values), window), math.nan)
+    vs = np.full((len(values), window), math.nan)
+    for d in range(window):
+        back = rows - d
+        ok = back >= 0
+        ok[ok] = (job[back[ok]] == job[ok]) & (times[ok] - times[back[ok]] < (window - 0.5) * step_s)
+        ts[ok, d], vs[ok, d] = times[back[ok]], values[back[ok]]
+        if d == 1:  # the step before, not a sample across a gap
+            drop = ok.copy()
+            drop[ok] = (times[ok] - times[back[ok]] < 1.5 * step_s) & (
+                values[ok] < keep * np.maximum(values[back[ok]], values[ok])
+            )
+            restarts = np.bincount(job[drop], minlength=count).astype(float)
+            np.minimum.at(first, job[drop], times[drop])
+            np.maximum.at(last, job[drop], times[drop])
+    n = (~np.isnan(vs)).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = ts - np.nanmean(ts, axis=1, keepdims=True)
+        y = vs - np.nanmean(vs, axis=1, keepdims=True)
+        slope_of = np.nansum(x * y, axis=1) / np.nansum(x * x, axis=1)
+    constant = np.nanmax(vs, axis=1) == np.nanmin(vs, axis=1)
+    slope_of = np.where(constant, 0.0, slope_of)
+    cuts = np.cumsum(lengths)[:-1]
+    per_job = [s[ok] for s, ok in zip(np.split(slope_of, cuts), np.split(n >= 2, cuts), strict=True)]
+    sampled = [j for j in range(count) if len(per_job[j])]
+    if sampled:
+        slopes[sampled] = segment_quantiles([per_job[j] for j in sampled], (0.5,))[0]
+    span = np.where(restarts > 0, last - first, math.nan)
+    return restarts, span, slopes
+
+
 def _split_by_job(steps: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
     """(job_id, values) per job of a frame sorted by job_id: slices, not a groupby per job."""
     return [(job, values) for job, _, values in _split_by_job_times(steps)]
@@ -454,16 +524,18 @@ def family_columns() -> dict[str, list[str]]:
     return out
 
 
-def stats_from_samples(samples: pd.DataFrame, thresholds: Thresholds) -> tuple[Identity, dict[str, JobStats]]:
-    """Reduce a history's samples to per-job aggregates (the file path)."""
+def stats_from_samples(
+    samples: pd.DataFrame, thresholds: Thresholds, step_s: float
+) -> tuple[Identity, dict[str, JobStats]]:
+    """Reduce a history's samples to per-job aggregates (the file path; `step_s`: its step)."""
     missing = [label for label in LABELS if label not in samples]
     if missing:
         samples = samples.assign(**dict.fromkeys(missing, ""))
-    return stats_from_families(_by_family(samples), thresholds, samples.iloc[0:0])
+    return stats_from_families(_by_family(samples), thresholds, step_s, samples.iloc[0:0])
 
 
 def stats_from_families(
-    fams: dict[str, pd.DataFrame], thresholds: Thresholds, like: pd.DataFrame | None = None
+    fams: dict[str, pd.DataFrame], thresholds: Thresholds, step_s: float, like: pd.DataFrame | None = None
 ) -> tuple[Identity, dict[str, JobStats]]:
     """The same reduction from per-family frames (`family_columns()` at least); `like` = empty frame."""
     if like is None:
@@ -503,6 +575,17 @@ def stats_from_families(
         stats[job].memory_peak = float(values.max())
         stats[job].memory_p95 = float(p95[i])
         stats[job].memory_slope = slope(times, values)
+    leak = thresholds.leak
+    restarts, spans, cycle_slopes = cycle_stats(
+        [(times, values) for _, values, times in memory.values()],
+        step_s,
+        leak.restart_drop_fraction,
+        leak.cycle_window_steps,
+    )
+    for i, job in enumerate(memory):
+        stats[job].memory_restarts = float(restarts[i])
+        stats[job].memory_restart_span = float(spans[i])
+        stats[job].memory_cycle_slope = float(cycle_slopes[i])
     dram = _chain_steps(fams, info, signals.DRAM, kinds, "mean")
     p95 = segment_quantiles([values for _, values, _ in dram.values()], (0.95,))[0]
     for i, job in enumerate(dram):
@@ -510,6 +593,17 @@ def stats_from_families(
     for job, (_, values, _) in _chain_steps(fams, info, signals.TENSOR, kinds, "mean").items():
         stats[job].tensor_mean = float(values.mean())
     return identity, stats
+
+
+def period(st: JobStats, duration: float) -> float:
+    """The mean cycle of a job whose memory restarts: the time between its first and last restart
+    over the cycles between them; with one restart, its run (the cycle is at least that long);
+    NaN without one."""
+    if not st.memory_restarts > 0:
+        return math.nan
+    if st.memory_restarts < 2:
+        return duration
+    return st.memory_restart_span / (st.memory_restarts - 1)
 
 
 def fleet_from_gpus(gpus: pd.DataFrame, gpu_model: GpuModel | None = None) -> list[FleetGpu]:
@@ -626,6 +720,7 @@ def build_profiles(
                 "instance": node,
                 "job_source": first["job_source"],
                 "job_user": first["job_user"],
+                "job_name": first["job_name"],
                 "job_namespace": first["job_namespace"],
                 "job_pod": first["job_pod"],
                 "job_container": first["job_container"],
@@ -656,6 +751,9 @@ def build_profiles(
                 "memory_peak_bytes": st.memory_peak,
                 "memory_p95_bytes": st.memory_p95,
                 "memory_trend_bytes_per_hour": st.memory_slope * 3600.0,
+                "memory_restarts": st.memory_restarts,
+                "memory_cycle_slope_bytes_per_hour": st.memory_cycle_slope * 3600.0,
+                "memory_period_s": period(st, duration),
                 "dram_active_p95": st.dram_p95,
                 "tensor_active_mean": st.tensor_mean,
                 "gpu_hours_allocated": hours_alloc,
@@ -675,7 +773,7 @@ def profiles_from_samples(
     samples: pd.DataFrame, step_s: float, thresholds: Thresholds, gpu_model: GpuModel | None = None
 ) -> pd.DataFrame:
     """The file path end to end: samples -> profile table."""
-    identity, stats = stats_from_samples(samples, thresholds)
+    identity, stats = stats_from_samples(samples, thresholds, step_s)
     return build_profiles(identity, stats, step_s, thresholds, gpu_model)
 
 
@@ -683,5 +781,5 @@ def profiles_from_families(
     fams: dict[str, pd.DataFrame], step_s: float, thresholds: Thresholds, gpu_model: GpuModel | None = None
 ) -> pd.DataFrame:
     """The file path from per-family frames (`read_history(families=family_columns())`)."""
-    identity, stats = stats_from_families(fams, thresholds)
+    identity, stats = stats_from_families(fams, thresholds, step_s)
     return build_profiles(identity, stats, step_s, thresholds, gpu_model)

@@ -13,7 +13,9 @@ that decided it; thresholds come from `thresholds.yaml`.
    job was active in most samples (a live, low-traffic server: it is sized and may share).
    Then, for a sized job: an exclusive single-GPU job whose memory leaks (`memory_leak`: its
    least-squares memory trend adds up to `leak.min_growth_fraction` of its peak over a run of at
-   least `leak.min_hours`) stays `exclusive` until it is fixed; any other job's reason says so.
+   least `leak.min_hours`; a job whose memory restarts is judged per cycle, `cycle_leak`) stays
+   `exclusive` until it is fixed; any other job's reason says so. A leak that restarts is never
+   false saturation: its peak before each restart is the leak.
 3. `time-slicing`: idle-dominated single-GPU work with bursts (notebooks, interactive), whose
    memory need leaves room on the GPU; time-slicing caps nothing, so bursts keep the whole GPU.
 4. `exclusive` (or `downsize-model`): compute demand at the sizing percentile at or above
@@ -124,7 +126,12 @@ def signal_note(signal: str) -> str:
 
 def memory_leak(row: Mapping[str, Any], th: Thresholds) -> str:
     """ "grows 28.0 GiB/h over its 1.5 h run (42.0 GiB, 73 % of its 57.6 GiB peak)" when the job's
-    memory trend (least-squares slope of its per-step memory) is a leak, else ""."""
+    memory trend (least-squares slope of its per-step memory) is a leak, else "". A job whose
+    memory restarts (`memory_restarts`) is judged per cycle instead (`cycle_leak`): over many
+    cycles a sawtooth has no trend."""
+    restarts = float(row.get("memory_restarts", math.nan))
+    if restarts > 0:
+        return cycle_leak(row, th)
     trend = float(row.get("memory_trend_bytes_per_hour", math.nan))
     peak = float(row.get("memory_peak_bytes", math.nan))
     hours = float(row.get("duration_s", math.nan)) / 3600.0
@@ -137,6 +144,41 @@ def memory_leak(row: Mapping[str, Any], th: Thresholds) -> str:
         f"grows {trend / GIB:.1f} GiB/h over its {hours:.1f} h run ({growth / GIB:.1f} GiB, "
         f"{growth / peak:.0%} of its {peak / GIB:.1f} GiB peak)"
     )
+
+
+def cycle_leak(row: Mapping[str, Any], th: Thresholds) -> str:
+    """ "grows 32.0 GiB/h between restarts, period ~2.0 h (12 restarts in the window): ..." when a
+    job whose memory restarts grows in each cycle by the `leak.*` thresholds, else "".
+
+    The growth is the median slope of short windows (`memory_cycle_slope_bytes_per_hour`: most
+    windows lie inside one cycle), the cycle the run over its restarts (`memory_period_s`); a cycle
+    must grow `leak.min_growth_fraction` of the peak at `leak.min_bytes_per_hour` at least, over a
+    run of `leak.min_hours`. One deliberate drop (a phase that frees memory) grows in neither part.
+    """
+    restarts = float(row.get("memory_restarts", math.nan))
+    slope = float(row.get("memory_cycle_slope_bytes_per_hour", math.nan))
+    period = float(row.get("memory_period_s", math.nan)) / 3600.0
+    peak = float(row.get("memory_peak_bytes", math.nan))
+    hours = float(row.get("duration_s", math.nan)) / 3600.0
+    if not (restarts > 0 and slope > 0 and peak > 0 and period > 0 and hours >= th.leak.min_hours):
+        return ""
+    growth = min(slope * period, peak)  # a cycle never holds more than its peak
+    if slope < th.leak.min_bytes_per_hour or growth < th.leak.min_growth_fraction * peak:
+        return ""
+    count = int(restarts)
+    return (
+        f"grows {slope / GIB:.1f} GiB/h between restarts, period ~{period:.1f} h ({count} restart"
+        f"{'s' if count != 1 else ''} in the window: a step under {1 - th.leak.restart_drop_fraction:.0%} "
+        f"of the step before, leak.restart_drop_fraction); about {growth / GIB:.1f} GiB a cycle, "
+        f"{growth / peak:.0%} of its {peak / GIB:.1f} GiB peak (>= leak.min_growth_fraction "
+        f"{th.leak.min_growth_fraction:.0%}, median slope over leak.cycle_window_steps "
+        f"{th.leak.cycle_window_steps} steps)"
+    )
+
+
+def restarting_leak(row: Mapping[str, Any], th: Thresholds) -> bool:
+    """A leak that restarts: its peak before each restart is the leak, not memory it keeps."""
+    return bool(cycle_leak(row, th))
 
 
 LEAK_HINT = (
@@ -320,6 +362,7 @@ def _unknown_model(v: JobView) -> Recommendation | None:
     saturated = (
         peak / total >= th.false_saturation.min_memory_fraction
         and v.f("sm_active_mean") < th.false_saturation.max_mean_activity
+        and not restarting_leak(v.row, th)
     )
     sized: dict[str, Any] = {
         "memory_need_bytes": need,
@@ -450,9 +493,11 @@ def _sized(v: JobView, s: Sizing) -> dict[str, object]:
     device_memory = v.f("device_memory_bytes")
     if math.isnan(device_memory) or not device_memory:
         device_memory = float(s.model.memory_bytes)
+    # a leak that restarts reaches its peak just before each restart: not pre-allocation
     saturated = (
         peak / device_memory >= v.th.false_saturation.min_memory_fraction
         and v.f("sm_active_mean") < v.th.false_saturation.max_mean_activity
+        and not restarting_leak(v.row, v.th)
     )
     return {
         "memory_need_bytes": s.need,
@@ -496,10 +541,20 @@ def _leaking(v: JobView, s: Sizing) -> Recommendation | None:
     leak = memory_leak(v.row, v.th)
     if not leak or v.row["sharing"] != "exclusive" or int(v.row["gpus"]) != 1:
         return None
+    if restarting_leak(v.row, v.th):
+        why = (
+            "keep it alone until it is fixed, or restart it on a schedule before it fills the GPU: "
+            "its peak before each restart is the leak, not steady demand (no false saturation), "
+            "and a slice or a shared GPU would make each cycle end in an out-of-memory error"
+        )
+    else:
+        why = (
+            "keep it alone until it is fixed: a slice or a shared GPU sized from "
+            "this peak would not hold it for long"
+        )
     return v.rec(
         Kind.EXCLUSIVE,
-        f"memory leak: {leak}; keep it alone until it is fixed: a slice or a shared GPU sized from "
-        f"this peak would not hold it for long ({_demand_text(s)})",
+        f"memory leak: {leak}; {why} ({_demand_text(s)})",
         gpu_fraction=1.0,
         **_sized(v, s),
     )
@@ -621,7 +676,11 @@ def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuMod
     }
     view = JobView(row, th, fleet, str(row["job_id"]), conf, level, numbers)
     leak = memory_leak(row, th)
-    numbers.update(memory_trend_bytes_per_hour=float(row.get("memory_trend_bytes_per_hour", math.nan)))
+    numbers.update(
+        memory_trend_bytes_per_hour=float(row.get("memory_trend_bytes_per_hour", math.nan)),
+        memory_restarts=float(row.get("memory_restarts", math.nan)),
+        memory_cycle_slope_bytes_per_hour=float(row.get("memory_cycle_slope_bytes_per_hour", math.nan)),
+    )
     for rule in PRE_RULES:
         found = rule(view)
         if found is not None:

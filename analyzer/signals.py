@@ -110,6 +110,7 @@ IDENTITY_LABELS: tuple[str, ...] = (
     "instance",
     "job_source",
     "job_user",
+    "job_name",
     "job_namespace",
     "job_pod",
     "job_container",

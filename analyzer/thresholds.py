@@ -25,6 +25,7 @@ DEFAULTS_PATH = Path(__file__).with_name("thresholds.yaml")
 # fields whose value is a ratio of something (0..1); every other number only has to be >= 0
 _RATIO = "ratio"
 RATIO = {_RATIO: True}
+_MIN = "min"  # a whole number's smallest meaningful value, where 0 or 1 would be degenerate
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,26 @@ class Leak:
     min_growth_fraction: float = dataclasses.field(metadata=RATIO)
     min_bytes_per_hour: int
     min_hours: float
+    # a step whose memory falls under (1 - this) x the step before's is a restart (a sawtooth)
+    restart_drop_fraction: float = dataclasses.field(metadata=RATIO)
+    # steps of the short windows whose median slope is the growth between restarts (2: a slope)
+    cycle_window_steps: int = dataclasses.field(metadata={_MIN: 2})
 
 
 @dataclass(frozen=True)
 class MultiGpu:
     # a multi-GPU job whose compute and memory would fit this many fewer GPUs is a finding
     min_gpus_saved: int
+
+
+@dataclass(frozen=True)
+class TopologyLimits:
+    # the all-reduce bandwidths a multi-GPU job's worst link is compared at (nccl-tests on 8xH100)
+    nvlink_allreduce_gbps: float
+    pcie_allreduce_gbps: float
+    # the share of its GPU-hours a job placed across PCIe switches / NUMA nodes is taken to lose
+    # (reported 30-50 %): the figure a topology finding is ranked by
+    misaligned_loss: float = dataclasses.field(metadata=RATIO)
 
 
 @dataclass(frozen=True)
@@ -147,6 +162,7 @@ class Thresholds:
     false_saturation: FalseSaturation
     leak: Leak
     multi_gpu: MultiGpu
+    topology: TopologyLimits
     plan: PlanLimits
     archetypes: ArchetypeSettings
     confidence: Confidence
@@ -195,6 +211,8 @@ def _check(path: Path, section: str, field: dataclasses.Field, kind: type, value
         value = int(value)
     if value < 0 or math.isinf(value):
         raise AnalyzerError(f"{name} must be a finite number >= 0, got {value!r}")
+    if value < field.metadata.get(_MIN, 0):
+        raise AnalyzerError(f"{name} must be at least {field.metadata[_MIN]}, got {value!r}")
     if field.metadata.get(_RATIO) and value > 1:
         raise AnalyzerError(f"{name} must be a number in [0, 1], got {value!r}")
     return float(value) if kind is float else value

@@ -30,7 +30,7 @@ from gpulens.analyzer.history import FAMILIES, HistoryWriter
 KEEP = frozenset(FAMILIES)
 # the exporter collectors that produce the history families (power, clocks, health, Xid... are not
 # read by the analyzer, and skipping them makes a simulated week several times faster)
-COLLECTORS = frozenset({"device", "memory", "mig", "profiling", "jobs"})
+COLLECTORS = frozenset({"device", "memory", "mig", "profiling", "jobs", "topology"})
 
 
 def aligned_start(duration_s: float, step_s: float, now: float | None = None) -> float:

@@ -11,6 +11,7 @@ from typing import TextIO
 
 import pandas as pd
 
+from gpulens.analyzer import topology as gpu_topology
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import History, InputLimits, read_history, read_meta
 from gpulens.analyzer.profile import (
@@ -33,12 +34,11 @@ def load(
     limits: InputLimits | None = None,
 ) -> History:
     """Read a history; with a window, keep samples in (end - window, end] (end defaults to its end)."""
+    families = {**family_columns(), **gpu_topology.FAMILY_COLUMNS}
     if window_s is None:
-        return read_history(path, families=family_columns(), progress=progress, limits=limits)
+        return read_history(path, families=families, progress=progress, limits=limits)
     stop = float(read_meta(Path(path)).get("end", 0)) if end is None else end
-    return read_history(
-        path, stop - window_s, stop, families=family_columns(), progress=progress, limits=limits
-    )
+    return read_history(path, stop - window_s, stop, families=families, progress=progress, limits=limits)
 
 
 def profiles(history: History, thresholds: Thresholds, gpu_model: GpuModel | None = None) -> pd.DataFrame:
@@ -59,3 +59,16 @@ def fleet(history: History, gpu_model: GpuModel | None = None) -> list[FleetGpu]
     if history.families is not None:
         return fleet_from_families(history.families, gpu_model)
     return fleet_from_samples(history.samples, gpu_model)
+
+
+def topology(history: History) -> gpu_topology.Topology:
+    """The GPU topology the history recorded (`gpu_topology_info`): empty when it has none."""
+    if history.families is not None:
+        frame = history.families.get(gpu_topology.INFO)
+    else:
+        frame = history.samples[history.samples["metric"] == gpu_topology.INFO]
+    if frame is None or frame.empty:
+        return gpu_topology.Topology()
+    columns = [c for c in gpu_topology.LABELS if c in frame]
+    last = frame[columns].drop_duplicates(["uuid", "peer_uuid"], keep="last")
+    return gpu_topology.from_rows(last.astype(str).to_dict("records"))

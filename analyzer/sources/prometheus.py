@@ -36,7 +36,10 @@ from gpulens.analyzer.profile import (
 )
 from gpulens.analyzer.sources import promqueries, rules
 from gpulens.analyzer.sources.promclient import PromClient, sample_value
-from gpulens.analyzer.thresholds import Thresholds
+from gpulens.analyzer.thresholds import Leak, Thresholds
+from gpulens.analyzer.topology import LABELS as TOPOLOGY_LABELS
+from gpulens.analyzer.topology import Topology
+from gpulens.analyzer.topology import from_rows as topology_from_rows
 from gpulens.catalog import GpuModel
 
 # a stats query repeats the job matcher ~7 times; VictoriaMetrics rejects queries over 16 KiB by default
@@ -130,6 +133,31 @@ def share_expr(signal: signals.Signal, regex: str | None, dev: str) -> str:
     scaled = f"{own} * {on} group_left() (({total} + {on} {rest}) / ({total} > 0))"
     split = f"{own} * 0 + {on} group_left() ({rest} / {on} {count} unless {on} ({total} > 0))"
     return f"({scaled}) or ({split})"
+
+
+def cycle_reductions(
+    step_s: float, drop_fraction: float, window: int, series: str, now: str, steps: str
+) -> dict[str, str]:
+    """The restarts and the median short-window slope of a memory series (`profile.cycle_stats`).
+
+    `series` is a range-selectable form of the per-step memory (`({inner})` plus `[range:step]` on
+    the raw path, a recorded series plus `[range]` on the rule path: `{range}` stands for the
+    range), `now` the job's value at the step itself (only windows that end at a sample count),
+    `steps` the placeholder of the window's steps (`{window}` raw, `{sub}` rules): the figures are
+    reduced over every step of the window. Ranges are whole steps less 1 ms: they hold exactly that
+    many steps on every engine (Prometheus 2 ranges include their start).
+    """
+    step_ms = round(step_s * 1000)
+    two = series.replace("{range}", f"{2 * step_ms - 1}ms")
+    span = series.replace("{range}", f"{window * step_ms - 1}ms")
+    keep = 1.0 - drop_fraction
+    # the steps of restarts, as times (the rule path's are one interval later: the span is the same)
+    at = f"timestamp(last_over_time({two}) < {keep!r} * max_over_time({two}))[{steps}]"
+    return {
+        "restarts": f"sum_over_time((last_over_time({two}) < bool {keep!r} * max_over_time({two}))[{steps}])",
+        "restart_span": f"max_over_time({at}) - min_over_time({at})",
+        "cycle_slope": f"quantile_over_time(0.5, (deriv({span}) and {now})[{steps}])",
+    }
 
 
 def _stats_query(reductions: dict[str, str], inner: str, window: str) -> str:
@@ -238,8 +266,40 @@ class PromSource:
             pending = [j for j in pending if j not in out]
         return out
 
+    def _cycles(
+        self,
+        chain: tuple[signals.Signal, ...],
+        chosen: dict[str, tuple[str, dict[str, float]]],
+        leak: Leak,
+        gpus_of: dict[str, list[str]],
+    ) -> dict[str, dict[str, float]]:
+        """Restarts and per-cycle growth of each job's memory signal (`cycle_reductions`): asked
+        apart from the other memory reductions, whose query would repeat the job matcher past
+        VictoriaMetrics' query length limit."""
+        reductions = cycle_reductions(
+            self.step_s,
+            leak.restart_drop_fraction,
+            leak.cycle_window_steps,
+            f"({{inner}})[{{range}}:{int(self.step_s)}s]",
+            "({inner})",
+            "{window}",
+        )
+        out: dict[str, dict[str, float]] = {}
+        for signal in chain:
+            jobs = [job for job, (name, _) in chosen.items() if name == signal.name]
+            if not jobs:
+                continue
+            uuids = sorted({u for job in jobs for u in gpus_of.get(job, [])})
+            inner = signal_expr(signal, _regex(jobs), "max", _regex(uuids))
+            for job, values in _by_job(
+                self.client.query(_stats_query(reductions, inner, self.window), self.end)
+            ).items():
+                if job in jobs:
+                    out[job] = values
+        return out
+
     def _chunk_stats(
-        self, kind: str, jobs: list[str], gpus_of: dict[str, list[str]], idle: float
+        self, kind: str, jobs: list[str], gpus_of: dict[str, list[str]], idle: float, leak: Leak
     ) -> dict[str, JobStats]:
         """All aggregates of one chunk of jobs of one kind (five to a dozen queries)."""
         activity_red = {
@@ -283,13 +343,16 @@ class PromSource:
         ).items():
             stats[job].activity_signal = name
             stats[job].activity = {k: values.get(k, math.nan) for k in STAT_KEYS}
-        for job, (name, values) in self._chain(
-            signals.MEMORY[kind], present, "max", memory_red, gpus_of
-        ).items():
+        memory = self._chain(signals.MEMORY[kind], present, "max", memory_red, gpus_of)
+        for job, (name, values) in memory.items():
             stats[job].memory_signal = name
             stats[job].memory_peak = values.get("max", math.nan)
             stats[job].memory_p95 = values.get("p95", math.nan)
             stats[job].memory_slope = values.get("slope", math.nan)
+        for job, values in self._cycles(signals.MEMORY[kind], memory, leak, gpus_of).items():
+            stats[job].memory_restarts = values.get("restarts", math.nan)
+            stats[job].memory_cycle_slope = values.get("cycle_slope", math.nan)
+            stats[job].memory_restart_span = values.get("restart_span", math.nan)
         dram_red = {"p95": "quantile_over_time(0.95, {sub})", "count": "count_over_time({sub})"}
         for job, (_, values) in self._chain(signals.DRAM[kind], present, "avg", dram_red, gpus_of).items():
             stats[job].dram_p95 = values.get("p95", math.nan)
@@ -326,7 +389,7 @@ class PromSource:
         stats: dict[str, JobStats] = {}
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
             futures = {
-                pool.submit(self._chunk_stats, kind, jobs, gpus_of, idle): (kind, len(jobs))
+                pool.submit(self._chunk_stats, kind, jobs, gpus_of, idle, thresholds.leak): (kind, len(jobs))
                 for kind, jobs in chunks
             }
             try:
@@ -350,6 +413,13 @@ class PromSource:
         frame = self._labels(promqueries.GPU_INFO, ["uuid", "model", "instance", "gpu"])
         frame = frame[frame["uuid"] != ""].drop_duplicates("uuid", keep="last")
         return frame.astype(str).to_dict("records")
+
+    def topology(self) -> Topology:
+        """The GPU topology (`gpu_topology_info` over the window, one query): the same labels the
+        file path reads from a history; empty where the exporter does not publish it."""
+        frame = self._labels(promqueries.TOPOLOGY_INFO, list(TOPOLOGY_LABELS))
+        frame = frame[frame["uuid"] != ""].drop_duplicates(["uuid", "peer_uuid"], keep="last")
+        return topology_from_rows(frame.astype(str).to_dict("records"))
 
     def ask_first(self) -> None:
         """Ask the queries every run starts with ahead (the CLI does it before its imports)."""
@@ -558,6 +628,15 @@ class RuleStats:
                 "p95": "quantile_over_time(0.95, {r}[{w}])",
                 # the evaluations' timestamps are the steps' plus a constant offset: the same slope
                 "slope": "deriv({r}[{w}])",
+                # one interval after the raw path's steps, as the idle subquery (see there)
+                **cycle_reductions(
+                    self.step_s,
+                    thresholds.leak.restart_drop_fraction,
+                    thresholds.leak.cycle_window_steps,
+                    "{r}[{range}]",
+                    "last_over_time({r}[{i}])",
+                    "{sub}",
+                ),
             },
             "dram": {"p95": "quantile_over_time(0.95, {r}[{w}])"},
             "tensor": {"mean": "avg_over_time({r}[{w}])"},
@@ -656,6 +735,8 @@ class RuleStats:
             elif table_name == "memory":
                 st.memory_signal = signal_name
                 st.memory_peak, st.memory_p95, st.memory_slope = get("max"), get("p95"), get("slope")
+                st.memory_restarts, st.memory_cycle_slope = get("restarts"), get("cycle_slope")
+                st.memory_restart_span = get("restart_span")
             elif table_name == "dram":
                 st.dram_p95 = get("p95")
             else:

@@ -14,6 +14,7 @@ from gpulens.analyzer.sources.promclient import PromClient
 JOB_INFO = f'gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"}}'
 GPU_INFO = "gpu_info"
 MIG_INFO = "gpu_mig_instance_info"
+TOPOLOGY_INFO = "gpu_topology_info"  # absent from older exporters: no topology, no finding
 
 
 def labels(family: str, window_s: float) -> str:

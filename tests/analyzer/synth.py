@@ -34,6 +34,7 @@ class SynthJob:
     activity_family: str | None = None  # override the family the activity is written to
     dram: np.ndarray | None = None  # DRAM activity per step (exclusive jobs: gpu_dram_active_ratio)
     source: str = "slurm"
+    name: str = ""  # job_name (a Slurm job's name)
 
 
 def steady(n: int, level: float, jitter: float = 0.02, seed: int = 0) -> np.ndarray:
@@ -79,6 +80,7 @@ def frame(
                         "job_id": job.job_id,
                         "job_source": job.source,
                         "job_user": job.user,
+                        "job_name": job.name,
                         "job_namespace": job.namespace,
                         "sharing": job.sharing,
                     }

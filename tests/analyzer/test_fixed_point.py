@@ -29,6 +29,12 @@ NOT_YET = {
     "activity split by per-process kernel time (NVML smUtil), not by what it occupies, so job 9010 "
     "(constant, sm 0.4) measures p95 40 % whole and 56-59 % as an MPS client beside 9007, and 9007 "
     "turns 'bursty' (p99); week 2's thread caps no longer fit on one GPU and the plan reshuffles them",
+    "typical-fleet": "issue 31 item 2 (interference from the co-located series): week 1 packs four "
+    "jobs as MPS clients on one GPU (caps 23+25+20+15 %); as MPS clients their per-step shares are "
+    "split by kernel time, so their means hold (0.572 -> 0.558 of the GPU in all) but their p95s rise "
+    "(vllm-llama3 0.189 -> 0.243 and now bursty, sized at p99), the caps sum to 113 % and the plan "
+    "moves one client off again; judging a shared GPU by its own per-step SM activity (the sum of "
+    "its jobs' demand) instead of the sum of caps would keep them",
 }
 
 

@@ -69,8 +69,18 @@ def history_frame(start: float) -> pd.DataFrame:
             steady(STEPS, 0.3, 0.1, seed=5),
             flat(STEPS, GIB),
             activity_family="gpu_utilization_ratio",
+            name="embed-batch",
         ),
     ]
+    # a leak that restarts every 15 steps (a sawtooth): its restarts and per-cycle growth
+    jobs.append(
+        SynthJob(
+            "saw-1",
+            "GPU-saw-0001",
+            steady(STEPS, 0.2, 0.05, seed=6),
+            2 * GIB + (np.arange(STEPS) % 15) / 15 * 12 * GIB,
+        )
+    )
     # two MPS clients whose shares are all 0: the GPU's remainder is split equally between them
     jobs += [
         SynthJob(f"unlisted-{i}", "GPU-unlisted-0001", flat(STEPS, 0.0), flat(STEPS, GIB), sharing="mps")
@@ -205,6 +215,7 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
             assert list(a.astype(str)) == list(b.astype(str)), column
     assert from_prom.loc["seed-1", "coverage"] < 1.0
     assert from_prom.loc["util-1", "activity_signal"] == "utilization"
+    assert from_prom.loc["util-1", "job_name"] == "embed-batch"  # the workload's name, on both paths
     assert from_prom.loc["mig-1", "mig_profile_now"] == "1g.10gb"
     assert from_prom.loc["share-1", "activity_signal"] == "sm_active_equal_split"
     assert from_prom.loc["mps-1", "activity_signal"] == "sm_active_share"
@@ -213,6 +224,9 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     assert from_prom.loc["share-1", "sm_active_max"] == pytest.approx(0.4)
     # shares plus the remainder (0.05 a step in `with_device_shares`) on the whole GPU's scale
     assert from_prom.loc["unlisted-1", "sm_active_mean"] == pytest.approx(0.025)
+    assert from_prom.loc["saw-1", "memory_restarts"] == 3
+    assert from_prom.loc["saw-1", "memory_period_s"] == 15 * synth.STEP
+    assert from_prom.loc["saw-1", "memory_cycle_slope_bytes_per_hour"] == pytest.approx(48 * GIB)
 
 
 def test_chunks_respect_both_the_job_count_and_the_matcher_length():

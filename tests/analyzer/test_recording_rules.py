@@ -166,7 +166,8 @@ def idle_queries(th, recorded_idle_below: float) -> list[str]:
     """The idle-fraction queries of the rule path for an exclusive job with SM activity."""
     st, asked = rule_stats(th, ("gpu_sm_active_ratio:avg", "gpu_job_memory"), recorded_idle_below)
     assert st.activity_signal == "sm_active"
-    return [e for e in asked if "_idle" in e or "bool" in e]
+    # the activity's idle queries (the memory restarts are counted with `< bool` too)
+    return [e for e in asked if "gpu_sm_active_ratio" in e and ("_idle" in e or "bool" in e)]
 
 
 def test_the_idle_fraction_reads_the_idle_twin_recorded_at_the_analyzers_threshold(th):

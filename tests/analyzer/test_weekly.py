@@ -115,9 +115,10 @@ def test_a_job_renamed_by_a_rollout_is_followed_by_its_workload_and_counted_appl
     analysis, last = week
     jobs, plan = load_previous(last)
     renamed = [dict(j) for j in jobs]
+    [workload] = [r["workload"] for r in analysis.job_records() if r["job_id"] == "5101"]
     for job in renamed:
-        if job["job_id"] == "5101":  # last week's pod: same workload, another name
-            job.update(job_id="5101-old", workload="5101", **LAST_WEEK_5101["5101"])
+        if job["job_id"] == "5101":  # last week's job: same workload, another id
+            job.update(job_id="5101-old", workload=workload, **LAST_WEEK_5101["5101"])
     result = compare(analysis, renamed, plan, str(last))
     applied = {o.job_id: o for o in result.applied}
     assert "5101-old" in applied and applied["5101-old"].now.endswith("(now 5101)")

@@ -47,3 +47,36 @@ def test_slurm_array_tasks_share_their_arrays_workload_and_a_plain_job_is_its_ow
     assert workload_of({"job_id": "4242_7", "job_source": "slurm"}) == "slurm array 4242"
     assert workload_of({"job_id": "4242_8", "job_source": "slurm"}) == "slurm array 4242"
     assert workload_of({"job_id": "5101", "job_source": "slurm"}) == "5101"
+
+
+def _slurm(job_id: str, user: str = "alice", name: str = "") -> dict[str, str]:
+    return {"job_id": job_id, "job_source": "slurm", "job_user": user, "job_name": name}
+
+
+def test_a_named_slurm_job_resubmitted_under_a_new_id_is_the_same_workload():
+    assert workload_of(_slurm("5101", name="vit-b16")) == workload_of(_slurm("6230", name="vit-b16"))
+    assert workload_of(_slurm("5101", name="vit-b16")) == "slurm alice/vit-b16"
+
+
+def test_the_same_job_name_of_two_users_is_two_workloads():
+    assert workload_of(_slurm("1", "alice", "train")) != workload_of(_slurm("2", "bob", "train"))
+
+
+def test_each_task_of_a_named_array_follows_its_own_task_of_the_resubmitted_array():
+    assert workload_of(_slurm("4242_7", name="sweep")) == workload_of(_slurm("5000_7", name="sweep"))
+    assert workload_of(_slurm("4242_7", name="sweep")) == "slurm alice/sweep[7]"
+    assert workload_of(_slurm("4242_7", name="sweep")) != workload_of(_slurm("4242_8", name="sweep"))
+
+
+def test_a_slurm_job_without_a_name_keeps_its_id_based_identity():
+    assert workload_of(_slurm("5101")) == "5101"
+    assert workload_of(_slurm("4242_7")) == "slurm array 4242"
+
+
+def test_a_name_missing_from_older_data_reads_as_no_name():
+    assert workload_of({"job_id": "5101", "job_source": "slurm", "job_name": float("nan")}) == "5101"
+
+
+def test_a_job_name_on_a_non_slurm_job_does_not_change_its_workload():
+    row = {"job_id": "lsf-77", "job_source": "mapping", "job_name": "x"}
+    assert workload_of(row) == "lsf-77"
