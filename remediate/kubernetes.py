@@ -39,6 +39,7 @@ from gpulens.httpclient import Deadline
 from gpulens.remediate.diagnose import DCGMI_TIMEOUT_S, Result, Verdict
 from gpulens.remediate.episodes import Episode, Recovery
 from gpulens.remediate.escape import printable
+from gpulens.remediate.isolator import NodeFencesOnly
 from gpulens.remediate.model import IsolationRequest, Outcome
 from gpulens.remediate.recovery import Diagnosis, Progress, Recorded, Step
 
@@ -173,7 +174,7 @@ def check_node_name(node: str) -> str | None:
 
 
 @dataclass
-class KubernetesIsolator:
+class KubernetesIsolator(NodeFencesOnly):
     client: KubernetesClient
     drain: bool = False
     backend: str = "kubernetes"
@@ -581,20 +582,6 @@ class KubernetesIsolator:
 
     def recovery_returns_node(self, episode: Episode) -> bool:
         return False  # the node stays cordoned and tainted until gpulens (or a person) returns it
-
-    # ---- GPU fences (recovery.Recoverer): this backend fences nodes only ----------------------------
-
-    def fence_in_place(self, episode: Episode, deadline: Deadline) -> bool | None:
-        log.warning(
-            "episode %s names a GPU fence, which the %s backend cannot read", episode.id, self.backend
-        )
-        return None
-
-    def describe_return_gpu(self, episode: Episode) -> str:
-        return f"the {self.backend} backend fences no single GPU"
-
-    def return_gpu(self, episode: Episode, deadline: Deadline) -> Outcome:
-        return Outcome("failed", f"the {self.backend} backend fences no single GPU")
 
     def describe_return(self, node: str) -> str:
         return (

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from gpulens.httpclient import Deadline
 from gpulens.remediate.episodes import Episode, Recovery
 from gpulens.remediate.escape import printable
+from gpulens.remediate.isolator import NodeFencesOnly
 from gpulens.remediate.model import IsolationRequest, Outcome
 from gpulens.remediate.recovery import Diagnosis, Progress, Recorded, Step
 
@@ -52,7 +53,7 @@ class ScontrolError(Exception):
 
 
 @dataclass
-class SlurmIsolator:
+class SlurmIsolator(NodeFencesOnly):
     scontrol: str = "scontrol"
     timeout_s: float = 30.0
     backend: str = "slurm"
@@ -245,20 +246,6 @@ class SlurmIsolator:
 
     def diagnostic_progress(self, episode: Episode, deadline: Deadline) -> Diagnosis:
         return Diagnosis(Step.PENDING, detail=self.diagnostic_unavailable(episode))
-
-    # ---- GPU fences (recovery.Recoverer): this backend fences nodes only ----------------------------
-
-    def fence_in_place(self, episode: Episode, deadline: Deadline) -> bool | None:
-        log.warning(
-            "episode %s names a GPU fence, which the %s backend cannot read", episode.id, self.backend
-        )
-        return None
-
-    def describe_return_gpu(self, episode: Episode) -> str:
-        return f"the {self.backend} backend fences no single GPU"
-
-    def return_gpu(self, episode: Episode, deadline: Deadline) -> Outcome:
-        return Outcome("failed", f"the {self.backend} backend fences no single GPU")
 
     def return_command(self, node: str) -> list[str]:
         return [self.scontrol, "update", f"NodeName={node}", "State=RESUME"]

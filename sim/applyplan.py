@@ -140,12 +140,10 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
     mps_settings: dict[str, tuple[float | None, int | None]] = {}
     for i, entry in enumerate(layout):
         where = f"{plan_path}: layout[{i}]"
-        if _field(where, entry, "node", str, "a node name") != scenario.hostname:
+        found = _node_gpu(where, entry, scenario, by_uuid)
+        if found is None:
             continue
-        uuid = _field(where, entry, "uuid", str, "a GPU UUID")
-        if uuid not in by_uuid:
-            raise ApplyPlanError(f"{where}.uuid: expected a GPU of {scenario.hostname}, found {uuid!r}")
-        index = by_uuid[uuid]
+        uuid, index = found
         mode = _field(where, entry, "sharing", str, "a sharing mode")
         if mode not in _MODES:
             raise ApplyPlanError(f"{where}.sharing: expected one of {', '.join(_MODES)}, found {mode!r}")
@@ -206,18 +204,28 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
     cleared = _mig_cleared(report / "config" / "mig-parted.yaml", scenario, gpus)
     for i, entry in enumerate(freed):
         where = f"{plan_path}: freed[{i}]"
-        if _field(where, entry, "node", str, "a node name") != scenario.hostname:
+        found = _node_gpu(where, entry, scenario, by_uuid)
+        if found is None:
             continue
-        uuid = _field(where, entry, "uuid", str, "a GPU UUID")
-        if uuid not in by_uuid:
-            raise ApplyPlanError(f"{where}.uuid: expected a GPU of {scenario.hostname}, found {uuid!r}")
-        index = by_uuid[uuid]
+        uuid, index = found
         if index in gpus:
             raise ApplyPlanError(f"{where}.uuid: expected a GPU the layout does not use, found {uuid}")
         gpus[index] = GpuTarget("freed", clear_mig=index in cleared)
     reclaimed = _check_jobs(str(jobs_path), rows, jobs, scenario)
     spread = {name: tuple(sorted(slots, key=lambda s: s.gpu)) for name, slots in multi.items()}
     return ReportPlan(gpus, jobs, reclaimed, spread)
+
+
+def _node_gpu(
+    where: str, entry: Any, scenario: Scenario, by_uuid: Mapping[str, int]
+) -> tuple[str, int] | None:
+    """(UUID, index) of a plan entry's GPU when it is on the scenario's node, else None."""
+    if _field(where, entry, "node", str, "a node name") != scenario.hostname:
+        return None
+    uuid = _field(where, entry, "uuid", str, "a GPU UUID")
+    if uuid not in by_uuid:
+        raise ApplyPlanError(f"{where}.uuid: expected a GPU of {scenario.hostname}, found {uuid!r}")
+    return uuid, by_uuid[uuid]
 
 
 def _check_jobs(where: str, rows: list[Any], jobs: dict[str, Slot], scenario: Scenario) -> frozenset[str]:
