@@ -164,7 +164,16 @@ def describe(mode: str, mig: str, threads: object, limit: object, model: str, no
     return f"{what}, {model} on {place}" if place else f"{what}, {model}"
 
 
-def _proposed_text(row: Any, kind: str, action: Action, found: str, model: str, node: str, gpu: str) -> str:
+def _proposed_text(
+    row: Any,
+    kind: str,
+    action: Action,
+    found: str,
+    model: str,
+    node: str,
+    gpu: str,
+    local: tuple[int, ...] | None = None,
+) -> str:
     """The proposed side of "current -> proposed", naming only what differs from the current side
     (the model and node when they change, the GPU when the job moves)."""
     if kind == Kind.RECLAIM:
@@ -172,7 +181,11 @@ def _proposed_text(row: Any, kind: str, action: Action, found: str, model: str, 
     if kind == Kind.INSUFFICIENT_DATA:
         return "stays as it is (too little data to size it)"
     if action == Action.FIX:
-        return f"stays as it is until its {found.split(':')[0]} is fixed (then it can share)"
+        issue = found.split(":")[0]
+        if issue == "topology":  # the fix is a move within its node, not a smaller share
+            where = f" (GPUs {', '.join(map(str, local))})" if local else ""
+            return f"stays as it is until it is placed topology-local{where}"
+        return f"stays as it is until its {issue} is fixed (then it can share)"
     moves = bool(gpu) and gpu not in _text(row.uuids).split(",")
     other_node = node if node and node != _text(row.instance) else ""
     other_model = model if model != str(row.gpu_model) else ""
@@ -272,7 +285,16 @@ def annotate(
                     now_mode, now_mig, None, None, str(row.gpu_model), _text(row.instance), now_gpu
                 )
                 + " -> "
-                + _proposed_text(row, kind, action, found, proposed_model, node, gpu),
+                + _proposed_text(
+                    row,
+                    kind,
+                    action,
+                    found,
+                    proposed_model,
+                    node,
+                    gpu,
+                    tuple(advice.alternative) if advice and advice.alternative else None,
+                ),
                 "gpu_hours_recovered": round(recovered, 3),
                 "topology_link": advice.link.value if advice else None,
                 "topology_local_gpus": list(advice.alternative) if advice and advice.alternative else None,
