@@ -4,7 +4,9 @@ For each action last week recommended, on a job that still runs this week:
 - *applied* when the job now runs the way it was told to (its sharing mode, and the MIG profile
   or model it was given); then what it realised: a job at its cap (p95 activity >= 95 % of its
   slice or share) may be slower than before, a job whose peak memory reaches 98 % of what it now
-  has risks out-of-memory errors;
+  has risks out-of-memory errors, a job that restarts more often than before (its memory drops to
+  a fraction between two steps, `memory_restarts`: what an out-of-memory kill and its restart look
+  like) is likely outgrowing its new limit;
   such a regression makes the action *roll back*, with the command that undoes it on the job's
   node (last week's `rollback-<node>.sh`);
 - *not applied* when it still runs as it did, and this week's plan proposes the same again;
@@ -38,6 +40,7 @@ from gpulens.safeload import load_json_file
 
 AT_CAP = 0.95
 MEMORY_FULL = 0.98
+RESTARTS_MORE = 1.5  # a moved job restarting half again as often as before (and at all) regressed
 UNCHANGED = frozenset({"insufficient-data", "keep"})
 
 
@@ -186,7 +189,21 @@ def _warning(row: Any, told: dict[str, Any]) -> str:
     ) or float(row.get("device_memory_bytes") or 0.0)
     if limit and peak >= MEMORY_FULL * limit:
         warnings.append(f"peak memory {peak / limit:.0%} of what it has: out-of-memory risk")
+    then, now = _restarts_per_day(told), _restarts_per_day(row)
+    if now is not None and now > 0 and now > (then or 0.0) * RESTARTS_MORE:
+        # a memory limit it outgrows kills it (OOM) and its controller restarts it: each restart
+        # shows as its memory dropping to a fraction of the step before (profile.memory_restarts)
+        was = f"{then:.1f}" if then is not None else "none measured"
+        warnings.append(f"restarts more often: {now:.1f} a day, was {was} (out-of-memory kills?)")
     return "; ".join(warnings)
+
+
+def _restarts_per_day(row: Any) -> float | None:
+    """Memory restarts per day of the job's run in the window (None: not measured)."""
+    restarts, duration = _float(row.get("memory_restarts")), _float(row.get("duration_s"))
+    if restarts is None or not duration:
+        return None
+    return restarts * 86400.0 / duration
 
 
 def _rollback(source: str, job: dict[str, Any]) -> str:

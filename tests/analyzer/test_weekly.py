@@ -182,6 +182,21 @@ def test_an_mps_job_that_binds_its_thread_cap_is_a_regression(week):
     assert outcome.status == "applied"
 
 
+def test_a_moved_job_that_restarts_more_often_than_before_is_a_roll_back(week):
+    """An MPS client that outgrows its pinned limit is killed and restarted: its memory drops to a
+    fraction between two steps more often than before the move."""
+    analysis, last = week
+    told = {**LAST_WEEK_5101["5101"], "memory_restarts": 1, "duration_s": 86400.0}
+    jobs, plan = previous(last, {"5101": told})
+    now = {"sizing_percentile": "p95", "sm_active_p95": 0.01, "duration_s": 86400.0}
+    restarting = _with(analysis, "5101", memory_restarts=6, **now)
+    outcome = next(o for o in compare(restarting, jobs, plan, str(last)).applied if o.job_id == "5101")
+    assert outcome.status == "roll back" and "restarts more often: 6.0 a day, was 1.0" in outcome.warning
+    steady = _with(analysis, "5101", memory_restarts=1, **now)
+    outcome = next(o for o in compare(steady, jobs, plan, str(last)).applied if o.job_id == "5101")
+    assert "restarts" not in outcome.warning
+
+
 def test_a_latency_sensitive_job_is_judged_at_the_percentile_it_is_sized_at(week):
     analysis, last = week
     now = {"sharing": "mps", "sizing_percentile": "p99", "sm_active_p95": 0.10}
