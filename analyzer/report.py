@@ -189,11 +189,24 @@ def _where(model: ReportModel) -> str:
 
 
 _UUID = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F-]{8,}")
+_UUID_LIST = re.compile(rf"{_UUID.pattern}(?:,{_UUID.pattern})*")
 
 
 def _short(text: str, names: dict[str, str]) -> str:
-    """GPU UUIDs in a sentence as the GPU index a person looks for ("dgx-1/GPU 3")."""
-    return _UUID.sub(lambda m: names.get(m.group(0), m.group(0)), text)
+    """GPU UUIDs in a sentence as the GPU index a person looks for ("dgx-1/GPU 3"); a list of
+    them (a multi-GPU job's) in index order ("GPU 2,GPU 3")."""
+
+    def listed(match: re.Match[str]) -> str:
+        shown = [names.get(u, u) for u in match.group(0).split(",")]
+        return ",".join(sorted(shown, key=_gpu_order))
+
+    return _UUID_LIST.sub(listed, text)
+
+
+def _gpu_order(name: str) -> tuple[int, str]:
+    """Index order ("GPU 10" after "GPU 9"); an unnamed UUID after the named GPUs."""
+    index = name.removeprefix("GPU ")
+    return (int(index), "") if index.isdigit() else (1 << 30, name)
 
 
 def _action_text(action: dict, names: dict[str, str] | None = None) -> str:

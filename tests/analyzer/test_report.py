@@ -205,3 +205,11 @@ def test_the_summary_says_how_much_room_the_plan_leaves_for_new_requests(dgx):
     assert model.room_now[1] == len(idle_now) and model.room_after[1] == model.gpus_reclaimable
     line = f"1-GPU {model.room_now[1]} → {model.room_after[1]}"
     assert line in markdown(dgx) and "Room for new requests" in html_report(dgx)
+
+
+def test_a_multi_gpu_jobs_gpus_are_named_in_index_order():
+    from gpulens.analyzer.report import _short
+
+    names = {f"GPU-{i:08x}-0000": f"GPU {i}" for i in (2, 3, 10)}
+    text = "on node/GPU-0000000a-0000,GPU-00000003-0000,GPU-00000002-0000 -> whole"
+    assert _short(text, names) == "on node/GPU 2,GPU 3,GPU 10 -> whole"
