@@ -611,7 +611,7 @@ def start_remediate(options: Options, ports: dict[str, int]) -> int:
     cmd = [
         *Pieces(options.python).gpulens,
         "remediate",
-        "--listen",
+        "--web.listen-address",
         f"127.0.0.1:{ports['remediate']}",
         "--backend",
         "slurm",  # the live faults node runs Slurm jobs; without --apply every action is only logged

@@ -1,9 +1,11 @@
 """`gpulens-exporter`: parse flags (with `GPULENS_*` environment fallbacks) and run the daemon.
 
-The web and log flags are exporter-toolkit's (`--web.listen-address`, `--web.config.file`,
+Every setting is declared once, on its ExporterConfig field (exporter/config.py): flag, aliases,
+help and check; the parser and environment fallbacks come from there (`gpulens.settings`). The web
+and log flags are exporter-toolkit's (`--web.listen-address`, `--web.config.file`,
 `--web.telemetry-path`, `--web.max-requests`, `--log.level`, `--log.format logfmt|json`), as every
 Prometheus exporter has them; the names gpulens used before (`--listen`, `--web.config-file`,
-`--log-level`, `--log-format text`) stay as aliases (ALIASES below, docs/exporter.md).
+`--log-level`, `--log-format text`, `--procfs`) keep working and log a deprecation warning.
 
 Every flag that takes a value falls back to the environment variable named after it: upper case,
 `GPULENS_` prefix, dots and dashes as underscores (`--web.listen-address` ->
@@ -25,30 +27,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, NoReturn
 
 from gpulens import __version__, exits
 from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY
-from gpulens.exporter.config import (
-    DEFAULT_LISTEN,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_REQUESTS,
-    DEFAULT_TELEMETRY_PATH,
-    LOG_FORMAT_ALIASES,
-    LOG_FORMATS,
-    LOG_LEVELS,
-    PROFILING_MODES,
-    ConfigError,
-    ExporterConfig,
-    parse_listen,
-    validate,
-)
+from gpulens.exporter.config import DEFAULT_POD_LOGS, ConfigError, ExporterConfig, parse_listen, validate
+from gpulens.settings import add_arguments, aliases_of, env_name, parse_bool, resolve
 
 PROG = "gpulens-exporter"
-DEFAULT_POD_LOGS = ExporterConfig().pod_logs_dir
-TRUE = {"1", "true", "yes", "on"}
-FALSE = {"0", "false", "no", "off", ""}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,192 +42,27 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def _env_name(flag: str) -> str:
-    return "GPULENS_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """Options from ExporterConfig's declared settings, then the per-collector switches."""
+    aliases = aliases_of(ExporterConfig)
     p = _Parser(
         prog=PROG,
         description="Prometheus exporter for NVIDIA GPUs: MIG, MPS, health, Xid and per-job usage.",
-        epilog="Every value flag falls back to GPULENS_<FLAG> (e.g. GPULENS_WEB_LISTEN_ADDRESS, "
+        epilog="Every flag falls back to GPULENS_<FLAG> (e.g. GPULENS_WEB_LISTEN_ADDRESS, "
         "GPULENS_INTERVAL). --no-collector.<name> disables a collector that is on by default. "
-        "Aliases kept from earlier releases: " + ", ".join(f"{old} = {new}" for old, new in ALIASES.items()),
+        "Deprecated names kept from earlier releases: "
+        + ", ".join(f"{old} = {new}" for old, new in aliases.items()),
     )
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    p.add_argument(
-        "--web.listen-address",
-        "--listen",
-        dest="listen",
-        metavar="[HOST]:PORT",
-        help=f"address to listen on (default {DEFAULT_LISTEN})",
-    )
-    p.add_argument(
-        "--web.telemetry-path",
-        dest="telemetry_path",
-        metavar="PATH",
-        help=f"path under which metrics are served (default {DEFAULT_TELEMETRY_PATH})",
-    )
-    p.add_argument(
-        "--web.max-requests",
-        dest="max_requests",
-        type=int,
-        metavar="N",
-        help=f"most scrapes served at once, more get 503 (default {DEFAULT_MAX_REQUESTS}, 0: no limit)",
-    )
-    p.add_argument(
-        "--web.max-connections",
-        dest="max_connections",
-        type=int,
-        metavar="N",
-        help=f"most open connections; beyond it the one idle the longest is closed (default "
-        f"{DEFAULT_MAX_CONNECTIONS}, at most half the open-files limit)",
-    )
-    p.add_argument(
-        "--web.disable-exporter-metrics",
-        dest="disable_exporter_metrics",
-        action="store_true",
-        default=None,
-        help="leave out the process_* and python_* self-metrics (the exporter's CPU, memory, "
-        "descriptors, garbage collector)",
-    )
-    p.add_argument("--interval", type=float, metavar="SECONDS", help="sampling interval (default 5)")
-    p.add_argument(
-        "--nvml.timeout",
-        dest="nvml_timeout",
-        type=float,
-        metavar="SECONDS",
-        help="deadline for one GPU's NVML reads per sample; slower GPUs are reported down (default 2)",
-    )
-    p.add_argument(
-        "--nvml.slow-fields-every",
-        dest="slow_every",
-        type=int,
-        metavar="N",
-        help="read slowly changing values (power limit, temperature thresholds, max clock, PCIe link,"
-        " modes, aggregate ECC) on every Nth sample only; fault values are read every sample"
-        " (default 12; 1: everything every sample)",
-    )
-    p.add_argument(
-        "--simulate", metavar="SCENARIO", help="serve a simulated node (built-in scenario name or YAML file)"
-    )
-    p.add_argument("--sim-seed", dest="sim_seed", type=int, metavar="N", help="simulation seed (default 0)")
-    p.add_argument(
-        "--sim-speed",
-        dest="sim_speed",
-        type=float,
-        metavar="X",
-        help="simulated time per real second (default 1)",
-    )
-    p.add_argument("--procfs", type=Path, metavar="DIR", help="procfs root for attribution (default /proc)")
-    p.add_argument(
-        "--job-mapping-dir",
-        dest="job_mapping_dir",
-        type=Path,
-        metavar="DIR",
-        help="directory of job mapping files (dcgm-exporter or jobstats format)",
-    )
-    p.add_argument(
-        "--job-mapping-max-files",
-        dest="job_mapping_max_files",
-        type=int,
-        metavar="N",
-        help="most entries of the job mapping directory read; beyond it one line is logged and the "
-        "rest are ignored (default 10000)",
-    )
-    p.add_argument(
-        "--pod-resources-socket",
-        dest="pod_resources_socket",
-        type=Path,
-        metavar="PATH",
-        help="kubelet pod-resources socket (default /var/lib/kubelet/pod-resources/kubelet.sock)",
-    )
-    p.add_argument(
-        "--pod-logs-dir",
-        dest="pod_logs_dir",
-        type=Path,
-        metavar="DIR",
-        help="pod log directory used to name pods by UID (default /var/log/pods)",
-    )
-    for source, help_text in (
-        ("procfs", "process cgroup/environment attribution"),
-        ("mapping", "job mapping files"),
-        ("kubernetes", "kubelet pod-resources attribution"),
-    ):
-        p.add_argument(
-            f"--no-attribution.{source}",
-            dest=f"no_attribution_{source}",
-            action="store_true",
-            default=None,
-            help=f"disable {help_text}",
-        )
-    p.add_argument("--log.level", "--log-level", dest="log_level", choices=LOG_LEVELS, help="default info")
-    p.add_argument(
-        "--log.format",
-        "--log-format",
-        dest="log_format",
-        choices=(*LOG_FORMATS, *LOG_FORMAT_ALIASES),
-        help="logfmt (default) or json; text is an alias of logfmt",
-    )
-    p.add_argument(
-        "--web.config.file",
-        "--web.config-file",
-        dest="web_config_file",
-        type=Path,
-        metavar="FILE",
-        help="TLS and basic auth configuration (exporter-toolkit format)",
-    )
-    p.add_argument(
-        "--profiling",
-        choices=PROFILING_MODES,
-        help="profiling source: auto (DCGM if reachable, else GPM where supported), dcgm, gpm, off",
-    )
-    p.add_argument(
-        "--dcgm-bindings",
-        dest="dcgm_bindings",
-        type=Path,
-        metavar="PATH",
-        help="directory of DCGM's Python bindings (default: the DCGM 4, then DCGM 3 install path)",
-    )
-    p.add_argument(
-        "--dcgm-address",
-        dest="dcgm_address",
-        metavar="ADDR",
-        help="standalone nv-hostengine, HOST[:PORT] or unix:///PATH (default: embedded host engine)",
-    )
-    p.add_argument(
-        "--compat",
-        metavar="MODE[,MODE]",
-        help="also emit another exporter's names, units and labels: dcgm (dcgm-exporter 4.8.2), "
-        "dcgm=<version> (e.g. dcgm=4.8.3: the hostname label), jobstats (Princeton jobstats)",
-    )
-    p.add_argument(
-        "--collector.pcie_nvlink.per-link",
-        dest="nvlink_per_link",
-        action="store_true",
-        default=None,
-        help="NVLink byte and error counters per link (default: summed per GPU; link state stays per link)",
-    )
-    p.add_argument(
-        "--metrics.allow",
-        dest="metrics_allow",
-        metavar="GLOB[,GLOB]",
-        help="serve only these metric families (e.g. 'gpu_memory_*,gpu_power_watts'); gpulens_* always",
-    )
-    p.add_argument(
-        "--metrics.deny",
-        dest="metrics_deny",
-        metavar="GLOB[,GLOB]",
-        help="never serve these metric families (e.g. 'gpu_clock_event_*')",
-    )
-    p.add_argument(
-        "--collector.processes.max",
-        dest="processes_max",
-        type=int,
-        metavar="N",
-        help="most per-process series the processes collector exports (default 100)",
-    )
+    add_arguments(p, ExporterConfig)
     group = p.add_argument_group("collectors")
+    group.add_argument(
+        DISABLE_DEFAULTS,
+        dest="collector_disable_defaults",
+        action="store_true",
+        default=None,
+        help="start from no collector: only those enabled with --collector.<name> run (node_exporter's flag)",
+    )
     for name, spec in REGISTRY.items():
         state = "on" if spec.default_enabled else "off"
         group.add_argument(
@@ -261,108 +82,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _from_env(name: str, env: Mapping[str, str], convert: Any) -> Any:
-    raw = env.get(name)
+DISABLE_DEFAULTS = "--collector.disable-defaults"
+# docs/exporter.md's rows for the flags declared here rather than in ExporterConfig
+COLLECTOR_FLAG_ROWS = (
+    ("`--collector.<name>` / `--no-collector.<name>`", "see below", "enable / disable a collector"),
+    (f"`{DISABLE_DEFAULTS}`", "off", "start from no collector: only those enabled by name run"),
+)
+
+
+def _switch(args: argparse.Namespace, dest: str, flag: str, env: Mapping[str, str]) -> bool | None:
+    """A collector switch from its flag, else its variable (None: neither given)."""
+    value = getattr(args, dest)
+    if value is not None:
+        return bool(value)
+    raw = env.get(env_name(flag))
     if raw is None:
         return None
     try:
-        return convert(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: cannot parse {raw!r}") from None
-
-
-def _bool(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in TRUE:
-        return True
-    if value in FALSE:
-        return False
-    raise ValueError(raw)
-
-
-def _globs(raw: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in raw.split(",") if part.strip())
-
-
-VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
-    # (flag, dest, converter); an alias's environment variable is read after the flag's own
-    ("--web.listen-address", "listen", str),
-    ("--web.telemetry-path", "telemetry_path", str),
-    ("--web.max-requests", "max_requests", int),
-    ("--web.max-connections", "max_connections", int),
-    ("--interval", "interval", float),
-    ("--nvml.timeout", "nvml_timeout", float),
-    ("--nvml.slow-fields-every", "slow_every", int),
-    ("--simulate", "simulate", str),
-    ("--sim-seed", "sim_seed", int),
-    ("--sim-speed", "sim_speed", float),
-    ("--procfs", "procfs", Path),
-    ("--job-mapping-dir", "job_mapping_dir", Path),
-    ("--job-mapping-max-files", "job_mapping_max_files", int),
-    ("--pod-resources-socket", "pod_resources_socket", Path),
-    ("--pod-logs-dir", "pod_logs_dir", Path),
-    ("--log.level", "log_level", str),
-    ("--log.format", "log_format", str),
-    ("--web.config.file", "web_config_file", Path),
-    ("--profiling", "profiling", str),
-    ("--dcgm-bindings", "dcgm_bindings", Path),
-    ("--dcgm-address", "dcgm_address", str),
-    ("--compat", "compat", str),
-    ("--collector.processes.max", "processes_max", int),
-    ("--metrics.allow", "metrics_allow", _globs),
-    ("--metrics.deny", "metrics_deny", _globs),
-)
-
-# earlier flag names -> exporter-toolkit's (both work; docs/exporter.md lists them)
-ALIASES: dict[str, str] = {
-    "--listen": "--web.listen-address",
-    "--web.config-file": "--web.config.file",
-    "--log-level": "--log.level",
-    "--log-format": "--log.format",
-}
-_ALIASES_OF = {new: old for old, new in ALIASES.items()}
+        return parse_bool(raw)
+    except ValueError:
+        raise ConfigError(f"{env_name(flag)}: expected 1/true/yes or 0/false/no, got {raw!r}") from None
 
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ExporterConfig:
     """Flags, then environment, then defaults; raises ConfigError (one line) on bad input."""
     env = os.environ if env is None else env
-    args = build_parser().parse_args(list(argv))
-    values: dict[str, Any] = {}
-    for flag, dest, convert in VALUE_FLAGS:
-        value = getattr(args, dest)
-        if isinstance(value, str) and convert is _globs:
-            value = _globs(value)
-        for name in (flag, _ALIASES_OF.get(flag)):
-            if value is None and name is not None:
-                value = _from_env(_env_name(name), env, convert)
-        if value is not None:
-            values[dest] = value
-    if "log_format" in values:
-        values["log_format"] = LOG_FORMAT_ALIASES.get(values["log_format"], values["log_format"])
-    per_link = args.nvlink_per_link
-    if per_link is None:
-        per_link = _from_env(_env_name("--collector.pcie_nvlink.per-link"), env, _bool)
-    values["nvlink_per_link"] = bool(per_link)
-    no_self = args.disable_exporter_metrics
-    if no_self is None:
-        no_self = _from_env(_env_name("--web.disable-exporter-metrics"), env, _bool)
-    values["disable_exporter_metrics"] = bool(no_self)
-    for source in ("procfs", "mapping", "kubernetes"):
-        disabled = getattr(args, f"no_attribution_{source}")
-        if disabled is None:
-            disabled = _from_env(_env_name(f"--no-attribution.{source}"), env, _bool)
-        values[f"attribution_{source}"] = not disabled
-    enabled = set(DEFAULT_ENABLED)
+    argv = list(argv)
+    args = build_parser().parse_args(argv)
+    resolved = resolve(ExporterConfig, args, argv, env)
+    enabled = (
+        set() if _switch(args, "collector_disable_defaults", DISABLE_DEFAULTS, env) else set(DEFAULT_ENABLED)
+    )
     for name in REGISTRY:
-        choice = getattr(args, f"collector_{name}")
-        if choice is None:
-            choice = _from_env(_env_name(f"--collector.{name}"), env, _bool)
+        choice = _switch(args, f"collector_{name}", f"--collector.{name}", env)
         if choice is True:
             enabled.add(name)
         elif choice is False:
             enabled.discard(name)
-    values["collectors"] = frozenset(enabled)
-    return validate(ExporterConfig(**values))
+    return validate(
+        ExporterConfig(**resolved.values, collectors=frozenset(enabled), deprecated=resolved.deprecated),
+        resolved.given_as,
+    )
 
 
 class Signals:
@@ -477,6 +237,8 @@ def serve(config: ExporterConfig, node: Any = None, signals: Signals | None = No
     from gpulens.logsetup import setup_logging
 
     log = setup_logging(config.log_level, config.log_format)
+    for old, new in config.deprecated:
+        log.warning("%s is deprecated: use %s", old, new)
     signals = signals or Signals()
     web = load_web_config(config.web_config_file) if config.web_config_file else WebConfig()
     host, port = parse_listen(config.listen)
@@ -553,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except exits.Terminated:  # asked to stop while starting (parsing --web.config-file): as asked
+    except exits.Terminated:  # asked to stop while starting (parsing --web.config.file): as asked
         return 0
     finally:
         exits.clear()

@@ -22,6 +22,13 @@ DCGM_OLDEST = (3, 0, 0)  # 3.x has the same field names and labels
 DCGM_FIRST_UNSUPPORTED = (4, 9, 0)  # renamed fields and units
 DCGM_LOWERCASE_HOSTNAME = (4, 8, 3)
 
+# the --compat flag's help and docs/exporter.md's line (exporter/config.py declares the flag)
+HELP = (
+    "also emit another exporter's names, units and labels: `dcgm` (dcgm-exporter 4.8.2), "
+    "`dcgm=<version>` (3.0 to 4.8.x; from 4.8.3 the host label is `hostname`), `jobstats` (Princeton "
+    "jobstats; [docs/dcgm.md](dcgm.md), [docs/migrate-jobstats.md](migrate-jobstats.md))"
+)
+
 _VERSION = re.compile(r"^(?:\d+\.\d+\.\d+-)?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?$")
 
 

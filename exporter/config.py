@@ -7,9 +7,12 @@ user error (`ConfigError`, one line naming the flag or file and what was expecte
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulens.exporter.compat import HELP as COMPAT_HELP
 from gpulens.exporter.compat import CompatError, CompatSpec, parse_compat
 
 # shared with the receiver (one set of conventions for both servers), re-exported for the exporter
@@ -18,6 +21,7 @@ from gpulens.serverflags import LOG_FORMATS as LOG_FORMATS
 from gpulens.serverflags import LOG_LEVELS as LOG_LEVELS
 from gpulens.serverflags import ConfigError as ConfigError
 from gpulens.serverflags import parse_listen as parse_listen
+from gpulens.settings import check, setting
 
 DEFAULT_PORT = 9842
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
@@ -29,42 +33,380 @@ PROFILING_MODES = ("auto", "dcgm", "gpm", "off")
 
 # samples between reads of the slow tier (backends/nvml.py SLOW_FIELDS): 12 x the default 5 s = 1 min
 DEFAULT_SLOW_EVERY = 12
+DEFAULT_POD_LOGS = Path("/var/log/pods")
+
+
+def _at_least(low: float, what: str = "") -> Callable[[float], str | None]:
+    def problem(value: float) -> str | None:
+        return None if value >= low else f"must be >= {low:g}{what}, got {value:g}"
+
+    return problem
+
+
+def _positive(unit: str) -> Callable[[float], str | None]:
+    def problem(value: float) -> str | None:
+        return None if 0 < value < math.inf else f"must be > 0{unit} and finite, got {value:g}"
+
+    return problem
+
+
+def _interval(value: float) -> str | None:
+    if not 0 < value < math.inf:
+        return f"must be > 0 seconds and finite, got {value:g}"
+    return None if value >= 0.1 else f"must be >= 0.1 s (GPM needs 100 ms windows), got {value:g}"
+
+
+def _listen(value: str) -> str | None:
+    try:
+        parse_listen(value)
+    except ConfigError as exc:
+        return str(exc).partition(": ")[2]
+    return None
+
+
+def _directory(value: Path | None) -> str | None:
+    return None if value is None or value.is_dir() else f"{value} is not a directory"
+
+
+def _not_a_file(value: Path | None) -> str | None:
+    """A directory that may not exist yet (created by the job scheduler later), but not a file."""
+    if value is None or not value.exists() or value.is_dir():
+        return None
+    return f"{value} is not a directory"
+
+
+def _file(value: Path | None) -> str | None:
+    return None if value is None or value.is_file() else f"{value} does not exist"
+
+
+def _globs(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _family_globs(patterns: tuple[str, ...]) -> str | None:
+    for pattern in patterns:
+        if not pattern or not all(c.isalnum() or c in "_:*?[]!" for c in pattern):
+            return f"expected metric family names or globs (gpu_*), got {pattern!r}"
+    return None
+
+
+def _compat(value: str) -> str | None:
+    try:
+        parse_compat(value)
+    except CompatError as exc:
+        return str(exc).partition(": ")[2] or str(exc)
+    return None
+
+
+def _dcgm_address(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        _check_dcgm_address(value)
+    except ConfigError as exc:
+        return str(exc).partition(": ")[2]
+    return None
+
+
+def _telemetry_path(value: str) -> str | None:
+    try:
+        _check_telemetry_path(value)
+    except ConfigError as exc:
+        return str(exc).partition(": ")[2]
+    return None
+
+
+SECONDS = {"metavar": "SECONDS", "parse": float, "expected": "a number of seconds"}
+COUNT = {"metavar": "N", "parse": int, "expected": "a whole number"}
 
 
 @dataclass(frozen=True)
 class ExporterConfig:
-    listen: str = DEFAULT_LISTEN
-    interval: float = 5.0
-    nvml_timeout: float = 2.0  # deadline for one GPU's reads in a sample (capped below the interval)
+    """Every exporter setting, declared once: its flag, aliases, help and check are the field's
+    metadata (`gpulens.settings`), from which `cli.py` builds the parser and the environment
+    fallbacks and docs/exporter.md's flag table is generated (tests/exporter/test_flag_docs.py)."""
+
+    listen: str = field(
+        default=DEFAULT_LISTEN,
+        metadata=setting(
+            flag="--web.listen-address",
+            aliases=("--listen",),
+            metavar="[HOST]:PORT",
+            help="address; an empty host listens on all interfaces (IPv4 and IPv6)",
+            check=_listen,
+        ),
+    )
+    telemetry_path: str = field(
+        default=DEFAULT_TELEMETRY_PATH,
+        metadata=setting(
+            flag="--web.telemetry-path",
+            metavar="PATH",
+            help="where the metrics are served",
+            check=_telemetry_path,
+        ),
+    )
+    # concurrent scrapes served; more get 503 (0: no limit)
+    max_requests: int = field(
+        default=DEFAULT_MAX_REQUESTS,
+        metadata=setting(
+            flag="--web.max-requests",
+            **COUNT,
+            help="most requests handled at once (an answer being sent holds no slot; `/-/healthy` and "
+            "`/-/ready` take none); more are answered 503 at once instead of queueing (0: no limit)",
+            check=_at_least(0, " (0: no limit)"),
+        ),
+    )
+    max_connections: int = field(
+        default=DEFAULT_MAX_CONNECTIONS,
+        metadata=setting(
+            flag="--web.max-connections",
+            **COUNT,
+            help="open connections; beyond it the one idle the longest is closed (connections that "
+            "never completed a request first); capped at half the open-files limit",
+            check=_at_least(1),
+        ),
+    )
+    web_config_file: Path | None = field(
+        default=None,
+        metadata=setting(
+            flag="--web.config.file",
+            aliases=("--web.config-file",),
+            metavar="FILE",
+            parse=Path,
+            help="TLS, basic auth and response headers (below); re-read on SIGHUP",
+            check=_file,
+        ),
+    )
+    log_level: str = field(
+        default="info",
+        metadata=setting(
+            flag="--log.level",
+            aliases=("--log-level",),
+            metavar="debug|info|warn|error",
+            choices=LOG_LEVELS,
+            help="logs go to stderr",
+        ),
+    )
+    log_format: str = field(
+        default="logfmt",
+        metadata=setting(
+            flag="--log.format",
+            aliases=("--log-format",),
+            metavar="logfmt|json",
+            choices=LOG_FORMATS,
+            value_aliases=tuple(LOG_FORMAT_ALIASES.items()),
+            help='`time=… level=… logger=… msg="…"`, or the same keys as one JSON object per line '
+            "(`text` is the earlier name of logfmt, deprecated)",
+        ),
+    )
+    disable_exporter_metrics: bool = field(
+        default=False,
+        metadata=setting(
+            flag="--web.disable-exporter-metrics",
+            help="leave out the `process_*` and `python_*` self-metrics (docs/metrics.md)",
+        ),
+    )
+    interval: float = field(
+        default=5.0,
+        metadata=setting(flag="--interval", **SECONDS, help="sampling interval (≥ 0.1)", check=_interval),
+    )
+    # deadline for one GPU's reads in a sample (capped below the interval)
+    nvml_timeout: float = field(
+        default=2.0,
+        metadata=setting(
+            flag="--nvml.timeout",
+            **SECONDS,
+            help="deadline for one GPU's reads in a sample; slower GPUs are reported down",
+            check=_positive(" seconds"),
+        ),
+    )
     # the slow tier (limits, thresholds, modes, PCIe link, aggregate ECC) is read on every Nth sample
-    slow_every: int = DEFAULT_SLOW_EVERY
-    simulate: str | None = None
-    sim_seed: int = 0
-    sim_speed: float = 1.0
-    procfs: Path | None = None  # None: /proc, or the simulated node's procfs root
-    job_mapping_dir: Path | None = None
-    job_mapping_max_files: int = 10_000  # directory entries read; beyond, one log line (mapping_dir.py)
-    pod_resources_socket: Path | None = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-    pod_logs_dir: Path = Path("/var/log/pods")
-    attribution_procfs: bool = True
-    attribution_mapping: bool = True
-    attribution_kubernetes: bool = True
-    log_level: str = "info"
-    log_format: str = "logfmt"
-    web_config_file: Path | None = None
-    telemetry_path: str = DEFAULT_TELEMETRY_PATH
-    max_requests: int = DEFAULT_MAX_REQUESTS  # concurrent scrapes served; more get 503 (0: no limit)
-    max_connections: int = DEFAULT_MAX_CONNECTIONS  # open connections; the oldest idle closed beyond
-    disable_exporter_metrics: bool = False  # True: no process_* / python_* self-metrics
-    collectors: frozenset[str] | None = None  # None: the defaults; empty: only the exporter's own metrics
-    processes_max: int = 100
-    profiling: str = "auto"
-    dcgm_bindings: Path | None = None  # directory with DCGM's pydcgm.py (None: the standard paths)
-    dcgm_address: str | None = None  # nv-hostengine "host[:port]" or "unix:///path"; None: embedded
-    compat: str = ""  # "dcgm[=<version>]" and/or "jobstats", comma-separated (see compat.py)
-    nvlink_per_link: bool = False  # per-link NVLink counters instead of per-GPU sums
-    metrics_allow: tuple[str, ...] = ()  # family name globs to serve (empty: all)
-    metrics_deny: tuple[str, ...] = ()  # family name globs never served
+    slow_every: int = field(
+        default=DEFAULT_SLOW_EVERY,
+        metadata=setting(
+            flag="--nvml.slow-fields-every",
+            **COUNT,
+            help="read the slow tier (below) on every Nth sample only, repeating its last values in "
+            "between; 1 reads everything every sample",
+            check=_at_least(1, " (1: every sample)"),
+        ),
+    )
+    simulate: str | None = field(
+        default=None,
+        metadata=setting(
+            flag="--simulate",
+            metavar="SCENARIO",
+            help="serve a simulated node: a built-in scenario (`gpulens sim list`) or a scenario YAML "
+            "file (docs/simulator.md)",
+        ),
+    )
+    sim_seed: int = field(default=0, metadata=setting(flag="--sim-seed", **COUNT, help="simulation seed"))
+    sim_speed: float = field(
+        default=1.0,
+        metadata=setting(
+            flag="--sim-speed",
+            metavar="X",
+            parse=float,
+            expected="a number",
+            help="simulated seconds per real second",
+            check=_positive(""),
+        ),
+    )
+    # None: /proc, or the simulated node's procfs root
+    procfs: Path | None = field(
+        default=None,
+        metadata=setting(
+            flag="--path.procfs",
+            aliases=("--procfs",),
+            metavar="DIR",
+            parse=Path,
+            default_doc="`/proc` (simulated: the node's fake procfs)",
+            help="where process cgroups/environments are read (node_exporter's name)",
+            check=_directory,
+        ),
+    )
+    job_mapping_dir: Path | None = field(
+        default=None,
+        metadata=setting(
+            flag="--job-mapping-dir",
+            metavar="DIR",
+            parse=Path,
+            default_doc="none (simulated: the node's mapping dir)",
+            help="dcgm-exporter / jobstats mapping files",
+            check=_not_a_file,
+        ),
+    )
+    # directory entries read; beyond, one log line (mapping_dir.py)
+    job_mapping_max_files: int = field(
+        default=10_000,
+        metadata=setting(
+            flag="--job-mapping-max-files",
+            **COUNT,
+            help="most entries of the mapping directory read; past it one line is logged and the rest "
+            "ignored (docs/attribution.md)",
+            check=_at_least(1),
+        ),
+    )
+    pod_resources_socket: Path | None = field(
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        metadata=setting(
+            flag="--pod-resources-socket", metavar="PATH", parse=Path, help="kubelet pod-resources API"
+        ),
+    )
+    pod_logs_dir: Path = field(
+        default=DEFAULT_POD_LOGS,
+        metadata=setting(
+            flag="--pod-logs-dir",
+            metavar="DIR",
+            parse=Path,
+            default_doc="`/var/log/pods` (simulated: the node's fake one)",
+            help="pod names from log directory names",
+        ),
+    )
+    attribution_procfs: bool = field(
+        default=True,
+        metadata=setting(
+            flag="--no-attribution.procfs",
+            negated=True,
+            help="disable process cgroup/environment attribution",
+        ),
+    )
+    attribution_mapping: bool = field(
+        default=True,
+        metadata=setting(flag="--no-attribution.mapping", negated=True, help="disable job mapping files"),
+    )
+    attribution_kubernetes: bool = field(
+        default=True,
+        metadata=setting(
+            flag="--no-attribution.kubernetes", negated=True, help="disable kubelet pod-resources attribution"
+        ),
+    )
+    profiling: str = field(
+        default="auto",
+        metadata=setting(
+            flag="--profiling",
+            metavar="auto|dcgm|gpm|off",
+            choices=PROFILING_MODES,
+            help="auto: DCGM if its host engine is reachable, else GPM where the GPU supports it "
+            "(Hopper+), else only NVML utilization; `off` skips profiling reads ([docs/dcgm.md](dcgm.md))",
+        ),
+    )
+    # directory with DCGM's pydcgm.py (None: the standard paths)
+    dcgm_bindings: Path | None = field(
+        default=None,
+        metadata=setting(
+            flag="--dcgm-bindings",
+            metavar="PATH",
+            parse=Path,
+            default_doc="DCGM 4, then DCGM 3 install path",
+            help="directory of DCGM's Python bindings",
+            check=_directory,
+        ),
+    )
+    # nv-hostengine "host[:port]" or "unix:///path"; None: embedded
+    dcgm_address: str | None = field(
+        default=None,
+        metadata=setting(
+            flag="--dcgm-address",
+            metavar="ADDR",
+            default_doc="embedded host engine",
+            help="standalone nv-hostengine, `HOST[:PORT]` or `unix:///PATH`",
+            check=_dcgm_address,
+        ),
+    )
+    # "dcgm[=<version>]" and/or "jobstats", comma-separated (see compat.py)
+    compat: str = field(
+        default="",
+        metadata=setting(
+            flag="--compat",
+            metavar="MODE[,MODE]",
+            default_doc="off",
+            help=COMPAT_HELP,
+            check=_compat,
+        ),
+    )
+    # None: the defaults; empty: only the exporter's own metrics (cli.py: --collector.<name>)
+    collectors: frozenset[str] | None = None
+    processes_max: int = field(
+        default=100,
+        metadata=setting(
+            flag="--collector.processes.max", **COUNT, help="most per-process series", check=_at_least(0)
+        ),
+    )
+    # per-link NVLink counters instead of per-GPU sums
+    nvlink_per_link: bool = field(
+        default=False,
+        metadata=setting(
+            flag="--collector.pcie_nvlink.per-link",
+            help="NVLink byte and error counters per link (default: summed per GPU; link state stays "
+            "per link)",
+        ),
+    )
+    metrics_allow: tuple[str, ...] = field(
+        default=(),
+        metadata=setting(
+            flag="--metrics.allow",
+            metavar="GLOB[,GLOB]",
+            parse=_globs,
+            default_doc="all",
+            help="serve only these metric families (e.g. `gpu_memory_*,gpu_power_watts`); the "
+            "exporter's own `gpulens_*` always",
+            check=_family_globs,
+        ),
+    )
+    metrics_deny: tuple[str, ...] = field(
+        default=(),
+        metadata=setting(
+            flag="--metrics.deny",
+            metavar="GLOB[,GLOB]",
+            parse=_globs,
+            default_doc="none",
+            help="never serve these metric families (e.g. `gpu_clock_event_*`)",
+            check=_family_globs,
+        ),
+    )
+    # (old name, new name) of deprecated flags and variables used; logged once at start
+    deprecated: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def compat_spec(self) -> CompatSpec:
         """The parsed `compat` value (validate() has checked that it parses)."""
@@ -86,63 +428,10 @@ class ExporterConfig:
         return max(0.05, min(self.nvml_timeout, self.interval * 0.8))
 
 
-def validate(config: ExporterConfig) -> ExporterConfig:
-    """Check values argparse cannot; returns the config unchanged or raises ConfigError."""
-    parse_listen(config.listen)
-    if not config.interval > 0:
-        raise ConfigError(f"--interval: must be > 0 seconds, got {config.interval}")
-    if config.interval < 0.1:
-        raise ConfigError(f"--interval: must be >= 0.1 s (GPM needs 100 ms windows), got {config.interval}")
-    if not config.nvml_timeout > 0:
-        raise ConfigError(f"--nvml.timeout: must be > 0 seconds, got {config.nvml_timeout}")
-    if config.slow_every < 1:
-        raise ConfigError(
-            f"--nvml.slow-fields-every: must be >= 1 (1: every sample), got {config.slow_every}"
-        )
-    if not config.sim_speed > 0:
-        raise ConfigError(f"--sim-speed: must be > 0, got {config.sim_speed}")
-    if config.log_level not in LOG_LEVELS:
-        raise ConfigError(f"--log.level: expected one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
-    if config.log_format not in LOG_FORMATS:
-        raise ConfigError(f"--log.format: expected logfmt or json, got {config.log_format!r}")
-    _check_telemetry_path(config.telemetry_path)
-    if config.max_requests < 0:
-        raise ConfigError(f"--web.max-requests: must be >= 0 (0: no limit), got {config.max_requests}")
-    if config.max_connections < 1:
-        raise ConfigError(f"--web.max-connections: must be >= 1, got {config.max_connections}")
-    for flag, patterns in (
-        ("--metrics.allow", config.metrics_allow),
-        ("--metrics.deny", config.metrics_deny),
-    ):
-        for pattern in patterns:
-            if not pattern or not all(c.isalnum() or c in "_:*?[]!" for c in pattern):
-                raise ConfigError(f"{flag}: expected metric family names or globs (gpu_*), got {pattern!r}")
-    if config.profiling not in PROFILING_MODES:
-        raise ConfigError(
-            f"--profiling: expected one of {', '.join(PROFILING_MODES)}, got {config.profiling!r}"
-        )
-    try:
-        parse_compat(config.compat)
-    except CompatError as exc:
-        raise ConfigError(str(exc)) from None
-    if config.dcgm_bindings is not None and not config.dcgm_bindings.is_dir():
-        raise ConfigError(f"--dcgm-bindings: {config.dcgm_bindings} is not a directory")
-    if config.dcgm_address is not None:
-        _check_dcgm_address(config.dcgm_address)
-    if config.processes_max < 0:
-        raise ConfigError(f"--collector.processes.max: must be >= 0, got {config.processes_max}")
-    if config.procfs is not None and not config.procfs.is_dir():
-        raise ConfigError(f"--procfs: {config.procfs} is not a directory")
-    if (
-        config.job_mapping_dir is not None
-        and config.job_mapping_dir.exists()
-        and not config.job_mapping_dir.is_dir()
-    ):
-        raise ConfigError(f"--job-mapping-dir: {config.job_mapping_dir} is not a directory")
-    if config.job_mapping_max_files < 1:
-        raise ConfigError(f"--job-mapping-max-files: must be >= 1, got {config.job_mapping_max_files}")
-    if config.web_config_file is not None and not config.web_config_file.is_file():
-        raise ConfigError(f"--web.config.file: {config.web_config_file} does not exist")
+def validate(config: ExporterConfig, given_as: Mapping[str, str] | None = None) -> ExporterConfig:
+    """Check every setting (its declared check); returns the config unchanged or raises ConfigError
+    naming the flag (or the alias or variable it was given as: `given_as`)."""
+    check(config, given_as)
     return config
 
 

@@ -2,7 +2,8 @@
 
 The common case is a first try on a laptop or CI runner without an NVIDIA driver: NVML cannot be
 loaded, and "NVML unavailable" alone does not say that `--simulate` exists. (The scenario names are
-not listed here: the exporter package never imports the simulator; docs/simulator.md lists them.)
+not listed here, where they would go stale: the exporter package never imports the simulator, and
+`gpulens sim list` names them.)
 """
 
 from __future__ import annotations
@@ -14,6 +15,6 @@ def no_gpu_hint(nvml_error: str) -> str:
         f"No NVIDIA GPU could be read ({nvml_error or 'NVML unavailable'}). On a GPU node, check that "
         "the NVIDIA driver is loaded (nvidia-smi works) and that this process sees the GPUs (in a "
         "container: the NVIDIA container runtime, e.g. runtimeClassName: nvidia or --gpus all). To try "
-        "gpulens without a GPU, run: gpulens-exporter --simulate dgx-h100 (other built-in scenarios: "
-        "k8s-a100-mixed, seed-case, faults, large, typical-fleet, pcie-split; docs/simulator.md)."
+        "gpulens without a GPU, run: gpulens-exporter --simulate dgx-h100 (`gpulens sim list` names the "
+        "other built-in scenarios; docs/simulator.md)."
     )

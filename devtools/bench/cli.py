@@ -120,7 +120,7 @@ def run_exporters(args: argparse.Namespace, workdir: Path) -> list[ExporterResul
                 sys.executable,
                 "-m",
                 "gpulens.exporter.cli",
-                "--procfs",
+                "--path.procfs",
                 str(procfs),
                 "--web.listen-address",
                 f"127.0.0.1:{port}",

@@ -125,7 +125,7 @@ def test_environment_switches_for_attribution_and_collectors() -> None:
         (["--interval", "0"], {}, "--interval"),
         (["--interval", "abc"], {}, "--interval"),
         (["--web.listen-address", "nonsense"], {}, "--web.listen-address"),
-        (["--listen", ":70000"], {}, "--web.listen-address"),
+        (["--listen", ":70000"], {}, "--listen"),
         (["--log.format", "xml"], {}, "--log.format"),
         (["--log-format", "xml"], {}, "--log-format"),
         (["--log.level", "loud"], {}, "--log.level"),
@@ -133,7 +133,7 @@ def test_environment_switches_for_attribution_and_collectors() -> None:
         ([], {"GPULENS_INTERVAL": "fast"}, "GPULENS_INTERVAL"),
         ([], {"GPULENS_LOG_FORMAT": "xml"}, "--log.format"),
         (["--web.config.file", "/does/not/exist.yml"], {}, "--web.config.file"),
-        (["--web.config-file", "/does/not/exist.yml"], {}, "--web.config.file"),
+        (["--web.config-file", "/does/not/exist.yml"], {}, "--web.config-file"),
         (["--web.telemetry-path", "metrics"], {}, "--web.telemetry-path"),
         (["--web.telemetry-path", "/-/ready"], {}, "--web.telemetry-path"),
         (["--web.max-requests", "-1"], {}, "--web.max-requests"),
@@ -175,9 +175,9 @@ def test_bad_web_config_prints_one_line_naming_the_field(tmp_path: Path) -> None
             sys.executable,
             "-m",
             "gpulens.exporter",
-            "--web.config-file",
+            "--web.config.file",
             str(config),
-            "--listen",
+            "--web.listen-address",
             "127.0.0.1:0",
         ],
         capture_output=True,
@@ -300,12 +300,14 @@ def test_without_a_gpu_and_without_simulate_the_log_and_landing_page_say_what_to
     assert log.count("--simulate dgx-h100") == 1  # said once, not every retry
 
 
-def test_the_hint_names_the_built_in_scenarios() -> None:
+def test_the_hint_names_a_built_in_scenario_and_the_command_that_lists_them_all() -> None:
+    from gpulens.cli import main as gpulens
     from gpulens.exporter.hints import no_gpu_hint
     from gpulens.sim.scenario import list_builtin
 
     hint = no_gpu_hint("nvmlInit failed")
-    assert all(name in hint for name in list_builtin())
+    assert "--simulate dgx-h100" in hint and "dgx-h100" in list_builtin()
+    assert "`gpulens sim list`" in hint and gpulens(["sim", "list"]) == 0
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,9 @@ from gpulens.exporter.attribution.mapping_dir import (
     parse_mapping_content,
 )
 from gpulens.exporter.cli import parse_config
-from gpulens.exporter.config import ConfigError
+from gpulens.exporter.config import ConfigError, ExporterConfig
 from gpulens.httpd.webconfig import load_web_config
+from gpulens.settings import aliases_of, settings_of
 from gpulens.sim.scenario import BUILTIN_DIR, Scenario, ScenarioError, parse_scenario
 
 Count = Callable[..., None]
@@ -278,23 +279,13 @@ def test_bad_mapping_files_are_skipped_with_one_line_each_and_good_ones_used(
 
 
 # ---- exporter flags and --web.config-file ----------------------------------------------------------
+# every declared setting and its deprecated names (exporter/config.py), and collector switches
 FLAGS = [
-    "--listen",
-    "--interval",
-    "--nvml.timeout",
-    "--simulate",
-    "--sim-seed",
-    "--sim-speed",
-    "--procfs",
-    "--job-mapping-dir",
-    "--log-level",
-    "--log-format",
-    "--web.config-file",
-    "--profiling",
-    "--collector.processes.max",
+    *(spec.flag for _, spec in settings_of(ExporterConfig)),
+    *aliases_of(ExporterConfig),
+    "--collector.disable-defaults",
     "--collector.mig",
     "--no-collector.jobs",
-    "--no-attribution.procfs",
 ]
 FLAG_VALUES = st.one_of(
     st.sampled_from(

@@ -58,7 +58,7 @@ def test_the_exporter_removes_the_simulator_directory_on_a_signal(tmp_path: Path
             "gpulens.exporter.cli",
             "--simulate",
             "seed-case",
-            "--listen",
+            "--web.listen-address",
             f"127.0.0.1:{port}",
         ],
         stdout=subprocess.DEVNULL,

@@ -159,7 +159,7 @@ def test_5000_idle_and_slowloris_connections_under_1024_descriptors_leave_every_
 ) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
     cmd = [sys.executable, "-m", "gpulens.exporter.cli", "--simulate", "dgx-h100"]
-    cmd += ["--listen", f"127.0.0.1:{port}"]
+    cmd += ["--web.listen-address", f"127.0.0.1:{port}"]
     ready = f"http://127.0.0.1:{port}/-/ready"
     with daemon(cmd, ready, tmp_path / "exporter.log", {"TMPDIR": str(tmp_path)}) as proc:
         client = KeptAliveClient(port, {"Accept-Encoding": "gzip"})

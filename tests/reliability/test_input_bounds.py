@@ -154,9 +154,9 @@ def test_the_exporter_with_a_huge_number_in_its_web_config_exits_2_with_one_line
             sys.executable,
             "-m",
             "gpulens.exporter.cli",
-            "--web.config-file",
+            "--web.config.file",
             str(path),
-            "--listen",
+            "--web.listen-address",
             "127.0.0.1:0",
         ],
         capture_output=True,
@@ -167,7 +167,7 @@ def test_the_exporter_with_a_huge_number_in_its_web_config_exits_2_with_one_line
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
     line = one_line(lines[0])
-    assert f"--web.config-file {path}" in line and "http_server_config.headers.X-Big" in line
+    assert f"--web.config.file {path}" in line and "http_server_config.headers.X-Big" in line
 
 
 # -- item 2: files that are not UTF-8 -----------------------------------------------------------------
@@ -373,7 +373,7 @@ def test_the_exporter_stops_at_once_on_sigterm_while_parsing_its_web_config(tmp_
     started = time.monotonic()
     load_yaml(big)
     parse_s = time.monotonic() - started
-    with exporter(tmp_path, "--web.config-file", str(config)) as (proc, url, log):
+    with exporter(tmp_path, "--web.config.file", str(config)) as (proc, url, log):
         wait_http(f"{url}/-/ready", timeout=30, proc=proc)
         config.write_text(big)
         proc.send_signal(signal.SIGHUP)

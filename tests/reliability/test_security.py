@@ -351,7 +351,7 @@ def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pa
         "-m",
         "gpulens.cli",
         "remediate",
-        "--listen",
+        "--web.listen-address",
         f"127.0.0.1:{port}",
         "--backend",
         "slurm",

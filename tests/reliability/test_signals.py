@@ -49,7 +49,7 @@ def exporter(tmp_path: Path, *extra: str) -> Iterator[tuple[subprocess.Popen, st
     port = free_port()
     log_path = tmp_path / "exporter.log"
     cmd = [sys.executable, "-m", "gpulens.exporter.cli", "--simulate", "dgx-h100"]
-    cmd += ["--listen", f"127.0.0.1:{port}", *extra]
+    cmd += ["--web.listen-address", f"127.0.0.1:{port}", *extra]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(tmp_path)}
@@ -79,7 +79,7 @@ def sim_dirs(tmp_path: Path) -> list[Path]:
 def test_sighup_reloads_the_web_config(tmp_path: Path) -> None:
     config = tmp_path / "web.yml"
     config.write_text(users(alice="first"))
-    with exporter(tmp_path, "--web.config-file", str(config)) as (proc, url, log):
+    with exporter(tmp_path, "--web.config.file", str(config)) as (proc, url, log):
         deadline = time.monotonic() + 30
         while status(f"{url}/-/healthy", "alice", "first") != 200:
             assert proc.poll() is None and time.monotonic() < deadline
@@ -96,7 +96,7 @@ def test_sighup_reloads_the_web_config(tmp_path: Path) -> None:
 def test_a_broken_config_on_sighup_is_one_error_line_and_the_old_one_stays(tmp_path: Path) -> None:
     config = tmp_path / "web.yml"
     config.write_text(users(alice="first"))
-    with exporter(tmp_path, "--web.config-file", str(config)) as (proc, url, log):
+    with exporter(tmp_path, "--web.config.file", str(config)) as (proc, url, log):
         deadline = time.monotonic() + 30
         while status(f"{url}/-/healthy", "alice", "first") != 200:
             assert proc.poll() is None and time.monotonic() < deadline
@@ -134,7 +134,7 @@ def test_the_simulator_directory_is_removed_after_a_sighup_and_a_sigterm(tmp_pat
 def test_the_receiver_logs_sighup_and_keeps_serving(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("sighup-token")
     port = free_port()
-    cmd = [sys.executable, "-m", "gpulens.cli", "remediate", "--listen", f"127.0.0.1:{port}"]
+    cmd = [sys.executable, "-m", "gpulens.cli", "remediate", "--web.listen-address", f"127.0.0.1:{port}"]
     cmd += ["--backend", "slurm", "--token-file", str(tmp_path / "token")]
     log_path = tmp_path / "receiver.log"
     with log_path.open("wb") as log:

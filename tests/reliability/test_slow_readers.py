@@ -92,7 +92,7 @@ def under_attack(attacker: subprocess.Popen[str], step: Callable[[], None]) -> d
 def exporter_under_slow_readers(tmp_path: Path, tls: bool) -> None:
     port = free_port()
     cmd = [sys.executable, "-m", "gpulens.exporter.cli", "--simulate", "dgx-h100"]
-    cmd += ["--listen", f"127.0.0.1:{port}"]
+    cmd += ["--web.listen-address", f"127.0.0.1:{port}"]
     context = None
     ca = None
     scheme = "http"
@@ -110,7 +110,7 @@ def exporter_under_slow_readers(tmp_path: Path, tls: bool) -> None:
                 }
             )
         )
-        cmd += ["--web.config-file", str(web)]
+        cmd += ["--web.config.file", str(web)]
         ca = files.ca_cert
         context = ssl.create_default_context(cafile=str(ca))
         context.check_hostname = False

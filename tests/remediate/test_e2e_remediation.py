@@ -54,7 +54,7 @@ def test_xid79_isolates_its_node_and_the_lost_gpu_symptom_is_inhibited(tmp_path)
         "remediate",
         "--backend",
         "slurm",
-        "--listen",
+        "--web.listen-address",
         f"127.0.0.1:{port}",
         "--token-file",
         str(token),

@@ -265,7 +265,7 @@ def test_sigterm_lets_the_action_in_progress_end_and_leaves_the_rest_queued_for_
     def start() -> tuple[subprocess.Popen, str]:
         port = free_port()
         command = [sys.executable, "-m", "gpulens.cli", "remediate", "--backend", "slurm", "--apply"]
-        command += ["--listen", f"127.0.0.1:{port}", "--state-dir", str(state_dir)]
+        command += ["--web.listen-address", f"127.0.0.1:{port}", "--state-dir", str(state_dir)]
         command += ["--token-file", str(tmp_path / "token")]
         proc = subprocess.Popen(
             command, env=path_with(bin_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -430,7 +430,7 @@ def test_cli_kubernetes_dry_run_needs_no_cluster(tmp_path):
             "--backend",
             "kubernetes",
             "--drain",
-            "--listen",
+            "--web.listen-address",
             f"127.0.0.1:{port}",
             "--token-file",
             str(token),

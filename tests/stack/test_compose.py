@@ -173,9 +173,9 @@ def test_prometheus_loads_the_mounted_rule_files_and_the_compose_config():
 
 def listen_port(service: dict) -> int:
     for arg in args_of(service):
-        if arg.startswith("--listen="):
+        if arg.startswith("--web.listen-address="):
             return int(arg.rsplit(":", 1)[1])
-    raise AssertionError(f"no --listen in {args_of(service)}")
+    raise AssertionError(f"no --web.listen-address in {args_of(service)}")
 
 
 def test_prometheus_scrapes_the_services_on_the_ports_they_listen_on():

@@ -512,7 +512,7 @@ def test_exporter_arguments_are_flags_the_exporter_accepts(helm, value_set, tmp_
     # paths that exist only in the pod (host /proc, the mounted web config) point at stand-ins
     web_config = tmp_path / "web-config.yml"
     web_config.write_text("")
-    stand_ins = {"--procfs=": str(tmp_path), "--web.config-file=": str(web_config)}
+    stand_ins = {"--path.procfs=": str(tmp_path), "--web.config.file=": str(web_config)}
     for flag, path in stand_ins.items():
         args = [flag + path if a.startswith(flag) else a for a in args]
     config = parse_config(args, env={})
@@ -584,7 +584,7 @@ def test_probes_switch_to_tcp_when_metrics_need_credentials_or_tls(helm, setting
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["tcpSocket"] == {"port": "metrics"}
         assert "httpGet" not in container[probe]
-    assert "--web.config-file=/etc/gpulens/web/web-config.yml" in container["args"]
+    assert "--web.config.file=/etc/gpulens/web/web-config.yml" in container["args"]
 
 
 def test_rendered_web_config_is_one_the_exporter_loads_and_its_password_works(helm, tmp_path):

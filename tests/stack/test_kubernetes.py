@@ -115,7 +115,7 @@ def test_daemonset_mounts_procfs_pod_resources_and_pod_logs_read_only():
     for name in host_paths:
         assert mounts[name]["readOnly"] is True, f"hostPath {host_paths[name]} must be mounted read-only"
     proc_mount = next(m["mountPath"] for n, m in mounts.items() if host_paths.get(n) == "/proc")
-    assert f"--procfs={proc_mount}" in exporter_container()["args"]
+    assert f"--path.procfs={proc_mount}" in exporter_container()["args"]
 
 
 def test_exporter_container_is_locked_down_and_says_why_it_runs_as_root():
@@ -136,7 +136,7 @@ def test_probes_use_the_exporters_process_health_endpoints_on_the_metrics_port()
     assert port_names == {"metrics": EXPORTER_PORT}
     assert container["livenessProbe"]["httpGet"] == {"path": "/-/healthy", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/-/ready", "port": "metrics"}
-    assert f"--listen=:{EXPORTER_PORT}" in container["args"]
+    assert f"--web.listen-address=:{EXPORTER_PORT}" in container["args"]
 
 
 def test_service_selects_the_exporter_pods_and_targets_the_named_port():
@@ -303,7 +303,7 @@ def test_daemonset_args_are_flags_the_exporter_accepts(tmp_path):
 
     args = exporter_container()["args"]
     # --procfs must exist where it is checked: the host's /proc is mounted in the pod only
-    args = [f"--procfs={tmp_path}" if a.startswith("--procfs=") else a for a in args]
+    args = [f"--path.procfs={tmp_path}" if a.startswith("--path.procfs=") else a for a in args]
     config = parse_config(args, env={})
     assert config.listen == f":{EXPORTER_PORT}"
     assert config.simulate is None

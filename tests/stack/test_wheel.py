@@ -130,7 +130,12 @@ def test_the_installed_package_is_the_wheel_not_the_source_tree(installed, workd
 def test_exporter_from_the_wheel_serves_a_simulated_node(installed, workdir):
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    command = [str(installed / "gpulens-exporter"), "--simulate", "seed-case", f"--listen=127.0.0.1:{port}"]
+    command = [
+        str(installed / "gpulens-exporter"),
+        "--simulate",
+        "seed-case",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     ready = f"http://127.0.0.1:{port}/-/ready"
     with (
         running(command, ready, workdir / "exporter.log", timeout=120),
@@ -216,7 +221,12 @@ def test_mixin_build_from_the_wheel_of_another_config_without_grafanalib_says_so
 @pytest.mark.slow
 def test_the_exporter_from_the_wheel_serves_the_runbooks(lean, workdir):
     port = free_port()
-    command = [str(lean / "gpulens-exporter"), "--simulate", "seed-case", f"--listen=127.0.0.1:{port}"]
+    command = [
+        str(lean / "gpulens-exporter"),
+        "--simulate",
+        "seed-case",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     with (
         running(command, f"http://127.0.0.1:{port}/-/ready", workdir / "exporter.log", timeout=120),
         urllib.request.urlopen(f"http://127.0.0.1:{port}/runbooks/GPULost", timeout=30) as response,

@@ -240,6 +240,6 @@ def alertmanager(tmp_path: Path, config_path: Path) -> Iterator[str]:
 def exporter(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """`gpulens-exporter` (this checkout) on a free loopback port; yields host:port."""
     port = free_port()
-    cmd = [sys.executable, "-m", "gpulens.exporter.cli", "--listen", f"127.0.0.1:{port}", *args]
+    cmd = [sys.executable, "-m", "gpulens.exporter.cli", "--web.listen-address", f"127.0.0.1:{port}", *args]
     with running(cmd, f"http://127.0.0.1:{port}/-/healthy", tmp_path / "exporter.log", timeout=60, env=env):
         yield f"127.0.0.1:{port}"

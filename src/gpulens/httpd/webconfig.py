@@ -196,7 +196,7 @@ class WebConfig:
 
 def load_web_config(path: Path) -> WebConfig:
     """Parse and check the file; the TLS context is built here, so bad certificates fail at load."""
-    where = f"--web.config-file {path}"
+    where = f"--web.config.file {path}"
     try:
         raw = load_yaml_file(path, where)
     except OSError as exc:

@@ -1,0 +1,218 @@
+"""Settings declared once: a config dataclass field carries its flag, aliases, help and check.
+
+A server's configuration is a frozen dataclass whose fields name, in their metadata, the flag that
+sets them (`setting(...)`). From that one declaration come the argparse options, the `GPULENS_*`
+environment fallback (the flag's name upper-cased, dots and dashes as underscores), the one-line
+error for a value that does not parse or is out of range, the warning for an alias kept from an
+earlier release, and the flag table in the docs (`markdown_table`). `analyzer/thresholds.py`
+declares its thresholds the same way.
+
+Precedence: the flag, then its aliases on the command line, then the flag's variable, then the
+aliases' variables, then the field's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpulens.serverflags import ConfigError
+
+TRUE = frozenset({"1", "true", "yes", "on"})
+FALSE = frozenset({"0", "false", "no", "off", ""})
+KEY = "gpulens.setting"  # the field metadata key
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How one config field is set from the command line and the environment.
+
+    `parse` turns the flag's text into the field's value (ValueError/TypeError: not that kind of
+    value, reported as `expected`); `check` returns what is wrong with a parsed value (the text
+    after "FLAG: "), or None. A setting without `metavar` is a switch (`--flag` sets True, or
+    False with `negated`).
+    """
+
+    flag: str
+    help: str
+    metavar: str | None = None
+    parse: Callable[[str], Any] = str
+    expected: str = "a value"
+    check: Callable[[Any], str | None] | None = None
+    choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    negated: bool = False  # a switch that turns the field off (`--no-attribution.procfs`)
+    value_aliases: tuple[tuple[str, str], ...] = ()  # (earlier value, its name now): deprecated
+    default_doc: str | None = None  # the docs' default column when the field's default says less
+
+    @property
+    def env(self) -> str:
+        return env_name(self.flag)
+
+    @property
+    def switch(self) -> bool:
+        return self.metavar is None
+
+
+def setting(**kwargs: Any) -> dict[str, Setting]:
+    """Field metadata declaring a setting: `field(default=..., metadata=setting(flag=..., ...))`."""
+    return {KEY: Setting(**kwargs)}
+
+
+def env_name(flag: str) -> str:
+    """`--web.listen-address` -> `GPULENS_WEB_LISTEN_ADDRESS`."""
+    return "GPULENS_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
+
+
+def parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise ValueError(raw)
+
+
+def settings_of(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Setting]]:
+    """The fields of dataclass `cls` that declare a setting, in declaration order."""
+    for f in dataclasses.fields(cls):
+        spec = f.metadata.get(KEY)
+        if isinstance(spec, Setting):
+            yield f, spec
+
+
+def aliases_of(cls: type) -> dict[str, str]:
+    """Every alias -> its setting's flag."""
+    return {alias: spec.flag for _, spec in settings_of(cls) for alias in spec.aliases}
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One option per setting (its aliases as extra option strings); values stay text until
+    `resolve`, so a bad value gets our one-line error rather than argparse's."""
+    for f, spec in settings_of(cls):
+        names = (spec.flag, *spec.aliases)
+        helptext = spec.help + (f" (default {_default_text(f, spec)})" if _default_text(f, spec) else "")
+        if spec.switch:
+            parser.add_argument(*names, dest=f.name, action="store_true", default=None, help=helptext)
+        else:
+            parser.add_argument(*names, dest=f.name, metavar=spec.metavar, default=None, help=helptext)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What `resolve` found: field values to set, and the deprecated names used (old, new)."""
+
+    values: dict[str, Any]
+    deprecated: tuple[tuple[str, str], ...]
+    given_as: dict[str, str]  # field -> how it was given, when not by its own flag (for errors)
+
+
+def resolve(cls: type, args: argparse.Namespace, argv: Sequence[str], env: Mapping[str, str]) -> Resolved:
+    """Field values from parsed `args` (text), then the environment; raises ConfigError (one line)."""
+    values: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    deprecated: list[tuple[str, str]] = []
+    used = _options_used(argv)
+    for f, spec in settings_of(cls):
+        deprecated.extend((alias, spec.flag) for alias in spec.aliases if alias in used)
+        raw: Any = getattr(args, f.name, None)  # text, True for a switch, or None
+        where = _used_name(spec, used)
+        if raw is None:
+            for name in (spec.flag, *spec.aliases):
+                if env_name(name) in env:
+                    raw, where = env[env_name(name)], f"{env_name(name)} ({spec.flag})"
+                    if name != spec.flag:
+                        deprecated.append((env_name(name), spec.env))
+                    break
+            if raw is None:
+                continue
+            if spec.switch:
+                try:
+                    raw = parse_bool(raw)
+                except ValueError:
+                    raise ConfigError(f"{where}: expected 1/true/yes or 0/false/no, got {raw!r}") from None
+        if where != spec.flag:
+            given_as[f.name] = where
+        if spec.switch:
+            values[f.name] = (not raw) if spec.negated else bool(raw)
+            continue
+        renamed = dict(spec.value_aliases).get(raw)
+        if renamed is not None:
+            deprecated.append((f"{where} {raw}", f"{spec.flag} {renamed}"))
+            raw = renamed
+        if spec.choices and raw not in spec.choices:
+            raise ConfigError(f"{where}: expected one of {', '.join(spec.choices)}, got {raw!r}")
+        try:
+            values[f.name] = spec.parse(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected {spec.expected}, got {raw!r}") from None
+    return Resolved(values, tuple(dict.fromkeys(deprecated)), given_as)
+
+
+def check(config: object, given_as: Mapping[str, str] | None = None) -> None:
+    """Run every setting's check on `config`; raises ConfigError naming the flag, or how the value
+    was given (`given_as`: an alias, or `GPULENS_X (--x)` for a variable)."""
+    for f, spec in settings_of(type(config)):
+        if spec.check is None:
+            continue
+        value = getattr(config, f.name)
+        try:
+            problem = spec.check(value)
+        except OSError as exc:  # a path the system refuses to look up (too long, a loop)
+            problem = f"cannot look up {_shortened(value)}: {exc.strerror or exc}"
+        if problem is not None:
+            raise ConfigError(f"{(given_as or {}).get(f.name, spec.flag)}: {problem}")
+
+
+def _shortened(value: object, limit: int = 200) -> str:
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _options_used(argv: Sequence[str]) -> set[str]:
+    """Option names given on the command line (`--a=1` and `--a 1` alike)."""
+    return {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+
+
+def _used_name(spec: Setting, used: set[str]) -> str:
+    """The name to put in an error: the alias the person typed, else the flag."""
+    return next((alias for alias in spec.aliases if alias in used and spec.flag not in used), spec.flag)
+
+
+def _default_text(f: dataclasses.Field[Any], spec: Setting) -> str:
+    if spec.default_doc is not None:
+        return spec.default_doc
+    if spec.switch or f.default in (None, "", (), dataclasses.MISSING):
+        return ""
+    return _shown(f.default)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def markdown_table(cls: type, extra: Sequence[tuple[str, str, str]] = ()) -> str:
+    """The docs' flag table: `| flag | default | meaning |`, one row per setting, then `extra`
+    rows (flags a part declares outside the dataclass, such as per-collector switches)."""
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for f, spec in settings_of(cls):
+        shown = f"`{spec.flag}`" if spec.switch else f"`{spec.flag} {spec.metavar}`"
+        shown = shown.replace("|", "\\|")
+        default = _default_text(f, spec)
+        if spec.switch:
+            default = spec.default_doc or "off"
+        elif default and spec.default_doc is None:
+            default = f"`{default}`" if not default.replace(".", "").isdigit() else default
+        meaning = spec.help
+        if spec.aliases:
+            meaning += " (deprecated name: " + ", ".join(f"`{a}`" for a in spec.aliases) + ")"
+        rows.append(f"| {shown} | {default} | {meaning.replace('|', chr(92) + '|')} |")
+    rows.extend(f"| {a} | {b} | {c} |" for a, b, c in extra)
+    return "\n".join(rows) + "\n"
