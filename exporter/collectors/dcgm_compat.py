@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 
 from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
+from gpulens.exporter.collectors.health_status import System, assess, recent_xids
 from gpulens.exporter.collectors.holders import PodLabels, pods
-from gpulens.exporter.compat import CompatSpec
+from gpulens.exporter.compat import DCGM_DEFAULT_VERSION, CompatSpec
 from gpulens.exporter.snapshot import Area, GpuSample, MigSample, NodeSnapshot, XidCount
 
 MIB = 1024 * 1024
@@ -306,6 +307,47 @@ XID_FIELD = Field(
 )
 
 
+HEALTH_FAMILY = "DCGM_EXP_GPU_HEALTH_STATUS"
+HEALTH_HELP = "DCGM reported health status"
+HEALTH_SINCE = (4, 0, 1)  # first release with the family (tag 4.0.0-4.0.1, counters/const.go)
+HEALTH_GAUGE_SINCE = (4, 8, 3)  # its counters-file row says counter before, gauge from 4.8.3
+# gpulens system -> dcgm-exporter's health_watch value (DCGM_HEALTH_WATCH_*); watches gpulens cannot
+# judge (PMU, MCU, SM, INFOROM) are left out rather than reported as passing
+HEALTH_WATCHES: dict[System, str] = {
+    System.PCIE: "PCIE",
+    System.NVLINK: "NVLINK",
+    System.MEMORY: "MEM",
+    System.THERMAL: "THERMAL",
+    System.POWER: "POWER",
+    System.DRIVER: "DRIVER",
+}
+DCGM_HEALTH_SCALE = 10.0  # DCGM_HEALTH_RESULT_PASS 0, WARN 10, FAIL 20 (dcgm_structs.h)
+
+
+def _health_family(
+    snapshot: NodeSnapshot, version: tuple[int, int, int], gpu_labels: dict[int, dict[str, str]]
+) -> Metric | None:
+    """DCGM_EXP_GPU_HEALTH_STATUS: one series per GPU and watch, labels `health_watch` and
+    `health_error_code`, value DCGM's health result (0 / 10 / 20), from the same verdicts as
+    gpu_health_status. Per GPU entity only (dcgm-exporter's health group holds GPUs)."""
+    if version < HEALTH_SINCE:
+        return None
+    kind = "gauge" if version >= HEALTH_GAUGE_SINCE else "counter"
+    family = Metric(HEALTH_FAMILY, HEALTH_HELP, kind)
+    xids = recent_xids(snapshot)
+    for gpu in snapshot.gpus:
+        labels = gpu_labels.get(gpu.identity.index)
+        if labels is None:
+            continue
+        for system, finding in assess(gpu, xids.get(gpu.identity.index, [])).items():
+            family.add_sample(
+                HEALTH_FAMILY,
+                {**labels, "health_error_code": finding.code, "health_watch": HEALTH_WATCHES[system]},
+                float(finding.status) * DCGM_HEALTH_SCALE,
+            )
+    return family
+
+
 def hostname(default: str | None = None) -> str:
     """dcgm-exporter's Hostname: $NODE_NAME (Kubernetes downward API), else `default` (a simulated
     node's host name), else the OS host name."""
@@ -349,9 +391,8 @@ def collect(
     last_xids = _last_xids(snapshot)
     xid_watched = _xid_watched(snapshot)
     holders = pods(snapshot)
+    health_labels: dict[int, dict[str, str]] = {}
     for gpu in snapshot.gpus:
-        if not gpu.up:
-            continue
         ident = gpu.identity
         base = {
             "gpu": str(ident.index),
@@ -361,6 +402,9 @@ def collect(
             "modelName": ident.model,
         }
         tail = {host_label: host, "DCGM_FI_DRIVER_VERSION": driver}
+        health_labels[ident.index] = {**base, **tail, **_pod_labels(holders, ident.index, None)}
+        if not gpu.up:
+            continue
         mig = gpu.mig_mode == "enabled" and bool(gpu.mig_instances)
         entities: list[tuple[dict[str, str], MigSample | None]]
         if mig:
@@ -395,7 +439,8 @@ def collect(
                 xid.add_sample(
                     XID_FIELD.name, {**labels, "err_code": str(code), "err_msg": message}, float(code)
                 )
-    yield from non_empty(*families.values(), xid)
+    health = _health_family(snapshot, (spec or CompatSpec()).dcgm or DCGM_DEFAULT_VERSION, health_labels)
+    yield from non_empty(*families.values(), xid, *([health] if health is not None else []))
 
 
 SPEC = CollectorSpec(
