@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 import threading
 import time
@@ -41,6 +42,7 @@ from gpulens.exporter.collectors import (
     CollectorOptions,
     dcgm_compat,
     jobstats_compat,
+    nvidia_gpu_exporter_compat,
 )
 from gpulens.exporter.collectors import exporter as meta
 from gpulens.exporter.config import ExporterConfig
@@ -122,7 +124,10 @@ class Exporter:
         self._hint_logged = False
 
         self.backend = NvmlBackend(
-            clock=self.clock, procfs_root=self.procfs, profiler_factory=profiler_factory
+            clock=self.clock,
+            procfs_root=self.procfs,
+            profiler_factory=profiler_factory,
+            smi=self.compat_spec.nvidia_gpu_exporter,  # the fields only nvidia-smi's view needs
         )
         self.xid = XidWatcher(self.clock, self.log) if Area.XID in areas else None
         self.http: Server | None = None  # set by the HTTP server serving this exporter (server.py)
@@ -171,12 +176,24 @@ class Exporter:
                 enable_procfs=cfg.attribution_procfs,
                 enable_mapping=cfg.attribution_mapping,
                 enable_pod_resources=cfg.attribution_kubernetes,
+                kube_api=self._kube_api(),
+                node_name=cfg.kubernetes_node_name or os.environ.get("NODE_NAME", ""),
                 mapping_max_files=cfg.job_mapping_max_files,
                 # a quarter of the attribution deadline: procfs and the kubelet need the rest
                 mapping_budget_seconds=cfg.read_deadline() / 4,
             ),
             logger=logging.getLogger("gpulens.exporter.attribution"),
         )
+
+    def _kube_api(self) -> Any:
+        """The API server whose ResourceSlices name DRA devices: `--kubernetes.api-url`, else the
+        in-cluster one where a service-account token is mounted, else None (no lookups)."""
+        from gpulens.exporter.attribution.resourceslices import KubeApi, in_cluster_api
+
+        cfg = self.config
+        if cfg.kubernetes_api_url:
+            return KubeApi(cfg.kubernetes_api_url, cfg.kubernetes_token_file, cfg.kubernetes_ca_file)
+        return in_cluster_api()
 
     def _attribute(self, snapshot: NodeSnapshot) -> tuple[list[Any], str, list[Any]]:
         """(jobs, error, device holders) for the sampler; holders only when a compatibility view
@@ -256,6 +273,13 @@ class Exporter:
             )
         if self.compat_spec.jobstats:
             views.append(("jobstats_compat", lambda: jobstats_compat.collect(snapshot, self.options)))
+        if self.compat_spec.nvidia_gpu_exporter:
+            views.append(
+                (
+                    "nvidia_gpu_exporter_compat",
+                    lambda: nvidia_gpu_exporter_compat.collect(snapshot, self.options),
+                )
+            )
         for name, collect in views:  # other exporters' views of the same snapshot (--compat)
             started = time.perf_counter()
             ok = True

@@ -1,7 +1,8 @@
 """`--compat`: which other exporters' series to emit beside the native ones, and in which version.
 
 The value is a comma-separated list of modes: `dcgm` (dcgm-exporter; optionally `dcgm=<version>`)
-and `jobstats` (the series Princeton jobstats queries, as its NVIDIA exporter names them). The
+and `jobstats` (the series Princeton jobstats queries, as its NVIDIA exporter names them) and
+`nvidia_gpu_exporter` (utkuozdemir/nvidia_gpu_exporter's `nvidia_smi_*` series). The
 dcgm-exporter version decides the label spellings that changed between releases: up to 4.8.2 the
 host label is `Hostname`, from 4.8.3 (#655) it is `hostname`. dcgm-exporter tags its releases
 `<DCGM version>-<exporter version>` (`4.5.3-4.8.2`); either the exporter version or the whole tag is
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 
 DCGM = "dcgm"
 JOBSTATS = "jobstats"
-MODES = (DCGM, JOBSTATS)
+NVIDIA_GPU_EXPORTER = "nvidia_gpu_exporter"
+MODES = (DCGM, JOBSTATS, NVIDIA_GPU_EXPORTER)
 
 DCGM_DEFAULT_VERSION = (4, 8, 2)
 DCGM_OLDEST = (3, 0, 0)  # 3.x has the same field names and labels
@@ -26,7 +28,9 @@ DCGM_LOWERCASE_HOSTNAME = (4, 8, 3)
 HELP = (
     "also emit another exporter's names, units and labels: `dcgm` (dcgm-exporter 4.8.2), "
     "`dcgm=<version>` (3.0 to 4.8.x; from 4.8.3 the host label is `hostname`), `jobstats` (Princeton "
-    "jobstats; [docs/dcgm.md](dcgm.md), [docs/migrate-jobstats.md](migrate-jobstats.md))"
+    "jobstats; [docs/dcgm.md](dcgm.md), [docs/migrate-jobstats.md](migrate-jobstats.md)), "
+    "`nvidia_gpu_exporter` (its `nvidia_smi_*` series; "
+    "[docs/migrate-nvidia-gpu-exporter.md](migrate-nvidia-gpu-exporter.md)); comma-separated"
 )
 
 _VERSION = re.compile(r"^(?:\d+\.\d+\.\d+-)?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?$")
@@ -42,6 +46,7 @@ class CompatSpec:
 
     dcgm: tuple[int, int, int] | None = None
     jobstats: bool = False
+    nvidia_gpu_exporter: bool = False
 
     @property
     def dcgm_hostname_label(self) -> str:
@@ -49,7 +54,7 @@ class CompatSpec:
         return "hostname" if version >= DCGM_LOWERCASE_HOSTNAME else "Hostname"
 
     def __bool__(self) -> bool:
-        return self.dcgm is not None or self.jobstats
+        return self.dcgm is not None or self.jobstats or self.nvidia_gpu_exporter
 
 
 def _dcgm_version(text: str) -> tuple[int, int, int]:
@@ -73,7 +78,7 @@ def _dcgm_version(text: str) -> tuple[int, int, int]:
 def parse_compat(value: str) -> CompatSpec:
     """`"dcgm=4.8.3,jobstats"` -> CompatSpec(dcgm=(4, 8, 3), jobstats=True); raises CompatError."""
     dcgm: tuple[int, int, int] | None = None
-    jobstats = False
+    jobstats = nvidia_gpu_exporter = False
     for part in (p.strip() for p in value.split(",")):
         if not part:
             continue
@@ -83,8 +88,12 @@ def parse_compat(value: str) -> CompatSpec:
             dcgm = _dcgm_version(version) if sep else DCGM_DEFAULT_VERSION
         elif mode == JOBSTATS and not sep:
             jobstats = True
-        elif mode == JOBSTATS:
-            raise CompatError(f"--compat: jobstats takes no version, got {part!r}")
+        elif mode == NVIDIA_GPU_EXPORTER and not sep:
+            nvidia_gpu_exporter = True
+        elif mode in (JOBSTATS, NVIDIA_GPU_EXPORTER):
+            raise CompatError(f"--compat: {mode} takes no version, got {part!r}")
         else:
-            raise CompatError(f"--compat: expected dcgm, dcgm=<version> or jobstats, got {part!r}")
-    return CompatSpec(dcgm=dcgm, jobstats=jobstats)
+            raise CompatError(
+                f"--compat: expected dcgm, dcgm=<version>, jobstats or nvidia_gpu_exporter, got {part!r}"
+            )
+    return CompatSpec(dcgm=dcgm, jobstats=jobstats, nvidia_gpu_exporter=nvidia_gpu_exporter)

@@ -66,6 +66,7 @@ class ProcessSample:
     gpu_instance: int | None = None
     compute_instance: int | None = None
     sm_util_ratio: float | None = None
+    name: str | None = None  # nvmlSystemGetProcessName; read only for --compat nvidia_gpu_exporter
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,11 @@ class GpuSample:
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
     sm_clock_max_hertz: float | None = None
+    # nvidia-smi's other clock domains: read only for --compat nvidia_gpu_exporter (NvmlBackend.smi)
+    graphics_clock_hertz: float | None = None
+    video_clock_hertz: float | None = None
+    graphics_clock_max_hertz: float | None = None
+    memory_clock_max_hertz: float | None = None
     clock_events: tuple[tuple[str, bool], ...] = ()  # (reason, active) for supported reasons
     clock_event_seconds: tuple[tuple[str, float], ...] = ()  # (reason, cumulative seconds)
     # pcie / nvlink
@@ -187,6 +193,10 @@ class GpuSample:
     row_remap_failed: bool | None = None
     retired_pages: tuple[tuple[str, int], ...] = ()  # (cause, pages)
     retired_pages_pending: bool | None = None
+    # NVML enums nvidia-smi reports (nvmlGpuRecoveryAction_t, nvmlGpuFabricState_t); read only for
+    # --compat nvidia_gpu_exporter
+    recovery_action: int | None = None
+    fabric_state: int | None = None
     # mig / processes / mps
     mig_instances: tuple[MigSample, ...] = ()
     processes: tuple[ProcessSample, ...] = ()  # compute + graphics (the MPS server is compute)

@@ -16,6 +16,7 @@ timestamp, GPM samples) is only ever touched by one thread at a time.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import logging
 import time
@@ -111,6 +112,7 @@ COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclu
 
 # The fixed field-value requests of a sample (the NVLink ones depend on the GPU's links).
 _MEMORY_TEMP_FIELDS = FieldRequest([pynvml.NVML_FI_DEV_MEMORY_TEMP])
+_RECOVERY_ACTION_FIELDS = FieldRequest([pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
 _CLOCK_EVENT_FIELD_REQUEST = FieldRequest([field for _, field in CLOCK_EVENT_FIELDS])
 _PCIE_FIELDS = FieldRequest(
     [
@@ -130,6 +132,8 @@ SLOW_FIELDS: tuple[str, ...] = (
     "power_limit",
     "temperature_thresholds",
     "sm_clock_max",
+    "graphics_clock_max",  # these two only with `smi` (--compat nvidia_gpu_exporter)
+    "memory_clock_max",
     "clock_events_supported",
     "pcie_link_generation",
     "pcie_link_width",
@@ -226,6 +230,7 @@ class _GpuState:
     last_util_timestamp_us: int = 0
     mig_handles: dict[int, Any] = field(default_factory=dict)  # GPU instance id -> MIG device handle
     mps_server_pids: dict[int, bool] = field(default_factory=dict)  # pid -> is the MPS server
+    process_names: dict[int, str] = field(default_factory=dict)  # pid -> name (`smi` only), while it runs
     # MIG device UUID -> (GPU instance, compute instance, profile, SMs): fixed for the device's life
     mig_static: dict[str, tuple[int, int | None, str, int | None]] = field(default_factory=dict)
     nvlink_plan: _NvLinkPlan | None = None  # rebuilt when the set of present links changes
@@ -271,8 +276,12 @@ class NvmlBackend:
         procfs_root: Path = Path("/proc"),
         logger: logging.Logger | None = None,
         profiler_factory: Callable[[NvmlBackend], Any] | None = None,
+        smi: bool = False,
     ) -> None:
         self.clock = clock
+        # also read what only nvidia-smi's view needs (--compat nvidia_gpu_exporter): the graphics
+        # and video clocks, their maxima, the recovery action, the fabric state, process names
+        self.smi = smi
         self.procfs_root = procfs_root
         self.log = logger or logging.getLogger("gpulens.exporter.nvml")
         self._gpus: dict[int, _GpuState] = {}
@@ -553,6 +562,8 @@ class NvmlBackend:
             "sm_clock_max", lambda: _call(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM)
         )
         out["sm_clock_max_hertz"] = None if sm_max is None else sm_max * 1e6
+        if self.smi:
+            out.update(_smi_clocks(state))
         current = _call(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle)
         supported = slow(
             "clock_events_supported", lambda: _call(pynvml.nvmlDeviceGetSupportedClocksEventReasons, handle)
@@ -707,6 +718,14 @@ class NvmlBackend:
         if retired:
             pending_pages = _call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
             out["retired_pages_pending"] = None if pending_pages is None else bool(int(pending_pages))
+        if self.smi:
+            action = _field_values(handle, _RECOVERY_ACTION_FIELDS).get(
+                (pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)
+            )
+            out["recovery_action"] = None if action is None else int(action)
+            fabric = pynvml.c_nvmlGpuFabricInfo_t()
+            answered = _call(pynvml.nvmlDeviceGetGpuFabricInfo, handle, ctypes.byref(fabric))
+            out["fabric_state"] = None if answered is None else int(fabric.state)
         return out
 
     # ---- MIG -------------------------------------------------------------------------------
@@ -817,6 +836,10 @@ class NvmlBackend:
         return out, clients
 
     def _is_mps_server(self, pid: int) -> bool:
+        return MPS_SERVER_NAME in self._process_name(pid)
+
+    def _process_name(self, pid: int) -> str:
+        """NVML's name of a process (what nvidia-smi shows), else its /proc comm, else ""."""
         name = None
         try:
             name = pynvml.nvmlSystemGetProcessName(pid)
@@ -827,7 +850,7 @@ class NvmlBackend:
                 name = (self.procfs_root / str(pid) / "comm").read_text().strip()
             except OSError:
                 name = ""
-        return MPS_SERVER_NAME in str(name)
+        return str(name)
 
     def _read_processes(
         self,
@@ -871,6 +894,13 @@ class NvmlBackend:
             if utils is not None:
                 procs = {pid: _with_util(p, utils.get(pid, 0.0)) for pid, p in procs.items()}
                 clients = {pid: _with_util(p, utils.get(pid, 0.0)) for pid, p in clients.items()}
+        if self.smi:  # each pid's name read once while it runs
+            names = {
+                pid: state.process_names.get(pid) or self._process_name(pid) for pid in (*procs, *clients)
+            }
+            state.process_names = names
+            procs = {pid: _evolve(p, name=names[pid]) for pid, p in procs.items()}
+            clients = {pid: _evolve(p, name=names[pid]) for pid, p in clients.items()}
         out["processes"] = tuple(sorted(procs.values(), key=lambda p: p.pid))
         out["mps_clients"] = tuple(sorted(clients.values(), key=lambda p: p.pid))
         if mig_enabled:
@@ -912,6 +942,31 @@ def _peer_link(handle: Any, other: Any) -> Link | None:
         return Link.NVLINK
     level = _call(pynvml.nvmlDeviceGetTopologyCommonAncestor, handle, other)
     return None if level is None else TOPOLOGY_LEVELS.get(int(level))
+
+
+def _smi_clocks(state: _GpuState) -> dict[str, Any]:
+    """The clock domains only nvidia-smi's view shows (graphics, video; graphics and memory maxima)."""
+    handle, slow = state.handle, state.slow_value
+
+    def mhz(value: Any) -> float | None:
+        return None if value is None else float(value) * 1e6
+
+    return {
+        "graphics_clock_hertz": mhz(_call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_GRAPHICS)),
+        "video_clock_hertz": mhz(_call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_VIDEO)),
+        "graphics_clock_max_hertz": mhz(
+            slow(
+                "graphics_clock_max",
+                lambda: _call(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_GRAPHICS),
+            )
+        ),
+        "memory_clock_max_hertz": mhz(
+            slow(
+                "memory_clock_max",
+                lambda: _call(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_MEM),
+            )
+        ),
+    }
 
 
 def _thresholds(handle: Any) -> tuple[tuple[str, float], ...]:
@@ -968,6 +1023,7 @@ def _process(p: RawProcess, kind: str) -> ProcessSample:
         gpu_instance=p[2],
         compute_instance=p[3],
         sm_util_ratio=None,
+        name=None,
     )
     return record
 

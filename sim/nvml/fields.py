@@ -148,6 +148,11 @@ def _build_readers() -> dict[int, Reader]:
         _N.NVML_FI_DEV_REMAPPED_PENDING: _remap(2),
         _N.NVML_FI_DEV_REMAPPED_FAILURE: _remap(3),
         _N.NVML_FI_DEV_MEMORY_TEMP: _state_value("memory_temperature_c", UINT_T),
+        # a simulated GPU that answers needs no recovery: the driver recommends none
+        _N.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: lambda target, scope: (
+            UINT_T,
+            _N.NVML_GPU_RECOVERY_ACTION_NONE,
+        ),
         _N.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: _state_value("energy_mj", ULL_T),
         _N.NVML_FI_DEV_ENERGY: _state_value("energy_mj", ULL_T),
         _N.NVML_FI_DEV_POWER_AVERAGE: _state_value("power_mw", UINT_T),

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pynvml
 
-from gpulens.sim.nvml._core import DEV, PTR, UINT, Context, NvmlFail, SymbolTable, out_int, out_uint
+from gpulens.sim.nvml._core import (
+    DEV,
+    PTR,
+    UINT,
+    Context,
+    NvmlFail,
+    SymbolTable,
+    out_int,
+    out_struct,
+    out_uint,
+)
 from gpulens.sim.topology import Topology
 
 TABLE = SymbolTable()
@@ -52,3 +62,18 @@ def p2p_status(ctx: Context, first: int, second: int, index: int, out: int) -> N
     else:
         ok = topology.nvlink(a, b) or topology.common_ancestor(a, b) < pynvml.NVML_TOPOLOGY_NODE
     out_uint(out, pynvml.NVML_P2P_STATUS_OK if ok else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED)
+
+
+@TABLE.define("nvmlDeviceGetGpuFabricInfo", DEV, PTR)
+def gpu_fabric_info(ctx: Context, handle: int, out: int) -> None:
+    """An NVLink-fabric GPU (Hopper or newer with NVLink: the NVSwitch boards) has registered with
+    the fabric manager (state COMPLETED); any other GPU answers NOT_SUPPORTED, as PCIe boards do."""
+    target = ctx.device(handle)
+    target.require_physical()
+    model = target.identity.model
+    if model.architecture not in ("hopper", "blackwell") or not model.nvlink_links:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    info = out_struct(out, pynvml.c_nvmlGpuFabricInfo_t)
+    info.status = pynvml.NVML_SUCCESS
+    info.cliqueId = 0
+    info.state = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
