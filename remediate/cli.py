@@ -282,6 +282,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "scontrol requeue Incomplete) instead of waiting for them to end",
     )
     slurm.add_argument("--squeue", default="squeue", help="squeue binary (default: from PATH)")
+    slurm.add_argument("--sbatch", default="sbatch", help="sbatch binary, for the diagnostic job")
+    slurm.add_argument(
+        "--slurm-diag-user",
+        default="",
+        help="user of the diagnostic's maintenance reservation, who submits its job (default: the "
+        "receiver's own user, which must be root or SlurmUser to create reservations)",
+    )
     loop = parser.add_argument_group("fault loop (recover, hold down, return to service)")
     loop.add_argument(
         "--diag",
@@ -395,6 +402,8 @@ def build_isolator(args: argparse.Namespace) -> Backend:
             reboot_nextstate=args.slurm_reboot_nextstate,
             requeue=args.slurm_requeue,
             squeue=args.squeue,
+            sbatch=args.sbatch,
+            diag_user=args.slurm_diag_user,
         )
     if args.slurm_requeue:
         raise UsageError("--slurm-requeue is for --backend slurm (on Kubernetes, --drain evicts the pods)")

@@ -7,10 +7,11 @@ node's lock (shared with the webhook handler): a node whose calls hang delays on
 every backend call has the action deadline. Resets and reboots pass through the circuit breaker like
 isolations; a refused one waits for the next tick.
 
-Every action on a node (starting a reset or reboot, returning it to service) first re-reads the
-node from the orchestrator and goes ahead only while gpulens' own isolation is still on it. A node
-that cannot be read gets nothing this pass (retried on the next); a node whose isolation is gone
-was returned by a person: its open episodes close as `returned_by_hand` and nothing more is done.
+Every action on a node (starting a reset or reboot, starting or reading its diagnostic, returning it
+to service) first re-reads the node from the orchestrator and goes ahead only while gpulens' own
+isolation is still on it. A node that cannot be read gets nothing this pass (retried on the next);
+a node whose isolation is gone was returned by a person: its open episodes close as
+`returned_by_hand` and nothing more is done.
 """
 
 from __future__ import annotations
@@ -254,6 +255,11 @@ class Reconciler:
         if self._stopped_by_node(episode.node, [episode], deadline) is not None:
             return  # returned by hand (closed) or unreadable (next pass)
         started = self.backend.start_diagnostic(episode, level, deadline)
+        if started.step is Step.PENDING:  # not now (another episode's diagnostic holds the node)
+            stored = self.book.get(episode.id)
+            if stored is None or stored.detail != started.detail:
+                self.book.save("waiting", episode.moved(episode.state, detail=started.detail))
+            return
         if started.step is not Step.DONE:
             self._diagnosis_failed(episode, Result.ERROR, f"the diagnostic could not start: {started.detail}")
             return
@@ -263,6 +269,8 @@ class Reconciler:
         )
 
     def _diagnosed(self, episode: Episode, deadline: Deadline, now: float) -> None:
+        if self._stopped_by_node(episode.node, [episode], deadline) is not None:
+            return  # returned by hand while it ran (closed: its verdict is not waited for), or unreadable
         diagnosis = self.backend.diagnostic_progress(episode, deadline)
         if diagnosis.step is not Step.DONE or diagnosis.verdict is None:
             return

@@ -93,7 +93,8 @@ class Recoverer(Protocol):
         ...
 
     def start_diagnostic(self, episode: Episode, level: int, deadline: Deadline) -> Progress:
-        """Start the diagnostic on the node: DONE means started (its marker recorded), FAILED refused."""
+        """Start the diagnostic on the node: DONE means started (its marker recorded), FAILED refused
+        (the RMA path), PENDING not now (tried again on a later pass)."""
         ...
 
     def diagnostic_progress(self, episode: Episode, deadline: Deadline) -> Diagnosis:

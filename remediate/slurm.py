@@ -19,6 +19,7 @@ the reboot goes ahead: ASAP waits for those jobs to end).
 
 from __future__ import annotations
 
+import getpass
 import logging
 import re
 import shlex
@@ -26,6 +27,8 @@ import subprocess
 from dataclasses import dataclass
 
 from gpulens.httpclient import Deadline
+from gpulens.remediate import slurmdiag
+from gpulens.remediate.diagnose import Result, Verdict
 from gpulens.remediate.episodes import Episode, Recovery
 from gpulens.remediate.escape import printable
 from gpulens.remediate.isolator import NodeFencesOnly
@@ -60,6 +63,8 @@ class SlurmIsolator(NodeFencesOnly):
     reboot_nextstate: str = "DOWN"
     requeue: bool = False
     squeue: str = "squeue"
+    sbatch: str = "sbatch"
+    diag_user: str = ""  # the reservation's user, who submits the diagnostic job (default: ours)
 
     def command(self, request: IsolationRequest) -> list[str]:
         return [
@@ -210,19 +215,26 @@ class SlurmIsolator(NodeFencesOnly):
             Step.PENDING, f"node {episode.node} not rebooted yet (State={'+'.join(sorted(flags))})"
         )
 
-    isolation_mark = f"a drain (or DOWN after its reboot) with a Reason starting {REASON_PREFIX!r}"
+    isolation_mark = (
+        f"a drain (or DOWN after its reboot) with a Reason starting {REASON_PREFIX!r}, or while its "
+        f"diagnostic runs the reservation {slurmdiag.RESERVATION_PREFIX}<node>"
+    )
 
     def isolation_in_place(self, node: str, deadline: Deadline) -> bool | None:
         """gpulens' isolation is a DRAIN (DOWN after `reboot ASAP nextstate=DOWN`) whose reason
-        starts with `gpulens:`; a person's `State=RESUME` clears both, their own drain has their reason."""
+        starts with `gpulens:`, or, for a node resumed to run its diagnostic, gpulens' reservation of
+        it; a person's `State=RESUME` clears the drain (deleting the reservation ends the other),
+        their own drain has their reason."""
         try:
             shown = self.show(node, deadline)
+            reason = _REASON.search(shown)
+            text = reason.group(1).strip() if reason else ""
+            if _flags(shown) & OUT_OF_SERVICE:
+                return text.startswith(REASON_PREFIX)
+            return self._reservation(node, deadline)
         except ScontrolError as exc:
             log.warning("node %s: its state cannot be read: %s", node, exc)
             return None
-        reason = _REASON.search(shown)
-        text = reason.group(1).strip() if reason else ""
-        return bool(_flags(shown) & OUT_OF_SERVICE) and text.startswith(REASON_PREFIX)
 
     def recovery_returns_node(self, episode: Episode) -> bool:
         # with nextstate=RESUME Slurm resumes the node (clearing the drain and its reason) at boot
@@ -230,22 +242,120 @@ class SlurmIsolator(NodeFencesOnly):
         done = episode.action_finished_at is not None
         return self.reboot_nextstate.upper() == "RESUME" and rebooted and done
 
-    # ---- the return diagnostic (recovery.Recoverer) ------------------------------------------------
-    # Not on Slurm yet: a drained (or DOWN) node starts no job, `srun` included, and gpulens' drain
-    # is what holds the node out; running the diagnostic would need the node returned first or a
-    # channel outside Slurm (NHC's HealthCheckProgram runs on the node itself). The episode says so.
+    # ---- the return diagnostic (recovery.Recoverer; the commands in slurmdiag.py) --------------------
+    # A drained node starts no job, so the node goes into a maintenance reservation of its own, is
+    # resumed into it (only jobs in the reservation run there) and takes the diagnostic as a batch
+    # job in it. Once the job is over the node is drained again (reason: passed, or RMA) and then
+    # the reservation deleted, so it is never open to other jobs in between; the return resumes it.
+    # Each step reads the node (and the reservation) first: a person's change stops it.
 
     def diagnostic_unavailable(self, episode: Episode) -> str:
-        return "Slurm starts no job on a drained node, so the diagnostic cannot run there"
+        return ""
+
+    def _user(self) -> str:
+        return self.diag_user or getpass.getuser()
 
     def describe_diagnostic(self, episode: Episode, level: int) -> str:
-        return self.diagnostic_unavailable(episode)
+        steps = [
+            slurmdiag.create_reservation(self.scontrol, episode.node, self._user()),
+            self.return_command(episode.node),
+            slurmdiag.sbatch_command(self.sbatch, episode, level, 0),
+        ]
+        return (
+            "; ".join(shlex.join(s) for s in steps)
+            + " (with --gres=gpu:<the node's GPUs>); at its end State=DRAIN again and "
+            + shlex.join(slurmdiag.delete_reservation(self.scontrol, episode.node))
+        )
+
+    def _reservation(self, node: str, deadline: Deadline) -> bool:
+        """Whether gpulens' diagnostic reservation of `node` exists (ScontrolError if unknown)."""
+        try:
+            shown = self._run(slurmdiag.show_reservation(self.scontrol, node), deadline)
+        except ScontrolError as exc:
+            if "not found" in str(exc):
+                return False
+            raise
+        if not slurmdiag.holds(shown, node, self._user()):
+            raise ScontrolError(
+                f"reservation {slurmdiag.reservation_name(node)} exists but does not hold node {node} "
+                f"for {self._user()}: refused"
+            )
+        return True
+
+    def _drain_and_release(self, episode: Episode, reason: str, deadline: Deadline) -> str:
+        """Drain the node again (reason `gpulens: ...`), then delete the reservation; what was done."""
+        node = episode.node
+        self._run([self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], deadline)
+        try:
+            self._run(slurmdiag.delete_reservation(self.scontrol, node), deadline)
+        except ScontrolError as exc:  # the return deletes it too: the drain is what holds the node
+            return f"drained again ({reason}); the reservation stays for the return to delete: {exc}"
+        return f"drained again ({reason}), reservation {slurmdiag.reservation_name(node)} deleted"
 
     def start_diagnostic(self, episode: Episode, level: int, deadline: Deadline) -> Progress:
-        return Progress(Step.FAILED, self.diagnostic_unavailable(episode))
+        node = episode.node
+        name = slurmdiag.reservation_name(node)
+        try:
+            shown = self.show(node, deadline)
+            reserved = self._reservation(node, deadline)
+            if not _flags(shown) & OUT_OF_SERVICE and not reserved:
+                return Progress(Step.PENDING, f"node {node} is no longer held by gpulens: nothing started")
+            if not _flags(shown) & OUT_OF_SERVICE:
+                # in service inside our reservation: another episode's diagnostic, or ours whose
+                # answer a crash lost; a job still queued there is waited for
+                queued = self._run(
+                    [self.squeue, "--noheader", f"--reservation={name}", "--format=%A"], deadline
+                )
+                if queued.strip():
+                    return Progress(Step.PENDING, f"waiting: a diagnostic job runs on node {node} ({name})")
+            else:
+                if not reserved:
+                    self._run(slurmdiag.create_reservation(self.scontrol, node, self._user()), deadline)
+                if not self.isolation_in_place(node, deadline):  # a person's step in between
+                    self._run(slurmdiag.delete_reservation(self.scontrol, node), deadline)
+                    return Progress(Step.PENDING, f"node {node} changed: reservation {name} deleted again")
+                self._run(self.return_command(node), deadline)
+            gpus = slurmdiag.gpu_count(shown)
+            command = slurmdiag.sbatch_command(self.sbatch, episode, level, gpus)
+        except ScontrolError as exc:
+            return Progress(Step.FAILED, str(exc))
+        try:
+            job = slurmdiag.job_id(self._run(command, deadline))
+            if job is None:
+                raise ScontrolError(f"{self.sbatch} printed no job id")
+        except ScontrolError as exc:  # resumed but no job: hold the node out again first
+            why = f"the diagnostic job could not be submitted: {exc}"
+            reason = f"{REASON_PREFIX} {printable(episode.alertname, 128)} RMA: diagnostic not started"
+            try:
+                return Progress(Step.FAILED, f"{why}; {self._drain_and_release(episode, reason, deadline)}")
+            except ScontrolError as again:
+                return Progress(Step.FAILED, f"{why}; draining node {node} again failed too: {again}")
+        return Progress(Step.DONE, f"Slurm job {job} in reservation {name}: {shlex.join(command)}", job)
 
     def diagnostic_progress(self, episode: Episode, deadline: Deadline) -> Diagnosis:
-        return Diagnosis(Step.PENDING, detail=self.diagnostic_unavailable(episode))
+        job = episode.marker
+        try:
+            shown = self._run([self.scontrol, "show", "job", job, "--oneliner"], deadline)
+            verdict = slurmdiag.job_verdict(shown, job)
+        except ScontrolError as exc:
+            if "Invalid job id" not in str(exc):
+                return Diagnosis(Step.PENDING, detail=str(exc))
+            # gone from slurmctld (MinJobAge passed while the receiver could not ask): no verdict
+            verdict = Verdict(
+                Result.ERROR, slurmdiag.check_name(job), f"Slurm job {job} is gone (no verdict)"
+            )
+        if verdict is None:
+            return Diagnosis(Step.PENDING, detail=f"Slurm job {job} on node {episode.node} not finished")
+        alert = printable(episode.alertname, 128)
+        passed = verdict.result is Result.PASSED
+        reason = f"{REASON_PREFIX} {alert} " + (
+            "diagnostic passed" if passed else f"RMA: diagnostic {verdict.result.value}"
+        )
+        try:
+            done = self._drain_and_release(episode, reason, deadline)
+        except ScontrolError as exc:  # the node must be held before the verdict counts: next pass
+            return Diagnosis(Step.PENDING, detail=f"verdict {verdict.result.value}, but drain failed: {exc}")
+        return Diagnosis(Step.DONE, verdict, detail=done)
 
     def return_command(self, node: str) -> list[str]:
         return [self.scontrol, "update", f"NodeName={node}", "State=RESUME"]
@@ -259,7 +369,14 @@ class SlurmIsolator(NodeFencesOnly):
             flags = _flags(shown)
             reason = _REASON.search(shown)
             text = reason.group(1).strip() if reason else ""
+            released = ""
+            if self._reservation(node, deadline):  # left by a diagnostic (or `return --force` during one)
+                command = slurmdiag.delete_reservation(self.scontrol, node)
+                self._run(command, deadline)
+                released = shlex.join(command)
             if not flags & {"DRAIN", "DRAINING", "DRAINED", "DOWN"}:
+                if released:
+                    return Outcome("applied", released)
                 return Outcome("already", f"node {node} is in service already")
             if not text.startswith("gpulens:"):
                 return Outcome(
@@ -267,7 +384,7 @@ class SlurmIsolator(NodeFencesOnly):
                 )
             command = self.return_command(node)
             self._run(command, deadline)
-            return Outcome("applied", shlex.join(command))
+            return Outcome("applied", "; ".join(filter(None, [released, shlex.join(command)])))
         except ScontrolError as exc:
             return Outcome("failed", str(exc))
 

@@ -15,3 +15,12 @@ def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir, record = write_fake_scontrol(tmp_path)
     monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
     return record
+
+
+@pytest.fixture
+def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stateful scontrol, squeue and sbatch first on PATH: drains, reboots (at once, a new
+    BootTime), resumes, reservations and batch jobs change the node; yields the record file."""
+    bin_dir, record = write_fake_scontrol(tmp_path, stateful=True)
+    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
+    return record

@@ -31,6 +31,17 @@ WAIT_S = 60.0  # a guard against a hang, never a measure of speed
 
 
 FAKE_SCONTROL = Path(__file__).with_name("fake_scontrol.py")
+START = 1_796_000_000.0  # the test clock's first reading (2026-12-01)
+
+
+class Clock:
+    """A clock the test moves by hand (`clock.now += ...`): the receiver's time, never the wall's."""
+
+    def __init__(self, now: float = START) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def write_fake_scontrol(
@@ -40,13 +51,13 @@ def write_fake_scontrol(
     reason: str = "",
     **options: object,
 ) -> tuple[Path, Path]:
-    """A `scontrol` and an `squeue` (tests/remediate/fake_scontrol.py) in a fresh bin dir; returns
-    (bin dir, record file).
+    """A `scontrol`, an `squeue` and an `sbatch` (tests/remediate/fake_scontrol.py) in a fresh bin
+    dir; returns (bin dir, record file).
 
     Any node name exists in `state` (with `reason`) unless `any_node=False` and `nodes={...}`;
     `update` exits with `exit_code`. More `options` go to the state file (`sets`, `delay_s`,
-    `stateful`, `reboot`, `jobs`, `no_requeue`): see fake_scontrol.py. The state file is
-    `tmp_path/scontrol-state.json`.
+    `stateful`, `reboot`, `jobs`, `no_requeue`, `hold_jobs`, `user`, `hang`): see fake_scontrol.py.
+    The state file is `tmp_path/scontrol-state.json`.
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -56,7 +67,7 @@ def write_fake_scontrol(
     state_file = tmp_path / "scontrol-state.json"
     state_file.write_text(json.dumps(config))
     command = shlex.join([sys.executable, str(FAKE_SCONTROL), str(state_file)])
-    for name, first in (("scontrol", ""), ("squeue", " --squeue")):
+    for name, first in (("scontrol", ""), ("squeue", " --squeue"), ("sbatch", " --sbatch")):
         script = bin_dir / name
         script.write_text(f'#!/bin/sh\nexec {command}{first} "$@"\n')
         script.chmod(0o755)

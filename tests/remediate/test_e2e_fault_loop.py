@@ -3,135 +3,45 @@ Prometheus (shipped rules) -> Alertmanager (shipped config) -> two `gpulens reme
 --return-to-service` receivers, one on Slurm (the stateful scontrol stand-in), one on Kubernetes
 (the API stand-in): each isolates the node, reboots it (the fault's class), waits for the alert to
 resolve, checks the GPU's health in that Prometheus through the hold-down and returns the node;
-the audit log and the metrics show every step with its time.
+the audit log and the metrics show every step with its time. On Slurm the return diagnostic runs
+too: in a maintenance reservation of the node, as a batch job whose `dcgmi` is the simulated
+node's (Kubernetes' has its own test, test_e2e_gpu_fence.py).
 
-Two things are scaled for a test that runs in minutes: the scenario keeps only the Xid 79 fault of
-`faults` (its other faults never clear in the simulator, a pending row remap for one: nothing
-resets a simulated GPU, so that node would rightly never return) and does not repeat it; and the
-alert rules' 10-minute Xid window and 30-minute keep_firing_for become 20 s and 5 s in a copy, so
-the alert resolves about 5 s after the GPU is back. Routing, inhibition and the rules' logic are
-the shipped ones.
+Scaled for a test that runs in minutes (tests/remediate/e2e_stack.py): the scenario keeps only the
+Xid 79 fault of `faults`, and the rules' Xid window and keep_firing_for are 20 s and 5 s.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
-from gpulens.sim.scenario import BUILTIN_DIR
-from tests.alerts import rulefiles
-from tests.alerts.test_alertmanager import shipped_config_copy
+from tests.remediate.e2e_stack import (
+    NODE,
+    _json,
+    _text,
+    _wait,
+    audit,
+    monitoring,
+    receiver_cmd,
+    tokens,
+    xid79_only_scenario,
+)
 from tests.remediate.remediate_support import (
     KubeStandIn,
     kube_api,
     path_with,
     scontrol_calls,
     scontrol_state,
+    sim_dcgmi,
     write_fake_scontrol,
 )
-from tests.support.procs import (
-    PROMETHEUS_ENGINES,
-    alertmanager,
-    exporter,
-    free_port,
-    prometheus,
-    running,
-    use_prometheus,
-)
+from tests.support.procs import PROMETHEUS_ENGINES, free_port, running, use_prometheus
 
-NODE = "gpu-faulty-01"  # the scenario's hostname; Prometheus relabels the instance to it
-TOKEN = "e2e-loop-token"
 STEPS = ["isolated", "action_started", "action_finished", "resolved", "hold_down", "recovered", "returned"]
-
-
-def _json(url: str) -> object:
-    """GET with the webhook's bearer token: /-/state is behind the same credentials as /alerts."""
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.load(response)
-
-
-def _text(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return response.read().decode()
-
-
-def _wait(what: str, probe, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout:.0f}s")
-
-
-def xid79_only_scenario(tmp_path: Path) -> Path:
-    doc = yaml.safe_load((BUILTIN_DIR / "faults.yaml").read_text())
-    timeline = doc["faults"]["timeline"]
-    kept = [e for e in timeline if e.get("xid") == 79 or (e.get("gpu") == 2 and "lost" in e)]
-    assert [e["at"] for e in kept] == ["15s", "16s"], "the faults scenario's Xid 79 and lost GPU 2"
-    doc["faults"] = {"timeline": kept}
-    doc["name"] = "faults-xid79"
-    path = tmp_path / "faults-xid79.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
-def scaled_alert_rules(tmp_path: Path) -> Path:
-    text = rulefiles.ALERT_RULES.read_text()
-    assert "[10m]" in text and "keep_firing_for: 30m" in text
-    text = text.replace("[10m]", "[20s]").replace("offset 10m", "offset 20s")
-    text = text.replace("keep_firing_for: 30m", "keep_firing_for: 5s")
-    path = tmp_path / "gpu_alerts.yml"
-    path.write_text(text)
-    return path
-
-
-def two_webhooks(config: Path, slurm_url: str, kube_url: str) -> None:
-    doc = yaml.safe_load(config.read_text())
-    (receiver,) = [r for r in doc["receivers"] if r["name"] == "gpulens-remediate"]
-    (webhook,) = receiver["webhook_configs"]
-    receiver["webhook_configs"] = [{**webhook, "url": slurm_url}, {**webhook, "url": kube_url}]
-    config.write_text(yaml.safe_dump(doc))
-
-
-def receiver_cmd(port: int, token: Path, state: Path, prom: str, *backend: str) -> list[str]:
-    state.mkdir()
-    return [
-        sys.executable,
-        "-m",
-        "gpulens.cli",
-        "remediate",
-        *backend,
-        "--apply",
-        "--return-to-service",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--token-file",
-        str(token),
-        "--state-dir",
-        str(state),
-        "--hold-down",
-        "5s",
-        "--reconcile-interval",
-        "1s",
-        "--prometheus",
-        prom,
-        "--log-level",
-        "debug",
-    ]
-
-
-def audit(state: Path) -> list[dict]:
-    path = state / "audit.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+DIAGNOSED = [*STEPS[:-2], "diagnostic_started", "diagnostic_passed", "returned"]
 
 
 def returned(state: Path) -> bool:
@@ -146,11 +56,10 @@ def test_xid79_is_isolated_rebooted_held_down_and_returned_on_slurm_and_kubernet
     tmp_path, engine, monkeypatch
 ):
     use_prometheus(engine, monkeypatch)
-    token = tmp_path / "webhook.token"
-    token.write_text(TOKEN + "\n")
+    token, kube_token = tokens(tmp_path)
     bin_dir, record = write_fake_scontrol(tmp_path, stateful=True)
-    kube_token = tmp_path / "kube.token"
-    kube_token.write_text("sa-token\n")
+    scenario = xid79_only_scenario(tmp_path)
+    sim_dcgmi(bin_dir, scenario)  # the Slurm diagnostic job's dcgmi: the simulated node's
     stand_in = KubeStandIn(
         nodes={
             NODE: {
@@ -162,67 +71,46 @@ def test_xid79_is_isolated_rebooted_held_down_and_returned_on_slurm_and_kubernet
         }
     )
     slurm_port, kube_port = free_port(), free_port()
-    am_config = shipped_config_copy(
-        tmp_path, webhook_url=f"http://127.0.0.1:{slurm_port}/alerts", token_file=token, group_wait="1s"
-    )
-    two_webhooks(am_config, f"http://127.0.0.1:{slurm_port}/alerts", f"http://127.0.0.1:{kube_port}/alerts")
-    relabel = {
-        "relabel_configs": [
-            {
-                "source_labels": ["__address__"],
-                "regex": r"127\.0\.0\.1:(\d+)",
-                "target_label": "instance",
-                "replacement": f"{NODE}:$1",
-            }
-        ]
-    }
     slurm_state, kube_state = tmp_path / "slurm-state", tmp_path / "kube-state"
-    with (
-        kube_api(stand_in),
-        alertmanager(tmp_path, am_config) as am,
-        exporter(tmp_path, "--simulate", str(xid79_only_scenario(tmp_path)), "--interval", "1") as target,
-    ):
-        rules = [rulefiles.RECORDING_RULES, scaled_alert_rules(tmp_path)]
-        with prometheus(
-            tmp_path, [target], rule_files=rules, alertmanager_url=am, scrape_config=relabel
-        ) as prom:
-            slurm_cmd = receiver_cmd(slurm_port, token, slurm_state, prom.base_url, "--backend", "slurm")
-            kube_cmd = receiver_cmd(
-                kube_port,
-                token,
-                kube_state,
-                prom.base_url,
-                "--backend",
-                "kubernetes",
-                "--kube-api-url",
-                stand_in.url,
-                "--kube-token-file",
-                str(kube_token),
-                "--diag",
-                "off",  # the return diagnostic has its own end-to-end test (test_e2e_gpu_fence.py)
+    urls = [f"http://127.0.0.1:{p}/alerts" for p in (slurm_port, kube_port)]
+    with kube_api(stand_in), monitoring(tmp_path, {NODE: scenario}, *urls) as prom:
+        slurm_cmd = receiver_cmd(slurm_port, token, slurm_state, prom.base_url, "--backend", "slurm")
+        kube_cmd = receiver_cmd(
+            kube_port,
+            token,
+            kube_state,
+            prom.base_url,
+            "--backend",
+            "kubernetes",
+            "--kube-api-url",
+            stand_in.url,
+            "--kube-token-file",
+            str(kube_token),
+            "--diag",
+            "off",  # the Kubernetes diagnostic has its own end-to-end test (test_e2e_gpu_fence.py)
+        )
+        with (
+            running(
+                slurm_cmd,
+                f"http://127.0.0.1:{slurm_port}/-/healthy",
+                tmp_path / "remediate-slurm.log",
+                env=path_with(bin_dir),
+            ),
+            running(kube_cmd, f"http://127.0.0.1:{kube_port}/-/healthy", tmp_path / "remediate-kube.log"),
+        ):
+            _wait(
+                "both nodes returned to service",
+                lambda: returned(slurm_state) and returned(kube_state),
+                180,
             )
-            with (
-                running(
-                    slurm_cmd,
-                    f"http://127.0.0.1:{slurm_port}/-/healthy",
-                    tmp_path / "remediate-slurm.log",
-                    env=path_with(bin_dir),
-                ),
-                running(kube_cmd, f"http://127.0.0.1:{kube_port}/-/healthy", tmp_path / "remediate-kube.log"),
-            ):
-                _wait(
-                    "both nodes returned to service",
-                    lambda: returned(slurm_state) and returned(kube_state),
-                    180,
-                )
-                slurm_metrics = _text(f"http://127.0.0.1:{slurm_port}/metrics")
-                kube_metrics = _text(f"http://127.0.0.1:{kube_port}/metrics")
-                kube_open = _json(f"http://127.0.0.1:{kube_port}/-/state")["episodes"]
-                slurm_open = _json(f"http://127.0.0.1:{slurm_port}/-/state")["episodes"]
+            slurm_metrics = _text(f"http://127.0.0.1:{slurm_port}/metrics")
+            kube_metrics = _text(f"http://127.0.0.1:{kube_port}/metrics")
+            kube_open = _json(f"http://127.0.0.1:{kube_port}/-/state")["episodes"]
+            slurm_open = _json(f"http://127.0.0.1:{slurm_port}/-/state")["episodes"]
 
-    for state in (slurm_state, kube_state):
+    for state, steps in ((slurm_state, DIAGNOSED), (kube_state, STEPS)):
         lines = [e for e in audit(state) if e["episode"]["alertname"] == "GPUXidFallenOffBus"]
-        assert [e["event"] for e in lines] == STEPS, state.name
+        assert [e["event"] for e in lines] == steps, state.name
         times = [e["time"] for e in lines]
         assert times == sorted(times)
         assert all(e["ts"].endswith("Z") for e in lines)
@@ -239,7 +127,8 @@ def test_xid79_is_isolated_rebooted_held_down_and_returned_on_slurm_and_kubernet
         ]
         assert stamps == sorted(stamps) and done["detected_at"] <= done["isolated_at"]
         assert done["resolved_at"] <= done["recovered_at"]
-        assert "gpu_up 1, no Xid, no pending row remap" in lines[-2]["episode"]["detail"]
+        healthy = lines[steps.index("hold_down") + 1]["episode"]["detail"]
+        assert "gpu_up 1, no Xid, no pending row remap" in healthy
     assert slurm_open == [] and kube_open == []
     for metrics in (slurm_metrics, kube_metrics):
         assert 'gpulens_remediate_episodes_total{outcome="returned",recovery="reboot_node"} 1.0' in metrics
@@ -248,16 +137,27 @@ def test_xid79_is_isolated_rebooted_held_down_and_returned_on_slurm_and_kubernet
         assert 'gpulens_remediate_time_to_return_seconds_count{recovery="reboot_node"} 1.0' in metrics
         assert "gpulens_remediate_isolated_nodes 0.0" in metrics
 
-    # Slurm: drained, rebooted through Slurm, resumed after the hold-down
+    # Slurm: drained, rebooted through Slurm, diagnosed in its reservation, resumed after it passed
+    done_uuid = [e for e in audit(slurm_state) if e["event"] == "returned"][-1]["episode"]["uuid"]
     commands = [c for c in scontrol_calls(record) if c[0] != "show"]
     assert [c[:2] for c in commands] == [
         ["update", f"NodeName={NODE}"],
         ["reboot", "ASAP"],
+        ["create", "reservation"],
+        ["update", f"NodeName={NODE}"],
+        ["sbatch", "--parsable"],
+        ["update", f"NodeName={NODE}"],
+        ["delete", f"ReservationName=gpulens-diag-{NODE}"],
         ["update", f"NodeName={NODE}"],
     ]
     assert commands[1][2:] == ["nextstate=DOWN", "reason=gpulens: GPUXidFallenOffBus reboot_node", NODE]
-    assert commands[2][2:] == ["State=RESUME"]
-    assert scontrol_state(tmp_path)["nodes"][NODE]["State"] == "IDLE"
+    assert commands[3][2:] == commands[7][2:] == ["State=RESUME"]
+    assert commands[4][-1] == "--wrap=gpulens remediate diag --level 2 --gpu 2 --uuid " + done_uuid
+    assert commands[5][2:] == ["State=DRAIN", "Reason=gpulens: GPUXidFallenOffBus diagnostic passed"]
+    slurm = scontrol_state(tmp_path)
+    assert slurm["nodes"][NODE]["State"] == "IDLE" and slurm["reservations"] == {}
+    assert [j["ExitCode"] for j in slurm["batch"].values()] == ["0:0"]
+    assert 'gpulens_remediate_diagnostics_total{result="passed"} 1.0' in slurm_metrics
 
     # Kubernetes: cordoned and tainted, a reboot Job pinned to the node, then untainted and uncordoned
     (job,) = stand_in.jobs.values()

@@ -8,8 +8,9 @@ diagnostic (a Job the stand-in's kubelet runs for real, `dcgmi` being the simula
 as it passes, deletes the rule. With a `diag_fail` fault on the same GPU (DCGM's memory test fails
 there; NVML shows nothing) the diagnostic fails instead: the rule stays and the episode is `rma`.
 
-Scaled as test_e2e_fault_loop.py is: the Xid window and keep_firing_for become 20 s and 5 s in a
-copy of the rules; routing, inhibition and the rules' logic are the shipped ones.
+Scaled as every fault-loop end-to-end test is (e2e_stack.py): the Xid window and keep_firing_for
+become 20 s and 5 s in a copy of the rules; routing, inhibition and the rules' logic are the shipped
+ones.
 """
 
 from __future__ import annotations
@@ -22,8 +23,15 @@ import pytest
 import yaml
 
 from gpulens.sim.scenario import BUILTIN_DIR
-from tests.alerts import rulefiles
-from tests.alerts.test_alertmanager import shipped_config_copy
+from tests.remediate.e2e_stack import (
+    NODE,
+    _text,
+    _wait,
+    audit,
+    monitoring,
+    receiver_cmd,
+    tokens,
+)
 from tests.remediate.remediate_support import (
     DRA_DRIVER,
     KubeStandIn,
@@ -32,21 +40,9 @@ from tests.remediate.remediate_support import (
     run_diagnostic,
     sim_dcgmi,
 )
-from tests.remediate.test_e2e_fault_loop import (
-    NODE,
-    TOKEN,
-    _text,
-    _wait,
-    audit,
-    receiver_cmd,
-    scaled_alert_rules,
-)
 from tests.support.procs import (
     PROMETHEUS_ENGINES,
-    alertmanager,
-    exporter,
     free_port,
-    prometheus,
     running,
     use_prometheus,
 )
@@ -100,55 +96,32 @@ def run_loop(tmp_path: Path, scenario: Path, until: str) -> Run:
     """The scenario's node -> exporter -> Prometheus -> Alertmanager -> the receiver on the DRA
     stand-in, whose kubelet runs diagnostic Jobs with the node's `dcgmi`, until the audit log
     records the event `until`."""
-    token = tmp_path / "webhook.token"
-    token.write_text(TOKEN + "\n")
-    kube_token = tmp_path / "kube.token"
-    kube_token.write_text("sa-token\n")
+    token, kube_token = tokens(tmp_path)
     node = {"kind": "Node", "metadata": {"name": NODE, "resourceVersion": "1", "annotations": {}}, "spec": {}}
     stand_in = KubeStandIn(nodes={NODE: node}, dra=True)
     stand_in.kubelet = run_diagnostic(sim_dcgmi(tmp_path / "bin", scenario).parent)
     port = free_port()
-    am_config = shipped_config_copy(
-        tmp_path, webhook_url=f"http://127.0.0.1:{port}/alerts", token_file=token, group_wait="1s"
-    )
-    relabel = {
-        "relabel_configs": [
-            {
-                "source_labels": ["__address__"],
-                "regex": r"127\.0\.0\.1:(\d+)",
-                "target_label": "instance",
-                "replacement": f"{NODE}:$1",
-            }
-        ]
-    }
     state = tmp_path / "kube-state"
-    with (
-        kube_api(stand_in),
-        alertmanager(tmp_path, am_config) as am,
-        exporter(tmp_path, "--simulate", str(scenario), "--interval", "1") as target,
-    ):
-        rules = [rulefiles.RECORDING_RULES, scaled_alert_rules(tmp_path)]
-        with prometheus(
-            tmp_path, [target], rule_files=rules, alertmanager_url=am, scrape_config=relabel
-        ) as prom:
-            # the DRA driver publishes the node's GPUs by the UUIDs NVML reports
-            ups = _wait(
-                "the node's 8 GPUs in Prometheus",
-                lambda: len(found := prom.query("gpu_up")) == 8 and found,
-                60,
-            )
-            uuids = [s["metric"]["uuid"] for s in sorted(ups, key=lambda s: int(s["metric"]["gpu"]))]
-            stand_in.resource_slices = [gpu_slice(NODE, uuids)]
-            cmd = receiver_cmd(port, token, state, prom.base_url, "--backend", "kubernetes")
-            cmd += ["--kube-api-url", stand_in.url, "--kube-token-file", str(kube_token)]
-            with running(cmd, f"http://127.0.0.1:{port}/-/healthy", tmp_path / "remediate.log"):
-                _wait(f"GPU {GPU} fenced", lambda: fenced(state) and stand_in.device_taint_rules, 120)
-                with stand_in.lock:
-                    rules_then = json.loads(json.dumps(stand_in.device_taint_rules))
-                    node_then = json.loads(json.dumps(stand_in.nodes[NODE]["spec"]))
-                schedulable_then = stand_in.schedulable_devices(NODE)
-                _wait(f"the event {until}", lambda: any(e["event"] == until for e in audit(state)), 180)
-                metrics = _text(f"http://127.0.0.1:{port}/metrics")
+    webhook = f"http://127.0.0.1:{port}/alerts"
+    with kube_api(stand_in), monitoring(tmp_path, {NODE: scenario}, webhook) as prom:
+        # the DRA driver publishes the node's GPUs by the UUIDs NVML reports
+        ups = _wait(
+            "the node's 8 GPUs in Prometheus",
+            lambda: len(found := prom.query("gpu_up")) == 8 and found,
+            60,
+        )
+        uuids = [s["metric"]["uuid"] for s in sorted(ups, key=lambda s: int(s["metric"]["gpu"]))]
+        stand_in.resource_slices = [gpu_slice(NODE, uuids)]
+        cmd = receiver_cmd(port, token, state, prom.base_url, "--backend", "kubernetes")
+        cmd += ["--kube-api-url", stand_in.url, "--kube-token-file", str(kube_token)]
+        with running(cmd, f"http://127.0.0.1:{port}/-/healthy", tmp_path / "remediate.log"):
+            _wait(f"GPU {GPU} fenced", lambda: fenced(state) and stand_in.device_taint_rules, 120)
+            with stand_in.lock:
+                rules_then = json.loads(json.dumps(stand_in.device_taint_rules))
+                node_then = json.loads(json.dumps(stand_in.nodes[NODE]["spec"]))
+            schedulable_then = stand_in.schedulable_devices(NODE)
+            _wait(f"the event {until}", lambda: any(e["event"] == until for e in audit(state)), 180)
+            metrics = _text(f"http://127.0.0.1:{port}/metrics")
     return Run(stand_in, state, uuids, rules_then, node_then, schedulable_then, metrics)
 
 

@@ -16,6 +16,7 @@ from gpulens.remediate.kubernetes import TAINT_KEY, KubernetesClient
 from gpulens.remediate.loop import LoopPolicy
 from tests.remediate.remediate_support import (
     DRA_DRIVER,
+    Clock,
     KubeStandIn,
     alert,
     deliver,
@@ -30,14 +31,6 @@ from tests.remediate.remediate_support import (
 HOLD_DOWN = 600.0
 NODE = "gpu-17"
 UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(8)]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_796_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def fault(name: str, recovery: str, gpu: int = 3, status: str = "firing", kind: str = "isolate_gpu") -> dict:

@@ -17,6 +17,7 @@ from gpulens.remediate.loop import LoopPolicy
 from gpulens.remediate.slurm import SlurmIsolator
 from tests.remediate.remediate_support import (
     TOKEN,
+    Clock,
     KubeStandIn,
     alert,
     deliver,
@@ -32,14 +33,6 @@ from tests.remediate.remediate_support import (
 )
 
 HOLD_DOWN = 600.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_796_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def fault(name: str, recovery: str, status: str = "firing", **labels: str) -> dict:
@@ -63,14 +56,6 @@ def episodes(remediator) -> dict[str, dict]:
 
 def audit_events(path) -> list[tuple[str, str]]:
     return [(d["event"], d["episode"]["state"]) for d in map(json.loads, path.read_text().splitlines())]
-
-
-@pytest.fixture
-def slurm(tmp_path, monkeypatch):
-    """A stateful scontrol: drains, reboots (at once, a new BootTime) and resumes change the node."""
-    bin_dir, record = write_fake_scontrol(tmp_path, stateful=True)
-    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
-    return record
 
 
 def _policy(**overrides) -> LoopPolicy:

@@ -10,35 +10,24 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
-
 from gpulens.remediate.kubernetes import TAINT_KEY, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.loop import LoopPolicy
 from gpulens.remediate.slurm import SlurmIsolator
 from tests.remediate.remediate_support import (
+    Clock,
     KubeStandIn,
     alert,
     deliver,
     get,
     kube_api,
     notification,
-    path_with,
     receiver,
     scontrol_calls,
-    write_fake_scontrol,
 )
 
 HOLD_DOWN = 600.0
 NODE = "gpu-17"
 BY_HAND = 'gpulens_remediate_episodes_total{outcome="returned_by_hand",recovery="reboot_node"} 1.0'
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_796_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def fault(status: str = "firing") -> dict:
@@ -81,14 +70,6 @@ def return_by_hand(stand_in: KubeStandIn, keep_cordon: bool = False) -> None:
         spec = stand_in.nodes[NODE]["spec"]
         spec["taints"] = [t for t in spec.get("taints", []) if t["key"] != TAINT_KEY]
         spec["unschedulable"] = keep_cordon
-
-
-@pytest.fixture
-def slurm(tmp_path, monkeypatch):
-    """A stateful scontrol first on PATH: drains, reboots and resumes change the node."""
-    bin_dir, record = write_fake_scontrol(tmp_path, stateful=True)
-    monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])
-    return record
 
 
 def test_a_kubernetes_node_returned_by_hand_before_its_pods_end_gets_no_reboot_job(tmp_path):
