@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,15 @@ def _telemetry_path(value: str) -> str | None:
         _check_telemetry_path(value)
     except ConfigError as exc:
         return str(exc).partition(": ")[2]
+    return None
+
+
+def _api_url(value: str) -> str | None:
+    if not value:
+        return None
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"expected an http:// or https:// URL of the API server, got {value!r}"
     return None
 
 
@@ -319,6 +329,48 @@ class ExporterConfig:
         default=True,
         metadata=setting(
             flag="--no-attribution.kubernetes", negated=True, help="disable kubelet pod-resources attribution"
+        ),
+    )
+    # DRA devices named only by (driver, pool, device) get their GPU UUID from the node's
+    # ResourceSlices (exporter/attribution/resourceslices.py): the exporter's only API-server call
+    kubernetes_api_url: str = field(
+        default="",
+        metadata=setting(
+            flag="--kubernetes.api-url",
+            metavar="URL",
+            default_doc="in-cluster, when a service-account token is mounted",
+            check=_api_url,
+            help="API server whose ResourceSlices name DRA-allocated GPUs "
+            "([docs/attribution.md](attribution.md#dynamic-resource-allocation-dra))",
+        ),
+    )
+    kubernetes_token_file: Path | None = field(
+        default=None,
+        metadata=setting(
+            flag="--kubernetes.token-file",
+            metavar="PATH",
+            parse=Path,
+            default_doc="the service-account token with the in-cluster URL",
+            help="bearer token for `--kubernetes.api-url` (re-read on every call)",
+        ),
+    )
+    kubernetes_ca_file: Path | None = field(
+        default=None,
+        metadata=setting(
+            flag="--kubernetes.ca-file",
+            metavar="PATH",
+            parse=Path,
+            default_doc="the service-account CA with the in-cluster URL, else the system's",
+            help="CA bundle for an https `--kubernetes.api-url`",
+        ),
+    )
+    kubernetes_node_name: str = field(
+        default="",
+        metadata=setting(
+            flag="--kubernetes.node-name",
+            metavar="NAME",
+            default_doc="`$NODE_NAME`",
+            help="this node's name, whose ResourceSlices are read; none: no ResourceSlice lookups",
         ),
     )
     profiling: str = field(

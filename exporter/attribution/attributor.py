@@ -6,9 +6,10 @@ Identity precedence for one process (first that answers wins; see docs/attributi
    server's, not any client job's.
 2. The process itself, via procfs: a Slurm job from its cgroup path or `SLURM_JOB_ID` env, else a
    Kubernetes pod from its kubepods cgroup (names from the kubelet's log directories).
-3. The kubelet pod-resources API: the pod the process's MIG device / GPU is allocated to, when that
-   device is allocated to exactly one pod (with time-slicing replicas several pods share a GPU and
-   the device alone cannot tell them apart).
+3. The kubelet pod-resources API: the pod the process's MIG device / GPU is allocated to, by the
+   device plugin or through a DRA ResourceClaim, when that device is allocated to exactly one pod
+   (with time-slicing replicas or a shared ResourceClaim several pods share a GPU and the device
+   alone cannot tell them apart).
 4. Job mapping files: the most specific file (MIG UUID, `<gpu>.<gi>`, GPU UUID, `<gpu>`); with several
    jobs listed, the one whose uid owns the process (jobstats format), else undecided.
 5. `job_id="unknown"`, source `unknown`: counted, never dropped.
@@ -52,6 +53,7 @@ from gpulens.exporter.attribution.model import (
 )
 from gpulens.exporter.attribution.pod_resources import PodContainer, PodResourcesClient
 from gpulens.exporter.attribution.procfs import ProcessInfo, ProcfsReader
+from gpulens.exporter.attribution.resourceslices import ResourceSlices
 from gpulens.exporter.attribution.slurm import SOURCE_SLURM, UserNames, slurm_identity
 
 SOURCE_MAPPING = "mapping"
@@ -137,8 +139,13 @@ class Attributor:
         self._slurm_jobs: dict[int, tuple[ProcessInfo, JobIdentity]] = {}
         self._procfs = ProcfsReader(config.procfs_root, self._log) if config.enable_procfs else None
         self._pods = PodDirectory(config.pod_logs_dir) if config.enable_procfs else None
+        slices = (
+            ResourceSlices(config.kube_api, config.node_name, self._log)
+            if config.kube_api is not None and config.node_name
+            else None
+        )
         self._pod_resources = (
-            PodResourcesClient(config.pod_resources_socket, self._log)
+            PodResourcesClient(config.pod_resources_socket, self._log, uuids=slices)
             if config.enable_pod_resources and config.pod_resources_socket is not None
             else None
         )

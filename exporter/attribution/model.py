@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulens.exporter.attribution.resourceslices import KubeApi
+
 #: Process kinds as reported by NVML's process lists.
 PROCESS_KINDS = ("compute", "graphics", "mps_server", "mps_client")
 
@@ -113,3 +115,7 @@ class AttributionConfig:
     enable_procfs: bool = True
     enable_mapping: bool = True
     enable_pod_resources: bool = True
+    # where DRA devices the kubelet names only by (driver, pool, device) are looked up (the node's
+    # ResourceSlices, resourceslices.py); None or no node name: not looked up
+    kube_api: KubeApi | None = None
+    node_name: str = ""

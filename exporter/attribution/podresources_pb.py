@@ -70,6 +70,8 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
         ("driver_name", 2, _STRING, _OPTIONAL, ""),
         ("pool_name", 3, _STRING, _OPTIONAL, ""),
         ("device_name", 4, _STRING, _OPTIONAL, ""),
+        # `optional` in api.proto (consumable capacity, 1.34+): presence only, the same on the wire
+        ("share_id", 5, _STRING, _OPTIONAL, ""),
     ],
     "CDIDevice": [("name", 1, _STRING, _OPTIONAL, "")],
     "GetPodResourcesRequest": [

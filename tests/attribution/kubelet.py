@@ -1,4 +1,8 @@
-"""A real gRPC server implementing the kubelet pod-resources v1 API on a unix socket, for tests."""
+"""A real gRPC server implementing the kubelet pod-resources v1 API on a unix socket, for tests.
+
+It answers device-plugin allocations (`devices`) and DRA ones (`dynamic_resources`: per claim the
+driver, pool and device names and the CDI devices, as the kubelet reports ResourceClaims).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,24 +21,63 @@ import grpc
 from gpulens.exporter.attribution.podresources_pb import SERVICE, build_messages
 
 
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One device of a ResourceClaim (ClaimResource): NVIDIA's DRA driver by default."""
+
+    device: str
+    pool: str = "node-1"
+    driver: str = "gpu.nvidia.com"
+    cdi: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    """A container's ResourceClaim (namespace and name as the pod's) and its devices."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: str
+    devices: tuple[ClaimDevice, ...]
+
+
 @dataclass
 class FakeKubelet:
-    """Pods as (namespace, pod, container, resource name, [device ids]); `delay_s` slows every answer."""
+    """Pods as (namespace, pod, container, resource name, [device ids]) and DRA `claims`;
+    `delay_s` slows every answer; `answer`, when set, builds the whole List answer instead."""
 
     allocations: list[tuple[str, str, str, str, list[str]]] = field(default_factory=list)
+    claims: list[ClaimAllocation] = field(default_factory=list)
+    answer: Callable[[object], object] | None = None
     delay_s: float = 0.0
     list_calls: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def list_response(self, messages):  # type: ignore[no-untyped-def]
+        if self.answer is not None:
+            return self.answer(messages)
         response = messages.ListPodResourcesResponse()
         pods: dict[tuple[str, str], object] = {}
-        for namespace, pod, container, resource, device_ids in self.allocations:
+
+        def pod_entry(namespace: str, pod: str):  # type: ignore[no-untyped-def]
             entry = pods.get((namespace, pod))
             if entry is None:
                 entry = pods[(namespace, pod)] = response.pod_resources.add(name=pod, namespace=namespace)
-            c = entry.containers.add(name=container)
+            return entry
+
+        for namespace, pod, container, resource, device_ids in self.allocations:
+            c = pod_entry(namespace, pod).containers.add(name=container)
             c.devices.add(resource_name=resource, device_ids=device_ids)
+        for claim in self.claims:
+            c = pod_entry(claim.namespace, claim.pod).containers.add(name=claim.container)
+            dynamic = c.dynamic_resources.add(claim_name=claim.claim, claim_namespace=claim.namespace)
+            for device in claim.devices:
+                resource = dynamic.claim_resources.add(
+                    driver_name=device.driver, pool_name=device.pool, device_name=device.device
+                )
+                for name in device.cdi:
+                    resource.cdi_devices.add(name=name)
         return response
 
 

@@ -141,6 +141,7 @@ def test_environment_switches_for_attribution_and_collectors() -> None:
         (["--compat", "dcgm=4.9.0"], {}, "--compat"),
         (["--compat", "dcgm=latest"], {}, "--compat"),
         (["--metrics.deny", "gpu_{up}"], {}, "--metrics.deny"),
+        (["--kubernetes.api-url", "apiserver:6443"], {}, "--kubernetes.api-url"),
     ],
 )
 def test_bad_input_names_the_flag(argv: list[str], env: dict[str, str], names: str) -> None:
