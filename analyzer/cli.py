@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -302,7 +303,7 @@ def _analysis(
     """Run the pipeline on the chosen source (`early`: what `_early_source` gave, if called)."""
     prometheus = early if early is not None else _early_source(args)
 
-    from gpulens.analyzer import pipeline
+    from gpulens.analyzer import pipeline, serving
     from gpulens.analyzer.profile import parse_model_option
     from gpulens.analyzer.sources import files
     from gpulens.analyzer.thresholds import load_thresholds
@@ -332,6 +333,12 @@ def _analysis(
             gpus=source.gpu_rows(),
             fleet=fleet or None,
             topology=source.topology(),
+            serving_table=serving.from_prometheus(
+                source.client,
+                source.window_s,
+                source.used_step_s if math.isfinite(source.used_step_s) else source.step_s,
+                source.end,
+            ),
         )
     window = parse_duration(args.window, "--window") if args.window else None
     end = parse_time(args.end) if args.end else None
@@ -422,10 +429,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     analysis = _analysis(args, early=early)
     previous = None
     if args.previous:
+        from gpulens.analyzer.thresholds import load_thresholds
         from gpulens.analyzer.weekly import compare, load_previous
 
         jobs, plan = load_previous(args.previous)
-        previous = compare(analysis, jobs, plan, args.previous)
+        previous = compare(analysis, jobs, plan, args.previous, load_thresholds(args.thresholds))
     written = write_report(analysis, args.out, prices, previous)
     if args.textfile:
         from gpulens.analyzer.publish import write_textfile

@@ -33,6 +33,8 @@ import pyarrow.parquet as pq
 from gpulens import atomicfile
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.memlimit import usable_memory
+from gpulens.analyzer.serving import FAMILIES as SERVING_FAMILIES
+from gpulens.analyzer.serving import LABELS as SERVING_LABELS
 from gpulens.safeload import InputError, load_json_file, read_text
 
 FORMAT = "gpulens-history"
@@ -66,6 +68,7 @@ LABELS: tuple[str, ...] = (
     "peer",  # gpu_topology_info: the peer GPU's index and uuid, and the link to it
     "peer_uuid",
     "link",
+    *SERVING_LABELS,  # inference servers' series: the pod they join to, the KV cache config
 )
 
 # families kept in histories (docs/metrics.md names, plus the trace-only request families)
@@ -88,6 +91,7 @@ FAMILIES: tuple[str, ...] = (
     "gpu_job_sm_utilization_ratio",
     "gpu_job_sm_unattributed_ratio",
     "gpu_topology_info",
+    *SERVING_FAMILIES,  # vLLM / SGLang series of a scraped pod (analyzer/serving.py)
     "gpulens_trace_job_requested_gpus",
     "gpulens_trace_job_lifetime_seconds",
     "gpulens_trace_node_gpus",

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpulens.analyzer import frames
+from gpulens.analyzer import frames, serving
 from gpulens.analyzer import requests as request_trace
 from gpulens.analyzer.archetypes import Archetypes, cluster
 from gpulens.analyzer.changes import annotate, ranked_actions
@@ -174,15 +174,18 @@ def analyze_profiles(
     gpus: list[dict] | None = None,
     fleet: list[FleetGpu] | None = None,
     topology: Topology | None = None,
+    serving_table: serving.Table | None = None,
 ) -> Analysis:
     """Recommendations, plan, configuration and archetypes for a profile table.
 
     `fleet`: the inventory (`gpu_info` over the window) the plan counts and places jobs on;
     without it, the GPUs the jobs used. `gpus`: the same as `gpu_info` rows (with the GPU index)
     for emit. `topology`: the GPU topology (`gpu_topology_info`); without it, no topology
-    finding and no topology preference in the plan.
+    finding and no topology preference in the plan. `serving_table`: inference servers' own
+    metrics per pod (`serving.py`), joined to the jobs by namespace and pod.
     """
     models = None if fleet is None else fleet_catalog_models(fleet)
+    profiles = serving.join(profiles, serving_table)
     recs = recommend(profiles, th, models)
     plan = build_plan(recs, th, fleet, topology)
     recs = annotate(recs, plan, th, topology)
@@ -227,6 +230,7 @@ def analyze_history(
         gpus=gpu_info_rows(history),
         fleet=files.fleet(history, gpu_model) or None,
         topology=files.topology(history),
+        serving_table=serving.from_families(history.families or {}),
     )
 
 

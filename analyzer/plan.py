@@ -15,7 +15,8 @@
 3. **account**: GPUs before = every GPU of the inventory (`gpu_info` over the window, idle GPUs
    included); the plan never uses more GPUs of a model than the fleet has: jobs moved to a model
    without room go back to their own, and a model whose packing would need more GPUs than it has
-   keeps its jobs where they are. Freed per model is therefore never negative.
+   keeps its jobs where they are, and so does a model whose packing needs as many GPUs as its jobs
+   use now (moving them would free nothing). Freed per model is therefore never negative.
 4. **layout**: each packed GPU is put on a real GPU of the inventory (the one its largest job runs
    on when it can), with its node, jobs, MIG placements, MPS client settings and the interference
    risk of jobs that share it.
@@ -27,15 +28,17 @@ Fit tests (evidence, not a "more than half a GPU" rule):
   set (slices are not reused over time: reconfiguring needs an idle GPU);
 - `mps`: pinned memory limits sum to at most the GPU memory, the thread caps of every job on the
   GPU to 100 % (Slurm's MPS shares are per GPU, not per instant; on Kubernetes each client's cap
-  to 100 / clients, the device plugin's split),
-  compute demand to `mps.max_load`, p95 DRAM activity to `plan.max_dram_load`, clients to the
-  model's MPS client limit;
+  to 100 / clients, the device plugin's split), clients to the model's MPS client limit, the
+  co-located SM demand to `mps.max_load` and DRAM activity to `plan.max_dram_load`;
 - `time-slicing`: memory need sums to the GPU memory (no isolation), at most
-  `time_slicing.max_replicas` jobs, mean activity to `plan.max_gpu_load`, p95 activity to
-  `time_slicing.max_interference` and p95 DRAM activity to `plan.max_dram_load`.
+  `time_slicing.max_replicas` jobs, mean activity to `plan.max_gpu_load`, the co-located SM
+  demand to `time_slicing.max_interference` and DRAM activity to `plan.max_dram_load`.
 
-Interference risk of a shared GPU = the largest sum over time of the co-located jobs' p95 SM
-demand and p95 DRAM activity (MIG isolates both, MPS and time-slicing do not).
+Co-located demand (MIG isolates it, MPS and time-slicing do not): where the job and those it
+meets have per-bin series (`demand`), their sum may exceed the limit in at most
+`compute.max_bind_fraction` of each job's bins (two bursty jobs that never burst together
+share); otherwise their p95s (MPS: sizing-percentile demand) summed over time stay within it.
+`interference` reports both per shared GPU.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import pandas as pd
 
-from gpulens.analyzer import forked, frames
+from gpulens.analyzer import demand, forked, frames
 from gpulens.analyzer.freetime import Capacity, FreeTime, set_bits
 from gpulens.analyzer.instantload import COLUMNS, InstantLoad
 from gpulens.analyzer.kinds import SHARED, WHOLE, Kind
@@ -86,6 +89,10 @@ class Item:
     thread_pct: int | None = None
     memory_limit: int | None = None
     device_memory: float = math.inf  # a model the catalog does not know: its memory from the data
+    # per-bin SM demand / DRAM activity as shares of the whole GPU (`demand`); None: not measured,
+    # the percentile sums decide for it (module docstring)
+    sm_series: demand.Series | None = None
+    dram_series: demand.Series | None = None
 
 
 @dataclass
@@ -245,6 +252,7 @@ def _num(value: object) -> float:
 
 def _items(recs: pd.DataFrame) -> list[Item]:
     items = []
+    series = demand.of(recs) or demand.Demand(1.0)
     for row in frames.rows(recs):
         kind = row.recommendation
         if kind in (Kind.RECLAIM, Kind.INSUFFICIENT_DATA):
@@ -278,9 +286,38 @@ def _items(recs: pd.DataFrame) -> list[Item]:
                 thread_pct=_int_or_none(row.mps_active_thread_percentage),
                 memory_limit=_int_or_none(row.mps_pinned_memory_limit_bytes),
                 device_memory=_num(row.device_memory_bytes) or math.inf,
+                sm_series=_scaled(series.sm.get(str(row.job_id)), scale),
+                dram_series=_scaled(series.dram.get(str(row.job_id)), scale),
             )
         )
     return items
+
+
+def _scaled(series: demand.Series | None, scale: float) -> demand.Series | None:
+    return None if series is None else series.scaled(scale)
+
+
+def _colocated(gpu: GpuBin, item: Item, figure: str) -> list[demand.Series] | None:
+    """The `figure` ("sm" or "dram") series of `item` and of the jobs it would meet on `gpu`;
+    None when one of them has none (its percentile then goes into the percentile sum). A job
+    whose DRAM activity is not measured adds nothing to either sum."""
+    out = []
+    for job in [*gpu._overlapping(item), item]:
+        found = job.sm_series if figure == "sm" else job.dram_series
+        if found is None:
+            if figure == "dram" and not job.dram:
+                continue
+            return None
+        out.append(found)
+    return out
+
+
+def _series_within(series: list[demand.Series] | None, limit: float, th: Thresholds) -> bool:
+    """Whether the co-located sum exceeds `limit` in at most `compute.max_bind_fraction` of each
+    job's bins (True without series: the percentile sums decided)."""
+    if series is None:
+        return True
+    return demand.colocated(series, limit).over_share <= th.compute.max_bind_fraction + 1e-12
 
 
 def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> bool:
@@ -304,13 +341,26 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
     if item.kind == Kind.MPS and sum(o.thread_pct or 0 for o in gpu.items) + (item.thread_pct or 0) > 100:
         return False
     if item.kind != Kind.MPS:  # time-slicing: every limit a bound, the first excess refuses
-        return gpu.within(item, _sliced_bounds(item, model, th))
+        sm, dram = _colocated(gpu, item, "sm"), _colocated(gpu, item, "dram")
+        return (
+            gpu.within(item, _sliced_bounds(item, model, th, sm is not None, dram is not None))
+            and _series_within(sm, th.time_slicing.max_interference, th)
+            and _series_within(dram, th.plan.max_dram_load, th)
+        )
     # one pass over the GPU's items for every limit of MPS (the packer's hottest call)
     peak = gpu.peaks(item, ("memory", "dram", "count", "sm"))
-    if peak["memory"] > memory_total or peak["dram"] > th.plan.max_dram_load + 1e-9:
+    if peak["memory"] > memory_total:
         return False
     clients = th.mps.max_clients or (model.mps_max_clients if model else 48)
-    if peak["count"] > clients or peak["sm"] > th.mps.max_load + 1e-9:
+    if peak["count"] > clients:
+        return False
+    dram = _colocated(gpu, item, "dram")
+    if dram is None and peak["dram"] > th.plan.max_dram_load + 1e-9:
+        return False
+    sm = _colocated(gpu, item, "sm")
+    if sm is None and peak["sm"] > th.mps.max_load + 1e-9:
+        return False
+    if not (_series_within(dram, th.plan.max_dram_load, th) and _series_within(sm, th.mps.max_load, th)):
         return False
     sharers = [*gpu._overlapping(item), item]
     if any(o.source == KUBERNETES for o in sharers):
@@ -319,15 +369,18 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
     return True
 
 
-def _sliced_bounds(item: Item, model: GpuModel | None, th: Thresholds) -> tuple[tuple[str, float], ...]:
-    """A time-sliced GPU's limits for `item`, in the order `GpuBin.within` checks them."""
-    return (
-        ("memory", model.memory_bytes if model else item.device_memory),
-        ("dram", th.plan.max_dram_load + 1e-9),
-        ("count", th.time_slicing.max_replicas),
-        ("load", th.plan.max_gpu_load + 1e-9),
-        ("p95", th.time_slicing.max_interference + 1e-9),
-    )
+def _sliced_bounds(
+    item: Item, model: GpuModel | None, th: Thresholds, sm_series: bool, dram_series: bool
+) -> tuple[tuple[str, float], ...]:
+    """A time-sliced GPU's limits for `item`, in the order `GpuBin.within` checks them; the p95
+    sums of SM demand and DRAM activity only where the co-located series do not decide."""
+    bounds: list[tuple[str, float]] = [("memory", model.memory_bytes if model else item.device_memory)]
+    if not dram_series:
+        bounds.append(("dram", th.plan.max_dram_load + 1e-9))
+    bounds += [("count", th.time_slicing.max_replicas), ("load", th.plan.max_gpu_load + 1e-9)]
+    if not sm_series:
+        bounds.append(("p95", th.time_slicing.max_interference + 1e-9))
+    return tuple(bounds)
 
 
 def _own(item: Item, bounds: tuple[tuple[str, float], ...]) -> list[float]:
@@ -339,7 +392,11 @@ def _over(load: InstantLoad | None, item: Item, model: GpuModel | None, th: Thre
     """The time-sliced GPUs that certainly refuse `item` at its start (none without an index)."""
     if load is None:
         return []
-    bounds = _sliced_bounds(item, model, th)
+    # only the bounds every GPU holds it to: where it has series, a GPU whose jobs all have
+    # theirs judges by the co-located sums, which an instant's percentile sum cannot rule out
+    bounds = _sliced_bounds(
+        item, model, th, item.sm_series is not None, item.dram_series is not None or not item.dram
+    )
     return load.over(item.start, _own(item, bounds), bounds)
 
 
@@ -796,13 +853,28 @@ def account(
     items = _items(movable)
     notes: list[str] = []
     kept_models: set[str] = set()
+    why: dict[str, str] = {}  # kept model -> why its jobs stay, when packing it gains nothing
     reverted: dict[str, dict] = {}
     while True:
         bins, moved = _fewest_moves([i for i in items if i.model not in kept_models], th)
         used = _capacity(FleetGpu("", b.model, "") for b in bins)
         over = sorted(m for m, n in used.items() if n > capacity.get(m, 0))
         if not over:
-            break
+            gainless = _gainless(items, used, kept_models)
+            if not gainless:
+                break
+            # a packing that frees none of the GPUs a model's jobs use now would move jobs (and
+            # change how GPUs share) for nothing: that model's jobs stay as they are
+            kept_models.update(gainless)
+            for model, now in gainless.items():
+                why[model] = (
+                    f"packing its {model} GPUs saves nothing (it needs {used[model]}, they use {now})"
+                )
+                notes.append(
+                    f"{model}: the packing needs {used[model]} GPUs, its jobs use {now} now: "
+                    "they stay as they are"
+                )
+            continue
         model = over[0]
         incoming = [i for i in items if i.model == model and i.origin_model != model]
         if incoming:  # downsized onto a model without room: the excess goes back to its own model
@@ -828,7 +900,24 @@ def account(
     kept = movable[movable["gpu_model"].isin(kept_models) & (movable["recommendation"] != Kind.RECLAIM)]
     for row in frames.rows(kept):
         moved[str(row.job_id)] = _as_now(row)
+        if str(row.gpu_model) in why:
+            moved[str(row.job_id)]["note"] = f"{why[str(row.gpu_model)]}: it stays as it runs now"
     return bins + _kept_as_they_are(kept) + held, moved, notes
+
+
+def _gainless(items: list[Item], used: dict[str, int], kept: set[str]) -> dict[str, int]:
+    """Models whose packing needs at least as many GPUs as their jobs use now (-> that number), with
+    no job moving to or from another model: packing them gains nothing (a downsize is judged with
+    the model it leaves)."""
+    out = {}
+    for model, n in sorted(used.items()):
+        mine = [i for i in items if i.model == model or i.origin_model == model]
+        if model in kept or any(i.model != i.origin_model for i in mine):
+            continue
+        now = len({u for i in mine for u in i.origin_uuids})
+        if now and n >= now:
+            out[model] = now
+    return out
 
 
 def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu], topology: Topology | None = None) -> None:
@@ -970,15 +1059,48 @@ def _node_groups(bins: list[GpuBin], th: Thresholds) -> dict[str, dict]:
     return groups
 
 
-def interference(gpu: GpuBin) -> dict[str, float | str]:
-    """Sum over time of co-located p95 SM demand and p95 DRAM activity, and a level."""
-    sm, dram = gpu.max_sum("p95"), gpu.max_sum("dram")
-    worst = max(sm, dram)
-    level = "high" if worst > 1.0 else "medium" if worst > 0.7 else "low"
-    return {"sm_p95_sum": round(sm, 3), "dram_p95_sum": round(dram, 3), "risk": level}
+def percentile_name(quantile: float) -> str:
+    """0.95 -> "p95", 0.99 -> "p99", 1.0 -> "max" (as `sizing_percentile` names them)."""
+    return "max" if quantile >= 1.0 else f"p{quantile * 100:g}"
 
 
-def _entry(gpu: GpuBin, window_hours: float) -> dict:
+def interference(gpu: GpuBin, th: Thresholds) -> dict[str, float | str]:
+    """How the co-located jobs of a shared GPU load it together, and a level.
+
+    Always the largest sum over time of their p95 SM demand and p95 DRAM activity (`*_p95_sum`).
+    Where every job has its series (`demand`), what decides: the co-located sum per bin at the
+    sizing percentile `1 - compute.max_bind_fraction` (`sm_sum_high`, `dram_sum_high`, named by
+    `percentile`) and the largest share of a job's bins where it exceeds the GPU's limit
+    (`sm_over_share`: over `mps.max_load` or `time_slicing.max_interference`; `dram_over_share`:
+    over `plan.max_dram_load`). The level is "high" when a sum goes past its limit more often than
+    `compute.max_bind_fraction` allows (or, by percentiles, when the p95 sums exceed 1)."""
+    sm_p95, dram_p95 = gpu.max_sum("p95"), gpu.max_sum("dram")
+    out: dict[str, float | str] = {"sm_p95_sum": round(sm_p95, 3), "dram_p95_sum": round(dram_p95, 3)}
+    sm_series = [i.sm_series for i in gpu.items]
+    dram_series = [i.dram_series for i in gpu.items if i.dram_series is not None or i.dram]
+    if not gpu.items or any(s is None for s in sm_series) or any(s is None for s in dram_series):
+        worst = max(sm_p95, dram_p95)
+        out["basis"] = "sum of p95s"
+        out["risk"] = "high" if worst > 1.0 else "medium" if worst > 0.7 else "low"
+        return out
+    quantile = 1.0 - th.compute.max_bind_fraction
+    sm_limit = th.mps.max_load if gpu.mode == Kind.MPS else th.time_slicing.max_interference
+    sm = demand.colocated([s for s in sm_series if s is not None], sm_limit, quantile)
+    dram = demand.colocated([s for s in dram_series if s is not None], th.plan.max_dram_load, quantile)
+    over = max(sm.over_share, dram.over_share) > th.compute.max_bind_fraction + 1e-12
+    out.update(
+        basis="co-located series",
+        percentile=percentile_name(quantile),
+        sm_sum_high=round(sm.high, 3),
+        sm_over_share=round(sm.over_share, 4),
+        dram_sum_high=round(dram.high, 3),
+        dram_over_share=round(dram.over_share, 4),
+        risk="high" if over else "medium" if max(sm.high, dram.high) > 0.7 else "low",
+    )
+    return out
+
+
+def _entry(gpu: GpuBin, window_hours: float, th: Thresholds) -> dict:
     used_hours = sum(i.used_hours / max(i.gpus, 1) for i in gpu.items)
     entry: dict = {
         "gpu": gpu.name,
@@ -991,7 +1113,7 @@ def _entry(gpu: GpuBin, window_hours: float) -> dict:
         "memory_committed_bytes": int(gpu.max_sum("memory")) if gpu.mode in SHARED else None,
     }
     if gpu.mode in SHARED:
-        entry["interference"] = interference(gpu)
+        entry["interference"] = interference(gpu, th)
     if gpu.mode == Kind.MIG:
         entry["mig_layout"] = gpu.mig_layout
     if gpu.mode == Kind.MPS:
@@ -1076,7 +1198,7 @@ def build_plan(
         utilization_before=round(used / (gpus_before * window_hours), 4) if gpus_before else 0.0,
         utilization_after=round(used / (gpus_after * window_hours), 4) if gpus_after else 0.0,
         window_hours=round(window_hours, 3),
-        layout=[_entry(b, window_hours) for b in bins],
+        layout=[_entry(b, window_hours, th) for b in bins],
         node_groups=groups,
         notes=notes,
         moved=moved,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from gpulens.analyzer import signals
+from gpulens.analyzer import demand, signals
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import LABELS
 from gpulens.analyzer.thresholds import Thresholds
@@ -99,6 +99,9 @@ class JobStats:
     memory_restart_span: float = math.nan  # seconds from the first restart to the last
     dram_p95: float = math.nan
     tensor_mean: float = math.nan
+    # per-bin maxima of the per-step activity and DRAM activity (`demand`): what the packer sums
+    sm_bins: demand.Series | None = None
+    dram_bins: demand.Series | None = None
 
 
 @dataclass(frozen=True)
@@ -565,9 +568,11 @@ def stats_from_families(
         stats[str(job)] = JobStats(start=float(start), end=float(end), samples=int(samples), gpus=int(gpus))
     activity = _chain_steps(fams, info, signals.ACTIVITY, kinds, "mean")
     quantiles = segment_quantiles([values for _, values, _ in activity.values()], (0.5, 0.95, 0.99))
-    for i, (job, (name, values, _)) in enumerate(activity.items()):
+    bin_s = demand.bin_seconds(step_s, per_job["start"], per_job["end"])
+    for i, (job, (name, values, times)) in enumerate(activity.items()):
         stats[job].activity_signal = name
         stats[job].activity = reduce_series(values, idle_below, quantiles[:, i])
+        stats[job].sm_bins = demand.binned(times, values, bin_s)
     memory = _chain_steps(fams, info, signals.MEMORY, kinds, "max")
     p95 = segment_quantiles([values for _, values, _ in memory.values()], (0.95,))[0]
     for i, (job, (name, values, times)) in enumerate(memory.items()):
@@ -588,8 +593,9 @@ def stats_from_families(
         stats[job].memory_cycle_slope = float(cycle_slopes[i])
     dram = _chain_steps(fams, info, signals.DRAM, kinds, "mean")
     p95 = segment_quantiles([values for _, values, _ in dram.values()], (0.95,))[0]
-    for i, job in enumerate(dram):
+    for i, (job, (_, values, times)) in enumerate(dram.items()):
         stats[job].dram_p95 = float(p95[i])
+        stats[job].dram_bins = demand.binned(times, values, bin_s)
     for job, (_, values, _) in _chain_steps(fams, info, signals.TENSOR, kinds, "mean").items():
         stats[job].tensor_mean = float(values.mean())
     return identity, stats
@@ -766,7 +772,16 @@ def build_profiles(
     frame = pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))
     if frame.empty:
         raise AnalyzerError("no job has samples in the window: nothing to profile")
-    return frame
+    return demand.attach(frame, job_demand(stats, step_s))
+
+
+def job_demand(stats: dict[str, JobStats], step_s: float) -> demand.Demand:
+    """The jobs' per-bin series (`demand`), as both sources handed them over."""
+    return demand.Demand(
+        demand.bin_seconds(step_s, (st.start for st in stats.values()), (st.end for st in stats.values())),
+        sm={job: st.sm_bins for job, st in stats.items() if st.sm_bins is not None},
+        dram={job: st.dram_bins for job, st in stats.items() if st.dram_bins is not None},
+    )
 
 
 def profiles_from_samples(

@@ -49,7 +49,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpulens.analyzer import frames
+from gpulens.analyzer import frames, serving
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.signals import DUTY_CYCLE, EQUAL_SPLIT
 from gpulens.analyzer.thresholds import Thresholds
@@ -90,6 +90,9 @@ class Recommendation:
     false_saturation: bool = False
     false_saturation_hint: str = ""
     memory_leak: str = ""  # what the memory trend says when it is a leak ("" otherwise)
+    # an inference server sized from its KV use: the most it used (non-KV + peak KV), below which
+    # no slice or limit may go (NaN: sized from its observed peak as any job)
+    serving_floor_bytes: float = math.nan
     numbers: dict[str, float] = field(default_factory=dict)
 
 
@@ -324,6 +327,8 @@ def _idle(v: JobView) -> Recommendation | None:
     p95, idle = v.f("sm_active_p95"), v.f("idle_fraction")
     if p95 >= v.th.reclaim.max_p95 or idle < v.th.reclaim.min_idle_fraction:
         return None
+    if serving.serves(v.row):
+        return None  # its pod's inference server published its metrics all along: it serves
     if v.f("sm_active_p50") > v.th.reclaim.serving_min_median:
         return None  # active in most samples: it serves (sized and shared below), never reclaimed
     return v.rec(
@@ -466,6 +471,9 @@ def size(v: JobView) -> Sizing:
     model = model_for_nvml_name(str(row["gpu_model"]))
     assert model is not None  # _unknown_model ran first
     need = memory_need(v.f("memory_peak_bytes"), th)
+    kv = serving.kv_need(row, th)
+    if kv is not None:  # a server sized from its KV use, not from the pool it pre-allocates
+        need = min(need, memory_need(kv.footprint, th))
     basis = sizing_basis(v)
     demand = basis.demand
     device_sms = v.f("device_sms") if not math.isnan(v.f("device_sms")) else float(model.sm_count)
@@ -533,6 +541,30 @@ def _whole_gpu(v: JobView, s: Sizing, reason: str) -> Recommendation:
                 **_sized(v, s),
             )
     return v.rec(Kind.EXCLUSIVE, reason, gpu_fraction=1.0, **_sized(v, s))
+
+
+def _serving_pressure(v: JobView, s: Sizing) -> Recommendation | None:
+    """An inference server that queues or preempts keeps what it has: a smaller slice or pool
+    would queue it more (its own metrics say its KV cache is already short)."""
+    why = serving.pressure(v.row, v.th)
+    if not why:
+        return None
+    sized = {**_sized(v, s), "memory_need_bytes": memory_need(v.f("memory_peak_bytes"), v.th)}
+    profile = str(v.row.get("mig_profile_now") or "")
+    if v.row["sharing"] == "mig" and profile:
+        return v.rec(
+            Kind.MIG,
+            f"serving under pressure: {why}; never shrunk: keep its {profile} slice",
+            mig_profile=profile,
+            gpu_fraction=mig_fraction(s.model, s.model.mig_profile(profile)),
+            **sized,
+        )
+    return v.rec(
+        Kind.EXCLUSIVE,
+        f"serving under pressure: {why}; never shrunk: keep a whole GPU",
+        gpu_fraction=1.0,
+        **sized,
+    )
 
 
 def _leaking(v: JobView, s: Sizing) -> Recommendation | None:
@@ -659,7 +691,15 @@ def _fraction(v: JobView, s: Sizing) -> Recommendation | None:
 
 
 SizedRule = Callable[[JobView, Sizing], Recommendation | None]
-SIZED_RULES: tuple[SizedRule, ...] = (_leaking, _idle_dominated, _busy, _multi_gpu, _too_big, _fraction)
+SIZED_RULES: tuple[SizedRule, ...] = (
+    _serving_pressure,
+    _leaking,
+    _idle_dominated,
+    _busy,
+    _multi_gpu,
+    _too_big,
+    _fraction,
+)
 
 
 def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuModel]) -> Recommendation:
@@ -699,8 +739,27 @@ def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuMod
         found = sized_rule(view, sizing)
         if found is not None:
             _flag_leak(found, leak)
+            _serving_advice(found, row, th, sizing)
             return found
     raise AssertionError("the last rule always answers")  # pragma: no cover
+
+
+def _serving_advice(found: Recommendation, row: Mapping[str, Any], th: Thresholds, s: Sizing) -> None:
+    """A server sized from its KV use: the reason says how, and names the flag value that
+    allocates that much where it goes (its slice, its MPS limit's GPU, or its whole GPU)."""
+    kv = serving.kv_need(row, th)
+    if kv is None or found.recommendation == Kind.RECLAIM:
+        return
+    found.numbers.update(serving_floor_bytes=kv.floor, serving_footprint_bytes=kv.footprint)
+    found.serving_floor_bytes = kv.floor
+    if found.mig_profile:
+        profile = s.model.mig_profile(found.mig_profile)
+        where = kv.advice(profile.memory_bytes, f"a {profile.name}")
+    else:
+        where = kv.advice(s.model.memory_bytes, f"the {s.model.key}")
+        if found.mps_pinned_memory_limit_bytes:
+            where += f", held by its {_gib(found.mps_pinned_memory_limit_bytes)} MPS pinned limit"
+    found.reason += f"; {kv.reason()}: set {where}"
 
 
 def _flag_leak(found: Recommendation, leak: str) -> None:
@@ -731,4 +790,6 @@ def recommend(
     columns = [f.name for f in fields(Recommendation) if f.name != "numbers"]
     rec_frame = pd.DataFrame([{k: getattr(r, k) for k in columns} for r in recs], columns=columns)
     rec_frame["numbers"] = [r.numbers for r in recs]
-    return profiles.merge(rec_frame, on="job_id", how="left")
+    out = profiles.merge(rec_frame, on="job_id", how="left")
+    out.attrs.update(profiles.attrs)  # the jobs' demand series (`demand.ATTR`) go on to the plan
+    return out

@@ -125,6 +125,20 @@ class TopologyLimits:
 
 
 @dataclass(frozen=True)
+class Serving:
+    # an inference server's KV cache is sized to its peak KV use x (1 + this): the pool the
+    # server needs when the flag that sizes it is lowered (analyzer/serving.py)
+    kv_headroom_ratio: float
+    # a server whose queue is non-empty in more than this share of samples, or that preempted
+    # more than `max_preemptions` requests in the window, is never shrunk
+    max_waiting_fraction: float = dataclasses.field(metadata=RATIO)
+    max_preemptions: int
+    # week over week, a moved server whose p95 e2e latency or time to first token rose by more
+    # than this share is rolled back (analyzer/weekly.py)
+    max_latency_increase: float
+
+
+@dataclass(frozen=True)
 class PlanLimits:
     max_gpu_load: float = dataclasses.field(metadata=RATIO)
     max_dram_load: float = dataclasses.field(metadata=RATIO)
@@ -163,6 +177,7 @@ class Thresholds:
     leak: Leak
     multi_gpu: MultiGpu
     topology: TopologyLimits
+    serving: Serving
     plan: PlanLimits
     archetypes: ArchetypeSettings
     confidence: Confidence

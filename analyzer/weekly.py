@@ -6,7 +6,9 @@ For each action last week recommended, on a job that still runs this week:
   slice or share) may be slower than before, a job whose peak memory reaches 98 % of what it now
   has risks out-of-memory errors, a job that restarts more often than before (its memory drops to
   a fraction between two steps, `memory_restarts`: what an out-of-memory kill and its restart look
-  like) is likely outgrowing its new limit;
+  like) is likely outgrowing its new limit, and an inference server whose p95 e2e request latency
+  or time to first token (its own histograms, `serving.py`) rose by more than
+  `serving.max_latency_increase` is slower for its users where it now runs;
   such a regression makes the action *roll back*, with the command that undoes it on the job's
   node (last week's `rollback-<node>.sh`);
 - *not applied* when it still runs as it did, and this week's plan proposes the same again;
@@ -35,6 +37,7 @@ from gpulens.analyzer.applyplan import rollback_name
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.hosts import host_of
 from gpulens.analyzer.pipeline import Analysis
+from gpulens.analyzer.thresholds import Thresholds, load_thresholds
 from gpulens.analyzer.workload import workload_of
 from gpulens.safeload import load_json_file
 
@@ -169,8 +172,9 @@ def _float(value: object) -> float | None:
         return None
 
 
-def _warning(row: Any, told: dict[str, Any]) -> str:
-    """A regression since the change (empty when none): its cap binds, or its memory is full."""
+def _warning(row: Any, told: dict[str, Any], th: Thresholds) -> str:
+    """A regression since the change (empty when none): its cap binds, its memory is full, it
+    restarts more often, or it serves slower."""
     warnings = []
     percentile = _text(row.get("sizing_percentile")) or "p95"
     demand = _float(row.get(f"sm_active_{percentile}"))
@@ -195,7 +199,28 @@ def _warning(row: Any, told: dict[str, Any]) -> str:
         # shows as its memory dropping to a fraction of the step before (profile.memory_restarts)
         was = f"{then:.1f}" if then is not None else "none measured"
         warnings.append(f"restarts more often: {now:.1f} a day, was {was} (out-of-memory kills?)")
+    warnings.extend(_slower(row, told, th))
     return "; ".join(warnings)
+
+
+LATENCY = (("serving_e2e_p95_s", "e2e request latency"), ("serving_ttft_p95_s", "time to first token"))
+
+
+def _slower(row: Any, told: dict[str, Any], th: Thresholds) -> list[str]:
+    """A server's p95 latencies that rose by more than `serving.max_latency_increase` since last
+    week (both weeks measured from its own histograms; nothing where either week has none)."""
+    limit = th.serving.max_latency_increase
+    out = []
+    for column, what in LATENCY:
+        then, now = _float(told.get(column)), _float(row.get(column))
+        if then is None or now is None or not then > 0 or math.isnan(now):
+            continue
+        if now > then * (1 + limit):
+            out.append(
+                f"serves slower: p95 {what} {now:.2f} s, was {then:.2f} s "
+                f"(+{now / then - 1:.0%} > serving.max_latency_increase {limit:.0%})"
+            )
+    return out
 
 
 def _restarts_per_day(row: Any) -> float | None:
@@ -214,8 +239,15 @@ def _rollback(source: str, job: dict[str, Any]) -> str:
 
 
 def compare(
-    analysis: Analysis, jobs: list[dict[str, Any]], plan: dict[str, Any], source: str
+    analysis: Analysis,
+    jobs: list[dict[str, Any]],
+    plan: dict[str, Any],
+    source: str,
+    th: Thresholds | None = None,
 ) -> WeekOverWeek:
+    """Last week's actions against this week's analysis (module docstring); `th`: the thresholds
+    of this run (the defaults without)."""
+    th = th if th is not None else load_thresholds()
     now = {str(r["job_id"]): r for r in frames.records(analysis.recs)}
     seen = {str(job.get("job_id", "")) for job in jobs}
     successors: dict[str, list[str]] = {}  # workload -> this week's jobs no previous job has the id of
@@ -272,7 +304,7 @@ def compare(
             and is_model == told_model
         )
         if applied:
-            warning = _warning(row, job)
+            warning = _warning(row, job, th)
             out.applied.append(
                 Outcome(
                     *outcome_args,

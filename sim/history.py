@@ -26,11 +26,43 @@ from typing import TextIO
 
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import FAMILIES, HistoryWriter
+from gpulens.sim.patterns import Workload
+from gpulens.sim.scenario import KubernetesJob, Scenario
+from gpulens.sim.serving import Neighbour, Recorder, ServingProcess
 
 KEEP = frozenset(FAMILIES)
 # the exporter collectors that produce the history families (power, clocks, health, Xid... are not
 # read by the analyzer, and skipping them makes a simulated week several times faster)
 COLLECTORS = frozenset({"device", "memory", "mig", "profiling", "jobs", "topology"})
+
+
+def serving_processes(scenario: Scenario, seed: int) -> list[ServingProcess]:
+    """The scenario's inference servers whose pods Prometheus scrapes (`sim/serving.py`), each with
+    the processes it shares its GPU (or MIG slice) with."""
+    out = []
+    for p in scenario.processes:
+        if p.serving is None or not isinstance(p.job, KubernetesJob):
+            continue
+        neighbours = tuple(
+            Neighbour(q.start, q.end, Workload(q.workload, seed, q.pid, sm_cap=q.sm_cap))
+            for q in scenario.processes
+            if q is not p and q.gpu == p.gpu and q.instance == p.instance
+        )
+        out.append(
+            ServingProcess(
+                p.serving,
+                p.job.namespace,
+                p.job.pod,
+                p.start,
+                p.end,
+                Workload(p.workload, seed, p.pid, sm_cap=p.sm_cap),
+                demand=Workload(p.workload, seed, p.pid) if p.sm_cap is not None else None,
+                cap=p.sm_cap,
+                neighbours=neighbours,
+                concurrent=scenario.gpus[p.gpu].mps is not None,
+            )
+        )
+    return out
 
 
 def aligned_start(duration_s: float, step_s: float, now: float | None = None) -> float:
@@ -101,6 +133,7 @@ def simulate(
             )
         except (OSError, ValueError) as exc:
             raise AnalyzerError(f"scenario {spec.name}: {str(exc).splitlines()[0]}") from exc
+        scraped = [Recorder(proc) for proc in serving_processes(spec, node.seed)]
         install_node(node)
         if dcgm:
             hostengine.install(node)
@@ -131,6 +164,11 @@ def simulate(
                                 writer.add(
                                     now, sample.name, sample.value, {**sample.labels, "instance": hostname}
                                 )
+                    r = clock.now() - node.start_time
+                    for recorder in scraped:
+                        for name, value, labels in recorder.samples(r):
+                            if name in KEEP:
+                                writer.add(now, name, value, labels)
                     if progress is not None and k % 1000 == 0:
                         print(f"gpulens: simulate: step {k}/{steps}", file=progress, flush=True)
                 meta_out = {**writer.meta}

@@ -34,6 +34,7 @@ from gpulens.sim.patterns import (
     hash_unit,
     splitmix64,
 )
+from gpulens.sim.serving import NON_KV_BYTES, Server, ServingSpec
 from gpulens.sim.state import DriverInfo
 from gpulens.sim.topology import Topology, default_topology, parse_topology
 
@@ -159,6 +160,9 @@ class ProcessSpec:
     # `memory_limit` its framework sets; growing past it fails the process (OOM) and its container
     # restarts (`restarts.py`). None: only the device's memory bounds it
     memory_limit_bytes: int | None = None
+    # an inference server (vLLM, SGLang) whose own metrics the scrape of its pod records
+    # (`serving.py`); its workload's memory is what the server pre-allocates
+    serving: ServingSpec | None = None
 
 
 class FaultKind(StrEnum):
@@ -967,6 +971,7 @@ def parse_process(
             "end",
             "environ",
             "memory_limit",
+            "serving",
         ),
     )
     pid = c.integer(f"{path}.pid", m["pid"], 2, 4194304)
@@ -1024,7 +1029,19 @@ def parse_process(
         raise c.expected(f"{path}.end", f"a time after start ({start:g}s)", m.get("end"))
     env = c.any_mapping(f"{path}.environ", m.get("environ", {}))
     environ = tuple((str(k), c.string(f"{path}.environ.{k}", v)) for k, v in env.items())
-    workload = parse_workload(c, f"{path}.workload", m["workload"], limit, limit_what)
+    serving = None
+    workload_raw = m["workload"]
+    if "serving" in m:
+        serving = parse_serving(c, f"{path}.serving", m["serving"], job, limit)
+        if isinstance(workload_raw, dict):
+            if "memory" in workload_raw:
+                raise c.expected(
+                    f"{path}.workload.memory",
+                    "nothing (a serving process holds what its server pre-allocates)",
+                    workload_raw["memory"],
+                )
+            workload_raw = {**workload_raw, "memory": serving.reserved_bytes(limit)}
+    workload = parse_workload(c, f"{path}.workload", workload_raw, limit, limit_what)
     sm_cap, memory_limit = _limits(c, path, m, dict(environ), kind)
     if workload.nvlink_gbps and not gpu.nvlink:
         raise c.expected(
@@ -1048,7 +1065,54 @@ def parse_process(
         environ=environ,
         sm_cap=sm_cap,
         memory_limit_bytes=memory_limit,
+        serving=serving,
     )
+
+
+def parse_serving(c: _Check, path: str, raw: Any, job: Job | None, device_bytes: int) -> ServingSpec:
+    """A process's `serving:` block: the server, its pre-allocation flags and its load."""
+    if not isinstance(job, KubernetesJob):
+        raise c.expected(
+            path.rsplit(".", 1)[0] + ".job",
+            "a kubernetes job (a server's metrics join its job by namespace and pod)",
+            job,
+        )
+    if not isinstance(raw, dict):
+        raise c.expected(path, "a mapping", raw)
+    server = Server(c.choice(f"{path}.server", raw.get("server"), tuple(Server)))
+    flag = "gpu_memory_utilization" if server is Server.VLLM else "mem_fraction_static"
+    optional = ("model", "queue", "preemptions_per_hour", flag) + (
+        ("kv_cache_memory",) if server is Server.VLLM else ()
+    )
+    m = c.mapping(path, raw, ("server", "weights", "kv_peak"), optional)
+    weights = c.size(f"{path}.weights", m["weights"])
+    fraction = c.fraction(f"{path}.{flag}", m.get(flag, 0.9 if server is Server.VLLM else 0.88))
+    kv_set = c.size(f"{path}.kv_cache_memory", m["kv_cache_memory"]) if "kv_cache_memory" in m else None
+    spec = ServingSpec(
+        server=server,
+        model_name=c.string(f"{path}.model", m.get("model", "model")),
+        weights_bytes=weights,
+        memory_fraction=fraction,
+        kv_cache_memory_bytes=kv_set,
+        kv_peak=c.fraction(f"{path}.kv_peak", m["kv_peak"]),
+        queue=c.number(f"{path}.queue", m.get("queue", 0), 0, 10_000),
+        preemptions_per_hour=c.number(
+            f"{path}.preemptions_per_hour", m.get("preemptions_per_hour", 0), 0, 1e6
+        ),
+        device_bytes=device_bytes,
+    )
+    if spec.pool_bytes(device_bytes) <= 0:
+        raise c.expected(
+            f"{path}.{flag}",
+            f"a fraction whose share of {_gib(device_bytes)} holds the weights and "
+            f"{_gib(NON_KV_BYTES)} of non-KV memory with room for a KV cache",
+            fraction,
+        )
+    if spec.reserved_bytes(device_bytes) > device_bytes:
+        raise c.expected(
+            f"{path}.kv_cache_memory", f"a pool that fits {_gib(device_bytes)} with the weights", kv_set
+        )
+    return spec
 
 
 def _limits(

@@ -11,6 +11,7 @@ from typing import TextIO
 
 import pandas as pd
 
+from gpulens.analyzer import serving
 from gpulens.analyzer import topology as gpu_topology
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import History, InputLimits, read_history, read_meta
@@ -34,7 +35,7 @@ def load(
     limits: InputLimits | None = None,
 ) -> History:
     """Read a history; with a window, keep samples in (end - window, end] (end defaults to its end)."""
-    families = {**family_columns(), **gpu_topology.FAMILY_COLUMNS}
+    families = {**family_columns(), **gpu_topology.FAMILY_COLUMNS, **serving.FAMILY_COLUMNS}
     if window_s is None:
         return read_history(path, families=families, progress=progress, limits=limits)
     stop = float(read_meta(Path(path)).get("end", 0)) if end is None else end

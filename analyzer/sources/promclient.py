@@ -190,10 +190,15 @@ class PromClient:
             asked = self._asked.pop((expr, _time(at)), None)
         return asked.result() if asked is not None else self._send(expr, at)
 
-    def _send(self, expr: str, at: float) -> list[dict]:
+    def query_matrix(self, expr: str, at: float) -> list[dict]:
+        """Instant query of a range vector (a subquery at the top): the `result` list, each item's
+        points in `values` (`[[ts, "v"], ...]`)."""
+        return self._send(expr, at, matrix=True)
+
+    def _send(self, expr: str, at: float, matrix: bool = False) -> list[dict]:
         body = self._post("/api/v1/query", {"query": expr, "time": _time(at)}, expr)
         where = f"{self.base}/api/v1/query"
-        self._check_series(body, where, expr)
+        self._check_series(body, where, expr, matrix)
         try:
             payload = load_json(body)
         except ValueError as exc:
@@ -206,6 +211,14 @@ class PromClient:
         data = payload.get("data")
         if not isinstance(data, dict) or not isinstance(data.get("result"), list):
             raise AnalyzerError(f"{where}: malformed response: data.result is not a list")
+        if matrix:
+            if data.get("resultType") not in ("matrix", None):
+                raise AnalyzerError(f"{where}: expected a range vector, got {data.get('resultType')!r}")
+            for item in data["result"]:
+                values = item.get("values") if isinstance(item, dict) else None
+                if not isinstance(values, list) or "metric" not in item or not all(map(_is_sample, values)):
+                    raise AnalyzerError(f"{where}: malformed response: a result lacks metric/values")
+            return data["result"]
         if data.get("resultType") not in ("vector", None):
             raise AnalyzerError(f"{where}: expected an instant vector, got {data.get('resultType')!r}")
         for item in data["result"]:
@@ -213,14 +226,15 @@ class PromClient:
                 raise AnalyzerError(f"{where}: malformed response: a result lacks metric/value")
         return data["result"]
 
-    def _check_series(self, body: bytes, where: str, expr: str) -> None:
+    def _check_series(self, body: bytes, where: str, expr: str, matrix: bool = False) -> None:
         """Refuse, before decoding, an answer that can hold more than `max_series` series.
 
         Every series of an instant vector is two objects and an array; braces and brackets inside
         label values count too, so the bound errs on the side of refusing (by a few per series).
+        A range vector's series are two objects each and its points arrays: only objects count.
         """
         limit = self.config.max_series
-        containers = body.count(b"{") + body.count(b"[")
+        containers = body.count(b"{") * 3 // 2 if matrix else body.count(b"{") + body.count(b"[")
         if containers > CONTAINERS_PER_SERIES * (limit + 1):
             raise AnalyzerError(
                 f"{where}: the answer to {_shown(expr)} holds more than {limit:,} series "

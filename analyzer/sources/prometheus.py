@@ -21,9 +21,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import TextIO
 
+import numpy as np
 import pandas as pd
 
-from gpulens.analyzer import signals
+from gpulens.analyzer import demand, signals
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.profile import (
     STAT_KEYS,
@@ -167,6 +168,29 @@ def _stats_query(reductions: dict[str, str], inner: str, window: str) -> str:
         expr = template.format(sub=f"({inner})[{window}]", inner=inner, window=window)
         parts.append(f'label_replace({expr}, "stat", "{stat}", "", "")')
     return " or ".join(parts)
+
+
+def demand_query(per_bin: str, bin_s: float, at: float, since: float) -> tuple[str, float]:
+    """(expression, evaluation time) of the per-bin maxima of a per-step series (`demand`): the
+    subquery `[range:bin]` steps are multiples of the bin, as the file path's bin edges, from the
+    first after `since` to the first at or after `at`. `per_bin` is the maximum over one bin
+    ending at the subquery's step."""
+    until = math.ceil(at / bin_s - 1e-9) * bin_s
+    span_ms = round((until - since) * 1000) - 1  # Prometheus 2 ranges include their start
+    return f"({per_bin})[{span_ms}ms:{int(bin_s)}s]", until
+
+
+def binned_answer(result: list[dict], bin_s: float, shift: float = 0.0) -> dict[str, demand.Series]:
+    """job_id -> its series from a `demand_query` answer (a point at t stands for the bin ending
+    at t - `shift`)."""
+    out: dict[str, demand.Series] = {}
+    for item in result:
+        points = np.array(item["values"], dtype=float).reshape(-1, 2)
+        keep = points[:, 1] >= 0  # NaN and negatives dropped, as the per-step series drop them
+        series = demand.binned(points[keep, 0] - shift, points[keep, 1], bin_s)
+        if series is not None:
+            out[item["metric"].get("job_id", "")] = series
+    return out
 
 
 def _by_job(result: list[dict]) -> dict[str, dict[str, float]]:
@@ -401,7 +425,52 @@ class PromSource:
                 for future in futures:
                     future.cancel()
                 raise
+            # the bins need every job's span: asked once the chunks' stats are in
+            bin_s = demand.bin_seconds(
+                self.step_s, (st.start for st in stats.values()), (st.end for st in stats.values())
+            )
+            asked = [
+                pool.submit(self._chunk_demand, kind, [j for j in jobs if j in stats], gpus_of, stats, bin_s)
+                for kind, jobs in chunks
+            ]
+            for answer in asked:
+                answer.result()
         return dict(sorted(stats.items()))
+
+    def _chunk_demand(
+        self,
+        kind: str,
+        jobs: list[str],
+        gpus_of: dict[str, list[str]],
+        stats: dict[str, JobStats],
+        bin_s: float,
+    ) -> None:
+        """The chunk's per-bin activity and DRAM activity (`demand`), each job from the signal its
+        reductions came from: one subquery per signal, steps of the window only."""
+        step = int(self.step_s)
+        since = self.end - self.window_s
+        tables = (
+            ("sm", signals.ACTIVITY[kind], lambda st, name: st.activity_signal == name),
+            ("dram", signals.DRAM[kind], lambda st, name: not math.isnan(st.dram_p95)),
+        )
+        for figure, chain, uses in tables:
+            for signal in chain:
+                wanted = [j for j in jobs if uses(stats[j], signal.name)]
+                if not wanted:
+                    continue
+                uuids = sorted({u for job in wanted for u in gpus_of.get(job, [])})
+                inner = signal_expr(signal, _regex(wanted), "avg", _regex(uuids))
+                if bin_s > self.step_s:  # a bin of several steps takes none from outside the window
+                    within = f"(vector(time()) > {since!r}) and on() (vector(time()) <= {self.end!r})"
+                    inner = f"({inner}) and on() {within}"
+                per_bin = f"max_over_time(({inner})[{round(bin_s * 1000) - 1}ms:{step}s])"
+                expr, at = demand_query(per_bin, bin_s, self.end, since)
+                for job, series in binned_answer(self.client.query_matrix(expr, at), bin_s).items():
+                    if job in wanted:
+                        if figure == "sm":
+                            stats[job].sm_bins = series
+                        else:
+                            stats[job].dram_bins = series
 
     def fleet(self, gpu_model: GpuModel | None = None) -> list[FleetGpu]:
         """Every GPU with a `gpu_info` series in the window, idle ones included."""
@@ -741,7 +810,51 @@ class RuleStats:
                 st.dram_p95 = get("p95")
             else:
                 st.tensor_mean = get("mean")
+        self._demand(
+            stats, {key: record for key, (_, record) in chosen.items() if key[0] in ("activity", "dram")}
+        )
         return dict(sorted(stats.items()))
+
+    def _demand(self, stats: dict[str, JobStats], records: dict[tuple[str, str], str]) -> None:
+        """Each job's per-bin activity and DRAM activity (`demand`) from the record its reductions
+        came from: one subquery per record, its queries in flight together.
+
+        An evaluation for step t runs at t + offset: with an offset, a range of one bin ending at
+        a subquery step u holds the steps of (u - interval - bin, u - interval], so u stands for the
+        bin ending one interval earlier. Where a bin is one step (a week at 5 min), those are the
+        file path's bins exactly; where it holds several, its steps are one interval earlier than
+        the file path's, for every job alike (the co-located sums are over one grid all the same).
+        """
+        bin_s = demand.bin_seconds(
+            self.step_s, (st.start for st in stats.values()), (st.end for st in stats.values())
+        )
+        shift = self.coverage.interval_s if self.coverage.offset_s > 0 else 0.0
+        per_record: dict[str, list[tuple[str, str]]] = {}
+        for (table, job), record in records.items():
+            per_record.setdefault(record, []).append((table, job))
+        asked = {
+            record: demand_query(
+                f"max_over_time({record}[{round(bin_s * 1000) - 1}ms])",
+                bin_s,
+                self.at,
+                self.at - self.source.window_s,
+            )
+            for record in sorted(per_record)
+        }
+        with ThreadPoolExecutor(max_workers=max(1, self.source.client.config.in_flight)) as pool:
+            answers = {
+                record: pool.submit(self.source.client.query_matrix, expr, at)
+                for record, (expr, at) in asked.items()
+            }
+            for record, answer in answers.items():
+                found = binned_answer(answer.result(), bin_s, shift)
+                for table, job in per_record[record]:
+                    if job in found and job in stats:
+                        if table == "activity":
+                            stats[job].sm_bins = found[job]
+                        else:
+                            stats[job].dram_bins = found[job]
+        self.source._say(f"prometheus: {len(asked)} demand-series queries done")
 
     def _run(self, queries: dict[tuple[str, str], str]) -> dict[tuple[str, str], dict[str, float]]:
         """Every query, asked at once (the client runs `in_flight` at a time); per key, job -> value."""

@@ -2,7 +2,8 @@
 
 Used by the scenario, trace and property tests, so one definition says what "sound" means:
 
-- no MIG slice, MPS pinned limit or downsize target below the job's observed peak memory;
+- no MIG slice, MPS pinned limit or downsize target below the job's observed peak memory (an
+  inference server sized from its KV use: below its non-KV memory + peak KV use);
 - no compute cap below a latency-sensitive job's p99 demand (MPS threads, MIG SMs);
 - a plan never uses more GPUs of a model than the fleet has (freed per model >= 0), and
   every GPU of the inventory is counted before;
@@ -32,6 +33,10 @@ def memory_violations(recs: pd.DataFrame) -> list[str]:
         peak = _float(row.memory_peak_bytes)
         if math.isnan(peak):
             continue
+        # an inference server sized from its KV use holds its pre-allocated pool, not its need:
+        # the floor is the most it used (non-KV memory + peak KV use, analyzer/serving.py)
+        floor = _float(getattr(row, "serving_floor_bytes", math.nan))
+        peak = peak if math.isnan(floor) else floor
         kind = row.recommendation
         model = model_for_nvml_name(str(row.gpu_model))
         mig = isinstance(row.mig_profile, str) and model is not None

@@ -1,4 +1,6 @@
-"""Every shipped scenario's history and the usage trace: each emitted file passes its validator and,
+"""Every shipped scenario's history, the week-pair fleet (a plan that re-slices MIG and frees GPUs:
+the shipped scenarios' plans may change no MIG layout) and the usage trace: each emitted file passes
+its validator and,
 where the consuming tool can run here, the tool itself (slurmd -G, NVIDIA's go-nvlib/go-nvml,
 the Kubernetes schema)."""
 
@@ -28,6 +30,7 @@ from tests.analyzer.test_traces import GENAI
 
 SCENARIOS = sorted(p.stem for p in Path(BUILTIN_DIR).glob("*.yaml"))
 HOURS = {"large": 0.5}  # the 1,000-job bench node: half an hour is plenty and keeps the test short
+WEEKPAIR = Path(__file__).resolve().parents[1] / "data" / "weekpair" / "week1.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +41,9 @@ def analyses(tmp_path_factory) -> dict[str, Analysis]:
         path = tmp_path_factory.mktemp("emit") / name
         simulate(name, duration_s=HOURS.get(name, 1.0) * 3600, out=path, step_s=120, seed=0)
         out[name] = analyze_history(read_history(path), th, with_archetypes=False)
+    path = tmp_path_factory.mktemp("emit") / "weekpair-week1"
+    simulate(str(WEEKPAIR), duration_s=6 * 3600, out=path, step_s=120, seed=0)
+    out["weekpair-week1"] = analyze_history(read_history(path), th, with_archetypes=False)
     if GENAI.is_dir():
         path = tmp_path_factory.mktemp("genai") / "history"
         import_trace("alibaba-genai-2026", GENAI, path, get_model("H100-80GB"))

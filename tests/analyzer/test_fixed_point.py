@@ -29,12 +29,12 @@ NOT_YET = {
     "activity split by per-process kernel time (NVML smUtil), not by what it occupies, so job 9010 "
     "(constant, sm 0.4) measures p95 40 % whole and 56-59 % as an MPS client beside 9007, and 9007 "
     "turns 'bursty' (p99); week 2's thread caps no longer fit on one GPU and the plan reshuffles them",
-    "typical-fleet": "issue 31 item 2 (interference from the co-located series): week 1 packs four "
-    "jobs as MPS clients on one GPU (caps 23+25+20+15 %); as MPS clients their per-step shares are "
-    "split by kernel time, so their means hold (0.572 -> 0.558 of the GPU in all) but their p95s rise "
-    "(vllm-llama3 0.189 -> 0.243 and now bursty, sized at p99), the caps sum to 113 % and the plan "
-    "moves one client off again; judging a shared GPU by its own per-step SM activity (the sum of "
-    "its jobs' demand) instead of the sum of caps would keep them",
+    "typical-fleet": "issue 31 items 1/3 (MPS caps), measured after item 2: week 1 packs four jobs as MPS "
+    "clients on one GPU (caps 23+25+20+15 %); as MPS clients their per-step shares are split by kernel "
+    "time, so their p95s rise (vllm-llama3 0.189 -> 0.243, now bursty and sized at p99) and week 2's caps "
+    "are 37+28+26+22 = 113 %. The co-located series no longer refuse them (the per-step sum of the three "
+    "kept clients is 0.48 at p95, never over mps.max_load), but the thread caps must sum to at most 100 % "
+    "per GPU (Slurm's gres/mps count), so the plan moves one client off again",
 }
 
 

@@ -168,7 +168,7 @@ def test_a_job_no_partner_fits_keeps_its_whole_gpu(th):
     analysis = analysis_for(jobs, th)
     row = analysis.recs.set_index("job_id").loc["big"]
     assert row["recommendation"] == "exclusive" and row["action"] == "keep"
-    assert "saves nothing" in row["reason"]
+    assert "saves nothing" in row["reason"]  # alone, or its whole model gains nothing from packing
     assert not any(e["sharing"] in ("mps", "time-slicing") for e in analysis.plan.layout)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gpulens.analyzer import demand
 from gpulens.analyzer.history import write_history
 from gpulens.analyzer.pipeline import gpu_info_rows
 from gpulens.analyzer.recommend import recommend
@@ -37,6 +38,18 @@ from tests.support.procs import (
 
 GIB = 1024**3
 STEPS = 60
+
+
+def assert_same_demand(a: demand.Demand | None, b: demand.Demand | None) -> None:
+    """The per-bin series (`demand`) of two paths: the same bins, jobs and values."""
+    assert a is not None and b is not None
+    assert a.bin_s == b.bin_s
+    for figure in ("sm", "dram"):
+        x, y = getattr(a, figure), getattr(b, figure)
+        assert sorted(x) == sorted(y), figure
+        for job in x:
+            assert x[job].first == y[job].first, (figure, job)
+            assert np.allclose(x[job].values, y[job].values, rtol=1e-6, atol=1e-7), (figure, job)
 
 
 def history_frame(start: float) -> pd.DataFrame:
@@ -173,6 +186,7 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
         )
         via_cli = json.loads(capsys.readouterr().out)
     assert code == 0
+    assert_same_demand(demand.of(from_files), demand.of(from_prom))
     code = main(
         [
             "recommend",

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpulens.analyzer import signals
+from gpulens.analyzer import demand, signals
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.profile import Identity, JobStats
 from gpulens.analyzer.sources import rules
@@ -39,6 +39,7 @@ from gpulens.devtools.bench import tsdb
 from gpulens.devtools.bench.analyzer_bench import backfill, make_cluster, write_openmetrics_blocks
 from gpulens.sim.history import simulate
 from gpulens.sim.scenario import list_builtin
+from tests.analyzer.test_prometheus import assert_same_demand
 from tests.support.procs import PROMETHEUS_ENGINES, REPO_ROOT, find_binary, use_prometheus
 
 STEP = 120.0
@@ -247,6 +248,7 @@ def assert_same_profiles(raw: pd.DataFrame, ruled: pd.DataFrame) -> None:
             assert np.allclose(x.astype(float), y.astype(float), rtol=1e-9, atol=atol, equal_nan=True), column
         else:
             assert list(x.astype(str)) == list(y.astype(str)), column
+    assert_same_demand(demand.of(raw), demand.of(ruled))  # the series the packer sums, bin for bin
 
 
 @pytest.mark.slow

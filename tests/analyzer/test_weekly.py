@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -152,8 +153,18 @@ def _with(analysis, job_id, **columns):
     )
 
 
+def _changed_node(last: Path, node: str = "dgx-h100-01") -> Path:
+    """Last week's report as if its plan had changed `node` (this fixture's plan changes none: packing
+    dgx-h100 frees no GPU): its rollback script. The week-pair tests produce the real one."""
+    script = last / "config" / f"rollback-{node}.sh"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("#!/bin/sh\n# last week's configuration of this node\n")
+    return script
+
+
 def test_a_regression_after_the_change_is_a_roll_back_with_the_command_that_undoes_it(week):
     analysis, last = week
+    _changed_node(last)
     hot = _with(analysis, "5101", sm_active_p95=0.99)
     jobs, plan = previous(last, LAST_WEEK_5101)
     outcome = next(o for o in compare(hot, jobs, plan, str(last)).applied if o.job_id == "5101")
@@ -242,6 +253,7 @@ def test_an_action_not_applied_whose_job_now_gets_another_proposal_is_superseded
 
 def test_the_report_writes_every_previous_actions_status_and_figures_to_week_json(week, tmp_path):
     analysis, last = week
+    _changed_node(last)
     jobs, plan = previous(last, LAST_WEEK_5101)
     result = compare(_with(analysis, "5101", sm_active_p95=0.99), jobs, plan, str(last))
     write_report(analysis, tmp_path / "now", previous=result)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from gpulens.catalog import get_model
 from gpulens.sim.scenario import ScenarioError, load_scenario, parse_scenario
 
 
@@ -311,3 +312,37 @@ def test_a_slurm_job_name_is_optional_and_read_as_given() -> None:
     plain = parse_scenario(one_gpu(processes=[proc(job={"slurm": {"id": 7}})]), "t")
     assert named.processes[0].job.name == "sweep_lr-3e-5"  # type: ignore[union-attr]
     assert plain.processes[0].job.name == ""  # type: ignore[union-attr]
+
+
+K8S_JOB = {"kubernetes": {"namespace": "llm", "pod": "chat-0"}}
+SERVER = {"server": "vllm", "weights": "16GiB", "kv_peak": 0.2}
+
+
+def serving_proc(**extra: Any) -> dict[str, Any]:
+    return {"pid": 500, "gpu": 0, "workload": {"pattern": "inference"}, "job": K8S_JOB, **extra}
+
+
+def test_a_serving_process_holds_what_its_server_pre_allocates() -> None:
+    scenario = parse_scenario(one_gpu(processes=[serving_proc(serving=SERVER)]), "t.yaml")
+    process = scenario.processes[0]
+    assert process.serving is not None
+    # vLLM's default --gpu-memory-utilization 0.9 of the device's memory
+    total = get_model("H100-80GB").memory_bytes
+    assert process.workload.memory_bytes == process.serving.reserved_bytes() == int(0.9 * total)
+
+
+def test_a_serving_process_needs_a_pod_to_join_its_metrics_to() -> None:
+    data = one_gpu(processes=[serving_proc(serving=SERVER, job=None)])
+    assert error_of(data).startswith("t.yaml: processes[0].job: expected a kubernetes job")
+
+
+def test_a_serving_process_does_not_declare_its_memory() -> None:
+    raw = serving_proc(serving=SERVER, workload={"pattern": "inference", "memory": "10GiB"})
+    assert "processes[0].workload.memory: expected nothing" in error_of(one_gpu(processes=[raw]))
+
+
+def test_a_fraction_too_small_for_the_weights_is_refused() -> None:
+    raw = serving_proc(serving={**SERVER, "gpu_memory_utilization": 0.2})
+    assert "processes[0].serving.gpu_memory_utilization: expected a fraction" in error_of(
+        one_gpu(processes=[raw])
+    )
