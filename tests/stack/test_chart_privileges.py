@@ -57,6 +57,7 @@ def renderings(helm: str) -> dict[str, list[dict[str, Any]]]:  # noqa: F811
     return {
         "helm defaults": template(helm),
         "helm with the receiver and report": template(helm, "--set", REMEDIATE_ON),
+        "helm with DRA attribution": template(helm, "--set", "exporter.draAttribution.enabled=true"),
         "helm kube-prometheus-stack example": template(helm, "-f", str(KPS_VALUES)),
         "kustomize": kustomize(KDIR),
         "kustomize remediate": kustomize(KDIR / "remediate"),
@@ -596,3 +597,19 @@ def test_a_real_cel_evaluator_admits_the_shipped_recovery_jobs_and_denies_anythi
             assert not verdict["matched"], name  # the policy binds the receiver's account only
         else:
             assert verdict["matched"] and verdict["denied"], (name, verdict)
+
+
+def test_the_exporters_dra_rbac_is_exactly_the_list_its_code_makes(renderings):
+    """exporter/attribution/resourceslices.py lists its node's ResourceSlices and calls nothing
+    else: the chart grants that list (with a token) only when DRA attribution is on."""
+    source = (REPO / "exporter" / "attribution" / "resourceslices.py").read_text()
+    assert '"GET"' in source and not any(
+        verb in source for verb in ('"POST"', '"PATCH"', '"PUT"', '"DELETE"')
+    )
+    on = privileges(renderings["helm with DRA attribution"])
+    mine = {p for c, p in on if c == "gpulens-exporter" and (p.startswith("ClusterRole") or "token" in p)}
+    assert mine == {"service account token", "ClusterRole list resource.k8s.io/resourceslices"}
+    off = privileges(renderings["helm defaults"])
+    assert not {
+        p for c, p in off if c == "gpulens-exporter" and (p.startswith("ClusterRole") or "token" in p)
+    }
