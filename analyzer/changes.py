@@ -208,7 +208,8 @@ def annotate(
     with a `topology`, a multi-GPU job the plan leaves on a split placement gets the topology
     finding (`topoadvice`), ranked by the GPU-hours it puts at stake."""
     recs = apply_moves(recs, plan)
-    occupied = occupancy(plan) if topology is not None and topology.nodes else None
+    running = dict(zip(recs["job_id"].astype(str), recs["sharing"].astype(str), strict=True))
+    occupied = occupancy(plan, running) if topology is not None and topology.nodes else None
     placed = _placement(plan)
     crowded = crowded_mps_gpus(recs)
     # GPUs the plan empties by moving their jobs: each move off one is part of freeing it

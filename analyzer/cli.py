@@ -14,7 +14,7 @@ import gc
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -298,9 +298,13 @@ def _early_source(args: argparse.Namespace) -> _PromTarget | None:
 
 
 def _analysis(
-    args: argparse.Namespace, with_archetypes: bool = True, early: _PromTarget | None = None
+    args: argparse.Namespace,
+    with_archetypes: bool = True,
+    early: _PromTarget | None = None,
+    told: Sequence[Any] = (),
 ) -> Any:
-    """Run the pipeline on the chosen source (`early`: what `_early_source` gave, if called)."""
+    """Run the pipeline on the chosen source (`early`: what `_early_source` gave, if called;
+    `told`: last week's MPS settings, `hysteresis.told_of`)."""
     prometheus = early if early is not None else _early_source(args)
 
     from gpulens.analyzer import pipeline, serving
@@ -339,11 +343,12 @@ def _analysis(
                 source.used_step_s if math.isfinite(source.used_step_s) else source.step_s,
                 source.end,
             ),
+            told=told,
         )
     window = parse_duration(args.window, "--window") if args.window else None
     end = parse_time(args.end) if args.end else None
     history = files.load(args.history, window, end, sys.stderr if args.progress else None, _limits(args))
-    return pipeline.analyze_history(history, th, model, with_archetypes)
+    return pipeline.analyze_history(history, th, model, with_archetypes, told)
 
 
 def _print_frame(frame: Any, columns: tuple[str, ...], fmt: str) -> None:
@@ -419,20 +424,22 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     early = _early_source(args)  # before the imports below (see `_early_source`)
 
+    from gpulens.analyzer.hysteresis import told_of
     from gpulens.analyzer.report import write_report
     from gpulens.analyzer.report_model import parse_prices
+    from gpulens.analyzer.weekly import compare, load_previous
 
     try:
         prices = parse_prices(args.gpu_price)
     except ValueError as exc:
         raise AnalyzerError(str(exc)) from exc
-    analysis = _analysis(args, early=early)
+    # last week's report is read first: what it gave each job is what the job runs under now
+    jobs, plan = load_previous(args.previous) if args.previous else ([], {})
+    analysis = _analysis(args, early=early, told=told_of(jobs))
     previous = None
     if args.previous:
         from gpulens.analyzer.thresholds import load_thresholds
-        from gpulens.analyzer.weekly import compare, load_previous
 
-        jobs, plan = load_previous(args.previous)
         previous = compare(analysis, jobs, plan, args.previous, load_thresholds(args.thresholds))
     written = write_report(analysis, args.out, prices, previous)
     if args.textfile:

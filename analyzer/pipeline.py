@@ -6,13 +6,14 @@ The CLI subcommands and the report all run this, so they agree on every number.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from gpulens.analyzer import frames, serving
+from gpulens.analyzer import frames, hysteresis, serving
 from gpulens.analyzer import requests as request_trace
 from gpulens.analyzer.archetypes import Archetypes, cluster
 from gpulens.analyzer.changes import annotate, ranked_actions
@@ -175,6 +176,7 @@ def analyze_profiles(
     fleet: list[FleetGpu] | None = None,
     topology: Topology | None = None,
     serving_table: serving.Table | None = None,
+    told: Sequence[hysteresis.Told] = (),
 ) -> Analysis:
     """Recommendations, plan, configuration and archetypes for a profile table.
 
@@ -182,11 +184,13 @@ def analyze_profiles(
     without it, the GPUs the jobs used. `gpus`: the same as `gpu_info` rows (with the GPU index)
     for emit. `topology`: the GPU topology (`gpu_topology_info`); without it, no topology
     finding and no topology preference in the plan. `serving_table`: inference servers' own
-    metrics per pod (`serving.py`), joined to the jobs by namespace and pod.
+    metrics per pod (`serving.py`), joined to the jobs by namespace and pod. `told`: what last
+    week's report gave each MPS client (`--previous`): settings within the dead band are kept
+    (`hysteresis.py`) before the plan packs.
     """
     models = None if fleet is None else fleet_catalog_models(fleet)
     profiles = serving.join(profiles, serving_table)
-    recs = recommend(profiles, th, models)
+    recs = hysteresis.apply(recommend(profiles, th, models), told, th)
     plan = build_plan(recs, th, fleet, topology)
     recs = annotate(recs, plan, th, topology)
     recs["workload"] = [
@@ -212,9 +216,13 @@ def _emit_context(recs: pd.DataFrame, gpus: list[dict] | None, fleet: list[Fleet
 
 
 def analyze_history(
-    history: History, th: Thresholds, gpu_model: GpuModel | None = None, with_archetypes: bool = True
+    history: History,
+    th: Thresholds,
+    gpu_model: GpuModel | None = None,
+    with_archetypes: bool = True,
+    told: Sequence[hysteresis.Told] = (),
 ) -> Analysis:
-    """A history directory, usage or requests."""
+    """A history directory, usage or requests (`told`: see `analyze_profiles`)."""
     if history.kind == "requests":
         table = request_trace.request_table(history)
         recs = request_trace.recommend_requests(table)
@@ -231,6 +239,7 @@ def analyze_history(
         fleet=files.fleet(history, gpu_model) or None,
         topology=files.topology(history),
         serving_table=serving.from_families(history.families or {}),
+        told=told,
     )
 
 

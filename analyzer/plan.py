@@ -2,10 +2,13 @@
 
 `build_plan` runs four named steps:
 
-1. **hold**: a GPU hosting a job we cannot size (`insufficient-data`) stays as it is, with every
-   job on it (moving its neighbours would not free it).
+1. **hold**: a GPU hosting a job we cannot size (`insufficient-data`) whose lifetime is unknown
+   stays as it is, with every job on it (moving its neighbours would not free it). One whose
+   lifetime is known is packed as a whole GPU over that lifetime only (`_unsized`).
 2. **pack**: first-fit decreasing per GPU model and sharing mode, time-aware (a job fits a GPU
-   when, over its lifetime, the jobs already there leave room), then lone sharers: a GPU shared by
+   when, over its lifetime, the jobs already there leave room; a lifetime runs from the first
+   sample to `plan.lifetime_margin_s` after the last step, so jobs that do not overlap use a GPU
+   in turn in every mode but MIG), then lone sharers: a GPU shared by
    one job saves nothing, so that job joins a GPU of another mode (a free MIG slice, the other
    sharing mode), takes a partner from a fuller GPU of its mode (never one already running that
    way there) or stays on a whole GPU. The packing is done twice, from scratch and in place (jobs
@@ -25,7 +28,8 @@ Fit tests (evidence, not a "more than half a GPU" rule):
 
 - `exclusive` / `downsize-model`: one job at a time per GPU (sequential jobs may reuse it);
 - `mig`: a static geometry; a new slice fits only when `catalog.place_mig_layout` places the whole
-  set (slices are not reused over time: reconfiguring needs an idle GPU);
+  set (slices are not reused over time: reconfiguring needs an idle GPU; a later job reusing an
+  idle slice of its profile would be sound, but the layout holds one job per slice);
 - `mps`: pinned memory limits sum to at most the GPU memory, the thread caps of every job on the
   GPU to 100 % (Slurm's MPS shares are per GPU, not per instant; on Kubernetes each client's cap
   to 100 / clients, the device plugin's split), clients to the model's MPS client limit, the
@@ -50,7 +54,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import pandas as pd
 
-from gpulens.analyzer import demand, forked, frames
+from gpulens.analyzer import demand, forked, fragmentation, frames
 from gpulens.analyzer.freetime import Capacity, FreeTime, set_bits
 from gpulens.analyzer.instantload import COLUMNS, InstantLoad
 from gpulens.analyzer.kinds import SHARED, WHOLE, Kind
@@ -190,6 +194,10 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     moved: dict[str, dict] = field(default_factory=dict)  # jobs the plan changed: their new settings
     freed: list[dict] = field(default_factory=list)  # GPUs the plan gives back: node, uuid, model, why
+    # per request size (1, 2, 4, 8 GPUs of one node): how many the free GPUs hold now and after
+    room: list[dict] = field(default_factory=list)
+    # FGD: free GPUs the fleet's task mix cannot use (too few on their node), now and after
+    fragmented_gpus: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """`dataclasses.asdict(self)`: the same copy, walked without its generic recursion (its
@@ -250,13 +258,59 @@ def _num(value: object) -> float:
     return 0.0 if math.isnan(number) else number
 
 
-def _items(recs: pd.DataFrame) -> list[Item]:
+def lifetime(row: object, margin: float) -> tuple[float, float]:
+    """When a job holds its GPU: from its first sample to one step after its last (`duration_s`
+    counts that step), then `plan.lifetime_margin_s` more (teardown, and the next job's scheduling
+    before its first sample): a job uses a GPU after another only when it starts at least that
+    long after the other's last step."""
+    start, end = float(row.start), float(row.end)  # type: ignore[attr-defined]
+    end = max(end, start + _num(getattr(row, "duration_s", 0.0)))
+    return start, end + margin
+
+
+def _known_lifetime(row: object) -> bool:
+    return math.isfinite(_num(getattr(row, "start", math.nan))) and math.isfinite(
+        _num(getattr(row, "end", math.nan))
+    )
+
+
+def _unsized(row: object, margin: float) -> Item:
+    """A job with too little data to size: a whole GPU of its model per GPU it has, over its lifetime
+    only (before and after, the GPU is free for others; a job seen for minutes no longer holds a
+    GPU for the whole window)."""
+    start, end = lifetime(row, margin)
+    gpus = max(1, int(_num(getattr(row, "gpus", 1)) or 1))
+    return Item(
+        job_id=str(row.job_id),  # type: ignore[attr-defined]
+        kind=Kind.EXCLUSIVE.value,
+        model=str(row.gpu_model),  # type: ignore[attr-defined]
+        start=start,
+        end=end,
+        gpus=gpus,
+        memory=_num(getattr(row, "device_memory_bytes", 0.0)),
+        sm=1.0,
+        load=1.0,
+        used_hours=_num(getattr(row, "gpu_hours_used", 0.0)),
+        source=str(getattr(row, "job_source", "") or ""),
+        origin_model=str(row.gpu_model),  # type: ignore[attr-defined]
+        origin_mode=str(getattr(row, "sharing", "") or ""),
+        origin_uuids=tuple(_uuids(getattr(row, "uuids", ""))),
+        device_memory=_num(getattr(row, "device_memory_bytes", 0.0)) or math.inf,
+    )
+
+
+def _items(recs: pd.DataFrame, th: Thresholds) -> list[Item]:
     items = []
     series = demand.of(recs) or demand.Demand(1.0)
+    margin = float(th.plan.lifetime_margin_s)
     for row in frames.rows(recs):
         kind = row.recommendation
-        if kind in (Kind.RECLAIM, Kind.INSUFFICIENT_DATA):
+        if kind == Kind.INSUFFICIENT_DATA:
+            items.append(_unsized(row, margin))  # `hold` kept those without a known lifetime
             continue
+        if kind == Kind.RECLAIM:
+            continue
+        start, end = lifetime(row, margin)
         model = row.target_gpu_model if kind == Kind.DOWNSIZE else row.gpu_model
         whole = kind in WHOLE
         gpus = int(row.gpus) if whole else 1
@@ -268,8 +322,8 @@ def _items(recs: pd.DataFrame) -> list[Item]:
                 job_id=row.job_id,
                 kind=Kind.EXCLUSIVE.value if kind == Kind.DOWNSIZE else str(kind),
                 model=str(model),
-                start=float(row.start),
-                end=float(row.end),
+                start=start,
+                end=end,
                 gpus=gpus,
                 memory=_num(row.memory_need_bytes),
                 sm=min(_num(row.sm_fraction), 1.0),
@@ -774,8 +828,12 @@ def best_per_model(
 
 
 def hold(recs: pd.DataFrame) -> tuple[pd.DataFrame, list[GpuBin]]:
-    """Step 1: GPUs with a job we cannot size stay as they are; returns the movable rows and them."""
-    unknown = recs[recs["recommendation"] == Kind.INSUFFICIENT_DATA]
+    """Step 1: GPUs with a job we cannot size and whose lifetime is unknown stay as they are;
+    returns the movable rows and them. A job we cannot size but know the lifetime of is packed
+    as a whole GPU over that lifetime (`_unsized`)."""
+    insufficient = recs[recs["recommendation"] == Kind.INSUFFICIENT_DATA]
+    timeless = [not _known_lifetime(row) for row in frames.rows(insufficient)]
+    unknown = insufficient[pd.Series(timeless, index=insufficient.index, dtype=bool)]
     held = {u for uuids in unknown["uuids"] for u in _uuids(uuids)}
     on_held = recs["uuids"].map(lambda v: bool(held & set(_uuids(v))))
     pinned = recs[on_held & (recs["recommendation"] != Kind.RECLAIM)]
@@ -850,7 +908,7 @@ def account(
     capacity = _capacity(fleet)
     for gpu in held:
         capacity[gpu.model] = capacity.get(gpu.model, 0) - 1
-    items = _items(movable)
+    items = _items(movable, th)
     notes: list[str] = []
     kept_models: set[str] = set()
     why: dict[str, str] = {}  # kept model -> why its jobs stay, when packing it gains nothing
@@ -920,9 +978,16 @@ def _gainless(items: list[Item], used: dict[str, int], kept: set[str]) -> dict[s
     return out
 
 
-def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu], topology: Topology | None = None) -> None:
+def _assign_gpus(
+    bins: list[GpuBin],
+    fleet: list[FleetGpu],
+    topology: Topology | None = None,
+    mix: dict[int, float] | None = None,
+) -> None:
     """Step 4a: every bin onto a real GPU of its model, the one its residents or else its largest
-    job use when free; on Kubernetes a node's GPUs keep one sharing family where the fleet has room."""
+    job use when free; on Kubernetes a node's GPUs keep one sharing family where the fleet has room.
+    Between otherwise equal free GPUs, the one whose node's fragmentation for the task `mix` grows
+    least (FGD: a GPU of an already broken node before one of a node whole jobs could still use)."""
     free: dict[str, list[FleetGpu]] = {}
     by_uuid = {g.uuid: g for g in fleet}
     for card in fleet:
@@ -931,6 +996,9 @@ def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu], topology: Topology |
     for gpu in bins:  # held and kept GPUs keep their own uuid
         if gpu.original_uuid:
             taken.add(gpu.original_uuid)
+    mix = mix or {1: 1.0}
+    left = Counter(g.node for g in fleet if g.uuid not in taken)  # node -> its GPUs no bin has yet
+    cost = {n: fragmentation.cost_of_taking(f, mix) for n, f in left.items()}  # kept per pick
     node_family: dict[str, str] = {}  # Kubernetes node -> the one sharing family it gets
     ordered = sorted(bins, key=lambda b: -max((i.used_hours for i in b.items), default=0.0))
     for gpu in ordered:
@@ -962,11 +1030,15 @@ def _assign_gpus(bins: list[GpuBin], fleet: list[FleetGpu], topology: Topology |
         if pick is None:
             nodes = {by_uuid[u].node for u in wanted if u in by_uuid}
             pool = [g for g in free.get(gpu.model, []) if g.uuid not in taken]
-            pool.sort(key=lambda g: (not same_family(g.uuid), g.node not in nodes, g.node, g.uuid))
+            pool.sort(
+                key=lambda g: (not same_family(g.uuid), g.node not in nodes, cost[g.node], g.node, g.uuid)
+            )
             pick = pool[0].uuid if pool else None
         if pick is not None:
             taken.add(pick)
             gpu.original_uuid, gpu.node = pick, by_uuid[pick].node
+            left[gpu.node] -= 1
+            cost[gpu.node] = fragmentation.cost_of_taking(left[gpu.node], mix)
             if kubernetes:
                 node_family.setdefault(gpu.node, family)
     if topology is not None and topology.nodes:
@@ -1165,7 +1237,8 @@ def build_plan(
     bins, moved, notes = account(movable, held, fleet, th) if len(recs) else ([], {}, [])
     if len(recs):
         moved.update(held_changes(recs))
-    _assign_gpus(bins, fleet, topology)
+    mix = fragmentation.task_mix(int(_num(g)) for g in recs["gpus"]) if len(recs) else {1: 1.0}
+    _assign_gpus(bins, fleet, topology, mix)
     _mig_layouts(bins)
     groups = _node_groups([b for b in bins if b.mode != UNCHANGED], th)
     before = _capacity(fleet)
@@ -1187,6 +1260,7 @@ def build_plan(
     )
     if idle:
         notes.append(f"{idle} GPU(s) ran no job in the window: reclaimable as they are")
+    room, fragmented = _room(fleet, bins, recs, mix, topology)
     downsized = int((recs["recommendation"] == Kind.DOWNSIZE).sum()) if len(recs) else 0
     if downsized:
         notes.append(f"{downsized} job(s) move to a smaller GPU model; per-model counts show where GPUs go")
@@ -1207,7 +1281,31 @@ def build_plan(
         else [
             {"node": g.node, "uuid": g.uuid, "model": g.model, "why": "no job in the window"} for g in fleet
         ],
+        room=room,
+        fragmented_gpus=fragmented,
     )
+
+
+def _room(
+    fleet: list[FleetGpu],
+    bins: list[GpuBin],
+    recs: pd.DataFrame,
+    mix: dict[int, float],
+    topology: Topology | None,
+) -> tuple[list[dict], dict[str, float]]:
+    """Requests of each size the free GPUs hold (`fragmentation.placeable`) and FGD's fragmented
+    GPUs: now (GPUs no job used in the window) and after the plan (every GPU it leaves free)."""
+    used = {b.original_uuid for b in bins}
+    ran = {u for v in recs["uuids"] for u in _uuids(v)} if len(recs) else set()
+    now = fragmentation.free_per_node((g.node, g.uuid) for g in fleet if g.uuid not in ran)
+    after = fragmentation.free_per_node((g.node, g.uuid) for g in fleet if g.uuid not in used)
+    before, later = fragmentation.placeable(now, topology), fragmentation.placeable(after, topology)
+    rows = [{"gpus": k, "now": before[k], "after": later[k]} for k in fragmentation.REQUEST_SIZES]
+
+    def fragmented(free: dict[str, list[str]]) -> float:
+        return round(sum(fragmentation.fragmentation(len(u), mix) for u in free.values()), 3)
+
+    return rows, {"now": fragmented(now), "after": fragmented(after)}
 
 
 def _with_job_gpus(fleet: list[FleetGpu], recs: pd.DataFrame) -> list[FleetGpu]:

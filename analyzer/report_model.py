@@ -258,6 +258,9 @@ def build(analysis: Analysis, prices: Prices | None = None, actions: int = 10) -
         room_now = room(idle_now) if emitted.now else {}
         room_after = room({h: len(v) for h, v in reclaimable.items()}) if emitted.now else {}
         freed_models = [slot.model for slot in free]
+    if not room_now and analysis.plan.room:  # no node state: the plan's count over the inventory
+        room_now = {int(r["gpus"]): int(r["now"]) for r in analysis.plan.room}
+        room_after = {int(r["gpus"]): int(r["after"]) for r in analysis.plan.room}
     recovered = len(freed_models) * hours if analysis.kind == "usage" else 0.0
     cost = sum(prices.of(m) for m in freed_models) * hours if analysis.kind == "usage" else 0.0
     freed = max(0, analysis.plan.gpus_freed)

@@ -58,6 +58,9 @@ class Headroom:
     memory_ratio: float
     memory_min_bytes: int
     compute_ratio: float
+    # a running MPS pinned memory limit that holds the new need and is at most this share above it
+    # is kept (analyzer/hysteresis.py)
+    memory_limit_deadband_ratio: float = dataclasses.field(metadata=RATIO)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class Compute:
     max_bind_fraction: float = dataclasses.field(metadata=RATIO)
     latency_min_burstiness: float
     latency_peak_ratio: float
+    # a running MPS thread cap that does not bind is kept while the newly sized one is within this
+    # many percentage points of it (analyzer/hysteresis.py: measurement noise is no change)
+    cap_deadband_points: int
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,9 @@ class PlanLimits:
     max_gpu_load: float = dataclasses.field(metadata=RATIO)
     max_dram_load: float = dataclasses.field(metadata=RATIO)
     gpus_per_node: int
+    # seconds a job holds its GPU after its last step: jobs closer than this never use one GPU in
+    # turn (teardown and the next pod's scheduling outlast the samples)
+    lifetime_margin_s: int
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpulens.analyzer.kinds import Kind
-from gpulens.analyzer.plan import Plan
+from gpulens.analyzer.plan import UNCHANGED, Plan
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.analyzer.topology import LOCAL, WORDS, Link, NodeTopology, Tier, Topology, best_set
 
@@ -42,7 +42,10 @@ class Occupancy:
     models: Mapping[str, str]  # uuid -> model, used and freed GPUs alike
 
 
-def occupancy(plan: Plan) -> Occupancy:
+def occupancy(plan: Plan, running: Mapping[str, str] | None = None) -> Occupancy:
+    """From the plan's layout; `running` (job -> how it shares now) tells which job alone on a GPU
+    the plan keeps as it is (`unchanged`) runs there whole, so it can make room like a moved one."""
+    running = running or {}
     jobs: dict[str, tuple[str, ...]] = {}
     models: dict[str, str] = {}
     gpus_of: dict[str, int] = {}
@@ -55,7 +58,10 @@ def occupancy(plan: Plan) -> Occupancy:
         if uuid:
             jobs[uuid] = members
             models[uuid] = str(entry.get("model", ""))
-        if len(members) == 1 and entry.get("sharing") == Kind.EXCLUSIVE:
+        sharing = entry.get("sharing")
+        if len(members) == 1 and (
+            sharing == Kind.EXCLUSIVE or (sharing == UNCHANGED and running.get(members[0]) == Kind.EXCLUSIVE)
+        ):
             alone.add(members[0])
     for gpu in plan.freed:
         models.setdefault(str(gpu.get("uuid", "")), str(gpu.get("model", "")))

@@ -36,12 +36,12 @@ from gpulens.analyzer import frames
 from gpulens.analyzer.applyplan import rollback_name
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.hosts import host_of
+from gpulens.analyzer.hysteresis import at_cap
 from gpulens.analyzer.pipeline import Analysis
 from gpulens.analyzer.thresholds import Thresholds, load_thresholds
 from gpulens.analyzer.workload import workload_of
 from gpulens.safeload import load_json_file
 
-AT_CAP = 0.95
 MEMORY_FULL = 0.98
 RESTARTS_MORE = 1.5  # a moved job restarting half again as often as before (and at all) regressed
 UNCHANGED = frozenset({"insufficient-data", "keep"})
@@ -176,16 +176,13 @@ def _warning(row: Any, told: dict[str, Any], th: Thresholds) -> str:
     """A regression since the change (empty when none): its cap binds, its memory is full, it
     restarts more often, or it serves slower."""
     warnings = []
-    percentile = _text(row.get("sizing_percentile")) or "p95"
-    demand = _float(row.get(f"sm_active_{percentile}"))
-    if demand is None:
-        demand = _float(row.get("sm_active_p95")) or 0.0
     cap = _cap(row, told)
-    if demand >= AT_CAP * cap:  # at its cap more often than compute.max_bind_fraction allows
+    found = at_cap(row, cap, th)  # the rule the dead band keeps a cap by (hysteresis.py)
+    if found.binds:  # at its cap more often than compute.max_bind_fraction allows
         where = "its cap" if cap < 1.0 else "its GPU's limit"
         warnings.append(
-            f"at {where} ({percentile} activity {demand:.0%} of {cap:.0%}, compute.max_bind_fraction): "
-            "may be slower than before"
+            f"at {where} ({found.percentile} activity {found.demand:.0%} of {cap:.0%}, "
+            "compute.max_bind_fraction): may be slower than before"
         )
     peak = float(row.get("memory_peak_bytes") or 0.0)
     limit = (

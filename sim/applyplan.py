@@ -96,7 +96,7 @@ class ReportPlan:
     gpus: dict[int, GpuTarget]
     jobs: dict[str, Slot]  # job id -> where the plan runs it (a multi-GPU job: its first GPU)
     reclaimed: frozenset[str]  # jobs whose GPU is given back: they stop
-    # a multi-GPU job -> its GPUs in the plan, whole (one rank per GPU), lowest index first
+    # a multi-GPU job -> its GPUs in the plan, whole or unchanged (one rank per GPU), lowest index first
     multi: dict[str, tuple[Slot, ...]] = field(default_factory=dict)
 
 
@@ -187,6 +187,10 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
             if not isinstance(name, str):
                 raise ApplyPlanError(f"{where}.jobs: expected job ids, found {name!r}")
             if name in jobs:
+                if mode == "unchanged" and jobs[name].mode == "unchanged":
+                    # a job on several GPUs the plan keeps: each rank stays on its GPU as it is
+                    multi.setdefault(name, [jobs[name]]).append(Slot(index, "unchanged"))
+                    continue
                 if mode not in _WHOLE_MODES or jobs[name].mode != "whole":
                     raise ApplyPlanError(
                         f"{where}.jobs: expected a job on several GPUs to have each whole, "

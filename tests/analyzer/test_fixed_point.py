@@ -24,18 +24,7 @@ DAY, STEP, START = 86400.0, 300.0, 1_750_000_200.0
 WINDOW = {"large": 6 * 3600.0}
 # scenarios that cannot reach a fixed point yet, each with the reason it is real (strict: once it
 # passes, the entry must go)
-NOT_YET = {
-    "faults": "issue 30 item 4, measurement side: an MPS client's SM demand is its share of the GPU's SM "
-    "activity split by per-process kernel time (NVML smUtil), not by what it occupies, so job 9010 "
-    "(constant, sm 0.4) measures p95 40 % whole and 56-59 % as an MPS client beside 9007, and 9007 "
-    "turns 'bursty' (p99); week 2's thread caps no longer fit on one GPU and the plan reshuffles them",
-    "typical-fleet": "issue 31 items 1/3 (MPS caps), measured after item 2: week 1 packs four jobs as MPS "
-    "clients on one GPU (caps 23+25+20+15 %); as MPS clients their per-step shares are split by kernel "
-    "time, so their p95s rise (vllm-llama3 0.189 -> 0.243, now bursty and sized at p99) and week 2's caps "
-    "are 37+28+26+22 = 113 %. The co-located series no longer refuse them (the per-step sum of the three "
-    "kept clients is 0.48 at p95, never over mps.max_load), but the thread caps must sum to at most 100 % "
-    "per GPU (Slurm's gres/mps count), so the plan moves one client off again",
-}
+NOT_YET: dict[str, str] = {}
 
 
 def _scenarios() -> list:

@@ -68,6 +68,28 @@ def test_sequential_exclusive_jobs_can_reuse_one_gpu(th):
     assert plan.gpus_before == 2 and plan.gpus_after == 1
 
 
+def test_jobs_too_short_to_size_hold_a_whole_gpu_only_while_they_ran(th):
+    jobs = [  # three samples each: too few to size; the second starts 7 min after the first ended
+        SynthJob("first", "GPU-a", flat(3, 0.5), flat(3, GIB)),
+        SynthJob("second", "GPU-b", flat(3, 0.5), flat(3, GIB), first_step=10),
+    ]
+    recs, plan = plan_for(jobs, th)
+    assert set(recs["recommendation"]) == {"insufficient-data"}
+    assert (plan.gpus_before, plan.gpus_after) == (2, 1)
+    assert [(e["sharing"], sorted(e["jobs"])) for e in plan.layout] == [("exclusive", ["first", "second"])]
+
+
+def test_jobs_closer_than_the_lifetime_margin_do_not_use_a_gpu_in_turn(th):
+    jobs = [  # the second starts 2 min after the first's last step: within plan.lifetime_margin_s
+        SynthJob("early", "GPU-a", steady(30, 0.9, 0.01), flat(30, 20 * GIB)),
+        SynthJob("late", "GPU-b", steady(30, 0.9, 0.01), flat(30, 20 * GIB), first_step=32),
+    ]
+    assert th.plan.lifetime_margin_s > 120
+    assert plan_for(jobs, th)[1].gpus_after == 2
+    no_margin = dataclasses.replace(th, plan=dataclasses.replace(th.plan, lifetime_margin_s=0))
+    assert plan_for(jobs, no_margin)[1].gpus_after == 1
+
+
 def test_reclaimed_and_unknown_jobs_are_counted_correctly(th):
     jobs = [
         SynthJob("idle", "GPU-a", flat(60, 0.0), flat(60, GIB)),

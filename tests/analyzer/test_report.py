@@ -15,6 +15,7 @@ from gpulens.analyzer.history import read_history
 from gpulens.analyzer.pipeline import analyze_history, jsonable
 from gpulens.analyzer.report import html_report, markdown, signal_label, write_report
 from gpulens.analyzer.report_model import Prices, build, parse_prices
+from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.sim.history import simulate
 
 
@@ -160,7 +161,20 @@ def test_the_markdown_summary_leads_with_the_same_numbers(dgx):
     text = markdown(dgx)
     model = build(dgx)
     assert f"**GPUs reclaimable now**: {model.gpus_reclaimable} of {model.gpus_total}" in text
+
+
+def test_a_plan_that_changes_no_node_has_nothing_to_apply(dgx):
+    assert not dgx.emitted.files  # packing dgx-h100 frees no GPU: its jobs stay as they are
+    assert "## How to apply" not in markdown(dgx)
+
+
+def test_a_plan_that_changes_a_node_says_how_to_apply_it(tmp_path):
+    simulate("seed-case", duration_s=3600, out=tmp_path / "history", step_s=120, seed=1)
+    analysis = analyze_history(read_history(tmp_path / "history"), load_thresholds(), with_archetypes=False)
+    assert analysis.emitted.files
+    text = markdown(analysis)
     assert "## How to apply" in text
+    assert all(f"`{step.file}`" in text for step in build(analysis).apply)
 
 
 def test_a_requests_only_trace_is_told_as_the_value_of_fractional_requests(tmp_path):

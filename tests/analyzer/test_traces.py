@@ -20,6 +20,7 @@ from gpulens.analyzer.report import write_report
 from gpulens.analyzer.requests import request_table
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.catalog import get_model
+from tests.analyzer.invariants import violations
 
 
 def _traces_dir() -> Path:
@@ -106,6 +107,21 @@ def test_v2023_requests_pack_with_a_gpus_freed_figure(tmp_path, th):
     assert max(shares) <= 1.0 + 1e-9
     assert set(analysis.recs["recommendation"]) == {"mps", "exclusive"}
     assert (analysis.recs["confidence_level"] == "low").all()
+
+
+@needs_traces
+@pytest.mark.parametrize(("model", "at_least"), [("H100-80GB", 72), ("H200", 91)])
+def test_genai_pods_that_never_overlap_free_gpus_in_turn(model, at_least, tmp_path, th):
+    # issue 31's figures: short-lived pods (six too short to size) hold a GPU only while they ran
+    import_trace("alibaba-genai-2026", GENAI, tmp_path / "h", get_model(model))
+    analysis = analyze_history(read_history(tmp_path / "h"), th, with_archetypes=False)
+    assert analysis.plan.gpus_freed >= at_least
+    assert violations(analysis, inventory=144) == []
+    capped = analysis.recs[analysis.recs["recommendation"] == "mps"]
+    assert (
+        len(capped) and (capped["mps_active_thread_percentage"] / 100 >= capped["sm_fraction"] - 1e-9).all()
+    )
+    assert not any(e["sharing"] == "unchanged" for e in analysis.plan.layout)
 
 
 def test_genai_needs_a_gpu_model(tmp_path):

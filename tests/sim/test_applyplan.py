@@ -226,24 +226,36 @@ def test_the_command_reports_bad_input_on_one_line(week1, tmp_path, capsys):
 
 
 def _placed(report: dict) -> dict[str, tuple]:
-    """Per workload: (GPU UUID, mode, MIG profile, MPS thread percentage) as the plan places it."""
+    """Per workload: (GPU UUID, mode, MIG profile, MPS thread percentage) as the plan places it. A
+    GPU the plan leaves `unchanged` runs as its jobs run now, each MPS client under the cap its
+    row keeps (the dead band: `analyzer/hysteresis.py`)."""
     by_job = {}
     for entry in report["plan"]["layout"]:
         caps = {c["job_id"]: c["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for c in entry.get("mps_clients", [])}
         slices = {s["job_id"]: s["profile"] for s in entry.get("mig_layout", [])}
         for job in entry["jobs"]:
-            workload = report["jobs"][job]["workload"]
-            by_job[workload] = (entry["uuid"], entry["sharing"], slices.get(job), caps.get(job))
+            row = report["jobs"][job]
+            if entry["sharing"] == "unchanged":
+                mode = row["sharing"]
+                placed = (
+                    mode,
+                    row["mig_profile_now"] or None,
+                    row["mps_active_thread_percentage"] if mode == "mps" else None,
+                )
+            else:
+                placed = (entry["sharing"], slices.get(job), caps.get(job))
+            by_job[row["workload"]] = (entry["uuid"], *placed)
     return by_job
 
 
 @pytest.fixture(scope="module")
-def week2_report(week2, tmp_path_factory) -> dict:
+def week2_report(week1, week2, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("week2-report")
     simulate(
         str(week2[0]), duration_s=DAY, out=root / "history", step_s=STEP, start=1_750_000_200.0 + 7 * DAY
     )
-    return _report(root / "history", root / "report")
+    # with last week's report, as an SRE runs it: the caps it gave are what the clients run under
+    return _report(root / "history", root / "report", "--previous", str(week1[0]))
 
 
 @pytest.mark.slow
@@ -253,12 +265,6 @@ def test_the_week2_plan_moves_no_job_the_week1_plan_placed(week1, week2_report):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 30 item 4, analyzer side: under MPS the jobs' measured demand moves, and with it their "
-    "planned thread caps (week 1 -> week 2: embedder 13 -> 14 %, featurize 19 -> 16 %, eval 10 -> 11 %; "
-    "featurize's p95 SM activity 0.151 whole -> 0.133 as an MPS client)",
-)
 def test_the_week2_plan_keeps_the_week1_thread_caps(week1, week2_report):
     assert _placed(week2_report) == _placed(week1[1])
 

@@ -1,0 +1,223 @@
+"""Hysteresis: a setting that runs now is kept while the newly sized one differs from it by noise.
+
+Sizing reads high percentiles, and an MPS client's per-step share of its GPU is noisy (NVML splits
+the GPU's SM activity among the clients by per-process kernel time): its mean holds from week to
+week but its p95 / p99 move a few points, and with them the sized thread cap. A planner that
+re-sets every cap to the newly sized value never settles: Slurm's per-GPU MPS shares then sum past
+100 % and the plan reshuffles clients it placed a week before. So a running setting is kept
+(a dead band, as a thermostat has) unless one of these says it must change:
+
+- **thread cap** (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, Slurm's `mps` share): kept when the newly
+  sized cap is within `compute.cap_deadband_points` of it and the job does not bind it (`at_cap`:
+  the rule week over week judges a moved job by, its demand at its sizing percentile under 95 % of
+  the cap; where the job's per-step series is at hand, also above the cap in at most
+  `compute.max_bind_fraction` of its bins). A binding cap is raised, whatever the dead band;
+- **pinned memory limit**: kept while it holds the newly sized need (peak + headroom, so never
+  below the peak) and is at most `headroom.memory_limit_deadband_ratio` above it; a need above it
+  raises it, a need far below it lowers it.
+
+What a job runs under now is what last week's report gave it (`Told`, read from its `jobs.json`,
+the cap `weekly.py` judges it against), followed by id and, after a rollout or a resubmission, by
+its workload; NVML does not report a client's active thread percentage. So the dead band applies
+on the file and the PromQL paths alike whenever `gpulens report` is given `--previous`, and the
+plan packs, sums Slurm's per-GPU shares and emits with the kept values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from gpulens.analyzer import demand, frames
+from gpulens.analyzer.kinds import Kind
+from gpulens.analyzer.thresholds import Thresholds
+from gpulens.analyzer.workload import workload_of
+from gpulens.catalog import GIB, MIB
+
+AT_CAP = 0.95  # demand at its sizing percentile at 95 % of its cap or more: the cap binds
+
+
+@dataclass(frozen=True)
+class Told:
+    """What last week's report gave one MPS client (its `jobs.json` row)."""
+
+    job_id: str
+    workload: str
+    thread_percentage: int
+    pinned_memory_limit_bytes: int | None
+
+
+@dataclass(frozen=True)
+class AtCap:
+    """Whether a job's demand reaches the cap it runs under, at the percentile it is sized at."""
+
+    binds: bool
+    percentile: str  # "p95", "p99" or "max"
+    demand: float  # share of the GPU at that percentile
+    cap: float  # share of the GPU
+    over_share: float | None = None  # share of its bins above the cap (None: no series)
+
+    def text(self) -> str:
+        """ "p95 demand 13 % < 95 % of its 19 % cap, above it in 0 % of samples"."""
+        sign = ">=" if self.demand >= AT_CAP * self.cap else "<"
+        out = (
+            f"{self.percentile} demand {_pct(self.demand)} {sign} {_pct(AT_CAP)} of its {_pct(self.cap)} cap"
+        )
+        if self.over_share is not None:
+            out += f", above it in {_pct(self.over_share)} of samples"
+        return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+def _number(value: object) -> float | None:
+    if value is None or (isinstance(value, str) and not value):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def at_cap(row: Mapping[str, Any], cap: float, th: Thresholds, series: demand.Series | None = None) -> AtCap:
+    """The cap binds when the job's demand at its sizing percentile (`sizing_percentile`, p95 by
+    `compute.max_bind_fraction`) is at `AT_CAP` of it or more, or, with its per-bin `series`,
+    when it is above the cap in more than `compute.max_bind_fraction` of its bins."""
+    percentile = str(row.get("sizing_percentile") or "p95")
+    found = _number(row.get(f"sm_active_{percentile}"))
+    if found is None:
+        found = _number(row.get("sm_active_p95")) or 0.0
+    over = None
+    if series is not None and len(series.values):
+        over = demand.colocated([series], cap).over_share
+    binds = found >= AT_CAP * cap or (over is not None and over > th.compute.max_bind_fraction + 1e-12)
+    return AtCap(binds, percentile, found, cap, over)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A decision on one setting: the value it gets and, when that is not simply the newly sized
+    one, why (the running value kept, or a binding cap raised; "" otherwise)."""
+
+    value: int
+    why: str = ""
+
+
+def thread_cap(sized: int, running: int, binding: AtCap, th: Thresholds) -> Kept:
+    """The thread cap (percent) of a client that runs under `running` and is now sized `sized`."""
+    band = th.compute.cap_deadband_points
+    if binding.binds:
+        return Kept(max(sized, running), f"its {running} % cap binds ({binding.text()}): raised")
+    if abs(sized - running) > band or sized == running:
+        return Kept(sized)
+    why = (
+        f"keeps its {running} % cap: sized {sized} %, within the {band}-point dead band "
+        f"(compute.cap_deadband_points), {binding.text()}"
+    )
+    return Kept(running, why)
+
+
+def memory_limit(need: float, sized: int, running: int | None, th: Thresholds) -> Kept:
+    """The pinned memory limit (bytes) of a client that runs under `running` (None: not known) and
+    now needs `need` (peak + headroom; `sized`: that rounded up to a MiB)."""
+    if running is None or running < need or running == sized:
+        return Kept(sized)  # a need above the running limit raises it
+    ratio = th.headroom.memory_limit_deadband_ratio
+    if running > sized * (1 + ratio):
+        return Kept(sized)  # far more than it needs: the memory goes back
+    why = (
+        f"keeps its {running / GIB:.1f} GiB pinned limit: it holds the need of {need / GIB:.1f} GiB and is "
+        f"within {ratio:.0%} of it (headroom.memory_limit_deadband_ratio)"
+    )
+    return Kept(running, why)
+
+
+def told_of(jobs: Iterable[Mapping[str, Any]]) -> tuple[Told, ...]:
+    """Last week's MPS clients and what they were given (rows of a report's `jobs.json`; a row
+    without a thread cap, or with one out of 1..100, gives nothing)."""
+    out = []
+    for job in jobs:
+        if str(job.get("recommendation") or "") != Kind.MPS:
+            continue
+        threads = _number(job.get("mps_active_thread_percentage"))
+        if threads is None or not 0 < threads <= 100:
+            continue
+        limit = _number(job.get("mps_pinned_memory_limit_bytes"))
+        out.append(
+            Told(
+                str(job.get("job_id", "")),
+                str(job.get("workload") or workload_of(job)),
+                int(threads),
+                int(limit) if limit is not None and limit > 0 else None,
+            )
+        )
+    return tuple(out)
+
+
+def running_settings(recs: pd.DataFrame, told: Sequence[Told]) -> dict[str, Told]:
+    """This week's job id -> what it runs under: for each job that shares its GPU under MPS now,
+    last week's settings of the same job id, else of a job of its workload (each once)."""
+    by_id = {t.job_id: t for t in told}
+    by_workload: dict[str, list[Told]] = {}
+    for t in told:
+        by_workload.setdefault(t.workload, []).append(t)
+    columns = [
+        c
+        for c in ("job_id", "sharing", "job_source", "job_namespace", "job_pod", "job_user", "job_name")
+        if c in recs
+    ]
+    rows = frames.records(recs[columns])
+    out: dict[str, Told] = {}
+    taken = {str(r["job_id"]) for r in rows if str(r["job_id"]) in by_id}
+    for row in rows:
+        job = str(row["job_id"])
+        if str(row.get("sharing") or "") != Kind.MPS:
+            continue
+        found = by_id.get(job)
+        if found is None:
+            free = [t for t in by_workload.get(workload_of(row), []) if t.job_id not in taken]
+            if free:
+                found = free[0]
+                taken.add(found.job_id)
+        if found is not None:
+            out[job] = found
+    return out
+
+
+def apply(recs: pd.DataFrame, told: Sequence[Told], th: Thresholds) -> pd.DataFrame:
+    """Recommendations with the running MPS settings kept where the dead band says (module
+    docstring); the reason says which were kept and why. Jobs that are not MPS clients now and
+    still, or that last week's report gave nothing, are left as they are."""
+    running = running_settings(recs, told)
+    if not running:
+        return recs
+    series = demand.of(recs)
+    recs = recs.copy()
+    for label, row in zip(recs.index, frames.records(recs), strict=True):
+        now = running.get(str(row["job_id"]))
+        sized = _number(row.get("mps_active_thread_percentage"))
+        if now is None or row.get("recommendation") != Kind.MPS or sized is None:
+            continue
+        binding = at_cap(
+            row, now.thread_percentage / 100.0, th, series.sm.get(str(row["job_id"])) if series else None
+        )
+        threads = thread_cap(int(sized), now.thread_percentage, binding, th)
+        need = _number(row.get("memory_need_bytes")) or 0.0
+        sized_limit = int(_number(row.get("mps_pinned_memory_limit_bytes")) or math.ceil(need / MIB) * MIB)
+        limit = memory_limit(need, sized_limit, now.pinned_memory_limit_bytes, th)
+        whys = [k.why for k in (threads, limit) if k.why]
+        if not whys:
+            continue  # the newly sized values stand
+        mem_fraction = _number((row.get("numbers") or {}).get("mem_fraction")) or 0.0
+        recs.at[label, "mps_active_thread_percentage"] = threads.value
+        recs.at[label, "mps_pinned_memory_limit_bytes"] = limit.value
+        recs.at[label, "gpu_fraction"] = max(mem_fraction, threads.value / 100.0)
+        recs.at[label, "reason"] = f"{row['reason']}; {'; '.join(whys)}"
+    return recs
