@@ -9,6 +9,9 @@ declares its thresholds the same way.
 
 Precedence: the flag, then its aliases on the command line, then the flag's variable, then the
 aliases' variables, then the field's default.
+
+The options record the names they were given as on the namespace (`USED`), so `resolve` can tell
+an alias from the flag without the command line: a subcommand's module gets only the namespace.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from gpulens.serverflags import ConfigError
 TRUE = frozenset({"1", "true", "yes", "on"})
 FALSE = frozenset({"0", "false", "no", "off", ""})
 KEY = "gpulens.setting"  # the field metadata key
+USED = "settings_used"  # the namespace attribute: option strings typed (`_Given`)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class Setting:
     negated: bool = False  # a switch that turns the field off (`--no-attribution.procfs`)
     value_aliases: tuple[tuple[str, str], ...] = ()  # (earlier value, its name now): deprecated
     default_doc: str | None = None  # the docs' default column when the field's default says less
+    deprecated: str = ""  # the setting itself is on its way out: what replaces it (warned when used)
+    group: str = ""  # the --help section it is listed under
 
     @property
     def env(self) -> str:
@@ -89,16 +95,46 @@ def aliases_of(cls: type) -> dict[str, str]:
     return {alias: spec.flag for _, spec in settings_of(cls) for alias in spec.aliases}
 
 
+class _Given(argparse.Action):
+    """Stores the option's text (True for a switch) and notes the name it was given as (`USED`)."""
+
+    def __init__(self, option_strings: list[str], dest: str, switch: bool = False, **kwargs: Any) -> None:
+        self.switch = switch
+        super().__init__(option_strings, dest, nargs=0 if switch else None, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, True if self.switch else values)
+        if option_string:
+            setattr(namespace, USED, frozenset({*getattr(namespace, USED, ()), option_string}))
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One option per setting (its aliases as extra option strings); values stay text until
-    `resolve`, so a bad value gets our one-line error rather than argparse's."""
+    """One option per setting (its aliases as extra option strings), under its `group`'s heading;
+    values stay text until `resolve`, so a bad value gets our one-line error rather than argparse's."""
+    groups: dict[str, Any] = {"": parser}
     for f, spec in settings_of(cls):
+        if spec.group not in groups:
+            groups[spec.group] = parser.add_argument_group(spec.group)
         names = (spec.flag, *spec.aliases)
         helptext = spec.help + (f" (default {_default_text(f, spec)})" if _default_text(f, spec) else "")
-        if spec.switch:
-            parser.add_argument(*names, dest=f.name, action="store_true", default=None, help=helptext)
-        else:
-            parser.add_argument(*names, dest=f.name, metavar=spec.metavar, default=None, help=helptext)
+        if spec.deprecated:
+            helptext = f"deprecated: {spec.deprecated}"
+        metavar = None if spec.switch else spec.metavar
+        groups[spec.group].add_argument(
+            *names,
+            dest=f.name,
+            action=_Given,
+            switch=spec.switch,
+            metavar=metavar,
+            default=None,
+            help=helptext,
+        )
 
 
 @dataclass(frozen=True)
@@ -110,14 +146,19 @@ class Resolved:
     given_as: dict[str, str]  # field -> how it was given, when not by its own flag (for errors)
 
 
-def resolve(cls: type, args: argparse.Namespace, argv: Sequence[str], env: Mapping[str, str]) -> Resolved:
-    """Field values from parsed `args` (text), then the environment; raises ConfigError (one line)."""
+def resolve(
+    cls: type, args: argparse.Namespace, argv: Sequence[str] | None, env: Mapping[str, str]
+) -> Resolved:
+    """Field values from parsed `args` (text), then the environment; raises ConfigError (one line).
+    The names typed come from `args` (`USED`) and, where given, `argv`."""
     values: dict[str, Any] = {}
     given_as: dict[str, str] = {}
     deprecated: list[tuple[str, str]] = []
-    used = _options_used(argv)
+    used = _options_used(argv or ()) | set(getattr(args, USED, ()))
     for f, spec in settings_of(cls):
         deprecated.extend((alias, spec.flag) for alias in spec.aliases if alias in used)
+        if spec.deprecated and spec.flag in used:
+            deprecated.append((spec.flag, spec.deprecated))
         raw: Any = getattr(args, f.name, None)  # text, True for a switch, or None
         where = _used_name(spec, used)
         if raw is None:
@@ -126,6 +167,8 @@ def resolve(cls: type, args: argparse.Namespace, argv: Sequence[str], env: Mappi
                     raw, where = env[env_name(name)], f"{env_name(name)} ({spec.flag})"
                     if name != spec.flag:
                         deprecated.append((env_name(name), spec.env))
+                    elif spec.deprecated:
+                        deprecated.append((spec.env, spec.deprecated))
                     break
             if raw is None:
                 continue
@@ -211,6 +254,8 @@ def markdown_table(cls: type, extra: Sequence[tuple[str, str, str]] = ()) -> str
         elif default and spec.default_doc is None:
             default = f"`{default}`" if not default.replace(".", "").isdigit() else default
         meaning = spec.help
+        if spec.deprecated:
+            meaning += f" (deprecated: use {spec.deprecated})"
         if spec.aliases:
             meaning += " (deprecated name: " + ", ".join(f"`{a}`" for a in spec.aliases) + ")"
         rows.append(f"| {shown} | {default} | {meaning.replace('|', chr(92) + '|')} |")

@@ -123,12 +123,13 @@ def test_only_the_gpu_exporter_is_behind_a_profile():
 
 def test_remediation_receiver_runs_in_dry_run_with_flags_it_accepts():
     from gpulens.cli import build_parser
+    from gpulens.remediate.config import config_of
 
     remediate = services()["remediate"]
-    args = build_parser("remediate").parse_args(args_of(remediate))
-    assert not args.apply and args.backend == "slurm"
+    config = config_of(build_parser("remediate").parse_args(args_of(remediate)), env={})
+    assert not config.apply and config.backend == "slurm"
     # all addresses of Alertmanager's namespace: Alertmanager posts to loopback, Prometheus scrapes it
-    assert args.listen == ("0.0.0.0", 9843)
+    assert config.listen == ("0.0.0.0", 9843)
     assert remediate["entrypoint"] == ["gpulens"]
     assert args_of(remediate)[0] == "remediate"
     assert "--apply" not in args_of(remediate)  # dry-run unless --apply

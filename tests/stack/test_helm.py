@@ -761,61 +761,57 @@ def remediate_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return container
 
 
-def test_remediation_receiver_is_dry_run_with_arguments_gpulens_accepts(helm):
+def receiver_config(container: dict[str, Any], tmp_path: Path) -> Any:
+    """The receiver's settings from the container's args, as `gpulens remediate` reads and checks
+    them (the state directory, which exists only in the pod, points at a stand-in)."""
     from gpulens.cli import build_parser
+    from gpulens.remediate.config import config_of
 
+    args = [f"--state-dir={tmp_path}" if a.startswith("--state-dir=") else a for a in container["args"]]
+    return config_of(build_parser("remediate").parse_args(args), env={})
+
+
+def test_remediation_receiver_is_dry_run_with_arguments_gpulens_accepts(helm, tmp_path):
     container = remediate_container(template(helm, "--set", "remediate.enabled=true"))
     assert container["command"] == ["gpulens"]
-    args = build_parser("remediate").parse_args(container["args"])
-    assert args.backend == "kubernetes" and not args.apply and not args.drain
-    assert args.listen == ("0.0.0.0", 9843)
-    assert str(args.token_file) == "/etc/gpulens/token/token"
+    config = receiver_config(container, tmp_path)
+    assert config.backend == "kubernetes" and not config.apply and not config.drain
+    assert config.listen == ("0.0.0.0", 9843)
+    assert str(config.token_file) == "/etc/gpulens/token/token"
 
 
-def test_the_return_diagnostic_is_on_and_runs_the_receivers_own_image_by_default(helm):
-    from gpulens.cli import build_parser
+def test_the_return_diagnostic_is_on_and_runs_the_receivers_own_image_by_default(helm, tmp_path):
     from gpulens.remediate.kubernetes import DEFAULT_DIAG_IMAGE
 
     container = remediate_container(template(helm, "--set", "remediate.enabled=true"))
-    args = build_parser("remediate").parse_args(container["args"])
-    assert (args.diag, args.diag_level) == ("on", 2)
-    assert args.diag_image == container["image"] == DEFAULT_DIAG_IMAGE
+    config = receiver_config(container, tmp_path)
+    assert (config.diag, config.diag_level) == (True, 2)
+    assert config.diag_image == container["image"] == DEFAULT_DIAG_IMAGE
 
 
-def test_the_return_diagnostic_image_follows_the_receivers_image_and_tag(helm):
-    from gpulens.cli import build_parser
-
+def test_the_return_diagnostic_image_follows_the_receivers_image_and_tag(helm, tmp_path):
     settings = (
         "remediate.enabled=true,remediate.image.repository=registry.example/gpulens,remediate.image.tag=9.9"
     )
     container = remediate_container(template(helm, "--set", settings))
-    assert (
-        build_parser("remediate").parse_args(container["args"]).diag_image == "registry.example/gpulens:9.9"
-    )
+    assert receiver_config(container, tmp_path).diag_image == "registry.example/gpulens:9.9"
 
 
-def test_the_return_diagnostic_level_image_and_off_switch_come_from_values(helm):
-    from gpulens.cli import build_parser
-
+def test_the_return_diagnostic_level_image_and_off_switch_come_from_values(helm, tmp_path):
     settings = (
         "remediate.enabled=true,remediate.diagnostic.level=3,remediate.diagnostic.image=site/gpulens-dcgm:1"
     )
-    args = build_parser("remediate").parse_args(
-        remediate_container(template(helm, "--set", settings))["args"]
-    )
-    assert (args.diag, args.diag_level, args.diag_image) == ("on", 3, "site/gpulens-dcgm:1")
+    config = receiver_config(remediate_container(template(helm, "--set", settings)), tmp_path)
+    assert (config.diag, config.diag_level, config.diag_image) == (True, 3, "site/gpulens-dcgm:1")
     off = template(helm, "--set", "remediate.enabled=true,remediate.diagnostic.enabled=false")
-    args = build_parser("remediate").parse_args(remediate_container(off)["args"])
-    assert args.diag == "off"
+    assert receiver_config(remediate_container(off), tmp_path).diag is False
     assert "level" in template_error(helm, "--set", "remediate.enabled=true,remediate.diagnostic.level=5")
 
 
-def test_remediation_receiver_args_use_the_exporters_flag_names_and_no_deprecated_one(helm):
-    from gpulens.cli import build_parser
-
+def test_remediation_receiver_args_use_the_exporters_flag_names_and_no_deprecated_one(helm, tmp_path):
     container = remediate_container(rendered(helm, "kube-prometheus-stack"))
     assert any(a.startswith("--web.listen-address=") for a in container["args"])
-    assert not hasattr(build_parser("remediate").parse_args(container["args"]), "deprecated_flags")
+    assert receiver_config(container, tmp_path).deprecated == ()
 
 
 @pytest.mark.parametrize(
@@ -843,13 +839,10 @@ def test_the_receiver_is_scraped_like_the_exporter_under_a_job_only_the_remediat
     assert "remediate" in job and "gpulens" not in job
 
 
-def test_remediation_apply_and_drain_are_values(helm):
-    from gpulens.cli import build_parser
-
-    args = remediate_container(rendered(helm, "kube-prometheus-stack"))["args"]
-    assert build_parser("remediate").parse_args(args).drain
-    args = remediate_container(template(helm, "--set", "remediate.enabled=true,remediate.apply=true"))["args"]
-    assert build_parser("remediate").parse_args(args).apply
+def test_remediation_apply_and_drain_are_values(helm, tmp_path):
+    assert receiver_config(remediate_container(rendered(helm, "kube-prometheus-stack")), tmp_path).drain
+    applied = template(helm, "--set", "remediate.enabled=true,remediate.apply=true")
+    assert receiver_config(remediate_container(applied), tmp_path).apply
 
 
 def test_remediation_rbac_grants_only_cordon_taint_eviction_and_gpu_fencing_to_its_own_account(helm):

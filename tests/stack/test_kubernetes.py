@@ -329,36 +329,41 @@ def test_remediate_kustomization_lists_every_file_beside_it():
     assert listed == {p.name for p in RDIR.glob("*.yaml")} - {"kustomization.yaml"}
 
 
-def test_remediate_runs_dry_run_against_the_kubernetes_backend_with_flags_it_accepts():
+def remediate_config(tmp_path: Path):
+    """The Deployment's receiver settings, read and checked as `gpulens remediate` does (the state
+    directory, which exists only in the pod, points at a stand-in)."""
     from gpulens.cli import build_parser
+    from gpulens.remediate.config import config_of
 
     (container,) = remediate_one("Deployment")["spec"]["template"]["spec"]["containers"]
+    args = [f"--state-dir={tmp_path}" if a.startswith("--state-dir=") else a for a in container["args"]]
+    return config_of(build_parser("remediate").parse_args(args), env={})
+
+
+def test_remediate_runs_dry_run_against_the_kubernetes_backend_with_flags_it_accepts(tmp_path):
+    (container,) = remediate_one("Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["gpulens"]
-    args = build_parser("remediate").parse_args(container["args"])
-    assert args.backend == "kubernetes"
-    assert not args.apply, "the shipped receiver must stay in dry-run until someone adds --apply"
-    assert str(args.token_file) == "/etc/gpulens/token/token"
+    config = remediate_config(tmp_path)
+    assert config.backend == "kubernetes"
+    assert not config.apply, "the shipped receiver must stay in dry-run until someone adds --apply"
+    assert str(config.token_file) == "/etc/gpulens/token/token"
     # an empty host means loopback to `gpulens remediate`: Alertmanager in another pod needs all addresses
-    assert args.listen == ("0.0.0.0", 9843)
+    assert config.listen == ("0.0.0.0", 9843)
 
 
-def test_remediate_runs_the_return_diagnostic_in_its_own_image_which_the_policy_admits():
-    from gpulens.cli import build_parser
+def test_remediate_runs_the_return_diagnostic_in_its_own_image_which_the_policy_admits(tmp_path):
     from gpulens.remediate.kubernetes import DEFAULT_DIAG_IMAGE
 
     (container,) = remediate_one("Deployment")["spec"]["template"]["spec"]["containers"]
-    args = build_parser("remediate").parse_args(container["args"])
-    assert (args.diag, args.diag_level) == ("on", 2)
-    assert args.diag_image == container["image"] == DEFAULT_DIAG_IMAGE
+    config = remediate_config(tmp_path)
+    assert (config.diag, config.diag_level) == (True, 2)
+    assert config.diag_image == container["image"] == DEFAULT_DIAG_IMAGE
     policy = remediate_one("ValidatingAdmissionPolicy")
-    assert any(f"c.image == '{args.diag_image}'" in v["expression"] for v in policy["spec"]["validations"])
+    assert any(f"c.image == '{config.diag_image}'" in v["expression"] for v in policy["spec"]["validations"])
 
 
-def test_remediate_args_use_the_exporters_flag_names_and_no_deprecated_one():
-    from gpulens.cli import build_parser
-
-    (container,) = remediate_one("Deployment")["spec"]["template"]["spec"]["containers"]
-    assert not hasattr(build_parser("remediate").parse_args(container["args"]), "deprecated_flags")
+def test_remediate_args_use_the_exporters_flag_names_and_no_deprecated_one(tmp_path):
+    assert remediate_config(tmp_path).deprecated == ()
 
 
 def test_remediate_podmonitor_scrapes_the_receiver_under_a_job_only_the_remediate_selector_reads():
