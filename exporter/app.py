@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -36,14 +37,7 @@ from prometheus_client.core import Metric
 
 from gpulens.exporter.backends.events import XidWatcher
 from gpulens.exporter.backends.nvml import NvmlBackend, error_text
-from gpulens.exporter.collectors import (
-    DEFAULT_ENABLED,
-    REGISTRY,
-    CollectorOptions,
-    dcgm_compat,
-    jobstats_compat,
-    nvidia_gpu_exporter_compat,
-)
+from gpulens.exporter.collectors import REGISTRY, CollectorOptions, enabled
 from gpulens.exporter.collectors import exporter as meta
 from gpulens.exporter.config import ExporterConfig
 from gpulens.exporter.render import Rendered, Renderer
@@ -66,6 +60,12 @@ class Published:
     rendered: Rendered
     statuses: dict[str, AreaTiming]
     ready: bool
+
+
+def node_hostname(simulated: str | None = None) -> str:
+    """The node's name as dcgm-exporter labels series: $NODE_NAME (Kubernetes downward API), else a
+    simulated node's host name, else the OS host name."""
+    return os.environ.get("NODE_NAME") or simulated or socket.gethostname()
 
 
 def _exposed_name(family: Metric) -> str:
@@ -106,10 +106,14 @@ class Exporter:
             f"simulated ({config.simulate})" if config.simulate else ("simulated" if node else "nvml")
         )
 
-        wanted = DEFAULT_ENABLED if config.collectors is None else config.collectors
-        self.enabled = tuple(name for name in REGISTRY if name in wanted)
+        self.compat_spec = config.compat_spec()  # other exporters' names from the same snapshot
+        self.enabled = enabled(config.collectors, self.compat_spec)
+        # what collectors need from outside the snapshot, read once here so that they stay pure
         self.options = CollectorOptions(
-            processes_max=config.processes_max, nvlink_per_link=config.nvlink_per_link
+            processes_max=config.processes_max,
+            nvlink_per_link=config.nvlink_per_link,
+            hostname=node_hostname(getattr(getattr(node, "scenario", None), "hostname", None)),
+            compat=self.compat_spec,
         )
         areas = frozenset(Area(n) for n in self.enabled if REGISTRY[n].reads_nvml)
         if config.profiling == "off":
@@ -119,8 +123,6 @@ class Exporter:
             from gpulens.exporter.backends.profiling_source import make_profiler_factory
 
             profiler_factory = make_profiler_factory(config, self.clock, self.log, node=self.node)
-        self.compat_spec = config.compat_spec()  # other exporters' names from the same snapshot
-        self.compat = self.compat_spec.dcgm is not None
         self._hint_logged = False
 
         self.backend = NvmlBackend(
@@ -260,35 +262,6 @@ class Exporter:
                 ok = False
                 self.log.error("collector %s failed: %s", name, error_text(exc))
             statuses[name] = AreaTiming(seconds=read.seconds + time.perf_counter() - started, success=ok)
-        node_name = getattr(getattr(self.node, "scenario", None), "hostname", None)
-        views: list[tuple[str, Callable[[], Any]]] = []
-        if self.compat_spec.dcgm is not None:
-            views.append(
-                (
-                    "dcgm_compat",
-                    lambda: dcgm_compat.collect(
-                        snapshot, self.options, node_name=node_name, spec=self.compat_spec
-                    ),
-                )
-            )
-        if self.compat_spec.jobstats:
-            views.append(("jobstats_compat", lambda: jobstats_compat.collect(snapshot, self.options)))
-        if self.compat_spec.nvidia_gpu_exporter:
-            views.append(
-                (
-                    "nvidia_gpu_exporter_compat",
-                    lambda: nvidia_gpu_exporter_compat.collect(snapshot, self.options),
-                )
-            )
-        for name, collect in views:  # other exporters' views of the same snapshot (--compat)
-            started = time.perf_counter()
-            ok = True
-            try:
-                families.extend(collect())
-            except Exception as exc:
-                ok = False
-                self.log.error("collector %s failed: %s", name, error_text(exc))
-            statuses[name] = AreaTiming(seconds=time.perf_counter() - started, success=ok)
         families.extend(meta.collect(snapshot, statuses))
         if self.http is not None:  # the HTTP server's own series, as of this render
             families.extend(http_families(self.http))

@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from gpulens import __version__, exits
-from gpulens.exporter.collectors import DEFAULT_ENABLED, REGISTRY
+from gpulens.exporter.collectors import DEFAULT_ENABLED, SWITCHABLE
 from gpulens.exporter.config import DEFAULT_POD_LOGS, ConfigError, ExporterConfig, parse_listen, validate
 from gpulens.settings import add_arguments, aliases_of, env_name, parse_bool, resolve
 
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="start from no collector: only those enabled with --collector.<name> run (node_exporter's flag)",
     )
-    for name, spec in REGISTRY.items():
+    for name, spec in SWITCHABLE.items():
         state = "on" if spec.default_enabled else "off"
         group.add_argument(
             f"--collector.{name}",
@@ -113,7 +113,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> E
     enabled = (
         set() if _switch(args, "collector_disable_defaults", DISABLE_DEFAULTS, env) else set(DEFAULT_ENABLED)
     )
-    for name in REGISTRY:
+    for name in SWITCHABLE:
         choice = _switch(args, f"collector_{name}", f"--collector.{name}", env)
         if choice is True:
             enabled.add(name)

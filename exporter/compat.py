@@ -53,6 +53,16 @@ class CompatSpec:
         version = self.dcgm or DCGM_DEFAULT_VERSION
         return "hostname" if version >= DCGM_LOWERCASE_HOSTNAME else "Hostname"
 
+    @property
+    def modes(self) -> frozenset[str]:
+        """The modes that are on (the `compat` of the collectors they enable)."""
+        on = {
+            DCGM: self.dcgm is not None,
+            JOBSTATS: self.jobstats,
+            NVIDIA_GPU_EXPORTER: self.nvidia_gpu_exporter,
+        }
+        return frozenset(mode for mode, enabled in on.items() if enabled)
+
     def __bool__(self) -> bool:
         return self.dcgm is not None or self.jobstats or self.nvidia_gpu_exporter
 

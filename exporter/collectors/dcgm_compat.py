@@ -15,8 +15,9 @@ dcgm-exporter and here alike; the native `gpu_power_watts` does not.) A MIG-enab
 instance keeps GPU-level series.
 
 `Hostname` is `$NODE_NAME` if set, else the host name, as dcgm-exporter does (a simulated node's
-scenario host name under `--simulate`); `--compat dcgm=4.8.3` and later spell it `hostname`, as
-dcgm-exporter does since 4.8.3 (#655). On Kubernetes a series of a device one pod holds carries
+scenario host name under `--simulate`), read once at start (`CollectorOptions.hostname`, app.py);
+`--compat dcgm=4.8.3` and later spell it `hostname`, as dcgm-exporter does since 4.8.3 (#655). On
+Kubernetes a series of a device one pod holds carries
 `pod`, `namespace` and `container`, from the kubelet's pod-resources allocations like
 dcgm-exporter's default mapping (holders.py). `DCGM_FI_DEV_XID_ERRORS` is 0 (`err_code="0"`,
 "No Error") until the GPU's first Xid, as the field reads in dcgm-exporter before one. Only values gpulens
@@ -25,8 +26,6 @@ has are emitted; docs/metrics.md maps every field to its native family.
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ from prometheus_client.core import Metric
 from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
 from gpulens.exporter.collectors.health_status import System, assess, recent_xids
 from gpulens.exporter.collectors.holders import PodLabels, pods
-from gpulens.exporter.compat import DCGM_DEFAULT_VERSION, CompatSpec
+from gpulens.exporter.compat import DCGM, DCGM_DEFAULT_VERSION
 from gpulens.exporter.snapshot import Area, GpuSample, MigSample, NodeSnapshot, XidCount
 
 MIB = 1024 * 1024
@@ -348,12 +347,6 @@ def _health_family(
     return family
 
 
-def hostname(default: str | None = None) -> str:
-    """dcgm-exporter's Hostname: $NODE_NAME (Kubernetes downward API), else `default` (a simulated
-    node's host name), else the OS host name."""
-    return os.environ.get("NODE_NAME") or default or socket.gethostname()
-
-
 def _xid_watched(snapshot: NodeSnapshot) -> bool:
     """Whether Xid events are being received (then no Xid so far means 0, not unknown)."""
     area = snapshot.areas.get(Area.XID)
@@ -377,14 +370,8 @@ def _last_xids(snapshot: NodeSnapshot) -> dict[int, XidCount]:
     return last
 
 
-def collect(
-    snapshot: NodeSnapshot,
-    options: CollectorOptions,
-    node_name: str | None = None,
-    spec: CompatSpec | None = None,
-) -> Iterator[Metric]:
-    host = hostname(node_name)
-    host_label = (spec or CompatSpec()).dcgm_hostname_label
+def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
+    host, host_label = options.hostname, options.compat.dcgm_hostname_label
     driver = snapshot.driver_version
     families = {f.name: Metric(f.name, f.help, f.type) for f in FIELDS}
     xid = Metric(XID_FIELD.name, XID_FIELD.help, XID_FIELD.type)
@@ -439,14 +426,15 @@ def collect(
                 xid.add_sample(
                     XID_FIELD.name, {**labels, "err_code": str(code), "err_msg": message}, float(code)
                 )
-    health = _health_family(snapshot, (spec or CompatSpec()).dcgm or DCGM_DEFAULT_VERSION, health_labels)
+    health = _health_family(snapshot, options.compat.dcgm or DCGM_DEFAULT_VERSION, health_labels)
     yield from non_empty(*families.values(), xid, *([health] if health is not None else []))
 
 
 SPEC = CollectorSpec(
     "dcgm_compat",
     False,
-    "dcgm-exporter 4.8 names, units and labels (also enabled by --compat dcgm)",
+    "dcgm-exporter 4.8 names, units and labels",
     collect,
     reads_nvml=False,
+    compat=DCGM,
 )

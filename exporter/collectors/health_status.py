@@ -26,7 +26,8 @@ from gpulens.exporter.collectors.base import (
     GPU_LABELS,
     CollectorOptions,
     CollectorSpec,
-    gauge,
+    FamilySpec,
+    Kind,
     gpu_labels,
     non_empty,
 )
@@ -193,14 +194,21 @@ def assess(gpu: GpuSample, xids: list[XidCount]) -> dict[System, Finding]:
     return verdict
 
 
+# Filled in code rather than by an accessor: one series per system judged, from several readings.
+STATUS = FamilySpec[GpuSample](
+    "gpu_health_status", Kind.GAUGE,
+    "GPU health per system, as DCGM's health watches judge it: 0 pass, 1 warn, 2 fail"
+    " (from Xids of the last 10 minutes, ECC / remap / retirement state, slowdowns, temperature,"
+    " NVLink state and NVML reachability).",
+    "none of its own: judged from this sample's readings (see below)",
+    labels=(*GPU_LABELS, "system"), unit="0 pass / 1 warn / 2 fail",
+    label_doc="system (`pcie`, `memory`, `thermal`, `power`, `nvlink`, `driver`)",
+)  # fmt: skip
+FAMILIES = (STATUS,)
+
+
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
-    status = gauge(
-        "gpu_health_status",
-        "GPU health per system, as DCGM's health watches judge it: 0 pass, 1 warn, 2 fail"
-        " (from Xids of the last 10 minutes, ECC / remap / retirement state, slowdowns, temperature,"
-        " NVLink state and NVML reachability).",
-        [*GPU_LABELS, "system"],
-    )
+    status = STATUS.new()
     xids = recent_xids(snapshot)
     for gpu in snapshot.gpus:
         labels = gpu_labels(gpu)
@@ -215,4 +223,5 @@ SPEC = CollectorSpec(
     "Per-GPU health verdict per system (pcie, memory, thermal, power, nvlink, driver)",
     collect,
     reads_nvml=False,
+    families=FAMILIES,
 )

@@ -19,55 +19,98 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from gpulens.exporter.attribution.mapping_dir import FileState, MappingStats, RejectReason
+from gpulens.exporter.attribution.model import JobUsage
 from gpulens.exporter.collectors.base import (
     GPU_LABELS,
     CollectorOptions,
     CollectorSpec,
+    FamilySpec,
+    Kind,
     counter,
+    fresh,
     gauge,
     non_empty,
 )
 from gpulens.exporter.snapshot import Area, AttributionHealth, NodeSnapshot, sm_figure
 
 USAGE_LABELS = [*GPU_LABELS, "gpu_instance", "job_id"]
+_USAGE = tuple(USAGE_LABELS)
+_PER_INSTANCE = "per instance"
+
+# Every family is filled in code rather than by an accessor: the rows are jobs summed per device.
+INFO = FamilySpec[JobUsage](
+    "gpu_job_info",
+    Kind.GAUGE,
+    "A job running on the GPU or MIG instance, where its identity came from (job_name: the Slurm"
+    " job's name) and how the GPU is shared; always 1.",
+    "attribution of the sample's processes (procfs cgroups/environ, kubelet pod-resources, mapping files)",
+    labels=(
+        *GPU_LABELS,
+        "gpu_instance",
+        "job_id",
+        "job_source",
+        "job_user",
+        "job_name",
+        "job_namespace",
+        "job_pod",
+        "job_container",
+        "sharing",
+    ),
+    unit="always 1",
+    mig="one per (GPU or instance, job)",
+    label_doc="gpu_instance, job_id, job_source (`slurm`/`kubernetes`/`mapping`/`unknown`, `system` for"
+    " the MPS server's own row with `job_id=\"mps_server\"`), job_user, job_name (Slurm's `SLURM_JOB_NAME`,"
+    " one per job, capped at 128 characters; empty when unknown and on Kubernetes), job_namespace,"
+    " job_pod, job_container, sharing (`exclusive`/`mig`/`mps`/`time_slicing`)",
+)
+MEMORY = FamilySpec[JobUsage](
+    "gpu_job_memory_used_bytes",
+    Kind.GAUGE,
+    "GPU memory used by the job's processes (NVML per-process used memory, summed).",
+    "per-process `usedGpuMemory` summed per job (MPS clients count for their own job)",
+    labels=_USAGE,
+    unit="bytes",
+    mig=_PER_INSTANCE,
+)
+SM = FamilySpec[JobUsage](
+    "gpu_job_sm_utilization_ratio",
+    Kind.GAUGE,
+    "The job's share of the device's SM figure (gpu_sm_active_ratio, else gpu_utilization_ratio; on"
+    " MIG gpu_mig_sm_active_ratio), split by the processes' NVML utilization.",
+    "the job's share of the device's SM figure (gpu_sm_active_ratio where profiled, else"
+    " gpu_utilization_ratio; per MIG instance gpu_mig_sm_active_ratio), split by per-process NVML"
+    " utilization ([attribution.md](attribution.md#usage-values))",
+    labels=_USAGE,
+    unit="ratio",
+    mig=_PER_INSTANCE,
+)
+PROCESSES = FamilySpec[JobUsage](
+    "gpu_job_processes",
+    Kind.GAUGE,
+    "Processes of the job on the GPU or MIG instance.",
+    "processes of the job",
+    labels=_USAGE,
+    unit="processes",
+    mig=_PER_INSTANCE,
+)
+UNATTRIBUTED = FamilySpec[JobUsage](
+    "gpu_job_sm_unattributed_ratio",
+    Kind.GAUGE,
+    "The part of the device's SM figure no job's processes account for: with the jobs'"
+    " gpu_job_sm_utilization_ratio it adds up to the figure.",
+    "the part of the same figure no job accounts for: `sum by (gpu, uuid, gpu_instance)"
+    " (gpu_job_sm_utilization_ratio) + gpu_job_sm_unattributed_ratio` is the figure",
+    labels=(*GPU_LABELS, "gpu_instance"),
+    unit="ratio",
+    mig=_PER_INSTANCE,
+)
+FAMILIES: tuple[FamilySpec[JobUsage], ...] = (INFO, MEMORY, SM, PROCESSES, UNATTRIBUTED)  # fmt: skip
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
-    info = gauge(
-        "gpu_job_info",
-        "A job running on the GPU or MIG instance, where its identity came from (job_name: the Slurm"
-        " job's name) and how the GPU is shared; always 1.",
-        [
-            *GPU_LABELS,
-            "gpu_instance",
-            "job_id",
-            "job_source",
-            "job_user",
-            "job_name",
-            "job_namespace",
-            "job_pod",
-            "job_container",
-            "sharing",
-        ],
-    )
-    mem = gauge(
-        "gpu_job_memory_used_bytes",
-        "GPU memory used by the job's processes (NVML per-process used memory, summed).",
-        USAGE_LABELS,
-    )
-    sm = gauge(
-        "gpu_job_sm_utilization_ratio",
-        "The job's share of the device's SM figure (gpu_sm_active_ratio, else gpu_utilization_ratio; on"
-        " MIG gpu_mig_sm_active_ratio), split by the processes' NVML utilization.",
-        USAGE_LABELS,
-    )
-    unattributed = gauge(
-        "gpu_job_sm_unattributed_ratio",
-        "The part of the device's SM figure no job's processes account for: with the jobs'"
-        " gpu_job_sm_utilization_ratio it adds up to the figure.",
-        [*GPU_LABELS, "gpu_instance"],
-    )
-    procs = gauge("gpu_job_processes", "Processes of the job on the GPU or MIG instance.", USAGE_LABELS)
+    families = fresh(FAMILIES)
+    info, mem, sm = families[INFO.name], families[MEMORY.name], families[SM.name]
+    procs, unattributed = families[PROCESSES.name], families[UNATTRIBUTED.name]
     usage: dict[tuple[str, ...], list[float | None]] = {}
     seen_info: set[tuple[str, ...]] = set()
     for job in snapshot.jobs:
@@ -115,7 +158,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
             if figure is not None:
                 rest = max(0.0, min(figure, 1.0) - shared.get((str(device.index), gi), 0.0))
                 unattributed.add_metric([str(device.index), device.uuid, gi], rest)
-    yield from non_empty(info, mem, sm, procs, unattributed)
+    yield from non_empty(*families.values())
     if snapshot.attribution is not None:
         yield from _health(snapshot.attribution)
 
@@ -166,4 +209,10 @@ def _mapping(stats: MappingStats) -> Iterator[Metric]:
     yield from (files, limit, reads, rejected, duration)
 
 
-SPEC = CollectorSpec(Area.JOBS, True, "per-job identity, memory, SM utilization and process count", collect)
+SPEC = CollectorSpec(
+    Area.JOBS,
+    True,
+    "per-job identity, memory, SM utilization and process count",
+    collect,
+    families=FAMILIES,
+)

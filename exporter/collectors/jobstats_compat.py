@@ -26,8 +26,9 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gpulens.exporter.collectors.base import CollectorOptions, non_empty
+from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
 from gpulens.exporter.collectors.holders import slurm_jobs
+from gpulens.exporter.compat import JOBSTATS
 from gpulens.exporter.snapshot import Area, GpuSample, MigSample, NodeSnapshot
 
 LABELS = ["ordinal", "minor_number", "uuid", "name", "GPU_I_ID", "jobid", "userid"]
@@ -162,3 +163,13 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
                 ecc.add_metric([ordinal, minor, ident.uuid, ident.model, error, scope], float(count))
     yield from non_empty(num, used, total, duty, power, temperature, fan, job_id, job_uid, ecc)
     yield from non_empty(*gpm.values(), *rates.values())
+
+
+SPEC = CollectorSpec(
+    "jobstats_compat",
+    False,
+    "Princeton jobstats' nvidia_gpu_* names and labels",
+    collect,
+    reads_nvml=False,
+    compat=JOBSTATS,
+)

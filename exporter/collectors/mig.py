@@ -4,6 +4,7 @@ Only per-instance values are here; device-wide values (power, temperature, clock
 series, so sums over instances never double count. Instances are re-enumerated every sample.
 `gpu_mig_memory_used_bytes` excludes the instance's reserved memory, like the parent's
 `gpu_memory_used_bytes`, so the instances' used memory sums to the parent's used memory.
+`gpu_mig_instance_info` (labels beyond the instance's own) is filled here rather than by an accessor.
 """
 
 from __future__ import annotations
@@ -17,58 +18,68 @@ from gpulens.exporter.collectors.base import (
     MIG_LABELS,
     CollectorOptions,
     CollectorSpec,
-    add_optional,
-    gauge,
+    FamilySpec,
+    Kind,
+    add_values,
+    fresh,
     gpu_labels,
     non_empty,
     readable,
+    readers,
 )
-from gpulens.exporter.snapshot import Area, NodeSnapshot
+from gpulens.exporter.snapshot import Area, MigSample, NodeSnapshot
+
+_PER_INSTANCE = "per instance"
+_MIG_LABELS = tuple(MIG_LABELS)
+
+INFO = FamilySpec[MigSample](
+    "gpu_mig_instance_info",
+    Kind.GAUGE,
+    "MIG device (GPU instance with its compute instance) identity (NVML MIG device handles); always 1.",
+    "`GetMigDeviceHandleByIndex` (empty slots skipped), `GetGpuInstanceId`, `GetComputeInstanceId`,"
+    " `GetUUID`; profile from the MIG device name (`... MIG 3g.40gb`)",
+    labels=(*GPU_LABELS, "gpu_instance", "compute_instance", "mig_profile", "mig_uuid"),
+    unit="always 1",
+    mig="per instance, re-enumerated every sample",
+)
+
+FAMILIES: tuple[FamilySpec[MigSample], ...] = (
+    INFO,
+    FamilySpec("gpu_mig_memory_total_bytes", Kind.GAUGE,
+               "Memory of the MIG instance (NVML memory info v2 of the MIG handle).",
+               "`GetMemoryInfo(v2)` of the MIG handle", lambda m: m.memory_total_bytes,
+               labels=_MIG_LABELS, unit="bytes", mig=_PER_INSTANCE),
+    FamilySpec("gpu_mig_memory_used_bytes", Kind.GAUGE,
+               "Memory allocated in the MIG instance, excluding its reserved memory"
+               " (NVML memory info v2 of the MIG handle).",
+               "`GetMemoryInfo(v2)` of the MIG handle; used = total - free - reserved",
+               lambda m: m.memory_used_bytes, labels=_MIG_LABELS, unit="bytes", mig=_PER_INSTANCE),
+    FamilySpec("gpu_mig_memory_reserved_bytes", Kind.GAUGE,
+               "Memory of the MIG instance reserved by the driver (NVML memory info v2).",
+               "`GetMemoryInfo(v2)` of the MIG handle", lambda m: m.memory_reserved_bytes,
+               labels=_MIG_LABELS, unit="bytes", mig=_PER_INSTANCE),
+    FamilySpec("gpu_mig_multiprocessors", Kind.GAUGE,
+               "Streaming multiprocessors of the MIG instance (NVML device attributes).",
+               "`GetAttributes(mig).multiprocessorCount`", lambda m: m.multiprocessors,
+               labels=_MIG_LABELS, unit="SMs", mig=_PER_INSTANCE),
+    FamilySpec("gpu_mig_processes", Kind.GAUGE,
+               "Compute and graphics processes on the MIG instance (NVML process lists).",
+               "compute + graphics process lists of the MIG handle", lambda m: len(m.processes),
+               labels=_MIG_LABELS, unit="processes", mig=_PER_INSTANCE),
+)  # fmt: skip
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
-    info = gauge(
-        "gpu_mig_instance_info",
-        "MIG device (GPU instance with its compute instance) identity (NVML MIG device handles); always 1.",
-        [*GPU_LABELS, "gpu_instance", "compute_instance", "mig_profile", "mig_uuid"],
-    )
-    total = gauge(
-        "gpu_mig_memory_total_bytes",
-        "Memory of the MIG instance (NVML memory info v2 of the MIG handle).",
-        MIG_LABELS,
-    )
-    used = gauge(
-        "gpu_mig_memory_used_bytes",
-        "Memory allocated in the MIG instance, excluding its reserved memory"
-        " (NVML memory info v2 of the MIG handle).",
-        MIG_LABELS,
-    )
-    reserved = gauge(
-        "gpu_mig_memory_reserved_bytes",
-        "Memory of the MIG instance reserved by the driver (NVML memory info v2).",
-        MIG_LABELS,
-    )
-    sms = gauge(
-        "gpu_mig_multiprocessors",
-        "Streaming multiprocessors of the MIG instance (NVML device attributes).",
-        MIG_LABELS,
-    )
-    procs = gauge(
-        "gpu_mig_processes",
-        "Compute and graphics processes on the MIG instance (NVML process lists).",
-        MIG_LABELS,
-    )
+    families = fresh(FAMILIES)
+    reading, info = readers(FAMILIES, families), families[INFO.name]
     for gpu in readable(snapshot, Area.MIG):
         base = gpu_labels(gpu)
         for m in gpu.mig_instances:
             info.add_metric([*base, str(m.gpu_instance), str(m.compute_instance), m.profile, m.uuid], 1.0)
-            labels = [*base, str(m.gpu_instance), m.profile]
-            add_optional(total, labels, m.memory_total_bytes)
-            add_optional(used, labels, m.memory_used_bytes)
-            add_optional(reserved, labels, m.memory_reserved_bytes)
-            add_optional(sms, labels, m.multiprocessors)
-            procs.add_metric(labels, float(len(m.processes)))
-    yield from non_empty(info, total, used, reserved, sms, procs)
+            add_values(reading, [*base, str(m.gpu_instance), m.profile], m)
+    yield from non_empty(*families.values())
 
 
-SPEC = CollectorSpec(Area.MIG, True, "MIG instance identity, memory, SMs and process counts", collect)
+SPEC = CollectorSpec(
+    Area.MIG, True, "MIG instance identity, memory, SMs and process counts", collect, families=FAMILIES
+)

@@ -1,6 +1,8 @@
 """MPS: whether an MPS server owns the GPU context, and its clients.
 
 Per-client memory is attributed to the client's job by the jobs collector; here only totals.
+`gpu_mig_mps_clients` is filled here rather than by an accessor: only instances running an MPS
+server or clients have it.
 """
 
 from __future__ import annotations
@@ -10,46 +12,66 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from gpulens.exporter.collectors.base import (
-    GPU_LABELS,
     MIG_LABELS,
     CollectorOptions,
     CollectorSpec,
-    gauge,
-    gpu_labels,
+    FamilySpec,
+    Kind,
+    add_values,
+    fresh,
     non_empty,
+    per_gpu,
     readable,
+    readers,
 )
-from gpulens.exporter.snapshot import Area, NodeSnapshot
+from gpulens.exporter.snapshot import Area, GpuSample, NodeSnapshot
+
+
+def _clients_memory(gpu: GpuSample) -> float | None:
+    """The MPS clients' memory summed; None when NVML reports it for none of them."""
+    mems = [c.used_memory_bytes for c in gpu.mps_clients if c.used_memory_bytes is not None]
+    return float(sum(mems)) if mems else None
+
+
+MIG_CLIENTS = FamilySpec[GpuSample](
+    "gpu_mig_mps_clients",
+    Kind.GAUGE,
+    "MPS client processes on the MIG instance.",
+    "MPS clients of an instance running an MPS server",
+    labels=tuple(MIG_LABELS),
+    unit="processes",
+    mig="per instance",
+)
+
+FAMILIES: tuple[FamilySpec[GpuSample], ...] = (
+    FamilySpec("gpu_mps_server_active", Kind.GAUGE,
+               "1 if an MPS server process (nvidia-cuda-mps-server) holds a context on the GPU"
+               " or one of its instances.",
+               "a compute process named `nvidia-cuda-mps-server` (`nvmlSystemGetProcessName`, else"
+               " `/proc/<pid>/comm`) on the GPU or any of its instances",
+               lambda g: 1.0 if g.mps_server_active else 0.0, unit="0/1", mig="parent"),
+    FamilySpec("gpu_mps_clients", Kind.GAUGE,
+               "MPS client processes on the GPU (NVML MPS compute running processes).",
+               "`GetMPSComputeRunningProcesses` (parent and instances)", lambda g: len(g.mps_clients),
+               unit="processes", mig="parent"),
+    FamilySpec("gpu_mps_clients_memory_used_bytes", Kind.GAUGE,
+               "Memory used by the GPU's MPS clients, summed"
+               " (NVML MPS compute running processes; absent if not reported).",
+               "sum of the MPS clients' `usedGpuMemory` (absent when NVML reports none)", _clients_memory,
+               unit="bytes", mig="parent"),
+    MIG_CLIENTS,
+)  # fmt: skip
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
-    active = gauge(
-        "gpu_mps_server_active",
-        "1 if an MPS server process (nvidia-cuda-mps-server) holds a context on the GPU"
-        " or one of its instances.",
-        GPU_LABELS,
-    )
-    clients = gauge(
-        "gpu_mps_clients", "MPS client processes on the GPU (NVML MPS compute running processes).", GPU_LABELS
-    )
-    client_mem = gauge(
-        "gpu_mps_clients_memory_used_bytes",
-        "Memory used by the GPU's MPS clients, summed"
-        " (NVML MPS compute running processes; absent if not reported).",
-        GPU_LABELS,
-    )
-    mig_clients = gauge("gpu_mig_mps_clients", "MPS client processes on the MIG instance.", MIG_LABELS)
-    for gpu in readable(snapshot, Area.MPS):
-        labels = gpu_labels(gpu)
-        active.add_metric(labels, 1.0 if gpu.mps_server_active else 0.0)
-        clients.add_metric(labels, float(len(gpu.mps_clients)))
-        mems = [c.used_memory_bytes for c in gpu.mps_clients if c.used_memory_bytes is not None]
-        if mems:
-            client_mem.add_metric(labels, float(sum(mems)))
+    families = fresh(FAMILIES)
+    reading, mig_clients = readers(FAMILIES, families), families[MIG_CLIENTS.name]
+    for labels, gpu in per_gpu(readable(snapshot, Area.MPS)):
+        add_values(reading, labels, gpu)
         for m in gpu.mig_instances:
             if m.mps_clients or any(p.kind == "mps_server" for p in m.processes):
                 mig_clients.add_metric([*labels, str(m.gpu_instance), m.profile], float(len(m.mps_clients)))
-    yield from non_empty(active, clients, client_mem, mig_clients)
+    yield from non_empty(*families.values())
 
 
-SPEC = CollectorSpec(Area.MPS, True, "MPS server state and client counts", collect)
+SPEC = CollectorSpec(Area.MPS, True, "MPS server state and client counts", collect, families=FAMILIES)

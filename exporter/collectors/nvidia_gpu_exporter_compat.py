@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpulens.exporter.collectors.base import CollectorOptions, non_empty
+from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
+from gpulens.exporter.compat import NVIDIA_GPU_EXPORTER
 from gpulens.exporter.snapshot import Area, GpuSample, MigSample, NodeSnapshot
 
 PREFIX = "nvidia_smi_"
@@ -365,3 +366,13 @@ def _add_mig(
             for _, key in MIG_ACTIVITY:
                 if key in values:
                     mig[key].add_metric([uuid, gi], float(values[key]))
+
+
+SPEC = CollectorSpec(
+    "nvidia_gpu_exporter_compat",
+    False,
+    "utkuozdemir/nvidia_gpu_exporter's nvidia_smi_* names and labels",
+    collect,
+    reads_nvml=False,
+    compat=NVIDIA_GPU_EXPORTER,
+)

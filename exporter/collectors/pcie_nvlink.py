@@ -4,7 +4,8 @@ NVLink byte and error counters are summed over the GPU's links by default: an HG
 per GPU and five error kinds, so per-link counters were 27 % of a large node's series, nearly all 0.
 `--collector.pcie_nvlink.per-link` adds the `link` label back (the same family names, so queries
 that sum over links work either way). Link state (`gpu_nvlink_link_up`) stays per link: a link
-that goes down is what its alert names.
+that goes down is what its alert names. The NVLink families are filled here rather than by an
+accessor: their rows are links (or sums over them), and their labels follow the option.
 """
 
 from __future__ import annotations
@@ -17,55 +18,96 @@ from gpulens.exporter.collectors.base import (
     GPU_LABELS,
     CollectorOptions,
     CollectorSpec,
+    Family,
+    FamilySpec,
+    Kind,
     add_optional,
-    counter,
-    gauge,
-    gpu_labels,
+    add_values,
     non_empty,
+    per_gpu,
     readable,
+    readers,
 )
-from gpulens.exporter.snapshot import Area, NodeSnapshot
+from gpulens.exporter.snapshot import Area, GpuSample, NodeSnapshot
+
+LINK_LABELS = (*GPU_LABELS, "link")
+_PER_LINK = "link with `--collector.pcie_nvlink.per-link`"
+_SCOPE = ", summed over the GPU's links"  # the counters' HELP ends so unless per link
+
+LINK_UP = FamilySpec[GpuSample](
+    "gpu_nvlink_link_up",
+    Kind.GAUGE,
+    "1 if the NVLink link is active (NVML NVLink state).",
+    "`GetNvLinkState` for links 0..(field 91 `NVLINK_LINK_COUNT`)",
+    labels=LINK_LABELS,
+    unit="0/1",
+)
+NV_TX = FamilySpec[GpuSample](
+    "gpu_nvlink_tx_bytes_total",
+    Kind.COUNTER,
+    f"NVLink data bytes sent (NVML field 138 THROUGHPUT_DATA_TX, KiB x 1024){_SCOPE}.",
+    "field 138 `NVLINK_THROUGHPUT_DATA_TX` with the link as scope (KiB x 1024)",
+    unit="bytes",
+    label_doc=f"({_PER_LINK}; else summed over the GPU's links)",
+)
+NV_RX = FamilySpec[GpuSample](
+    "gpu_nvlink_rx_bytes_total",
+    Kind.COUNTER,
+    f"NVLink data bytes received (NVML field 139 THROUGHPUT_DATA_RX, KiB x 1024){_SCOPE}.",
+    "field 139 `NVLINK_THROUGHPUT_DATA_RX` with the link as scope (KiB x 1024)",
+    unit="bytes",
+    label_doc=f"({_PER_LINK}; else summed over the GPU's links)",
+)
+NV_ERR = FamilySpec[GpuSample](
+    "gpu_nvlink_errors_total",
+    Kind.COUNTER,
+    f"NVLink data-link errors by kind (NVML NVLink error counters){_SCOPE}.",
+    "per-link fields `NVLINK_<KIND>_ERROR_COUNT_L<n>` (links 0-11, one field call per GPU), else"
+    " `GetNvLinkErrorCounter(link, NVML_NVLINK_ERROR_DL_*)`",
+    labels=(*GPU_LABELS, "kind"),
+    unit="errors",
+    label_doc=f"({_PER_LINK}), kind (`replay`, `recovery`, `crc_flit`, `crc_data`, `ecc_data`)",
+)
+
+FAMILIES: tuple[FamilySpec[GpuSample], ...] = (
+    FamilySpec("gpu_pcie_tx_bytes_total", Kind.COUNTER,
+               "Bytes sent over PCIe (NVML field 197, PCIE_COUNT_TX_BYTES).",
+               "field 197 `PCIE_COUNT_TX_BYTES` (each entry's own `nvmlReturn` checked)",
+               lambda g: g.pcie_tx_bytes, unit="bytes"),
+    FamilySpec("gpu_pcie_rx_bytes_total", Kind.COUNTER,
+               "Bytes received over PCIe (NVML field 198, PCIE_COUNT_RX_BYTES).",
+               "field 198 `PCIE_COUNT_RX_BYTES` (each entry's own `nvmlReturn` checked)",
+               lambda g: g.pcie_rx_bytes, unit="bytes"),
+    FamilySpec("gpu_pcie_replays_total", Kind.COUNTER, "PCIe replays (NVML PCIe replay counter).",
+               "`GetPcieReplayCounter`", lambda g: g.pcie_replays, unit="replays"),
+    FamilySpec("gpu_pcie_link_generation", Kind.GAUGE, "Current PCIe link generation (NVML).",
+               "`GetCurrPcieLinkGeneration`", lambda g: g.pcie_link_generation, unit="generation"),
+    FamilySpec("gpu_pcie_link_width", Kind.GAUGE, "Current PCIe link width in lanes (NVML).",
+               "`GetCurrPcieLinkWidth`", lambda g: g.pcie_link_width, unit="lanes"),
+    LINK_UP,
+    NV_TX,
+    NV_RX,
+    NV_ERR,
+)  # fmt: skip
+
+
+_SUMMED = frozenset(spec.name for spec in (NV_TX, NV_RX, NV_ERR))
+
+
+def _new(spec: FamilySpec[GpuSample], per_link: bool) -> Family:
+    """The spec's family; the NVLink counters get the `link` label back when per link."""
+    if per_link and spec.name in _SUMMED:
+        return spec.new(labels=(*LINK_LABELS, *spec.labels[2:]), help=spec.help.replace(_SCOPE, ""))
+    return spec.new()
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
-    tx = counter(
-        "gpu_pcie_tx_bytes_total", "Bytes sent over PCIe (NVML field 197, PCIE_COUNT_TX_BYTES).", GPU_LABELS
-    )
-    rx = counter(
-        "gpu_pcie_rx_bytes_total",
-        "Bytes received over PCIe (NVML field 198, PCIE_COUNT_RX_BYTES).",
-        GPU_LABELS,
-    )
-    replays = counter("gpu_pcie_replays_total", "PCIe replays (NVML PCIe replay counter).", GPU_LABELS)
-    gen = gauge("gpu_pcie_link_generation", "Current PCIe link generation (NVML).", GPU_LABELS)
-    width = gauge("gpu_pcie_link_width", "Current PCIe link width in lanes (NVML).", GPU_LABELS)
-    link_labels = [*GPU_LABELS, "link"]
-    link_up = gauge("gpu_nvlink_link_up", "1 if the NVLink link is active (NVML NVLink state).", link_labels)
     per_link = options.nvlink_per_link
-    counter_labels = link_labels if per_link else GPU_LABELS
-    scope = "" if per_link else ", summed over the GPU's links"
-    nv_tx = counter(
-        "gpu_nvlink_tx_bytes_total",
-        f"NVLink data bytes sent (NVML field 138 THROUGHPUT_DATA_TX, KiB x 1024){scope}.",
-        counter_labels,
-    )
-    nv_rx = counter(
-        "gpu_nvlink_rx_bytes_total",
-        f"NVLink data bytes received (NVML field 139 THROUGHPUT_DATA_RX, KiB x 1024){scope}.",
-        counter_labels,
-    )
-    nv_err = counter(
-        "gpu_nvlink_errors_total",
-        f"NVLink data-link errors by kind (NVML NVLink error counters){scope}.",
-        [*counter_labels, "kind"],
-    )
-    for gpu in readable(snapshot, Area.PCIE_NVLINK):
-        labels = gpu_labels(gpu)
-        add_optional(tx, labels, gpu.pcie_tx_bytes)
-        add_optional(rx, labels, gpu.pcie_rx_bytes)
-        add_optional(replays, labels, gpu.pcie_replays)
-        add_optional(gen, labels, gpu.pcie_link_generation)
-        add_optional(width, labels, gpu.pcie_link_width)
+    families = {spec.name: _new(spec, per_link) for spec in FAMILIES}
+    reading, link_up = readers(FAMILIES, families), families[LINK_UP.name]
+    nv_tx, nv_rx, nv_err = families[NV_TX.name], families[NV_RX.name], families[NV_ERR.name]
+    for labels, gpu in per_gpu(readable(snapshot, Area.PCIE_NVLINK)):
+        add_values(reading, labels, gpu)
         for link in gpu.nvlinks:
             ll = [*labels, str(link.link)]
             link_up.add_metric(ll, 1.0 if link.up else 0.0)
@@ -83,7 +125,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
                     errors[kind] = errors.get(kind, 0) + count
             for kind, count in errors.items():
                 nv_err.add_metric([*labels, kind], float(count))
-    yield from non_empty(tx, rx, replays, gen, width, link_up, nv_tx, nv_rx, nv_err)
+    yield from non_empty(*families.values())
 
 
 def _sum(values: Iterable[int | None]) -> int | None:
@@ -93,5 +135,9 @@ def _sum(values: Iterable[int | None]) -> int | None:
 
 
 SPEC = CollectorSpec(
-    Area.PCIE_NVLINK, True, "PCIe/NVLink byte counters, replays, link state and NVLink errors", collect
+    Area.PCIE_NVLINK,
+    True,
+    "PCIe/NVLink byte counters, replays, link state and NVLink errors",
+    collect,
+    families=FAMILIES,
 )

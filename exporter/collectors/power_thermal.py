@@ -1,4 +1,8 @@
-"""Power, energy and temperatures. Device-wide values: exported on the parent GPU only."""
+"""Power, energy and temperatures. Device-wide values: exported on the parent GPU only.
+
+`gpu_temperature_threshold_celsius` is filled here rather than by an accessor: one series per
+threshold the GPU reports.
+"""
 
 from __future__ import annotations
 
@@ -10,49 +14,58 @@ from gpulens.exporter.collectors.base import (
     GPU_LABELS,
     CollectorOptions,
     CollectorSpec,
-    add_optional,
-    counter,
-    gauge,
-    gpu_labels,
+    FamilySpec,
+    Kind,
+    add_values,
+    fresh,
     non_empty,
+    per_gpu,
     readable,
+    readers,
 )
-from gpulens.exporter.snapshot import Area, NodeSnapshot
+from gpulens.exporter.snapshot import Area, GpuSample, NodeSnapshot
+
+THRESHOLDS = FamilySpec[GpuSample](
+    "gpu_temperature_threshold_celsius", Kind.GAUGE,
+    "Temperature at which the GPU slows down or shuts down (NVML temperature threshold).",
+    "`GetTemperatureThreshold(SLOWDOWN / SHUTDOWN)`",
+    labels=(*GPU_LABELS, "threshold"), unit="°C", label_doc="threshold (`slowdown`/`shutdown`)",
+)  # fmt: skip
+
+FAMILIES: tuple[FamilySpec[GpuSample], ...] = (
+    FamilySpec("gpu_power_watts", Kind.GAUGE, "Board power draw (NVML power usage, mW / 1000).",
+               "`GetPowerUsage` (mW / 1000)", lambda g: g.power_watts, unit="watts"),
+    FamilySpec("gpu_power_limit_watts", Kind.GAUGE,
+               "Enforced power limit (NVML enforced power limit, mW / 1000).",
+               "`GetEnforcedPowerLimit` (mW / 1000)", lambda g: g.power_limit_watts, unit="watts"),
+    FamilySpec("gpu_energy_joules_total", Kind.COUNTER,
+               "Energy consumed since the driver loaded (NVML total energy consumption, mJ / 1000; Volta+).",
+               "`GetTotalEnergyConsumption` (mJ / 1000; resets when the driver reloads)",
+               lambda g: g.energy_joules, unit="joules"),
+    FamilySpec("gpu_temperature_celsius", Kind.GAUGE,
+               "GPU core temperature (NVML temperature, GPU sensor).",
+               "`GetTemperature(NVML_TEMPERATURE_GPU)`", lambda g: g.temperature_celsius, unit="°C"),
+    FamilySpec("gpu_memory_temperature_celsius", Kind.GAUGE,
+               "HBM temperature (NVML field 82, MEMORY_TEMP).",
+               "field 82 `NVML_FI_DEV_MEMORY_TEMP`", lambda g: g.memory_temperature_celsius, unit="°C"),
+    THRESHOLDS,
+)  # fmt: skip
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
-    power = gauge("gpu_power_watts", "Board power draw (NVML power usage, mW / 1000).", GPU_LABELS)
-    limit = gauge(
-        "gpu_power_limit_watts", "Enforced power limit (NVML enforced power limit, mW / 1000).", GPU_LABELS
-    )
-    energy = counter(
-        "gpu_energy_joules_total",
-        "Energy consumed since the driver loaded (NVML total energy consumption, mJ / 1000; Volta+).",
-        GPU_LABELS,
-    )
-    temp = gauge(
-        "gpu_temperature_celsius", "GPU core temperature (NVML temperature, GPU sensor).", GPU_LABELS
-    )
-    mem_temp = gauge(
-        "gpu_memory_temperature_celsius", "HBM temperature (NVML field 82, MEMORY_TEMP).", GPU_LABELS
-    )
-    thresholds = gauge(
-        "gpu_temperature_threshold_celsius",
-        "Temperature at which the GPU slows down or shuts down (NVML temperature threshold).",
-        [*GPU_LABELS, "threshold"],
-    )
-    for gpu in readable(snapshot, Area.POWER_THERMAL):
-        labels = gpu_labels(gpu)
-        add_optional(power, labels, gpu.power_watts)
-        add_optional(limit, labels, gpu.power_limit_watts)
-        add_optional(energy, labels, gpu.energy_joules)
-        add_optional(temp, labels, gpu.temperature_celsius)
-        add_optional(mem_temp, labels, gpu.memory_temperature_celsius)
+    families = fresh(FAMILIES)
+    reading, thresholds = readers(FAMILIES, families), families[THRESHOLDS.name]
+    for labels, gpu in per_gpu(readable(snapshot, Area.POWER_THERMAL)):
+        add_values(reading, labels, gpu)
         for name, celsius in gpu.temperature_thresholds:
             thresholds.add_metric([*labels, name], celsius)
-    yield from non_empty(power, limit, energy, temp, mem_temp, thresholds)
+    yield from non_empty(*families.values())
 
 
 SPEC = CollectorSpec(
-    Area.POWER_THERMAL, True, "power, power limit, energy counter, GPU and memory temperature", collect
+    Area.POWER_THERMAL,
+    True,
+    "power, power limit, energy counter, GPU and memory temperature",
+    collect,
+    families=FAMILIES,
 )

@@ -1,7 +1,7 @@
 """Optional per-process detail (off by default: a `pid` label churns series).
 
 Bounded by `--collector.processes.max` per node: the processes using the most memory are kept and
-`gpulens_processes_dropped` says how many were left out.
+`gpulens_processes_dropped` says how many were left out (a node-wide count, filled here).
 """
 
 from __future__ import annotations
@@ -14,30 +14,46 @@ from gpulens.exporter.collectors.base import (
     GPU_LABELS,
     CollectorOptions,
     CollectorSpec,
-    add_optional,
-    gauge,
+    FamilySpec,
+    Kind,
+    fill,
+    fresh,
     gpu_labels,
     non_empty,
     readable,
 )
 from gpulens.exporter.snapshot import Area, NodeSnapshot, ProcessSample
 
+PROCESS_LABELS = (*GPU_LABELS, "gpu_instance", "pid", "kind")
+
+DROPPED = FamilySpec[ProcessSample](
+    "gpulens_processes_dropped",
+    Kind.GAUGE,
+    "Processes left out of the per-process series by the limit.",
+    "processes beyond `--collector.processes.max` (the largest by memory are kept)",
+    labels=(),
+    unit="processes",
+    label_doc="(none)",
+    mig="",
+)
+FAMILIES: tuple[FamilySpec[ProcessSample], ...] = (
+    FamilySpec("gpu_process_memory_used_bytes", Kind.GAUGE,
+               "GPU memory used by the process (NVML running processes usedGpuMemory).",
+               "process lists `usedGpuMemory`", lambda p: p.used_memory_bytes, labels=PROCESS_LABELS,
+               unit="bytes", mig="per process",
+               label_doc="gpu_instance (empty without MIG), pid, kind"
+               " (`compute`/`graphics`/`mps_server`/`mps_client`)"),
+    FamilySpec("gpu_process_sm_utilization_ratio", Kind.GAUGE,
+               "SM utilization of the process over the last sample"
+               " (NVML process utilization; absent on MIG).",
+               "`GetProcessUtilization(since last sample)` latest `smUtil` / 100; absent on MIG",
+               lambda p: p.sm_util_ratio, labels=PROCESS_LABELS, unit="ratio", mig="per process"),
+    DROPPED,
+)  # fmt: skip
+
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
-    labels_names = [*GPU_LABELS, "gpu_instance", "pid", "kind"]
-    mem = gauge(
-        "gpu_process_memory_used_bytes",
-        "GPU memory used by the process (NVML running processes usedGpuMemory).",
-        labels_names,
-    )
-    sm = gauge(
-        "gpu_process_sm_utilization_ratio",
-        "SM utilization of the process over the last sample (NVML process utilization; absent on MIG).",
-        labels_names,
-    )
-    dropped = gauge(
-        "gpulens_processes_dropped", "Processes left out of the per-process series by the limit.", []
-    )
+    families = fresh(FAMILIES)
     rows: list[tuple[list[str], ProcessSample]] = []
     for gpu in readable(snapshot, Area.PROCESSES):
         base = gpu_labels(gpu)
@@ -46,13 +62,15 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
             rows.append(([*base, gi, str(p.pid), p.kind], p))
     rows.sort(key=lambda r: -(r[1].used_memory_bytes or 0))
     keep = rows[: options.processes_max]
-    for labels, p in keep:
-        add_optional(mem, labels, p.used_memory_bytes)
-        add_optional(sm, labels, p.sm_util_ratio)
-    dropped.add_metric([], float(len(rows) - len(keep)))
-    yield from non_empty(mem, sm, dropped)
+    fill(FAMILIES, families, keep)
+    families[DROPPED.name].add_metric([], float(len(rows) - len(keep)))
+    yield from non_empty(*families.values())
 
 
 SPEC = CollectorSpec(
-    Area.PROCESSES, False, "per-process memory and SM utilization (pid label; bounded)", collect
+    Area.PROCESSES,
+    False,
+    "per-process memory and SM utilization (pid label; bounded)",
+    collect,
+    families=FAMILIES,
 )

@@ -460,6 +460,27 @@ _MORE = (
         max_sm_clock_mhz=2520,
         max_memory_clock_mhz=9001,
     ),
+    _board(
+        # the workstation board in GPU servers and desktops: actively cooled, so NVML reports its
+        # fan (every data-centre board above is passive: fan speed NOT_SUPPORTED)
+        key="RTX6000-ADA-48GB",
+        nvml_name="NVIDIA RTX 6000 Ada Generation",
+        architecture="ada",
+        nvml_architecture=ARCH_ADA,
+        cuda_compute_capability=(8, 9),
+        sm_count=142,
+        memory_bytes=49140 * MIB,  # not verified (nvidia-smi's total on this board)
+        memory_bandwidth_bytes_per_second=960_000_000_000,
+        power_limit_watts=300,
+        idle_power_watts=20,  # not verified
+        pcie_generation=4,
+        pcie_width=16,
+        nvlink_links=0,
+        pci_device_id=0x26B110DE,
+        max_sm_clock_mhz=2505,
+        max_memory_clock_mhz=10001,  # not verified (20 Gbps GDDR6)
+        has_fan=True,
+    ),
     GpuModel(
         key="H100-PCIE-80GB",
         nvml_name="NVIDIA H100 PCIe",
@@ -789,6 +810,8 @@ _ALIASES = {
     "A40": "A40-48GB",
     "L4": "L4-24GB",
     "L40S": "L40S-48GB",
+    "RTX6000-ADA": "RTX6000-ADA-48GB",
+    "RTX-6000-ADA": "RTX6000-ADA-48GB",
     "H100-PCIE": "H100-PCIE-80GB",
     "H20": "H20-96GB",
     "GH200": "GH200-96GB",

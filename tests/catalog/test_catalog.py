@@ -20,6 +20,7 @@ from gpulens.catalog import (
 COMMON_NAMES = {
     "L4": "L4-24GB",
     "L40S": "L40S-48GB",
+    "RTX6000-ADA": "RTX6000-ADA-48GB",
     "A10": "A10-24GB",
     "A10G": "A10G-24GB",
     "T4": "T4-16GB",
@@ -72,7 +73,16 @@ def test_mig_parteds_balanced_geometry_places_on_every_seven_slice_model(key, pr
 
 
 def test_models_without_mig_say_so():
-    for key in ("L4-24GB", "L40S-48GB", "A10-24GB", "A10G-24GB", "T4-16GB", "V100-SXM2-16GB", "A40-48GB"):
+    for key in (
+        "L4-24GB",
+        "L40S-48GB",
+        "RTX6000-ADA-48GB",
+        "A10-24GB",
+        "A10G-24GB",
+        "T4-16GB",
+        "V100-SXM2-16GB",
+        "A40-48GB",
+    ):
         model = MODELS[key]
         assert not model.mig_capable
         with pytest.raises(CatalogError, match="does not support MIG"):

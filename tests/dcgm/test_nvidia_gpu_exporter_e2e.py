@@ -1,10 +1,11 @@
 """End to end: nvidia_gpu_exporter's Grafana dashboard 14574 works on `--compat nvidia_gpu_exporter`.
 
-A real Prometheus scrapes `gpulens-exporter --simulate <node> --compat nvidia_gpu_exporter` (an HGX
-H100 node: GPU 0 in MIG mode, GPU 1 whole, with an Xid); the dashboard's template variables are
-resolved as Grafana resolves them (`label_values` for job and node, the `query_result` regex for
-the GPU), and every panel query, verbatim, must return data: on the whole GPU every panel but the
-MIG ones, and the MIG ones on the MIG GPU.
+A real Prometheus scrapes two `gpulens-exporter --simulate <node> --compat nvidia_gpu_exporter` (an
+HGX H100 node: GPU 0 in MIG mode, GPU 1 whole, with an Xid; a workstation with an actively cooled
+RTX 6000 Ada); the dashboard's template variables are resolved as Grafana resolves them
+(`label_values` for job and node, the `query_result` regex for the GPU), and every panel query,
+verbatim, must return data: on each whole GPU every panel but the MIG ones (the fan only where the
+board has one), and the MIG ones on the MIG GPU.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ JOB_QUERY = "label_values(nvidia_smi_index,job)"
 NODE_QUERY = 'label_values(nvidia_smi_index{job="$job"},instance)'
 GPU_QUERY = 'query_result(label_join(label_replace(label_join(nvidia_smi_gpu_info{instance="$node", job="$job"}, "ni", " #", "name", "index"), "us", "($1)", "uuid", "^(........).*"), "gpu_label", " ", "ni", "us"))'  # noqa: E501
 GPU_REGEX = r'gpu_label="(?P<text>[^"]+)|uuid="(?P<value>[^"]+)'
-# the "Fan Speed %" time series: every simulated board is passively cooled (SXM / datacenter), where
-# nvidia-smi prints [N/A] and the peer, like gpulens, serves no series (the panel shows its noValue
-# text, and the "Fan" stat panel its -1 "N/A" fallback)
+# the "Fan Speed %" time series: the HGX's boards are passively cooled (SXM), where nvidia-smi prints
+# [N/A] and the peer, like gpulens, serves no series (the "Fan" stat panel shows its -1 "N/A"
+# fallback); the workstation's actively cooled board serves it
 FAN_SERIES = 'nvidia_smi_fan_speed_ratio{uuid="$gpu", instance="$node", job="$job"}'
 RATE_INTERVAL = "1m"  # Grafana's $__rate_interval for a 1 s scrape is at least 4 scrapes: any window >= 4s
 
@@ -102,6 +103,20 @@ faults:
   repeat: 20s
   timeline:
     - {at: 1s, gpu: 1, xid: 13}
+"""
+
+
+WORKSTATION = """
+name: nvidia-gpu-exporter-e2e-workstation
+description: a workstation with one actively cooled RTX 6000 Ada
+seed: 3
+node: {hostname: ws-01}
+users: {ana: 1301}
+gpus:
+  - model: RTX6000-ADA-48GB
+processes:
+  - {pid: 62001, gpu: 0, name: python, job: {slurm: {id: 7101, user: ana}}, start: -1h,
+     workload: {pattern: training, memory: 10GiB, sm: 0.5, duty: 0.8}}
 """
 
 
@@ -137,27 +152,41 @@ def test_every_panel_of_dashboard_14574_returns_data(
     tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     use_prometheus(engine, monkeypatch)
-    scenario = tmp_path / "hgx.yaml"
-    scenario.write_text(SCENARIO)
-    args = ["--simulate", str(scenario), "--compat", "nvidia_gpu_exporter", "--interval", "1"]
-    with exporter(tmp_path, *args) as target, prometheus(tmp_path, [target]) as prom:
+    (tmp_path / "ws").mkdir()
+    hgx, workstation = tmp_path / "hgx.yaml", tmp_path / "ws" / "ws.yaml"
+    hgx.write_text(SCENARIO)
+    workstation.write_text(WORKSTATION)
+    compat = ["--compat", "nvidia_gpu_exporter", "--interval", "1"]
+    with (
+        exporter(tmp_path, "--simulate", str(hgx), *compat) as target,
+        exporter(tmp_path / "ws", "--simulate", str(workstation), *compat) as ws_target,
+        prometheus(tmp_path, [target, ws_target]) as prom,
+    ):
         prom.wait_for("nvidia_smi_xid_errors_total", timeout=60)
         prom.wait_for("count_over_time(nvidia_smi_energy_joules_total[1m]) > 2", timeout=60)
+        prom.wait_for("nvidia_smi_fan_speed_ratio", timeout=60)
         (job,) = label_values(prom, JOB_QUERY)
-        (node,) = label_values(prom, NODE_QUERY.replace("$job", job))
-        assert node == target
-        gpus = query_result(prom, substitute(GPU_QUERY, {"job": job, "node": node}), GPU_REGEX)
-        assert len(gpus) == 2 and all(re.fullmatch(r"[0-9a-f-]{36}", g) for g in gpus)
-        info = {r["metric"]["uuid"]: r["metric"]["index"] for r in prom.query("nvidia_smi_gpu_info")}
-        mig_gpu, whole_gpu = sorted(gpus, key=lambda uuid: info[uuid])
-        empty: dict[str, list[str]] = {mig_gpu: [], whole_gpu: []}
-        for gpu in gpus:
-            for expr in DASHBOARD_EXPRESSIONS:
-                if not prom.query(substitute(expr, {"job": job, "node": node, "gpu": gpu})):
-                    empty[gpu].append(expr)
-        assert [e for e in empty[whole_gpu] if not e.startswith("(nvidia_smi_mig_")] == [FAN_SERIES]
-        assert [e for e in empty[mig_gpu] if e.startswith("(nvidia_smi_mig_")] == []
+        assert label_values(prom, NODE_QUERY.replace("$job", job)) == sorted([target, ws_target])
+        empty: dict[tuple[str, str], list[str]] = {}
+        for node in (target, ws_target):
+            gpus = query_result(prom, substitute(GPU_QUERY, {"job": job, "node": node}), GPU_REGEX)
+            assert len(gpus) == (2 if node == target else 1)
+            assert all(re.fullmatch(r"[0-9a-f-]{36}", g) for g in gpus)
+            for gpu in gpus:
+                values = {"job": job, "node": node, "gpu": gpu}
+                empty[(node, gpu)] = [
+                    e for e in DASHBOARD_EXPRESSIONS if not prom.query(substitute(e, values))
+                ]
+        info = {
+            r["metric"]["uuid"]: r["metric"]["index"]
+            for r in prom.query(f'nvidia_smi_gpu_info{{instance="{target}"}}')
+        }
+        mig_gpu, whole_gpu = sorted(info, key=lambda uuid: info[uuid])
+        (ws_gpu,) = [gpu for node, gpu in empty if node == ws_target]
+        assert [e for e in empty[(target, whole_gpu)] if not e.startswith("(nvidia_smi_mig_")] == [FAN_SERIES]
+        assert [e for e in empty[(target, mig_gpu)] if e.startswith("(nvidia_smi_mig_")] == []
+        assert FAN_SERIES not in empty[(ws_target, ws_gpu)]  # its fan, where the HGX has none
         never = [e for e in DASHBOARD_EXPRESSIONS if all(e in found for found in empty.values())]
-        assert never == [FAN_SERIES]
-        fan_stat = substitute(DASHBOARD_EXPRESSIONS[8], {"job": job, "node": node, "gpu": whole_gpu})
+        assert never == []  # every panel of the dashboard, unedited, shows data for some GPU
+        fan_stat = substitute(DASHBOARD_EXPRESSIONS[8], {"job": job, "node": target, "gpu": whole_gpu})
         assert float(prom.query(fan_stat)[0]["value"][1]) == -1  # the stat panel's "N/A"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulens.sim.scenario import list_builtin
+from gpulens.sim.scenario import SlurmJob, list_builtin, load_scenario
 from tests.exporter.expo import samples
 from tests.exporter.scenario_run import normalise, scenario_exposition
 from tests.support.procs import unavailable
@@ -90,7 +90,8 @@ def test_openmetrics_output_passes_the_strict_parser(scenario: str, compat: str,
     assert om_samples == text_samples
     if compat:
         assert any(f.name.startswith("DCGM_FI_") for f in families)
-        assert any(f.name == "nvidia_gpu_jobId" for f in families) == (scenario != "k8s-a100-mixed")
+        slurm = any(isinstance(p.job, SlurmJob) for p in load_scenario(scenario).processes)
+        assert any(f.name == "nvidia_gpu_jobId" for f in families) == slurm  # jobstats: Slurm jobs
 
 
 def test_docs_metrics_md_lists_every_exported_family() -> None:
