@@ -147,13 +147,15 @@ lint: venv typecheck
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# mypy over the installed package names: a tree of links maps exporter/ -> gpulens/exporter etc.
+# mypy over the installed package names and the tests: a tree of links maps exporter/ ->
+# gpulens/exporter etc., and tests/ beside it (the tests import gpulens.* and tests.*)
 TYPECHECK_TREE := build/typecheck/gpulens
 typecheck: venv
 	@rm -rf $(dir $(TYPECHECK_TREE)) && mkdir -p $(TYPECHECK_TREE)
 	@for p in src/gpulens/*; do ln -s "$(CURDIR)/$$p" $(TYPECHECK_TREE)/; done
 	@for p in exporter analyzer dashboards sim remediate mixin devtools; do ln -s "$(CURDIR)/$$p" $(TYPECHECK_TREE)/$$p; done
-	cd $(dir $(TYPECHECK_TREE)) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml gpulens
+	@ln -s "$(CURDIR)/tests" $(dir $(TYPECHECK_TREE))tests
+	cd $(dir $(TYPECHECK_TREE)) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml gpulens tests
 
 format: venv
 	$(BIN)/ruff format .

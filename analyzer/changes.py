@@ -13,6 +13,7 @@ GPU the plan frees is always a `change`: the freed GPU has no action behind it o
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from typing import Any
 
 import pandas as pd
@@ -44,13 +45,15 @@ def apply_moves(recs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     per job and column rebuilds a whole Arrow-backed column, which made this quadratic in the jobs
     (minutes for 10,000 jobs with a few thousand moved)."""
     recs = recs.assign(kept_by_plan=False)
-    rows: dict[str, list] = {}
+    rows: dict[str, list[Hashable]] = {}
     for label, job in zip(recs.index, recs["job_id"].tolist(), strict=True):
         rows.setdefault(job, []).append(label)
     reasons = dict(zip(recs.index, recs["reason"].tolist(), strict=True))
-    updates: dict[str, dict] = {}  # column -> {row label: value}, in the order the columns appear
+    updates: dict[
+        str, dict[Hashable, object]
+    ] = {}  # column -> {row label: value}, in the order the columns appear
 
-    def put(column: str, labels: list, value: object) -> None:
+    def put(column: str, labels: list[Hashable], value: object) -> None:
         target = updates.setdefault(column, {})
         for label in labels:
             target[label] = value
@@ -84,7 +87,7 @@ def apply_moves(recs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
             continue
         # a scalar write per distinct value, as before (a list holding None cannot go into a float
         # column; a scalar None becomes NaN there); keyed by type too, since True == 1 == 1.0
-        groups: dict[tuple[str, object], list] = {}
+        groups: dict[tuple[str, object], list[Hashable]] = {}
         for label, value in values.items():
             try:
                 groups.setdefault((type(value).__name__, value), []).append(label)

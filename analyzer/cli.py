@@ -465,7 +465,7 @@ def cmd_import_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the analyzer's four subcommands."""
     p = subparsers.add_parser("profile", help="per-job GPU usage profiles")
     _source_args(p)

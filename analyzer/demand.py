@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -82,6 +83,37 @@ def binned(times: np.ndarray, values: np.ndarray, bin_s: float) -> Series | None
     return Series(first, out)
 
 
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True)
+class ActiveHours:
+    """How many clock hours of a job's lifetime saw it use the GPU at all (activity above zero)."""
+
+    active: int
+    hours: int
+
+    @property
+    def fraction(self) -> float:
+        return self.active / self.hours if self.hours else math.nan
+
+
+def active_hours(series: Series | None, bin_s: float) -> ActiveHours | None:
+    """Clock hours (k - 1) x 3600 < t <= k x 3600 from the job's first bin to its last, and those
+    in which a bin holds activity above zero (a bin belongs to the hour its end falls in).
+
+    Read from the per-bin series both sources already agree on (the file path, raw PromQL and the
+    recording rules), so the figure needs no query of its own and is the same on every path. An
+    hour without a sample (a gap) counts in the lifetime, not as active. None without a series."""
+    if series is None or not len(series.values):
+        return None
+    ends = np.arange(series.first, series.last, dtype=np.int64) * bin_s
+    hour = np.ceil(ends / HOUR_S - 1e-9).astype(np.int64)  # non-decreasing: count the changes
+    busy = hour[series.values > 0]
+    active = 1 + int(np.count_nonzero(np.diff(busy))) if len(busy) else 0
+    return ActiveHours(active, 1 + int(np.count_nonzero(np.diff(hour))))
+
+
 @dataclass(frozen=True, eq=False)
 class Demand:
     """Every job's series of one analysis (job_id -> series; a job may lack either)."""
@@ -90,7 +122,7 @@ class Demand:
     sm: Mapping[str, Series] = field(default_factory=dict)
     dram: Mapping[str, Series] = field(default_factory=dict)
 
-    def __deepcopy__(self, memo: dict) -> Demand:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Demand:
         # immutable: pandas deep-copies `attrs` on most operations, which must not copy ~80 MB
         return self
 

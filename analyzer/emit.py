@@ -28,6 +28,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, SupportsInt, cast
 
 import yaml
 
@@ -171,30 +172,32 @@ def _is_mig(gpu: PlacedGpu) -> bool:
     return gpu.entry.get("sharing") == "mig" and bool(gpu.entry.get("mig_layout"))
 
 
-def mig_parted_spec(placement: Placement, mig_now: set[str], delta: Changes) -> tuple[dict, dict[str, str]]:
+def mig_parted_spec(
+    placement: Placement, mig_now: set[str], delta: Changes
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The spec, and host -> config name for changed hosts whose changed GPUs have or had MIG.
 
     A host's config lists only the GPUs the plan changes: a GPU left as it is is in no entry, so
     mig-parted leaves its MIG mode and instances alone; a MIG GPU the plan empties is cleared
     (`mig-enabled: false`), as Slurm's and the device plugin's files then describe it.
     """
-    configs: dict[str, list[dict]] = {"all-disabled": [{"devices": "all", "mig-enabled": False}]}
+    configs: dict[str, list[dict[str, Any]]] = {"all-disabled": [{"devices": "all", "mig-enabled": False}]}
     names: dict[str, str] = {}
     for host in placement.inventory.hosts():
         placed = [g for g in placement.on(host) if delta.changed(g.uuid)]
         freed = delta.freed_mig(host, placement)
         if not freed and not any(_is_mig(g) or g.uuid in mig_now for g in placed):
             continue
-        geometries: dict[tuple, list[int]] = {}
+        geometries: dict[tuple[str, tuple[tuple[str, int], ...]], list[int]] = {}
         whole: list[int] = [s.index for s in freed]
         for gpu in placed:
             if _is_mig(gpu):
                 geometries.setdefault((gpu.model, tuple(_mig_counts(gpu).items())), []).append(gpu.index)
             elif gpu.uuid in mig_now or not delta.known:  # unknown: say it is no MIG GPU
                 whole.append(gpu.index)
-        entries: list[dict] = []
+        entries: list[dict[str, Any]] = []
         for (model_name, counts), indices in sorted(geometries.items(), key=lambda kv: kv[1]):
-            entry: dict = {}
+            entry: dict[str, Any] = {}
             model = _model(model_name)
             if model is not None:
                 entry["device-filter"] = [f"0x{model.pci_device_id:08X}"]
@@ -215,7 +218,7 @@ def _concurrent(gpu: PlacedGpu, windows: Mapping[str, tuple[float, float]]) -> i
     return max(2, fleet.concurrent_jobs(gpu.entry, windows))
 
 
-def _plugin_config(kind: str, replicas: int, mig: bool) -> dict:
+def _plugin_config(kind: str, replicas: int, mig: bool) -> dict[str, Any]:
     block = {
         "failRequestsGreaterThanOne": True,
         "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
@@ -244,7 +247,7 @@ def _mig_after(gpu: PlacedGpu, delta: Changes) -> bool:
 
 def device_plugin_configs(
     placement: Placement, windows: Mapping[str, tuple[float, float]], delta: Changes
-) -> tuple[dict[str, dict], dict[str, str], list[Adjustment], list[str]]:
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], list[Adjustment], list[str]]:
     """ConfigMap data (key -> config), host -> key, adjustments and notes for changed Kubernetes hosts.
 
     A node's config follows what its GPUs need after the plan (a GPU left as it is keeps its own
@@ -252,7 +255,7 @@ def device_plugin_configs(
     -> MPS with replicas = most clients on one GPU, unless a client is planned above the equal
     split; anything else shared (time-slicing, MPS beside MIG or whole GPUs) -> time-slicing.
     """
-    data: dict[str, dict] = {DEFAULT_CONFIG: {"version": "v1", "flags": {"migStrategy": "none"}}}
+    data: dict[str, dict[str, Any]] = {DEFAULT_CONFIG: {"version": "v1", "flags": {"migStrategy": "none"}}}
     chosen: dict[str, str] = {}
     adjustments: list[Adjustment] = []
     notes: list[str] = []
@@ -338,7 +341,7 @@ def device_plugin_configs(
     return data, chosen, adjustments, notes
 
 
-def configmap_text(data: Mapping[str, dict]) -> str:
+def configmap_text(data: Mapping[str, dict[str, Any]]) -> str:
     doc = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -366,7 +369,7 @@ def labels_text(chosen: Mapping[str, str], mig_names: Mapping[str, str]) -> str:
 
 
 def _mps_pct(client: Mapping[str, object]) -> int:
-    return int(client.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") or 0)  # type: ignore[call-overload]
+    return int(cast("SupportsInt | str", client.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") or 0))
 
 
 def _mig_instances_after(gpu: PlacedGpu, delta: Changes) -> dict[str, int]:

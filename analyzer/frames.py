@@ -41,7 +41,8 @@ def _tuples(frame: pd.DataFrame, boxed: bool = False) -> Iterator[tuple[Any, ...
 def rows(frame: pd.DataFrame, name: str = "Pandas") -> Iterator[Any]:
     """`frame.itertuples(index=False, name=name)`: one namedtuple per row, fields renamed as there."""
     if not _plain(frame):
-        return frame.itertuples(index=False, name=name)
+        tuples: Iterator[Any] = frame.itertuples(index=False, name=name)
+        return tuples
     row = namedtuple(name, [str(c) for c in frame.columns], rename=True)  # type: ignore[misc]
     return map(row._make, _tuples(frame))
 
@@ -49,6 +50,7 @@ def rows(frame: pd.DataFrame, name: str = "Pandas") -> Iterator[Any]:
 def records(frame: pd.DataFrame) -> list[dict[Any, Any]]:
     """`frame.to_dict("records")`: one dict per row, keyed by column."""
     if not _plain(frame):
-        return frame.to_dict("records")
+        dicts: list[dict[Any, Any]] = frame.to_dict("records")
+        return dicts
     keys = list(frame.columns)
     return [dict(zip(keys, values, strict=True)) for values in _tuples(frame, boxed=True)]

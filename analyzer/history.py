@@ -146,7 +146,7 @@ class HistoryWriter:
         self.out_dir = Path(out_dir)
         self.meta = dict(meta)
         self.flush_rows = flush_rows
-        self._columns: dict[str, list] = {name: [] for name in SCHEMA.names}
+        self._columns: dict[str, list[object]] = {name: [] for name in SCHEMA.names}
         self._rows = 0
         self._families: set[str] = set()
         self._tmin = math.inf
@@ -349,7 +349,7 @@ def read_openmetrics(path: Path) -> pd.DataFrame:
     """The long table from an OpenMetrics file with timestamps (input fallback when no Parquet)."""
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-    rows: dict[str, list] = {name: [] for name in SCHEMA.names}
+    rows: dict[str, list[object]] = {name: [] for name in SCHEMA.names}
     try:
         for family in text_string_to_metric_families(read_text(path)):
             for sample in family.samples:

@@ -160,7 +160,7 @@ class PlacedGpu:
     uuid: str
     model: str
     family: Family
-    entry: dict
+    entry: dict[str, Any]
 
     @property
     def jobs(self) -> list[str]:
@@ -224,7 +224,7 @@ def _constrained(inventory: Inventory, host: str) -> bool:
 
 
 def place(
-    layout: Iterable[dict],
+    layout: Iterable[dict[str, Any]],
     inventory: Inventory,
     job_uuids: Mapping[str, Iterable[str]],
     windows: Mapping[str, tuple[float, float]] | None = None,
@@ -236,13 +236,13 @@ def place(
     host_family: dict[str, Family] = {}
     placement = Placement(inventory, [])
 
-    def take(slot: GpuSlot, entry: dict, family: Family) -> None:
+    def take(slot: GpuSlot, entry: dict[str, Any], family: Family) -> None:
         free[slot.host].remove(slot)
         if family is not Family.UNCHANGED and _constrained(inventory, slot.host):
             host_family.setdefault(slot.host, family)
         placement.gpus.append(PlacedGpu(slot.host, slot.index, slot.uuid, slot.model, family, entry))
 
-    entries: list[tuple[dict, Family]] = []
+    entries: list[tuple[dict[str, Any], Family]] = []
     for entry in layout:
         family = _family(entry)
         if family in (Family.MPS, Family.TIME_SLICING) and concurrent_jobs(entry, windows) < 2:
@@ -291,7 +291,9 @@ def place(
                 take(slot, {**entry, "sharing": "unchanged", "uuid": slot.uuid}, Family.UNCHANGED)
             continue
 
-        def rank(host: str, fam: Family = family, near: Counter[str] = preferred) -> tuple:
+        def rank(
+            host: str, fam: Family = family, near: Counter[str] = preferred
+        ) -> tuple[bool, int, int, list[int]]:
             # Kubernetes nodes: one sharing family per node where the fleet allows it
             same = not _constrained(inventory, host) or host_family.get(host, fam) in (fam, Family.UNCHANGED)
             return (same, near.get(host, 0), len(free[host]), [-ord(c) for c in host])

@@ -170,7 +170,9 @@ def _times(frame: pd.DataFrame, column: str, path: Path, offset: float = 0.0) ->
         )
 
 
-def import_genai_2026(src: Path, out: Path, model: GpuModel, limits: InputLimits | None = None) -> dict:
+def import_genai_2026(
+    src: Path, out: Path, model: GpuModel, limits: InputLimits | None = None
+) -> dict[str, Any]:
     """Per-pod utilisation and memory -> a usage history on `model`; returns meta."""
     limits = InputLimits() if limits is None else limits
     dropped = Dropped()
@@ -253,7 +255,7 @@ def import_genai_2026(src: Path, out: Path, model: GpuModel, limits: InputLimits
     return meta
 
 
-def import_gpu_v2023(src: Path, out: Path, limits: InputLimits | None = None) -> dict:
+def import_gpu_v2023(src: Path, out: Path, limits: InputLimits | None = None) -> dict[str, Any]:
     """GPU requests per pod and GPUs per node -> a requests history; returns meta."""
     limits = InputLimits() if limits is None else limits
     dropped = Dropped()
@@ -360,7 +362,7 @@ def import_gpu_v2023(src: Path, out: Path, limits: InputLimits | None = None) ->
 
 def import_trace(
     name: str, src: str | Path, out: str | Path, model: GpuModel | None, limits: InputLimits | None = None
-) -> dict:
+) -> dict[str, Any]:
     """Dispatch by trace name; `model` is required for traces that do not name the GPU."""
     source = Path(src)
     if not source.exists():

@@ -170,9 +170,9 @@ def analyze_profiles(
     profiles: pd.DataFrame,
     th: Thresholds,
     source: str,
-    meta: dict | None = None,
+    meta: dict[str, Any] | None = None,
     with_archetypes: bool = True,
-    gpus: list[dict] | None = None,
+    gpus: list[dict[str, Any]] | None = None,
     fleet: list[FleetGpu] | None = None,
     topology: Topology | None = None,
     serving_table: serving.Table | None = None,
@@ -207,7 +207,9 @@ def analyze_profiles(
     )
 
 
-def _emit_context(recs: pd.DataFrame, gpus: list[dict] | None, fleet: list[FleetGpu] | None) -> FleetContext:
+def _emit_context(
+    recs: pd.DataFrame, gpus: list[dict[str, Any]] | None, fleet: list[FleetGpu] | None
+) -> FleetContext:
     """The inventory emit places the plan on: `gpu_info` rows when given, else the fleet's GPUs."""
     rows = frames.records(recs[[c for c in EMIT_COLUMNS if c in recs]])
     if gpus is None and fleet:
@@ -243,7 +245,7 @@ def analyze_history(
     )
 
 
-def gpu_info_rows(history: History) -> list[dict]:
+def gpu_info_rows(history: History) -> list[dict[str, Any]]:
     """One row per GPU of the history's `gpu_info` (uuid, model, instance, gpu index): the
     inventory emit places the plan on, idle GPUs included."""
     if history.families is not None:
@@ -257,4 +259,5 @@ def gpu_info_rows(history: History) -> list[dict]:
     # ~2 s and set the file path's peak memory; str() is one-to-one on the uuids, so the kept rows
     # are the same
     last = frame[columns].drop_duplicates("uuid", keep="last")
-    return last.astype(str).to_dict("records")
+    rows: list[dict[str, Any]] = last.astype(str).to_dict("records")
+    return rows

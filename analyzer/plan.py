@@ -14,7 +14,10 @@
    way there) or stays on a whole GPU. The packing is done twice, from scratch and in place (jobs
    that already share a GPU stay together on it, the others join; GPUs that empty into others go);
    per GPU model the fewest GPUs win, then the fewest jobs moved, so a plan never moves a job
-   for nothing.
+   for nothing. Where a cheap lower bound says another choice of the jobs' modes (`modes`: MIG
+   slice, MPS cap, time-slicing, each sized by recommend.py's rules) could need fewer GPUs, the
+   packer also chooses the modes (`_joint_packings`: all-MPS, all-MIG, and a first fit over every
+   mode of each job) and those packings compete too; the fit tests judge every placement.
 3. **account**: GPUs before = every GPU of the inventory (`gpu_info` over the window, idle GPUs
    included); the plan never uses more GPUs of a model than the fleet has: jobs moved to a model
    without room go back to their own, and a model whose packing would need more GPUs than it has
@@ -51,15 +54,17 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, SupportsInt, cast
 
 import pandas as pd
 
-from gpulens.analyzer import demand, forked, fragmentation, frames
+from gpulens.analyzer import demand, forked, fragmentation, frames, modes
 from gpulens.analyzer.freetime import Capacity, FreeTime, set_bits
 from gpulens.analyzer.instantload import COLUMNS, InstantLoad
 from gpulens.analyzer.kinds import SHARED, WHOLE, Kind
+from gpulens.analyzer.modes import Mode
 from gpulens.analyzer.profile import FleetGpu
-from gpulens.analyzer.recommend import mps_settings
+from gpulens.analyzer.recommend import memory_need, mps_settings
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.analyzer.topology import Tier, Topology, best_set
 from gpulens.catalog import CatalogError, GpuModel, model_for_nvml_name, place_mig_layout
@@ -93,10 +98,13 @@ class Item:
     thread_pct: int | None = None
     memory_limit: int | None = None
     device_memory: float = math.inf  # a model the catalog does not know: its memory from the data
+    unsized: bool = False  # too little data to size: packed whole over its lifetime, not resized
     # per-bin SM demand / DRAM activity as shares of the whole GPU (`demand`); None: not measured,
     # the percentile sums decide for it (module docstring)
     sm_series: demand.Series | None = None
     dram_series: demand.Series | None = None
+    # its recommended mode first, then the others it fits (`modes.modes_of`); () = only its own
+    modes: tuple[Mode, ...] = ()
 
 
 @dataclass
@@ -108,7 +116,7 @@ class GpuBin:
     mode: str  # a Kind value, or "unchanged"
     items: list[Item] = field(default_factory=list)
     node_group: str = ""
-    mig_layout: list[dict] = field(default_factory=list)
+    mig_layout: list[dict[str, Any]] = field(default_factory=list)
     original_uuid: str = ""
     node: str = ""
 
@@ -189,17 +197,21 @@ class Plan:
     utilization_before: float
     utilization_after: float
     window_hours: float
-    layout: list[dict]
-    node_groups: dict[str, dict]
+    layout: list[dict[str, Any]]
+    node_groups: dict[str, dict[str, Any]]
     notes: list[str] = field(default_factory=list)
-    moved: dict[str, dict] = field(default_factory=dict)  # jobs the plan changed: their new settings
-    freed: list[dict] = field(default_factory=list)  # GPUs the plan gives back: node, uuid, model, why
+    moved: dict[str, dict[str, Any]] = field(
+        default_factory=dict
+    )  # jobs the plan changed: their new settings
+    freed: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # GPUs the plan gives back: node, uuid, model, why
     # per request size (1, 2, 4, 8 GPUs of one node): how many the free GPUs hold now and after
-    room: list[dict] = field(default_factory=list)
+    room: list[dict[str, Any]] = field(default_factory=list)
     # FGD: free GPUs the fleet's task mix cannot use (too few on their node), now and after
     fragmented_gpus: dict[str, float] = field(default_factory=dict)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """`dataclasses.asdict(self)`: the same copy, walked without its generic recursion (its
         deepcopy of every leaf cost ~0.35 s for a 10,000-job plan)."""
         return {f.name: _copied(getattr(self, f.name)) for f in fields(self)}
@@ -247,7 +259,7 @@ def _int_or_none(value: object) -> int | None:
     """Integer settings from a DataFrame column that may hold NaN/None."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
-    return int(value)  # type: ignore[call-overload]
+    return int(cast(SupportsInt, value))  # a number (numpy's included) once NaN/None are out
 
 
 def _num(value: object) -> float:
@@ -283,6 +295,7 @@ def _unsized(row: object, margin: float) -> Item:
     return Item(
         job_id=str(row.job_id),  # type: ignore[attr-defined]
         kind=Kind.EXCLUSIVE.value,
+        unsized=True,
         model=str(row.gpu_model),  # type: ignore[attr-defined]
         start=start,
         end=end,
@@ -317,6 +330,13 @@ def _items(recs: pd.DataFrame, th: Thresholds) -> list[Item]:
         load = _num(row.gpu_hours_used) / (row.duration_s / 3600.0) / max(gpus, 1) if row.duration_s else 0.0
         known = model_for_nvml_name(str(row.gpu_model))
         scale = _num(row.device_sms) / known.sm_count if known and _num(row.device_sms) else 1.0
+        memory = _num(row.memory_need_bytes)
+        held = _num(getattr(row, "memory_peak_bytes", math.nan))
+        if kind == Kind.TIME_SLICING and not math.isnan(held):
+            # nothing enforces memory between time-sliced jobs: a server sized from its KV use
+            # (whose advice lowers --gpu-memory-utilization) is packed at what it holds now, so the
+            # GPU stays safe until, and unless, someone applies that advice
+            memory = max(memory, memory_need(held, th))
         items.append(
             Item(
                 job_id=row.job_id,
@@ -325,7 +345,7 @@ def _items(recs: pd.DataFrame, th: Thresholds) -> list[Item]:
                 start=start,
                 end=end,
                 gpus=gpus,
-                memory=_num(row.memory_need_bytes),
+                memory=memory,
                 sm=min(_num(row.sm_fraction), 1.0),
                 load=0.0 if math.isnan(load) else float(load),
                 used_hours=_num(row.gpu_hours_used),
@@ -342,6 +362,7 @@ def _items(recs: pd.DataFrame, th: Thresholds) -> list[Item]:
                 device_memory=_num(row.device_memory_bytes) or math.inf,
                 sm_series=_scaled(series.sm.get(str(row.job_id)), scale),
                 dram_series=_scaled(series.dram.get(str(row.job_id)), scale),
+                modes=modes.modes_of(row, th),
             )
         )
     return items
@@ -698,7 +719,7 @@ def _take_partner(gpu: GpuBin, bins: list[GpuBin], th: Thresholds) -> bool:
     return False
 
 
-def _join_other(gpu: GpuBin, bins: list[GpuBin], removed: set[int], th: Thresholds) -> dict | None:
+def _join_other(gpu: GpuBin, bins: list[GpuBin], removed: set[int], th: Thresholds) -> dict[str, Any] | None:
     """A lone sharer joins another GPU of its model in another mode; returns its new settings."""
     item = gpu.items[0]
     model = model_for_nvml_name(gpu.model)
@@ -726,7 +747,7 @@ def _join_other(gpu: GpuBin, bins: list[GpuBin], removed: set[int], th: Threshol
                 candidate.memory_limit,
             )
             other.items.append(item)
-            change: dict = {"recommendation": other.mode}
+            change: dict[str, Any] = {"recommendation": other.mode}
             if other.mode == Kind.MPS:
                 change.update(
                     mps_active_thread_percentage=item.thread_pct,
@@ -736,11 +757,11 @@ def _join_other(gpu: GpuBin, bins: list[GpuBin], removed: set[int], th: Threshol
     return None
 
 
-def settle_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBin], dict[str, dict]]:
+def settle_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBin], dict[str, dict[str, Any]]]:
     """No GPU is shared (MPS, time-slicing, MIG) by a single job: it joins another GPU (one GPU
     fewer), takes a partner that does not run that way already, or stays whole (a job already on
     a MIG slice keeps its slice)."""
-    moved: dict[str, dict] = {}
+    moved: dict[str, dict[str, Any]] = {}
     removed: set[int] = set()
     for gpu in bins:
         if (gpu.mode not in SHARED and gpu.mode != Kind.MIG) or len(gpu.items) != 1 or id(gpu) in removed:
@@ -766,13 +787,147 @@ def settle_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBin
 
 
 def _moves(bins: list[GpuBin]) -> int:
-    """Jobs a packing takes off the GPU they run on now: each GPU lands where most of its jobs are."""
+    """Jobs a packing takes off the GPU they run on now (each GPU lands where most of its jobs
+    are) or runs in another mode than the one recommended (it restarts as well)."""
     out = 0
     for gpu in bins:
         votes = Counter(u for i in gpu.items for u in i.origin_uuids)
         home = votes.most_common(1)[0][0] if votes else ""
-        out += sum(1 for i in gpu.items if home not in i.origin_uuids)
+        out += sum(1 for i in gpu.items if home not in i.origin_uuids or _mode_changed(i))
     return out
+
+
+def _mode_of(item: Item) -> Mode:
+    """The mode `item` is packed in, with that mode's settings."""
+    kind = Kind(item.kind)
+    if kind == Kind.MIG:
+        return Mode(kind, mig_profile=item.mig_profile)
+    if kind == Kind.MPS:
+        return Mode(kind, thread_pct=item.thread_pct, memory_limit=item.memory_limit)
+    return Mode(kind)
+
+
+def _mode_changed(item: Item) -> bool:
+    return bool(item.modes) and _mode_of(item) != item.modes[0]
+
+
+def _as_mode(item: Item, mode: Mode) -> Item:
+    """A copy of `item` packed in `mode` (a slice it leaves stays its way back as a lone sharer)."""
+    own = item.modes[0] if item.modes else None
+    return replace(
+        item,
+        kind=mode.kind.value,
+        mig_profile=mode.mig_profile,
+        thread_pct=mode.thread_pct,
+        memory_limit=mode.memory_limit,
+        mig_alternative=own.mig_profile if own is not None and own.kind == Kind.MIG else item.mig_alternative,
+    )
+
+
+def _gpu_fraction(item: Item, model: GpuModel | None) -> float:
+    """The share of one GPU `item` occupies in its mode, as recommend.py's `gpu_fraction` counts
+    it: MPS its memory or thread cap, MIG its slice's memory or compute slices, time-slicing its
+    memory, else the whole GPU."""
+    total = model.memory_bytes if model else item.device_memory
+    memory = min(1.0, item.memory / total) if total else 1.0
+    if item.kind == Kind.MPS:
+        return max(memory, (item.thread_pct or 100) / 100)
+    if item.kind == Kind.MIG and model is not None and item.mig_profile:
+        profile = model.mig_profile(item.mig_profile)
+        return max(profile.compute_slices / model.compute_slices, profile.memory_slices / model.memory_slices)
+    if item.kind == Kind.TIME_SLICING:
+        return memory
+    return 1.0
+
+
+def _footprint(item: Item, model: GpuModel | None, th: Thresholds) -> float:
+    """`_gpu_fraction`, and for time-slicing also its replica and mean-load shares: the order of
+    the joint first fit, and the mode in which a job that fits no GPU opens one."""
+    if item.kind == Kind.TIME_SLICING:
+        replicas = 1 / max(th.time_slicing.max_replicas, 1)
+        return max(_gpu_fraction(item, model), replicas, item.load / max(th.plan.max_gpu_load, 1e-9))
+    return _gpu_fraction(item, model)
+
+
+# jobs of one model up to which the joint first fit (every mode of every job against every GPU,
+# with `fits` alone: quadratic) runs; above it only the one-mode-for-all packings are tried
+JOINT_MAX_ITEMS = 400
+
+
+def pack_joint(items: list[Item], th: Thresholds) -> list[GpuBin]:
+    """First-fit decreasing that chooses each job's mode as it goes: a job joins the first GPU
+    that one of its modes fits (`fits`: the same safety line as `pack`), else opens a GPU in the
+    mode where it takes least of one. Whole-GPU jobs are packed by `pack`."""
+    whole = [i for i in items if i.kind in WHOLE or i.kind == Kind.EXCLUSIVE or i.gpus != 1]
+    shared = [i for i in items if not (i.kind in WHOLE or i.kind == Kind.EXCLUSIVE or i.gpus != 1)]
+    bins = pack(whole, th)
+    counters = Counter(b.model for b in bins)
+    opened: dict[str, list[GpuBin]] = {}
+    variants = {id(i): [_as_mode(i, m) for m in i.modes] or [i] for i in shared}  # the recommended mode first
+    catalog = {i.model: model_for_nvml_name(i.model) for i in shared}
+
+    def smallest(item: Item) -> float:
+        return min(_footprint(v, catalog[item.model], th) for v in variants[id(item)])
+
+    for item in sorted(shared, key=lambda i: (i.model, -smallest(i), i.start, i.job_id)):
+        model, mine = catalog[item.model], variants[id(item)]
+        target = next(
+            (
+                (gpu, v)
+                for gpu in opened.get(item.model, [])
+                for v in mine
+                if gpu.mode == v.kind and fits(gpu, v, model, th)
+            ),
+            None,
+        )
+        if target is None:
+            v = min(mine, key=lambda v: _footprint(v, model, th))  # the first on a tie
+            counters[item.model] += 1
+            gpu = GpuBin(name=f"{item.model}#{counters[item.model]}", model=item.model, mode=v.kind)
+            opened.setdefault(item.model, []).append(gpu)
+            bins.append(gpu)
+            target = (gpu, v)
+        target[0].items.append(target[1])
+    return bins
+
+
+def _joint_changes(bins: list[GpuBin], baseline: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """The new settings of every job a joint packing runs in another mode than recommended, with
+    the GPU counts that justify it."""
+    count = Counter(b.model for b in bins)
+    out: dict[str, dict[str, Any]] = {}
+    for gpu in bins:
+        model = model_for_nvml_name(gpu.model)
+        for item in gpu.items:
+            if not _mode_changed(item) or item.kind not in (Kind.MPS, Kind.MIG, Kind.TIME_SLICING):
+                continue
+            own, now = item.modes[0], _mode_of(item)
+            change: dict[str, Any] = {"recommendation": now.kind.value}
+            if now.kind == Kind.MPS:
+                change.update(
+                    mps_active_thread_percentage=now.thread_pct,
+                    mps_pinned_memory_limit_bytes=now.memory_limit,
+                    mig_alternative=own.mig_profile or item.mig_alternative,
+                )
+            if now.kind == Kind.MIG:
+                change["mig_profile"] = now.mig_profile
+            change["gpu_fraction"] = _gpu_fraction(item, model)
+            change["note"] = (
+                f"modes chosen jointly: as {_describe(now)} instead of {_describe(own)}, the "
+                f"{gpu.model} jobs fit {count[gpu.model]} GPU(s), {baseline.get(gpu.model, 0)} "
+                "with each job's recommended mode"
+            )
+            out[item.job_id] = change
+    return out
+
+
+def _describe(mode: Mode) -> str:
+    if mode.kind == Kind.MPS:
+        limit = f", {mode.memory_limit / 1024**3:.1f} GiB pinned limit" if mode.memory_limit else ""
+        return f"MPS ({mode.thread_pct} % threads{limit})"
+    if mode.kind == Kind.MIG:
+        return f"MIG {mode.mig_profile}"
+    return mode.kind.value
 
 
 # jobs from which the packing from scratch runs in a forked child beside the one in place
@@ -780,24 +935,88 @@ def _moves(bins: list[GpuBin]) -> int:
 FORK_MIN_ITEMS = 2_000
 
 
-def _fewest_moves(items: list[Item], th: Thresholds) -> tuple[list[GpuBin], dict[str, dict]]:
-    """Pack twice (first-fit decreasing, and in place) on copies of the items and keep, per GPU
-    model, the packing with the fewest GPUs, then the fewest jobs moved (in place on a tie): a
-    layout that frees nothing more never moves a job, and one model's gain never costs another
+Packing = tuple[list[GpuBin], dict[str, dict[str, Any]]]
+
+
+def _packing(items: list[Item], th: Thresholds, in_place: bool) -> Packing:
+    """`pack` on copies of the items, lone sharers settled."""
+    return settle_lone_sharers(pack([replace(i) for i in items], th, in_place=in_place), th)
+
+
+def _fewest_moves(
+    items: list[Item], th: Thresholds, ceiling: dict[str, int] | None = None
+) -> tuple[list[GpuBin], dict[str, dict[str, Any]]]:
+    """Pack twice (first-fit decreasing, and in place) on copies of the items, each job in its
+    recommended mode, then where it may pay, with the modes chosen jointly (`_joint_packings`;
+    `ceiling`: per model, the GPUs a packing must need fewer of to be used at all), and keep, per
+    GPU model, the packing with the fewest GPUs, then the fewest jobs moved (in place on a tie):
+    a layout that frees nothing more never moves a job, and one model's gain never costs another
     model needless moves."""
-
-    def packing(in_place: bool) -> tuple[list[GpuBin], dict[str, dict]]:
-        return settle_lone_sharers(pack([replace(i) for i in items], th, in_place=in_place), th)
-
-    with forked.start(lambda: packing(False), fork=len(items) >= FORK_MIN_ITEMS) as scratch:
-        in_place = packing(True)
+    with forked.start(lambda: _packing(items, th, False), fork=len(items) >= FORK_MIN_ITEMS) as scratch:
+        in_place = _packing(items, th, True)
         from_scratch = scratch.result()
-    return best_per_model([in_place, from_scratch], {i.job_id: i.model for i in items})
+    packings = [in_place, from_scratch]
+    packings += _joint_packings(items, packings, th, ceiling or {})
+    return best_per_model(packings, {i.job_id: i.model for i in items})
+
+
+def _span(item: Item) -> modes.Span:
+    return modes.Span(item.start, item.end, item.modes or (_mode_of(item),), item.memory)
+
+
+def _joint_packings(
+    items: list[Item], done: list[Packing], th: Thresholds, ceiling: dict[str, int]
+) -> list[Packing]:
+    """Packings of the models where another choice of the jobs' modes could need fewer GPUs:
+    their lower bound (`modes.lower_bound`) below both the fewest GPUs the packings `done` need
+    and the model's `ceiling`. Each such model is packed with every job that has an MPS mode in
+    it, then with every job that has a MIG slice on one (both from scratch and in place), and
+    while it has at most `JOINT_MAX_ITEMS` jobs, with each job's mode chosen as it is placed
+    (`pack_joint`). The fit tests judge every placement, so each packing is as safe as `pack`'s;
+    `best_per_model` keeps a joint packing only for fewer GPUs (or as many with fewer moves)."""
+    fewest: dict[str, int] = {}
+    for bins, _ in done:
+        for model, n in Counter(b.model for b in bins).items():
+            fewest[model] = min(fewest.get(model, n), n)
+    by_model: dict[str, list[Item]] = {}
+    for item in items:
+        by_model.setdefault(item.model, []).append(item)
+    models = {
+        model
+        for model, mine in by_model.items()
+        if any(i.modes for i in mine)
+        and modes.lower_bound(model, map(_span, mine))
+        < min(fewest.get(model, 0), ceiling.get(model, math.inf))
+    }
+    if not models:
+        return []
+    pool = [i for i in items if i.model in models]
+    out: list[Packing] = []
+    for kind in (Kind.MPS, Kind.MIG):
+        chosen = [_choose(i, kind) for i in pool]
+        if all(c is i for c, i in zip(chosen, pool, strict=True)):
+            continue
+        for in_place in (True, False):
+            bins, moved = _packing(chosen, th, in_place)
+            out.append((bins, {**_joint_changes(bins, fewest), **moved}))
+    small = [i for i in pool if len(by_model[i.model]) <= JOINT_MAX_ITEMS]
+    if small:
+        bins, moved = settle_lone_sharers(pack_joint([replace(i) for i in small], th), th)
+        out.append((bins, {**_joint_changes(bins, fewest), **moved}))
+    return out
+
+
+def _choose(item: Item, kind: Kind) -> Item:
+    """`item` in its mode of `kind` when it has one, else as recommended (the item itself)."""
+    if not item.modes or item.modes[0].kind == kind:
+        return item
+    mode = next((m for m in item.modes if m.kind == kind), None)
+    return item if mode is None else _as_mode(item, mode)
 
 
 def best_per_model(
-    packings: list[tuple[list[GpuBin], dict[str, dict]]], model_of: dict[str, str]
-) -> tuple[list[GpuBin], dict[str, dict]]:
+    packings: list[tuple[list[GpuBin], dict[str, dict[str, Any]]]], model_of: dict[str, str]
+) -> tuple[list[GpuBin], dict[str, dict[str, Any]]]:
     """Per GPU model, the bins and lone-sharer changes of the packing with the fewest GPUs of that
     model, then the fewest jobs moved there; the first packing on a tie.
 
@@ -840,7 +1059,7 @@ def hold(recs: pd.DataFrame) -> tuple[pd.DataFrame, list[GpuBin]]:
     return recs[~on_held], _kept_as_they_are(pinned)
 
 
-def held_changes(recs: pd.DataFrame) -> dict[str, dict]:
+def held_changes(recs: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """Jobs on held GPUs that could have been sized: they stay as they run now."""
     movable, _ = hold(recs)
     stay = recs[~recs["job_id"].isin(movable["job_id"])]
@@ -891,10 +1110,12 @@ def _capacity(fleet: Iterable[FleetGpu]) -> dict[str, int]:
     return out
 
 
-def _as_now(row: object) -> dict:
+def _as_now(row: object) -> dict[str, Any]:
     """The settings of a job that stays exactly as it runs now."""
     sharing = str(getattr(row, "sharing", "") or Kind.EXCLUSIVE.value)
-    change: dict = {"recommendation": sharing, "target_gpu_model": None, "kept": True}
+    change: dict[str, Any] = {"recommendation": sharing, "target_gpu_model": None, "kept": True}
+    if getattr(row, "recommendation", None) == Kind.INSUFFICIENT_DATA:
+        change["recommendation"] = Kind.INSUFFICIENT_DATA.value  # stays: too little data to size
     change["mig_profile"] = (getattr(row, "mig_profile_now", "") or None) if sharing == Kind.MIG else None
     if sharing != Kind.MPS:
         change.update(mps_active_thread_percentage=None, mps_pinned_memory_limit_bytes=None)
@@ -903,7 +1124,7 @@ def _as_now(row: object) -> dict:
 
 def account(
     movable: pd.DataFrame, held: list[GpuBin], fleet: list[FleetGpu], th: Thresholds
-) -> tuple[list[GpuBin], dict[str, dict], list[str]]:
+) -> tuple[list[GpuBin], dict[str, dict[str, Any]], list[str]]:
     """Steps 2-3: pack, settle lone sharers and keep every model within the fleet's count."""
     capacity = _capacity(fleet)
     for gpu in held:
@@ -912,9 +1133,10 @@ def account(
     notes: list[str] = []
     kept_models: set[str] = set()
     why: dict[str, str] = {}  # kept model -> why its jobs stay, when packing it gains nothing
-    reverted: dict[str, dict] = {}
+    reverted: dict[str, dict[str, Any]] = {}
     while True:
-        bins, moved = _fewest_moves([i for i in items if i.model not in kept_models], th)
+        packed = [i for i in items if i.model not in kept_models]
+        bins, moved = _fewest_moves(packed, th, _ceiling(packed, capacity))
         used = _capacity(FleetGpu("", b.model, "") for b in bins)
         over = sorted(m for m, n in used.items() if n > capacity.get(m, 0))
         if not over:
@@ -955,12 +1177,32 @@ def account(
             "its jobs stay as they are"
         )
     moved.update(reverted)
+    for item in items:  # a job too short to size keeps its verdict; the plan only places it
+        if item.unsized and item.job_id in moved:
+            moved[item.job_id]["recommendation"] = Kind.INSUFFICIENT_DATA.value
     kept = movable[movable["gpu_model"].isin(kept_models) & (movable["recommendation"] != Kind.RECLAIM)]
     for row in frames.rows(kept):
         moved[str(row.job_id)] = _as_now(row)
         if str(row.gpu_model) in why:
             moved[str(row.job_id)]["note"] = f"{why[str(row.gpu_model)]}: it stays as it runs now"
     return bins + _kept_as_they_are(kept) + held, moved, notes
+
+
+def _ceiling(items: list[Item], capacity: dict[str, int]) -> dict[str, int]:
+    """Per model, the GPUs a packing must need fewer of to be used at all: at most the fleet's
+    count, and fewer than its jobs use now when none moves to or from another model (else
+    `_gainless` keeps them as they are)."""
+    out = {model: n + 1 for model, n in capacity.items()}
+    uses: dict[str, set[str]] = {}
+    crossing: set[str] = set()
+    for item in items:
+        if item.model != item.origin_model:
+            crossing.update((item.model, item.origin_model))
+        uses.setdefault(item.origin_model, set()).update(item.origin_uuids)
+    for model, uuids in uses.items():
+        if model not in crossing and uuids:
+            out[model] = min(out.get(model, len(uuids)), len(uuids))
+    return out
 
 
 def _gainless(items: list[Item], used: dict[str, int], kept: set[str]) -> dict[str, int]:
@@ -1066,7 +1308,7 @@ def _keep_local(
         if any(len(b.items) != 1 for b in members):  # a GPU it shares over time with another job
             continue
         kubernetes = item.source == KUBERNETES
-        best: tuple | None = None
+        best: tuple[tuple[Tier, int, int, str], tuple[str, ...]] | None = None
         for topo in topology.nodes:
             pool = [
                 u
@@ -1077,7 +1319,9 @@ def _keep_local(
                 and (not kubernetes or node_family.get(by_uuid[u].node, "whole") == "whole")
             ]
 
-            def cost(chosen: tuple[str, ...], placed: list[str] = placed, item: Item = item) -> tuple:
+            def cost(
+                chosen: tuple[str, ...], placed: list[str] = placed, item: Item = item
+            ) -> tuple[int, int]:
                 return (-len(set(chosen) & set(item.origin_uuids)), -len(set(chosen) & set(placed)))
 
             chosen = best_set(topo, pool, item.gpus, cost)
@@ -1112,14 +1356,14 @@ def _mig_layouts(bins: list[GpuBin]) -> None:
         ]
 
 
-def _node_groups(bins: list[GpuBin], th: Thresholds) -> dict[str, dict]:
+def _node_groups(bins: list[GpuBin], th: Thresholds) -> dict[str, dict[str, Any]]:
     """Group GPUs into nodes per (model, sharing family): device-plugin sharing is per node."""
     per_node = th.plan.gpus_per_node
     families: dict[tuple[str, str], list[GpuBin]] = {}
     for gpu in bins:
         family = gpu.mode if gpu.mode in SHARED else "whole"
         families.setdefault((gpu.model, family), []).append(gpu)
-    groups: dict[str, dict] = {}
+    groups: dict[str, dict[str, Any]] = {}
     for (model, family), members in sorted(families.items()):
         for n, start in enumerate(range(0, len(members), per_node), start=1):
             name = f"{model.lower()}-{family}-{n}"
@@ -1172,9 +1416,9 @@ def interference(gpu: GpuBin, th: Thresholds) -> dict[str, float | str]:
     return out
 
 
-def _entry(gpu: GpuBin, window_hours: float, th: Thresholds) -> dict:
+def _entry(gpu: GpuBin, window_hours: float, th: Thresholds) -> dict[str, Any]:
     used_hours = sum(i.used_hours / max(i.gpus, 1) for i in gpu.items)
-    entry: dict = {
+    entry: dict[str, Any] = {
         "gpu": gpu.name,
         "model": gpu.model,
         "node_group": gpu.node_group,
@@ -1204,7 +1448,7 @@ def _entry(gpu: GpuBin, window_hours: float, th: Thresholds) -> dict:
     return entry
 
 
-def _freed(fleet: list[FleetGpu], bins: list[GpuBin], recs: pd.DataFrame) -> list[dict]:
+def _freed(fleet: list[FleetGpu], bins: list[GpuBin], recs: pd.DataFrame) -> list[dict[str, Any]]:
     """Inventory GPUs no packed GPU uses, and why they are free."""
     used = {b.original_uuid for b in bins}
     had_jobs = {u for v in recs["uuids"] for u in _uuids(v)}
@@ -1292,7 +1536,7 @@ def _room(
     recs: pd.DataFrame,
     mix: dict[int, float],
     topology: Topology | None,
-) -> tuple[list[dict], dict[str, float]]:
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Requests of each size the free GPUs hold (`fragmentation.placeable`) and FGD's fragmented
     GPUs: now (GPUs no job used in the window) and after the plan (every GPU it leaves free)."""
     used = {b.original_uuid for b in bins}

@@ -63,6 +63,8 @@ PROFILE_COLUMNS = (
     "sm_active_max",
     "idle_fraction",
     "burstiness",
+    "active_hours",  # clock hours with activity above zero (`demand.active_hours`), of ...
+    "lifetime_hours",  # ... the hours from the job's first step to its last
     "memory_signal",
     "memory_peak_bytes",
     "memory_p95_bytes",
@@ -772,7 +774,11 @@ def build_profiles(
     frame = pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))
     if frame.empty:
         raise AnalyzerError("no job has samples in the window: nothing to profile")
-    return demand.attach(frame, job_demand(stats, step_s))
+    series = job_demand(stats, step_s)
+    hours = [demand.active_hours(series.sm.get(job), series.bin_s) for job in frame["job_id"]]
+    frame["active_hours"] = [float(h.active) if h else math.nan for h in hours]
+    frame["lifetime_hours"] = [float(h.hours) if h else math.nan for h in hours]
+    return demand.attach(frame, series)
 
 
 def job_demand(stats: dict[str, JobStats], step_s: float) -> demand.Demand:

@@ -10,7 +10,8 @@ that decided it; thresholds come from `thresholds.yaml`.
    memory alone (exclusive, time-slicing or MPS by memory fit with headroom, never MIG), with a
    note that its compute limits and MIG profiles are unknown.
 2. `reclaim`: allocated and idle (p95 activity and idle fraction both say nothing ran), unless the
-   job was active in most samples (a live, low-traffic server: it is sized and may share).
+   job serves (`serving_note`: its pod's server metrics, activity in most samples, or activity in
+   most clock hours of its lifetime: a live, low-traffic server is sized and may share).
    Then, for a sized job: an exclusive single-GPU job whose memory leaks (`memory_leak`: its
    least-squares memory trend adds up to `leak.min_growth_fraction` of its peak over a run of at
    least `leak.min_hours`; a job whose memory restarts is judged per cycle, `cycle_leak`) stays
@@ -323,14 +324,45 @@ def _too_little_data(v: JobView) -> Recommendation | None:
     )
 
 
+def serving_note(v: JobView) -> str:
+    """Why a job that looks idle by the reclaim thresholds serves all the same (its reason says so;
+    it is sized and may share), or "" (it does not look idle, or it is reclaimed). Taking a live
+    server's GPU away is an outage, keeping a quiet one on a shared GPU costs little."""
+    p95, idle = v.f("sm_active_p95"), v.f("idle_fraction")
+    th = v.th.reclaim
+    if p95 >= th.max_p95 or idle < th.min_idle_fraction:
+        return ""
+    median = v.f("sm_active_p50")
+    # rows of other sources (imported traces, older callers) may lack the hours: never spared by them
+    active, hours = (float(v.row.get(c) or 0.0) for c in ("active_hours", "lifetime_hours"))
+    share = active / hours if hours > 0 else math.nan
+    if serving.serves(v.row):  # its pod's inference server published its metrics all along
+        why = f"its pod publishes {v.row['serving_server']} server metrics"
+    elif median > th.serving_min_median:
+        why = (
+            f"median activity {100 * median:.1f} % > reclaim.serving_min_median "
+            f"{100 * th.serving_min_median:.1f} %"
+        )
+    elif share >= th.serving_min_active_hour_fraction and hours >= th.serving_min_hours:
+        why = (
+            f"active in {int(active)} of {int(hours)} hours (>= reclaim.serving_min_active_hour_fraction "
+            f"{_pct(th.serving_min_active_hour_fraction)}, over at least reclaim.serving_min_hours "
+            f"{th.serving_min_hours:g})"
+        )
+    else:
+        return ""
+    return (
+        f"looks idle (idle in {_pct(idle)} of samples, p95 activity {_pct(p95)}) but {why}: "
+        "a server, not idle; never reclaimed, may share"
+    )
+
+
 def _idle(v: JobView) -> Recommendation | None:
     p95, idle = v.f("sm_active_p95"), v.f("idle_fraction")
     if p95 >= v.th.reclaim.max_p95 or idle < v.th.reclaim.min_idle_fraction:
         return None
-    if serving.serves(v.row):
-        return None  # its pod's inference server published its metrics all along: it serves
-    if v.f("sm_active_p50") > v.th.reclaim.serving_min_median:
-        return None  # active in most samples: it serves (sized and shared below), never reclaimed
+    if serving_note(v):
+        return None  # it serves: sized (and shared) by the rules below, its reason says why
     return v.rec(
         Kind.RECLAIM,
         f"allocated and idle: idle in {_pct(idle)} of samples, p95 activity {_pct(p95)}"
@@ -726,6 +758,7 @@ def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuMod
         if found is not None:
             if found.recommendation not in (Kind.INSUFFICIENT_DATA, Kind.RECLAIM):
                 _flag_leak(found, leak)  # a model the catalog does not know, sized from memory
+                _flag_serving(found, view)
             return found
     sizing = size(view)
     view.sizing = sizing
@@ -739,6 +772,7 @@ def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuMod
         found = sized_rule(view, sizing)
         if found is not None:
             _flag_leak(found, leak)
+            _flag_serving(found, view)
             _serving_advice(found, row, th, sizing)
             return found
     raise AssertionError("the last rule always answers")  # pragma: no cover
@@ -760,6 +794,13 @@ def _serving_advice(found: Recommendation, row: Mapping[str, Any], th: Threshold
         if found.mps_pinned_memory_limit_bytes:
             where += f", held by its {_gib(found.mps_pinned_memory_limit_bytes)} MPS pinned limit"
     found.reason += f"; {kv.reason()}: set {where}"
+
+
+def _flag_serving(found: Recommendation, v: JobView) -> None:
+    """A job spared from `reclaim` because it serves says so in its reason."""
+    note = serving_note(v)
+    if note:
+        found.reason += f"; {note}"
 
 
 def _flag_leak(found: Recommendation, leak: str) -> None:

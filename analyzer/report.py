@@ -16,6 +16,7 @@ import io
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -209,7 +210,7 @@ def _gpu_order(name: str) -> tuple[int, str]:
     return (int(index), "") if index.isdigit() else (1 << 30, name)
 
 
-def _action_text(action: dict, names: dict[str, str] | None = None) -> str:
+def _action_text(action: dict[str, Any], names: dict[str, str] | None = None) -> str:
     if action.get("change"):
         # an arrow that a narrow column cannot break in two, as "-" and ">" can
         return _short(str(action["change"]).replace(" -> ", " → "), names or {})
@@ -260,7 +261,7 @@ def _gpu_names(analysis: Analysis) -> dict[str, str]:
     return {g.uuid: f"GPU {g.index}" for g in placement.inventory.gpus}
 
 
-def _why(action: dict, names: dict[str, str]) -> str:
+def _why(action: dict[str, Any], names: dict[str, str]) -> str:
     """What to do when it says more than the change itself, else why."""
     todo, change = str(action.get("what_to_do") or ""), str(action.get("change") or "")
     why = str(action.get("reason", ""))

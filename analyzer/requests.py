@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -110,7 +111,7 @@ def plan_requests(recs: pd.DataFrame, at: float | None = None, cluster: int = 0)
         at, _ = peak_concurrency(recs)
     live = recs[(recs["start"] <= at) & (recs["end"] > at)]
     by_model: dict[str, dict[str, float]] = {}
-    layout: list[dict] = []
+    layout: list[dict[str, Any]] = []
     for model, group in live.groupby("gpu_model", sort=True):
         before = int(np.ceil(group["requested_gpus"]).sum())
         whole = int(group.loc[group["requested_gpus"] >= 1, "requested_gpus"].apply(math.ceil).sum())

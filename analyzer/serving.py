@@ -175,7 +175,7 @@ def _le(text: object) -> float:
 
 def _assemble(
     reduced: Mapping[str, Mapping[tuple[str, str], float]],
-    info: Mapping[tuple[str, str], dict],
+    info: Mapping[tuple[str, str], dict[str, Any]],
     latency: Mapping[str, Mapping[tuple[str, str], float]] | None = None,
 ) -> dict[tuple[str, str], PodServing]:
     """Per pod, from per-family reductions (`kv`: max; `waiting`: share above 0; counters: max - min)
@@ -207,7 +207,7 @@ def _assemble(
 def from_families(families: Mapping[str, pd.DataFrame]) -> dict[tuple[str, str], PodServing]:
     """The file path: a history's serving families (`FAMILY_COLUMNS`), reduced per pod."""
     reduced: dict[str, dict[tuple[str, str], float]] = {}
-    info: dict[tuple[str, str], dict] = {}
+    info: dict[tuple[str, str], dict[str, Any]] = {}
     latency: dict[str, dict[tuple[str, str], float]] = {}
     for family in FAMILIES:
         frame = families.get(family)

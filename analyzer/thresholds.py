@@ -46,6 +46,12 @@ class Reclaim:
     # a job whose median activity is above this ran all window (a live, low-traffic server):
     # never reclaimed, it may share
     serving_min_median: float = dataclasses.field(metadata=RATIO)
+    # ... nor one active (above zero) in at least this share of the clock hours of its lifetime:
+    # a server with a few requests an hour, whose metrics nobody scrapes
+    serving_min_active_hour_fraction: float = dataclasses.field(metadata=RATIO)
+    # ... counted only for a job that lived at least this many hours: a short job touching the GPU
+    # now and then is no server (too few hours to tell)
+    serving_min_hours: float
 
 
 @dataclass(frozen=True)
@@ -220,7 +226,7 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def _check(path: Path, section: str, field: dataclasses.Field, kind: type, value: object) -> object:
+def _check(path: Path, section: str, field: dataclasses.Field[object], kind: type, value: object) -> object:
     """The value converted to the field's type, or one error line naming file and field."""
     name = f"{path}: {section}.{field.name}"
     if kind is bool:

@@ -133,7 +133,7 @@ def _alternative(
     def feasible(chosen: tuple[str, ...]) -> bool:  # every displaced job finds a GPU left free
         return sum(u in movable for u in chosen) <= sum(u not in chosen for u in free)
 
-    def cost(chosen: tuple[str, ...]) -> tuple:  # fewest jobs displaced, then most GPUs kept
+    def cost(chosen: tuple[str, ...]) -> tuple[int, int]:  # fewest jobs displaced, then most GPUs kept
         return (sum(u in movable for u in chosen), -len(set(chosen) & set(own)))
 
     chosen = best_set(topo, [*free, *movable], len(own), cost, feasible)

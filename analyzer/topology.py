@@ -156,7 +156,7 @@ def best_set(
     topo: NodeTopology,
     candidates: Sequence[str],
     n: int,
-    cost: Callable[[tuple[str, ...]], tuple] = lambda s: (),
+    cost: Callable[[tuple[str, ...]], tuple[object, ...]] = lambda s: (),
     feasible: Callable[[tuple[str, ...]], bool] = lambda s: True,
 ) -> tuple[str, ...] | None:
     """The `n` GPUs among `candidates` with the best worst link, then the lowest `cost`, then the
@@ -167,7 +167,7 @@ def best_set(
     if n <= 0 or len(pool) < n:
         return None
 
-    def score(chosen: tuple[str, ...]) -> tuple:
+    def score(chosen: tuple[str, ...]) -> tuple[bool, float, tuple[object, ...], list[int]]:
         return (
             not feasible(chosen),
             topo.worst(chosen)[0],

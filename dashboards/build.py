@@ -105,7 +105,7 @@ def apply_config(data: dict[str, Any], config: MixinConfig) -> dict[str, Any]:
     cluster label and its `job=~"$job"` preceded by the selector; the cluster and scrape-job
     variables list the values of gpulens series only (the selector's); runbook links follow the
     config's runbookURLPattern."""
-    scoped = _apply(json.loads(json.dumps(data, cls=DashboardEncoder)), config)
+    scoped: dict[str, Any] = _apply(json.loads(json.dumps(data, cls=DashboardEncoder)), config)
     gpulens = f"gpu_info{{{config.selector}}}" if config.selector else "gpu_info"
     cluster = f'{config.cluster_label}=~"$cluster"'
     queries = {

@@ -11,7 +11,7 @@ from gpulens.dashboards.build import DEFAULT_CONFIGMAP, DEFAULT_JSON_DIR, build
 from gpulens.promscope.config import DEFAULT, ConfigError, load
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("dashboards", help="Grafana dashboards generated from Python (grafanalib)")
     commands = parser.add_subparsers(dest="dashboards_command", metavar="ACTION")
     build_parser = commands.add_parser(

@@ -460,7 +460,7 @@ class HeatmapPanel(Panel):
         is_ratio = self.unit == PERCENTUNIT
         y_axis: dict[str, Any] = {"axisPlacement": "left", "reverse": False, "unit": self.unit}
         calc_y: dict[str, Any] = {"mode": "size", "value": "0.05"} if is_ratio else {}
-        return self.panel_json(
+        panel: dict[str, Any] = self.panel_json(
             {
                 "type": "heatmap",
                 "fieldConfig": {
@@ -491,6 +491,7 @@ class HeatmapPanel(Panel):
                 },
             }
         )
+        return panel
 
 
 def heatmap(title: str, expr: str, unit: str, description: str = "", scheme: str = "Oranges") -> HeatmapPanel:

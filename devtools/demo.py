@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import yaml
 
@@ -282,10 +282,11 @@ def require_binary(*names: str) -> str:
 
 def http_get(url: str, timeout: float = 5.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read()
+        body: bytes = response.read()
+        return body
 
 
-def wait_http(url: str, timeout: float, proc: subprocess.Popen, log: Path, name: str) -> None:
+def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Path, name: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -690,7 +691,7 @@ def start_prometheus(options: Options, ports: dict[str, int]) -> int:
     return start_daemon(layout, "prometheus", cmd, f"{base}/-/ready", timeout=180)
 
 
-def prom_query(base: str, expr: str, at: float | None = None) -> list[dict]:
+def prom_query(base: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
     params = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
     try:
         body = json.loads(http_get(f"{base}/api/v1/query?{urllib.parse.urlencode(params)}", timeout=30))
@@ -698,7 +699,8 @@ def prom_query(base: str, expr: str, at: float | None = None) -> list[dict]:
         raise DemoError(f"Prometheus at {base} did not answer the query {expr!r}: {exc}") from exc
     if body.get("status") != "success":
         raise DemoError(f"Prometheus query {expr!r} failed: {body.get('error')}")
-    return body["data"]["result"]
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
 
 
 def wait_for_data(base: str, history: HistoryRange, timeout: float = 90.0) -> int:

@@ -170,7 +170,8 @@ def _go_float(value: float) -> str:
     """`floatToGoString`, with its common case (a finite float below 1e6 or an exponent) inline."""
     text = repr(float(value))
     if text.find(".") > 6 or "n" in text:  # large values (Go's exponent), inf, nan
-        return floatToGoString(value)
+        go: str = floatToGoString(value)
+        return go
     return text
 
 

@@ -117,7 +117,7 @@ class Sampler:
         clock: Callable[[], float] = time.time,
         xid: XidWatcher | None = None,
         poll_events_inline: bool = False,
-        attribute: Callable[[NodeSnapshot], tuple] | None = None,
+        attribute: Callable[[NodeSnapshot], tuple[Any, ...]] | None = None,
         logger: logging.Logger | None = None,
         probe: AttributionProbe | None = None,
     ) -> None:

@@ -17,7 +17,7 @@ DEFAULT_OUT = "gpulens-mixin"  # where an installed gpulens writes without --out
 DASHBOARDS_NEED = "dashboards for a config of your own need grafanalib: pip install 'gpulens[dashboards]'"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "mixin", help="alert rules, recording rules and dashboards for your selector, cluster label, runbooks"
     )

@@ -54,7 +54,7 @@ class UsageError(ValueError):
     """A bad combination of settings; printed as one line."""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "remediate",
         help="Alertmanager webhook receiver that isolates faulty GPU nodes",

@@ -88,7 +88,7 @@ def rule_name(episode_id: str, device: Device) -> str:
     return "gpulens-" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def rule(name: str, device: Device, effect: Effect, value: str, node: str, episode_id: str) -> dict:
+def rule(name: str, device: Device, effect: Effect, value: str, node: str, episode_id: str) -> dict[str, Any]:
     return {
         "apiVersion": "",  # set by DeviceTaints.create to the served version
         "kind": "DeviceTaintRule",
@@ -104,7 +104,7 @@ def rule(name: str, device: Device, effect: Effect, value: str, node: str, episo
     }
 
 
-def _attribute(device: dict, name: str) -> str:
+def _attribute(device: dict[str, Any], name: str) -> str:
     """A string attribute of a slice device: `{"uuid": {"string": "GPU-..."}}` (v1, v1beta2) or
     under `basic.attributes` (v1beta1); the NVIDIA driver also names it `gpu.nvidia.com/uuid`."""
     attributes = device.get("attributes")
@@ -115,8 +115,9 @@ def _attribute(device: dict, name: str) -> str:
         return ""
     for key, value in attributes.items():
         named = key == name or str(key).endswith("/" + name)
-        if named and isinstance(value, dict) and isinstance(value.get("string"), str):
-            return value["string"]
+        string = value.get("string") if isinstance(value, dict) else None
+        if named and isinstance(string, str):
+            return string
     return ""
 
 
@@ -229,7 +230,7 @@ class DeviceTaints:
         base = f"/apis/{GROUP}/{self._rules or VERSIONS[1]}/devicetaintrules"
         return f"{base}/{urllib.parse.quote(name)}" if name else base
 
-    def create(self, body: dict, deadline: Deadline) -> bool:
+    def create(self, body: dict[str, Any], deadline: Deadline) -> bool:
         """Create the rule; True when created now, False when it was there already (an earlier try)."""
         body = {**body, "apiVersion": f"{GROUP}/{self._rules or VERSIONS[1]}"}
         name = body["metadata"]["name"]

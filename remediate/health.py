@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpulens import httpclient
 from gpulens.httpclient import Deadline
@@ -44,7 +44,7 @@ class PrometheusHealth:
     bearer_token: str | None = None
     timeout_s: float = 10.0
 
-    def _query(self, expr: str, deadline: Deadline) -> list[dict]:
+    def _query(self, expr: str, deadline: Deadline) -> list[dict[str, Any]]:
         headers = {"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"}
         if self.bearer_token:
             headers["Authorization"] = f"Bearer {self.bearer_token}"

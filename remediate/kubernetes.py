@@ -182,7 +182,7 @@ class KubernetesIsolator(NodeFencesOnly):
     job_image: str = DEFAULT_JOB_IMAGE
     diag_image: str = DEFAULT_DIAG_IMAGE
 
-    def _patch(self, request: IsolationRequest, now: float, taints: list[dict]) -> dict:
+    def _patch(self, request: IsolationRequest, now: float, taints: list[dict[str, Any]]) -> dict[str, Any]:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         return {
             "metadata": {
@@ -253,11 +253,13 @@ class KubernetesIsolator(NodeFencesOnly):
         detail = f"cordoned node {request.node} and tainted {TAINT_KEY}={_taint(request)['value']}:NoSchedule"
         return Outcome("applied", detail + self._drain(request, deadline))
 
-    def _pods_on(self, node: str, deadline: Deadline) -> Iterator[dict]:
+    def _pods_on(self, node: str, deadline: Deadline) -> Iterator[dict[str, Any]]:
         """The pods bound to `node`, a page at a time (KubernetesError when a page fails)."""
         return self._listed("/api/v1/pods", f"pods of node {node}", deadline, f"spec.nodeName={node}")
 
-    def _listed(self, path: str, what: str, deadline: Deadline, field_selector: str = "") -> Iterator[dict]:
+    def _listed(
+        self, path: str, what: str, deadline: Deadline, field_selector: str = ""
+    ) -> Iterator[dict[str, Any]]:
         token = ""
         for _page in range(MAX_LIST_PAGES):
             query = {"limit": LIST_PAGE, **({"fieldSelector": field_selector} if field_selector else {})}
@@ -315,7 +317,7 @@ class KubernetesIsolator(NodeFencesOnly):
     # the host's namespaces (hostPID, nsenter -t 1); it is done when the node reports a new
     # status.nodeInfo.bootID. RBAC: jobs create/get in the Job namespace.
 
-    def job(self, episode: Episode) -> dict:
+    def job(self, episode: Episode) -> dict[str, Any]:
         action = "reset_gpu" if episode.recovery is Recovery.RESET_GPU else "reboot_node"
         digest = hashlib.sha256(f"{episode.id}#{episode.attempts}".encode()).hexdigest()[:8]
         node = re.sub(r"[^a-z0-9-]", "-", episode.node)[:36].strip("-")
@@ -324,7 +326,7 @@ class KubernetesIsolator(NodeFencesOnly):
             command = ["nvidia-smi", "-r", "-i", episode.uuid or episode.gpu]
         else:
             command = ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--", "systemctl", "reboot"]
-        container: dict = {
+        container: dict[str, Any] = {
             "name": action.replace("_", "-"),
             "image": self.job_image,
             "command": command,
@@ -332,7 +334,7 @@ class KubernetesIsolator(NodeFencesOnly):
         }
         if action == "reset_gpu":
             container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
-        pod: dict = {
+        pod: dict[str, Any] = {
             "nodeName": episode.node,
             "restartPolicy": "Never",
             "tolerations": [{"operator": "Exists"}],
@@ -377,7 +379,7 @@ class KubernetesIsolator(NodeFencesOnly):
         info = (doc.get("status") or {}).get("nodeInfo") or {}
         return str(info.get("bootID", ""))
 
-    def _evictable(self, node: str, deadline: Deadline) -> Iterator[dict]:
+    def _evictable(self, node: str, deadline: Deadline) -> Iterator[dict[str, Any]]:
         """The pods of `node` a drain evicts: only their names are kept, never whole pages."""
         for pod in self._pods_on(node, deadline):
             if not _stays(pod):
@@ -446,7 +448,7 @@ class KubernetesIsolator(NodeFencesOnly):
     def diagnostic_unavailable(self, episode: Episode) -> str:
         return ""
 
-    def diagnostic_job(self, episode: Episode, level: int) -> dict:
+    def diagnostic_job(self, episode: Episode, level: int) -> dict[str, Any]:
         digest = hashlib.sha256(f"{episode.id}#diag".encode()).hexdigest()[:8]
         node = re.sub(r"[^a-z0-9-]", "-", episode.node)[:36].strip("-")
         # the shape the admission policy admits, element by element: `--gpu` and `--uuid` only when known
@@ -603,7 +605,7 @@ class KubernetesIsolator(NodeFencesOnly):
                 cordoned_by_us = ANNOTATION_AT in annotations
                 if not ours and not cordoned_by_us:
                     return Outcome("already", f"node {node} carries no gpulens isolation")
-                patch: dict = {
+                patch: dict[str, Any] = {
                     "metadata": {
                         "annotations": {
                             ANNOTATION_AT: None,
@@ -716,7 +718,7 @@ def _epoch(text: Any) -> float | None:
         return None
 
 
-def _stays(pod: dict) -> bool:
+def _stays(pod: dict[str, Any]) -> bool:
     """Pods a drain leaves alone: DaemonSet-managed, static (mirror) and finished ones."""
     meta = pod.get("metadata", {})
     if any(ref.get("kind") == "DaemonSet" for ref in meta.get("ownerReferences") or []):

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from gpulens.httpd.metrics import ServerCollector
 from gpulens.httpd.server import Server
 from gpulens.remediate.breaker import BreakerState
+from gpulens.remediate.episodes import Episode
 
 # The outcome an episode is counted under when it reaches a state (once per episode).
 OUTCOMES = {
@@ -96,7 +97,7 @@ class RemediateMetrics:
             buckets=buckets,
             registry=self.registry,
         )
-        self._open_episodes: Callable[[], list] = list
+        self._open_episodes: Callable[[], list[Episode]] = list
         isolated = Gauge(
             "gpulens_remediate_isolated_nodes",
             "Nodes held out of service by open fault episodes now (dry-run episodes excluded).",
@@ -166,7 +167,7 @@ class RemediateMetrics:
         size.set_function(lambda: float(stats().bytes))
 
     def bind_episodes(
-        self, open_episodes: Callable[[], list], clock: Callable[[], float] | None = None
+        self, open_episodes: Callable[[], list[Episode]], clock: Callable[[], float] | None = None
     ) -> None:
         """Where the gauges of open episodes read from (the EpisodeBook), and its clock."""
         self._open_episodes = open_episodes
@@ -185,7 +186,7 @@ class RemediateMetrics:
         with self._kept_lock:
             return self._kept_closed_s + running
 
-    def episodes_resumed(self, episodes: list) -> None:
+    def episodes_resumed(self, episodes: list[Episode]) -> None:
         """Count the open episodes a restart took over (from the audit log or the nodes) in the
         open-state gauge: their later steps move them out of it, which would go below 0 otherwise.
         Nothing else is observed again: their isolation was counted by the receiver that did it."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from gpulens.httpclient import Deadline
 from gpulens.remediate.audit import AuditLog
@@ -391,7 +392,7 @@ class Remediator:
         )
         return record
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """What /-/state shows: mode, backend, breaker, the recent actions (newest last), the open
         episodes and the queue (`pending`: notifications acknowledged and not yet acted on)."""
         breaker = self.breaker.state()

@@ -22,7 +22,7 @@ import random
 import tempfile
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import FAMILIES, HistoryWriter
@@ -80,7 +80,7 @@ def simulate(
     start: float | None = None,
     progress: TextIO | None = None,
     dcgm: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """Run `scenario` for `duration_s` of simulated time, sampling every `step_s`; returns meta.
 
     `dcgm`: serve the node through the simulated DCGM host engine too, as a monitored fleet runs

@@ -33,7 +33,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `gpulens simulate`."""
     p = subparsers.add_parser(
         "simulate", help="run a simulator scenario faster than real time into a history"

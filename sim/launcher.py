@@ -443,12 +443,17 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
     return call
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "sim", help="run programs on a simulated GPU node; list/validate scenarios"
     )
     commands = parser.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
-    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+
+    def usage(args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=usage)
 
     run_parser = commands.add_parser(
         "run",

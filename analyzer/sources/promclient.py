@@ -29,6 +29,7 @@ import time
 import urllib.parse
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from gpulens import httpclient
 from gpulens.analyzer.errors import AnalyzerError
@@ -83,7 +84,7 @@ class PromClient:
     def __init__(self, config: PromConfig) -> None:
         self.config = config
         self._lock = threading.Lock()
-        self._asked: dict[tuple[str, str], Future[list[dict]]] = {}
+        self._asked: dict[tuple[str, str], Future[list[dict[str, Any]]]] = {}
         self._slots = threading.BoundedSemaphore(max(1, config.in_flight))
         self.base = config.url.rstrip("/")
         parsed = urllib.parse.urlparse(self.base)
@@ -170,7 +171,7 @@ class PromClient:
         with self._lock:
             if key in self._asked:
                 return
-            answer: Future[list[dict]] = Future()
+            answer: Future[list[dict[str, Any]]] = Future()
             self._asked[key] = answer
 
         def run() -> None:
@@ -184,18 +185,18 @@ class PromClient:
 
         threading.Thread(target=run, name="gpulens-prom-ask", daemon=True).start()
 
-    def query(self, expr: str, at: float) -> list[dict]:
+    def query(self, expr: str, at: float) -> list[dict[str, Any]]:
         """Instant vector query; returns the `result` list (labels in `metric`, `[ts, "v"]`)."""
         with self._lock:
             asked = self._asked.pop((expr, _time(at)), None)
         return asked.result() if asked is not None else self._send(expr, at)
 
-    def query_matrix(self, expr: str, at: float) -> list[dict]:
+    def query_matrix(self, expr: str, at: float) -> list[dict[str, Any]]:
         """Instant query of a range vector (a subquery at the top): the `result` list, each item's
         points in `values` (`[[ts, "v"], ...]`)."""
         return self._send(expr, at, matrix=True)
 
-    def _send(self, expr: str, at: float, matrix: bool = False) -> list[dict]:
+    def _send(self, expr: str, at: float, matrix: bool = False) -> list[dict[str, Any]]:
         body = self._post("/api/v1/query", {"query": expr, "time": _time(at)}, expr)
         where = f"{self.base}/api/v1/query"
         self._check_series(body, where, expr, matrix)
@@ -218,13 +219,15 @@ class PromClient:
                 values = item.get("values") if isinstance(item, dict) else None
                 if not isinstance(values, list) or "metric" not in item or not all(map(_is_sample, values)):
                     raise AnalyzerError(f"{where}: malformed response: a result lacks metric/values")
-            return data["result"]
+            matrix_result: list[dict[str, Any]] = data["result"]
+            return matrix_result
         if data.get("resultType") not in ("vector", None):
             raise AnalyzerError(f"{where}: expected an instant vector, got {data.get('resultType')!r}")
         for item in data["result"]:
             if not isinstance(item, dict) or "metric" not in item or not _is_sample(item.get("value")):
                 raise AnalyzerError(f"{where}: malformed response: a result lacks metric/value")
-        return data["result"]
+        vector_result: list[dict[str, Any]] = data["result"]
+        return vector_result
 
     def _check_series(self, body: bytes, where: str, expr: str, matrix: bool = False) -> None:
         """Refuse, before decoding, an answer that can hold more than `max_series` series.
@@ -252,7 +255,7 @@ def _is_sample(value: object) -> bool:
     return isinstance(value, list) and len(value) == 2 and isinstance(value[1], str)
 
 
-def sample_value(item: dict) -> float:
+def sample_value(item: dict[str, Any]) -> float:
     """The value of one result item; NaN where it is not a number."""
     try:
         return float(item["value"][1])

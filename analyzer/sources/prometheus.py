@@ -19,7 +19,7 @@ import math
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import pandas as pd
@@ -180,7 +180,7 @@ def demand_query(per_bin: str, bin_s: float, at: float, since: float) -> tuple[s
     return f"({per_bin})[{span_ms}ms:{int(bin_s)}s]", until
 
 
-def binned_answer(result: list[dict], bin_s: float, shift: float = 0.0) -> dict[str, demand.Series]:
+def binned_answer(result: list[dict[str, Any]], bin_s: float, shift: float = 0.0) -> dict[str, demand.Series]:
     """job_id -> its series from a `demand_query` answer (a point at t stands for the bin ending
     at t - `shift`)."""
     out: dict[str, demand.Series] = {}
@@ -193,7 +193,7 @@ def binned_answer(result: list[dict], bin_s: float, shift: float = 0.0) -> dict[
     return out
 
 
-def _by_job(result: list[dict]) -> dict[str, dict[str, float]]:
+def _by_job(result: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for item in result:
         job = item["metric"].get("job_id", "")
@@ -228,7 +228,9 @@ class PromSource:
     used: Aggregation | None = None  # the path the last `profiles` call took (RULES or RAW)
     used_reason: str = ""
     used_step_s: float = math.nan  # the step the last `profiles` call aggregated at
-    _answers: dict[tuple[str, float], list[dict]] = field(default_factory=dict, init=False, repr=False)
+    _answers: dict[tuple[str, float], list[dict[str, Any]]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     @property
     def window(self) -> str:
@@ -476,12 +478,13 @@ class PromSource:
         """Every GPU with a `gpu_info` series in the window, idle ones included."""
         return fleet_from_gpus(self._labels(promqueries.GPU_INFO, ["uuid", "model", "instance"]), gpu_model)
 
-    def gpu_rows(self) -> list[dict]:
+    def gpu_rows(self) -> list[dict[str, Any]]:
         """One row per GPU of `gpu_info` in the window (uuid, model, instance and the `gpu` index
         label): the inventory emit and the report name node/GPU from, as the file path's rows."""
         frame = self._labels(promqueries.GPU_INFO, ["uuid", "model", "instance", "gpu"])
         frame = frame[frame["uuid"] != ""].drop_duplicates("uuid", keep="last")
-        return frame.astype(str).to_dict("records")
+        rows: list[dict[str, Any]] = frame.astype(str).to_dict("records")
+        return rows
 
     def topology(self) -> Topology:
         """The GPU topology (`gpu_topology_info` over the window, one query): the same labels the

@@ -226,7 +226,7 @@ def mps_client_problems(
     ]
 
 
-def validate_configmap(text: str, file: str) -> tuple[list[Problem], dict[str, dict]]:
+def validate_configmap(text: str, file: str) -> tuple[list[Problem], dict[str, dict[str, Any]]]:
     """A ConfigMap of named device-plugin configs: problems, and key -> parsed config."""
     try:
         doc = yaml.safe_load(text)
@@ -246,7 +246,7 @@ def validate_configmap(text: str, file: str) -> tuple[list[Problem], dict[str, d
         return [*problems, Problem(file, "data", "must map config names to config files")], {}
     if len(text.encode()) > CONFIGMAP_MAX_BYTES:
         problems.append(Problem(file, "", f"larger than the {CONFIGMAP_MAX_BYTES}-byte ConfigMap limit"))
-    configs: dict[str, dict] = {}
+    configs: dict[str, dict[str, Any]] = {}
     for key, value in data.items():
         at = f"data.{key}"
         if not isinstance(key, str) or len(key) > 253 or not _CONFIGMAP_KEY.match(key):

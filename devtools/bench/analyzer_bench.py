@@ -48,7 +48,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -441,7 +441,7 @@ class PathResult:
     # every run's wall time, in run order: `wall_s` (and RSS, CPU, queries) is the median run's
     walls_s: list[float] = field(default_factory=list)
     # job_id -> recommendation (kind, MIG profile, MPS settings); compared across paths, not reported
-    recommendations: dict[str, list] = field(default_factory=dict, repr=False)
+    recommendations: dict[str, list[object]] = field(default_factory=dict, repr=False)
 
 
 def _say(progress: TextIO | None, message: str) -> None:
@@ -594,7 +594,7 @@ def _result(
     queries: int | None = None,
     chunks: int | None = None,
     aggregation: str = "",
-    recommendations: dict[str, list] | None = None,
+    recommendations: dict[str, list[object]] | None = None,
 ) -> PathResult:
     """What every path reports of one analyzer run on `cluster`, the load average it started at."""
     return PathResult(
@@ -626,7 +626,7 @@ def _aggregation(stderr: str) -> str:
     return "raw" if "joining raw series" in stderr else "unknown"
 
 
-def _recommendations(path: Path) -> dict[str, list]:
+def _recommendations(path: Path) -> dict[str, list[object]]:
     """job_id -> what was recommended (kind, MIG profile, MPS settings), to compare runs."""
     keys = ("recommendation", "mig_profile", "mps_active_thread_percentage", "mps_pinned_memory_limit_bytes")
     return {j["job_id"]: [j.get(k) for k in keys] for j in json.loads(path.read_text())["jobs"]}
@@ -763,7 +763,7 @@ def run_analyzer_bench(
     thanos: bool = True,
     runs: frozenset[str] = frozenset(RUNS),
     repeats: int = 3,
-) -> dict:
+) -> dict[str, Any]:
     """The selected `runs` (all by default); returns the JSON-ready `analyzer` section.
 
     One week for `jobs` jobs, the rules evaluated over it by promtool: the recording-rule and raw

@@ -21,6 +21,7 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from gpulens import __version__
 from gpulens.devtools.bench.analyzer_bench import RUNS, run_analyzer_bench
@@ -48,10 +49,10 @@ def _machine() -> dict[str, str]:
     }
 
 
-def run_bench(args: argparse.Namespace) -> dict:
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="gpulens-bench-"))
     results = run_exporters(args, workdir) if args.exporter else []
-    data: dict = {
+    data: dict[str, Any] = {
         "command": "make bench (= " + " ".join(["gpulens bench", *sys.argv[2:]]) + ")",
         "scenario": args.scenario,
         "machine": _machine(),
@@ -212,7 +213,7 @@ def _runs(text: str) -> tuple[str, ...]:
     return chosen
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "bench", help="benchmark the exporter against nvitop-exporter, and the analyzer at scale"
     )

@@ -79,7 +79,7 @@ def http_get(port: int, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
         conn.close()
 
 
-def wait_ready(port: int, path: str, proc: subprocess.Popen, timeout: float = 120.0) -> float:
+def wait_ready(port: int, path: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> float:
     """Seconds until `path` answers 200 with a non-empty body."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:

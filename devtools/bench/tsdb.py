@@ -26,6 +26,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpulens.devtools.ports import free_port
 from gpulens.promscope.config import MixinConfig
@@ -59,7 +60,7 @@ def _binary(name: str) -> str:
     return path
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, name: str, log: Path, timeout_s: float) -> None:
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], name: str, log: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
@@ -108,7 +109,7 @@ def prometheus(
     after weeks of scraping (the caller waits with `wait_for_compaction`); without, it keeps them.
     """
     config = tsdb.parent / f"{tsdb.name}-prometheus.yml"
-    conf: dict = {"global": {"scrape_interval": "1m"}, "scrape_configs": []}
+    conf: dict[str, Any] = {"global": {"scrape_interval": "1m"}, "scrape_configs": []}
     if external_labels:
         conf["global"]["external_labels"] = external_labels
     config.write_text(json.dumps(conf))
@@ -319,7 +320,8 @@ def lookback(step_s: int) -> str:
 
 def self_metrics(base: str) -> str:
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
-        return resp.read().decode()
+        text: str = resp.read().decode()
+        return text
 
 
 def query_requests(base: str) -> int:

@@ -165,7 +165,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 1 if mismatches and args.strict else 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "conformance", help="compare the simulator with real NVML on a GPU machine"
     )

@@ -96,7 +96,7 @@ def _fd_count(pid: int) -> int:
         return -1
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

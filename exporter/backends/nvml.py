@@ -999,6 +999,7 @@ def _field_values(handle: Any, request: FieldRequest) -> dict[tuple[int, int], f
     answers = _call(request, handle)
     if answers is None:
         return {}
+    values: dict[tuple[int, int], float | int]
     values, failed = answers
     for key, ret in failed:
         if ret in _LOST:

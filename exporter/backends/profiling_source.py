@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from gpulens.exporter.backends.dcgm import DcgmProfiler, DcgmSettings
 from gpulens.exporter.backends.gpm import GpmProfiler
@@ -28,10 +28,20 @@ from gpulens.exporter.snapshot import MigSample
 Reading = tuple[str, tuple[tuple[str, float], ...], dict[int, tuple[tuple[str, float], ...]]]
 
 
+class Profiler(Protocol):
+    """What the NVML backend asks for a GPU's profiling figures (DCGM, GPM or both)."""
+
+    def read(self, index: int, handle: Any, mig_instances: Sequence[MigSample]) -> Reading: ...
+
+    def forget(self, index: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class FallbackProfiler:
     """Ask `first`; where it does not serve a GPU (source "nvml"), ask `second`."""
 
-    def __init__(self, first: Any, second: Any) -> None:
+    def __init__(self, first: Profiler, second: Profiler) -> None:
         self.first = first
         self.second = second
 

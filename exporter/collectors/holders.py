@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpulens.exporter.snapshot import NodeSnapshot
+
+if TYPE_CHECKING:
+    from gpulens.exporter.attribution.model import DeviceHolder
 
 # DeviceHolder.source values (set by the attribution engine)
 POD_RESOURCES = "pod_resources"
@@ -28,9 +32,9 @@ class PodLabels:
     container: str
 
 
-def _by_device(snapshot: NodeSnapshot, sources: Iterable[str]) -> dict[Device, dict[str, list]]:
+def _by_device(snapshot: NodeSnapshot, sources: Iterable[str]) -> dict[Device, dict[str, list[DeviceHolder]]]:
     wanted = set(sources)
-    out: dict[Device, dict[str, list]] = {}
+    out: dict[Device, dict[str, list[DeviceHolder]]] = {}
     for holder in snapshot.holders:
         if holder.source in wanted:
             out.setdefault((holder.gpu, holder.gpu_instance), {}).setdefault(holder.source, []).append(holder)

@@ -694,6 +694,17 @@ API nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, int inde
     return E_NOT_SUPPORTED;
 }
 
+/* NVLink fabric registration (nvidia-smi's fabric state, read for --compat nvidia_gpu_exporter):
+ * the shared-memory layout does not carry it either, so NOT_SUPPORTED as on a GPU outside an
+ * NVLink fabric; the in-process driver serves it. */
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t handle, void *info) {
+    NEED_INIT();
+    (void)info;
+    Target t;
+    TRY(physical(handle, &t));
+    return E_NOT_SUPPORTED;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Memory and utilization
  */
@@ -1134,6 +1145,7 @@ static nvmlReturn_t read_field(const Target *t, unsigned id, unsigned scope, uns
     case 138: case 139: case 140: case 141:
     case 142: case 143: case 144: case 145:
     case 185: case 186: case 187: case 188: case 189: case 190:
+    case 230: /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION */
         break;
     default:
         known = nvlink_error_field(id, &counter, &link);
@@ -1158,6 +1170,7 @@ static nvmlReturn_t read_field(const Target *t, unsigned id, unsigned scope, uns
         if (g->memory_temperature < 0) return E_NOT_SUPPORTED;
         *type = VT_UINT, *value = (uint64_t)g->memory_temperature;
         return SUCCESS;
+    case 230: *type = VT_UINT, *value = 0; return SUCCESS; /* NONE: a GPU that answers needs none */
     case 83: case 191: *type = VT_ULL, *value = g->energy_mj; return SUCCESS;
     case 185: case 186: *type = VT_UINT, *value = g->power_mw; return SUCCESS;
     case 190: *type = VT_UINT, *value = g->power_limit_mw; return SUCCESS;

@@ -54,7 +54,7 @@ class EventSet:
 
 
 def supported_events(ctx: Context, index: int) -> int:
-    mask = BASE_EVENTS
+    mask: int = BASE_EVENTS
     if ctx.node.identities[index].model.mig_capable:
         mask |= pynvml.nvmlEventMigConfigChange
     return mask

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pynvml
 
 from gpulens.sim.nvml._core import DEV, INT, PTR, Context, NvmlFail, SymbolTable, Target, out_array
-from gpulens.sim.state import GpuState
+from gpulens.sim.state import GpuState, NvLinkState
 
 TABLE = SymbolTable()
 
@@ -59,7 +59,7 @@ def _remap(position: int) -> Reader:
     return read
 
 
-def _links(state: GpuState, scope: int) -> list:
+def _links(state: GpuState, scope: int) -> list[NvLinkState]:
     if not state.nvlinks:
         raise _unsupported()
     if scope == ALL_LINKS:

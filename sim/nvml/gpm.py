@@ -56,7 +56,7 @@ def _per_link(attribute: str, link: int) -> Callable[[ActivityState, Target], fl
         active = [s for s in t.state.nvlinks if s.active]
         if not any(s.link == link for s in active):
             raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return getattr(a, attribute) / MIB / len(active)
+        return float(getattr(a, attribute)) / MIB / len(active)
 
     return value
 

@@ -25,6 +25,11 @@ from gpulens.sim.nvml import (
 from gpulens.sim.nvml._core import LOG, Context, NvmlFail, Symbol
 from gpulens.sim.state import SimNode
 
+# the return codes the guard gives C, typed (pynvml ships no type information)
+_SUCCESS: int = pynvml.NVML_SUCCESS
+_UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
+_UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
+
 AREAS = (identity, memory, power, pcie, fields, health, events, processes, mig, gpm, topology)
 
 
@@ -108,15 +113,15 @@ class SimLib:
 
         def call(*args: Any) -> int:
             if symbol.needs_init and ctx.refcount <= 0:
-                return pynvml.NVML_ERROR_UNINITIALIZED
+                return _UNINITIALIZED
             try:
                 impl(ctx, *args)
             except NvmlFail as fail:
                 return fail.code
             except Exception:  # a bug in the simulator must not take the caller's process down
                 LOG.exception("simulated %s failed", name)
-                return pynvml.NVML_ERROR_UNKNOWN
-            return pynvml.NVML_SUCCESS
+                return _UNKNOWN
+            return _SUCCESS
 
         call.__name__ = name
         return call

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -29,8 +30,8 @@ class Rule:
     name: str  # alert name or recorded series
     is_alert: bool
     expr: str
-    labels: dict
-    annotations: dict
+    labels: dict[str, Any]
+    annotations: dict[str, Any]
     for_: str | None
 
 

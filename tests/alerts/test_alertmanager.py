@@ -7,6 +7,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,7 +16,7 @@ from tests.alerts import rulefiles
 from tests.support.procs import alertmanager, find_binary
 
 
-def _amtool(*args: str) -> subprocess.CompletedProcess:
+def _amtool(*args: str) -> subprocess.CompletedProcess[str]:
     amtool = find_binary("amtool")
     return subprocess.run([amtool, *args], capture_output=True, text=True, timeout=60)
 
@@ -92,7 +93,7 @@ def test_webhook_points_at_the_remediation_default_and_authenticates():
     assert webhook["http_config"]["authorization"]["credentials_file"]
 
 
-def _post_alerts(base: str, alerts: list[dict]) -> None:
+def _post_alerts(base: str, alerts: list[dict[str, Any]]) -> None:
     body = json.dumps([{"labels": a} for a in alerts]).encode()
     request = urllib.request.Request(
         f"{base}/api/v2/alerts", data=body, method="POST", headers={"Content-Type": "application/json"}

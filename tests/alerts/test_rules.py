@@ -15,7 +15,7 @@ ALERT_NAMES = [a.name for a in ALERTS]
 CASES = rulefiles.alert_cases()
 
 
-def _run(*cmd: str) -> subprocess.CompletedProcess:
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=rulefiles.ALERTS_DIR, capture_output=True, text=True, timeout=300)
 
 

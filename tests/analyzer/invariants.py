@@ -39,8 +39,13 @@ def memory_violations(recs: pd.DataFrame) -> list[str]:
         peak = peak if math.isnan(floor) else floor
         kind = row.recommendation
         model = model_for_nvml_name(str(row.gpu_model))
-        mig = isinstance(row.mig_profile, str) and model is not None
-        if kind == "mig" and mig and model.mig_profile(row.mig_profile).memory_bytes < peak:
+        mig = isinstance(row.mig_profile, str)
+        if (
+            kind == "mig"
+            and mig
+            and model is not None
+            and model.mig_profile(row.mig_profile).memory_bytes < peak
+        ):
             bad.append(f"{row.job_id}: {row.mig_profile} below peak {peak:.0f}")
         if kind == "mps" and _float(row.mps_pinned_memory_limit_bytes) < peak:
             bad.append(f"{row.job_id}: MPS limit {row.mps_pinned_memory_limit_bytes} below peak {peak:.0f}")

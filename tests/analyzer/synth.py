@@ -7,6 +7,7 @@ the exporter would have produced for them, with the labels of docs/metrics.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -60,7 +61,7 @@ def frame(
     jobs: list[SynthJob], step: float = STEP, start: float = START, idle: list[IdleGpu] | None = None
 ) -> pd.DataFrame:
     """Long sample table (history schema) for the jobs (and GPUs that ran none)."""
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     gpus_seen: dict[str, tuple[str, str, set[int]]] = {
         gpu.uuid: (gpu.model, gpu.node, set(range(gpu.steps))) for gpu in idle or []
     }

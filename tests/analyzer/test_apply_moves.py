@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 
@@ -10,7 +11,7 @@ from gpulens.analyzer.changes import apply_moves
 from gpulens.analyzer.plan import Plan
 
 
-def _plan(moved: dict[str, dict]) -> Plan:
+def _plan(moved: dict[str, dict[str, Any]]) -> Plan:
     plan = Plan(0, 0, 0, {}, 0.0, 0.0, 168.0, [], {})
     plan.moved = moved
     return plan

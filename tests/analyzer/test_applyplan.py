@@ -73,7 +73,7 @@ def stand_in(directory: Path, name: str, text: str) -> None:
 
 def run_script(
     workdir: Path, files: dict[str, str], name: str, env: dict[str, str]
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     for file, text in files.items():
         (workdir / file).write_text(text)
     return subprocess.run(

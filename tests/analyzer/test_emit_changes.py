@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import yaml
 
@@ -15,11 +16,13 @@ from tests.analyzer.test_emit import A100, H100, HOUR, mig_gpu, mps_gpu, whole_g
 A100_80 = "A100-80GB"
 
 
-def plan(*layout: dict) -> Plan:
+def plan(*layout: dict[str, Any]) -> Plan:
     return Plan(0, 0, 0, {}, 0.0, 0.0, 1.0, list(layout), {})
 
 
-def fleet(gpus: dict[str, list[tuple]], source: str = "kubernetes", model: str = A100_80) -> em.FleetContext:
+def fleet(
+    gpus: dict[str, list[tuple[str, ...]]], source: str = "kubernetes", model: str = A100_80
+) -> em.FleetContext:
     """`gpus`: host -> one tuple per GPU index: (mode, job, job, ...); a MIG job is `job@profile`."""
     inventory = []
     rows = []
@@ -45,7 +48,7 @@ def fleet(gpus: dict[str, list[tuple]], source: str = "kubernetes", model: str =
     return em.context_from_rows(rows, inventory)
 
 
-def on(entry: dict, host: str, index: int) -> dict:
+def on(entry: dict[str, Any], host: str, index: int) -> dict[str, Any]:
     return {**entry, "uuid": f"GPU-{host}-{index}"}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ WINDOW = {"large": 6 * 3600.0}
 NOT_YET: dict[str, str] = {}
 
 
-def _scenarios() -> list:
+def _scenarios() -> list[Any]:  # scenario names, or pytest.param for the expected failures
     names = sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
     return [
         pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[n])) if n in NOT_YET else n

@@ -3,6 +3,8 @@ plan's use of both: the layout's tie-breaker between equal GPUs, the counts in p
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gpulens.analyzer import fragmentation
@@ -43,7 +45,7 @@ def test_the_task_mix_is_the_share_of_jobs_per_request_size():
     assert fragmentation.task_mix([]) == {1: 1.0}
 
 
-def _pcie_box(node: str) -> list[dict]:
+def _pcie_box(node: str) -> list[dict[str, Any]]:
     """Eight GPUs, two NUMA nodes of four under one switch each (a PCIe server)."""
     rows = []
     for a in range(8):

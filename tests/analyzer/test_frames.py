@@ -25,7 +25,7 @@ def _same(a: object, b: object) -> bool:
     return type(a) is type(b) and (a is b or a == b)
 
 
-def _frame(texts: list, numbers: list, mixed: list) -> pd.DataFrame:
+def _frame(texts: list[str], numbers: list[float], mixed: list[object]) -> pd.DataFrame:
     n = min(len(texts), len(numbers), len(mixed))
     return pd.DataFrame(
         {

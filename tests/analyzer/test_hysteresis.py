@@ -3,6 +3,8 @@ differs from it by noise, unless the cap binds or the memory need outgrows the l
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,7 +24,7 @@ GIB = 1024**3
 MIB = 1024**2
 
 
-def _row(p95: float, percentile: str = "p95", **extra: object) -> dict:
+def _row(p95: float, percentile: str = "p95", **extra: object) -> dict[str, Any]:
     return {"sizing_percentile": percentile, "sm_active_p95": p95, "sm_active_p99": p95, **extra}
 
 

@@ -3,6 +3,7 @@ packing with it gives the GPUs a test of every GPU gives."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -97,7 +98,7 @@ def pack_testing_every_gpu(items: list[Item], th, in_place: bool) -> list[tuple[
     """`plan.pack` with an index that never rules out a GPU: `fits` decides every GPU."""
 
     class Nothing(InstantLoad):
-        def over(self, at, own, bounds):  # type: ignore[override]
+        def over(self, at: float, own: Sequence[float], bounds: Sequence[tuple[str, float]]) -> list[bool]:
             return []
 
     original = plan.InstantLoad

@@ -3,6 +3,8 @@ not by the sum of each job's own p95."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +40,7 @@ def analysis(first: np.ndarray, second: np.ndarray, keep_series: bool = True):
     return analyze_profiles(profiles, th, "test", with_archetypes=False)
 
 
-def shared(result) -> list[dict]:
+def shared(result) -> list[dict[str, Any]]:
     return [e for e in result.plan.layout if e["sharing"] in (Kind.TIME_SLICING, Kind.MPS)]
 
 

@@ -86,6 +86,33 @@ def test_gaps_and_nan_lower_coverage_instead_of_failing(th):
     assert row["sm_active_mean"] == pytest.approx(0.3)
 
 
+def test_active_hours_count_the_clock_hours_with_activity_above_zero(th):
+    # 5 min steps from 00:05 for 6 h; activity once, at 00:30, and at the last step of 04:00-05:00
+    activity = flat(72, 0.0)
+    activity[[5, 59]] = 0.01
+    job = SynthJob("q", "GPU-a", activity, flat(72, GIB), first_step=1)
+    row = profiles_from_samples(synth.frame([job], step=300.0), 300.0, th).set_index("job_id").loc["q"]
+    assert (row["active_hours"], row["lifetime_hours"]) == (2, 6)
+
+
+def test_a_sample_on_the_hour_belongs_to_the_hour_it_ends(th):
+    # steps at 00:00 (alone in the hour ending then) and 00:05-01:00: two clock hours
+    activity = flat(13, 0.0)
+    activity[0] = 0.2
+    job = SynthJob("h", "GPU-a", activity, flat(13, GIB))
+    row = profiles_from_samples(synth.frame([job], step=300.0), 300.0, th).set_index("job_id").loc["h"]
+    assert (row["active_hours"], row["lifetime_hours"]) == (1, 2)
+
+
+def test_hours_without_a_sample_count_in_the_lifetime_not_as_active(th):
+    job = SynthJob("g", "GPU-a", flat(36, 0.3), flat(36, GIB), first_step=1)
+    frame = synth.frame([job], step=300.0)
+    hour_two = (frame["timestamp"] > synth.START + 3600) & (frame["timestamp"] <= synth.START + 7200)
+    frame = frame[~(hour_two & (frame["metric"] == "gpu_sm_active_ratio"))]
+    row = profiles_from_samples(frame, 300.0, th).set_index("job_id").loc["g"]
+    assert (row["active_hours"], row["lifetime_hours"]) == (2, 3)
+
+
 def test_shared_jobs_use_per_job_utilisation_and_split_the_gpu(th):
     jobs = [
         SynthJob("a", "GPU-s", flat(20, 0.2), flat(20, GIB), sharing="mps"),

@@ -123,6 +123,10 @@ def history_frame(start: float) -> pd.DataFrame:
             "odd-1", "GPU-odd-0005", steady(STEPS, 0.1, 0.05, seed=8), flat(STEPS, GIB), model="NVIDIA Odd"
         )
     )
+    # a request at 00:00 (alone in the clock hour ending then), none in the hour after
+    quiet = flat(STEPS, 0.0)
+    quiet[0] = 0.01
+    old.append(SynthJob("quiet-1", "GPU-quiet-0001", quiet, flat(STEPS, GIB)))
     # mps-1 and mps-2 come with today's shares (device figure + remainder); the others without
     frame = pd.concat(
         [synth.with_device_shares(synth.frame(jobs, start=start)), synth.frame(old, start=start)]
@@ -238,6 +242,7 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     assert from_prom.loc["share-1", "sm_active_max"] == pytest.approx(0.4)
     # shares plus the remainder (0.05 a step in `with_device_shares`) on the whole GPU's scale
     assert from_prom.loc["unlisted-1", "sm_active_mean"] == pytest.approx(0.025)
+    assert (from_prom.loc["quiet-1", "active_hours"], from_prom.loc["quiet-1", "lifetime_hours"]) == (1, 2)
     assert from_prom.loc["saw-1", "memory_restarts"] == 3
     assert from_prom.loc["saw-1", "memory_period_s"] == 15 * synth.STEP
     assert from_prom.loc["saw-1", "memory_cycle_slope_bytes_per_hour"] == pytest.approx(48 * GIB)

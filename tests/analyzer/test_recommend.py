@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -345,3 +347,62 @@ def test_a_live_low_traffic_server_is_never_reclaimed(th):
     recs = recs_for([server], th)
     assert recs.loc["server", "recommendation"] != "reclaim"
     assert recs.loc["server", "recommendation"] in ("mps", "time-slicing", "mig")
+
+
+def hourly(active_hours: int, hours: int = 24, level: float = 0.03) -> np.ndarray:
+    """5 min steps over `hours` clock hours, zero but for one sample of 3 % SM activity (a request)
+    in each of the first `active_hours` hours: every sample idle (under 5 %), median 0."""
+    activity = flat(12 * hours, 0.0)
+    activity[6 : 12 * active_hours : 12] = level
+    return activity
+
+
+def recs_at_5m(jobs, th) -> pd.DataFrame:
+    # first_step=1: the steps from 00:05 to 24:00 fill exactly `hours` clock hours
+    profiles = profiles_from_samples(synth.frame(jobs, step=300.0), 300.0, th)
+    return recommend(profiles, th).set_index("job_id")
+
+
+def test_a_server_active_in_most_hours_without_serving_metrics_is_shared_not_reclaimed(th):
+    # a request now and then, in every hour: idle by every per-sample figure, but it serves
+    server = SynthJob("triton", "GPU-a", hourly(24), flat(288, 6 * GIB), first_step=1)
+    row = recs_at_5m([server], th).loc["triton"]
+    assert row["sm_active_p50"] == 0 and row["idle_fraction"] >= th.reclaim.min_idle_fraction
+    assert row["recommendation"] == "time-slicing"
+    assert "active in 24 of 24 hours" in row["reason"] and "never reclaimed, may share" in row["reason"]
+
+
+def test_a_job_idle_most_hours_with_a_short_burst_is_still_reclaimed(th):
+    activity = flat(288, 0.0)
+    activity[100:112] = 0.6  # one hour's burst in a day
+    job = SynthJob("burst", "GPU-a", activity, flat(288, 6 * GIB), first_step=1)
+    row = recs_at_5m([job], th).loc["burst"]
+    assert (row["active_hours"], row["lifetime_hours"]) == (2, 24)  # the burst straddles an hour
+    assert row["recommendation"] == "reclaim"
+    assert row["reason"].startswith("allocated and idle")
+
+
+def test_a_job_active_in_the_threshold_share_of_its_hours_serves_and_one_hour_less_is_reclaimed(th):
+    th = dataclasses.replace(
+        th, reclaim=dataclasses.replace(th.reclaim, serving_min_active_hour_fraction=0.5)
+    )
+    jobs = [
+        SynthJob("half", "GPU-a", hourly(12), flat(288, 6 * GIB), first_step=1),
+        SynthJob("less", "GPU-b", hourly(11), flat(288, 6 * GIB), first_step=1),
+    ]
+    recs = recs_at_5m(jobs, th)
+    assert recs.loc["half", "recommendation"] != "reclaim"
+    assert (
+        "active in 12 of 24 hours (>= reclaim.serving_min_active_hour_fraction 50 %, "
+        "over at least reclaim.serving_min_hours 6)" in recs.loc["half", "reason"]
+    )
+    assert recs.loc["less", "recommendation"] == "reclaim"
+
+
+def test_a_job_active_every_hour_of_a_life_too_short_to_tell_is_no_server(th):
+    activity = flat(288, 0.0)
+    activity[12:60:12] = 0.03  # a few requests an hour, but alive only 4 hours of the day
+    job = SynthJob("short", "GPU-a", activity[:60], flat(60, 6 * GIB), first_step=1)
+    row = recs_at_5m([job], th).loc["short"]
+    assert row["lifetime_hours"] < th.reclaim.serving_min_hours
+    assert row["recommendation"] == "reclaim"

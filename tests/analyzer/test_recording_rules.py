@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -97,17 +98,29 @@ def test_every_activity_series_has_an_idle_twin_at_the_recorded_threshold():
 class AnsweringClient:
     """A PromClient stand-in: `answer(expr)` is the result of every query; `asked` keeps them."""
 
-    def __init__(self, answer: Callable[[str], list[dict]]) -> None:
+    def __init__(self, answer: Callable[[str], list[dict[str, Any]]]) -> None:
         self.answer = answer
         self.asked: list[str] = []
         self.base = "http://prometheus.test"
+        self.config = PromConfig(url=self.base, in_flight=1)
 
     def ask(self, expr: str, at: float) -> None:
         """Asking ahead is only a hint: this stand-in answers when the query comes."""
 
-    def query(self, expr: str, at: float) -> list[dict]:
+    def query(self, expr: str, at: float) -> list[dict[str, Any]]:
         self.asked.append(expr)
         return self.answer(expr)
+
+    def query_matrix(self, expr: str, at: float) -> list[dict[str, Any]]:
+        """Range answers (the per-bin demand series): none, so jobs pack by their percentiles."""
+        self.asked.append(expr)
+        return []
+
+
+def as_client(stand_in: AnsweringClient) -> PromClient:
+    """The stand-in where a PromClient is asked for: it answers the calls these paths make
+    (`ask`, `query`, `query_matrix`, `base`, `config`), which is all these paths read."""
+    return cast(PromClient, stand_in)
 
 
 def coverage_with(**stats: float) -> RuleCoverage | None:
@@ -115,10 +128,10 @@ def coverage_with(**stats: float) -> RuleCoverage | None:
     week = 7 * 86400.0
     answers = {"first": END - week + 300, "last": END, "interval": 300.0, **stats}
 
-    def answer(expr: str) -> list[dict]:
+    def answer(expr: str) -> list[dict[str, Any]]:
         return [{"metric": {"stat": k}, "value": [END, repr(v)]} for k, v in answers.items()]
 
-    coverage, _ = rule_coverage(AnsweringClient(answer), week, END)
+    coverage, _ = rule_coverage(as_client(AnsweringClient(answer)), week, END)
     return coverage
 
 
@@ -152,12 +165,12 @@ def rule_stats(th, has: tuple[str, ...], recorded_idle_below: float = 0.05) -> t
         migs=pd.DataFrame(columns=["uuid", "gpu_instance", "mig_profile"]),
     )
 
-    def answer(expr: str) -> list[dict]:
+    def answer(expr: str) -> list[dict[str, Any]]:
         sampled = any(name in expr for name in ("job_id:gpu_job_info:", *has))
         return [{"metric": {"job_id": "a"}, "value": [END, "1"]}] if sampled else []
 
     client = AnsweringClient(answer)
-    prom = PromSource(client, 7 * 86400, END, 300.0, log=None)
+    prom = PromSource(as_client(client), 7 * 86400, END, 300.0, log=None)
     coverage = RuleCoverage(END - 7 * 86400, END, 300.0, recorded_idle_below)
     stats = RuleStats(prom, coverage).stats(identity, th)
     return stats["a"], client.asked

@@ -23,6 +23,7 @@ from tests.support.procs import PROMETHEUS_ENGINES, find_binary, prometheus, use
 
 VLLM = "llm/chat-vllm-6f7b9c8d5-q4x2z"
 SGLANG = "llm/rag-sglang-0"
+TRITON = "vision/detect-triton-7c9d8b6f5-x7k2p"  # no server metrics scraped
 GIB = 1024**3
 STEP = 600.0
 START = 1_767_225_600.0  # aligned to the step
@@ -53,6 +54,19 @@ def test_a_low_traffic_server_is_never_reclaimed(recs):
     row = recs.loc[VLLM]
     assert row["idle_fraction"] >= load_thresholds().reclaim.min_idle_fraction  # looks idle ...
     assert row["recommendation"] != "reclaim"  # ... but it serves
+
+
+def test_a_quiet_server_without_its_metrics_is_active_every_hour_so_shared_not_reclaimed(recs):
+    th = load_thresholds()
+    row = recs.loc[TRITON]
+    assert row["serving_server"] == ""  # nobody scrapes its metrics: only its activity says it serves
+    assert row["sm_active_p50"] <= th.reclaim.serving_min_median  # a request now and then ...
+    assert row["idle_fraction"] >= th.reclaim.min_idle_fraction
+    hours = int(row["lifetime_hours"])  # a day: 24 clock hours, 25 when it starts off the hour
+    assert hours in (24, 25) and row["active_hours"] == hours  # ... in every hour of the day
+    assert row["recommendation"] in ("time-slicing", "mps", "mig")
+    assert f"active in {hours} of {hours} hours" in row["reason"]
+    assert "never reclaimed, may share" in row["reason"]
 
 
 def test_a_low_traffic_server_is_sized_from_its_kv_use_with_the_flag_value(recs):

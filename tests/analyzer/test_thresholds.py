@@ -10,7 +10,7 @@ from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.thresholds import DEFAULTS_PATH, load_thresholds
 
 
-def test_defaults_are_typed_frozen_sections():
+def test_defaults_are_typed_frozen_sections() -> None:
     th = load_thresholds()
     assert th.mps.min_thread_percentage == 10 and isinstance(th.mps.min_thread_percentage, int)
     assert th.headroom.memory_min_bytes == 1024**3

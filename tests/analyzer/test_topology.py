@@ -6,6 +6,7 @@ import itertools
 import json
 import subprocess
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -32,7 +33,7 @@ def pcie_split(tmp_path_factory):
     return out
 
 
-def _jobs(analysis) -> dict[str, dict]:
+def _jobs(analysis) -> dict[str, dict[str, Any]]:
     return {str(j["job_id"]): j for j in analysis.job_records()}
 
 
@@ -58,7 +59,7 @@ def test_the_split_job_ranks_among_the_actions(pcie_split, th):
     assert [a["job_id"] for a in analysis.top_actions()][:1] == ["7001"]
 
 
-def _node(links: dict[tuple[int, int], str], n: int, node: str = "n1") -> list[dict]:
+def _node(links: dict[tuple[int, int], str], n: int, node: str = "n1") -> list[dict[str, Any]]:
     return [
         {
             "instance": node,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,8 +56,9 @@ def grown(week1, tmp_path_factory) -> tuple[Scenario, Path]:
     return _week2(week1, tmp_path_factory.mktemp("week2-grown"), {GROWN: 3.0})
 
 
-def _week(report: Path) -> dict:
-    return json.loads((report / "week.json").read_text())
+def _week(report: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((report / "week.json").read_text())
+    return doc
 
 
 def _changes(report: Path) -> set[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def week1(tmp_path_factory) -> Path:
     return _report(root / "history", root / "report")
 
 
-def _week2(week1: Path, root: Path, grow: dict[str, float]) -> dict[str, dict]:
+def _week2(week1: Path, root: Path, grow: dict[str, float]) -> dict[str, dict[str, Any]]:
     """Week 2's outcome per job of last week's actions."""
     apply_plan_files(str(WEEK1), week1, root / "week2.yaml", grow=grow)
     simulate(
@@ -47,7 +48,7 @@ def _week2(week1: Path, root: Path, grow: dict[str, float]) -> dict[str, dict]:
     return {a["job_id"]: a for a in json.loads((report / "week.json").read_text())["actions"]}
 
 
-def _jobs(report: Path) -> dict[str, dict]:
+def _jobs(report: Path) -> dict[str, dict[str, Any]]:
     return {j["job_id"]: j for j in json.loads((report / "jobs.json").read_text())["jobs"]}
 
 

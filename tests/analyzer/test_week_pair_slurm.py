@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,11 +43,11 @@ def pair(tmp_path_factory) -> tuple[Path, Scenario, Path]:
     return week1, scenario, _report(root / "h2", root / "r2", "--previous", str(week1))
 
 
-def _jobs(report: Path) -> dict[str, dict]:
+def _jobs(report: Path) -> dict[str, dict[str, Any]]:
     return {j["job_id"]: j for j in json.loads((report / "jobs.json").read_text())["jobs"]}
 
 
-def _actions(report: Path) -> dict[str, dict]:
+def _actions(report: Path) -> dict[str, dict[str, Any]]:
     return {a["job_id"]: a for a in json.loads((report / "week.json").read_text())["actions"]}
 
 

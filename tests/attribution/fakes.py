@@ -116,6 +116,6 @@ def proc(
     )
 
 
-def by_job(usages):  # type: ignore[no-untyped-def]
+def by_job(usages):
     """(gpu, gpu_instance, job_id) -> JobUsage."""
     return {(u.gpu, u.gpu_instance, u.identity.job_id): u for u in usages}

@@ -14,16 +14,17 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 DRIVER = "gpu.nvidia.com"
 
 
-def nvidia_slice(node: str, devices: dict[str, str], version: str = "v1") -> dict:
+def nvidia_slice(node: str, devices: dict[str, str], version: str = "v1") -> dict[str, Any]:
     """A ResourceSlice as NVIDIA's DRA driver publishes a node's GPUs and MIG devices: device name
     (`gpu-<minor>`, `gpu-<minor>-mig-...`) -> its `uuid` attribute; pool named after the node.
     `v1beta1` nests attributes under `basic`, as that version does."""
 
-    def device(name: str, uuid: str) -> dict:
+    def device(name: str, uuid: str) -> dict[str, Any]:
         attributes = {"uuid": {"string": uuid}, "productName": {"string": "NVIDIA A100-SXM4-80GB"}}
         return (
             {"name": name, "basic": {"attributes": attributes}}
@@ -51,7 +52,7 @@ def nvidia_slice(node: str, devices: dict[str, str], version: str = "v1") -> dic
 class KubeApiStandIn:
     """ResourceSlices served under `version`; `status` (not 200) answers every request with it."""
 
-    slices: list[dict] = field(default_factory=list)
+    slices: list[dict[str, Any]] = field(default_factory=list)
     version: str = "v1"
     status: int = 200
     page_size: int = 500  # the most items per page, whatever `limit` asks

@@ -54,13 +54,13 @@ class FakeKubelet:
     list_calls: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def list_response(self, messages):  # type: ignore[no-untyped-def]
+    def list_response(self, messages):
         if self.answer is not None:
             return self.answer(messages)
         response = messages.ListPodResourcesResponse()
         pods: dict[tuple[str, str], object] = {}
 
-        def pod_entry(namespace: str, pod: str):  # type: ignore[no-untyped-def]
+        def pod_entry(namespace: str, pod: str):
             entry = pods.get((namespace, pod))
             if entry is None:
                 entry = pods[(namespace, pod)] = response.pod_resources.add(name=pod, namespace=namespace)
@@ -88,20 +88,20 @@ def kubelet_server(kubelet: FakeKubelet) -> Iterator[Path]:
     directory = Path(tempfile.mkdtemp(prefix="gl-kubelet-", dir="/tmp"))
     socket_path = directory / "kubelet.sock"
 
-    def list_handler(request, context):  # type: ignore[no-untyped-def]
+    def list_handler(request, context):
         with kubelet.lock:
             kubelet.list_calls += 1
         if kubelet.delay_s:
             time.sleep(kubelet.delay_s)
         return kubelet.list_response(messages)
 
-    def allocatable_handler(request, context):  # type: ignore[no-untyped-def]
+    def allocatable_handler(request, context):
         response = messages.AllocatableResourcesResponse()
         for _, _, _, resource, device_ids in kubelet.allocations:
             response.devices.add(resource_name=resource, device_ids=device_ids)
         return response
 
-    def get_handler(request, context):  # type: ignore[no-untyped-def]
+    def get_handler(request, context):
         full = kubelet.list_response(messages)
         for pod in full.pod_resources:
             if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
@@ -109,7 +109,7 @@ def kubelet_server(kubelet: FakeKubelet) -> Iterator[Path]:
         context.abort(grpc.StatusCode.NOT_FOUND, "pod not found")
         return None
 
-    def handler(fn, request_cls, response_cls):  # type: ignore[no-untyped-def]
+    def handler(fn, request_cls, response_cls):
         return grpc.unary_unary_rpc_method_handler(
             fn,
             request_deserializer=request_cls.FromString,

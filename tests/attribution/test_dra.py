@@ -23,7 +23,7 @@ def claim(namespace: str, pod: str, device: str, container: str = "main", name: 
     return ClaimAllocation(namespace, pod, container, name or f"{pod}-gpu", (ClaimDevice(device, cdi=cdi),))
 
 
-def attribute(node, kubelet: FakeKubelet, api: KubeApiStandIn, processes):  # type: ignore[no-untyped-def]
+def attribute(node, kubelet: FakeKubelet, api: KubeApiStandIn, processes):
     with kubelet_server(kubelet) as socket_path, kube_api(api) as url:
         attributor = node.attributor(pod_resources_socket=socket_path, kube_api=KubeApi(url), node_name=NODE)
         try:
@@ -208,7 +208,7 @@ def test_without_an_api_server_an_unnamed_dra_device_is_one_line(node, caplog):
 # -- hostile answers ------------------------------------------------------------------------
 
 
-def _response_with_claims(messages, claims: int, devices_per_claim: int):  # type: ignore[no-untyped-def]
+def _response_with_claims(messages, claims: int, devices_per_claim: int):
     response = messages.ListPodResourcesResponse()
     container = response.pod_resources.add(name="p", namespace="ml").containers.add(name="c")
     for i in range(claims):
@@ -239,7 +239,7 @@ def test_a_huge_dra_answer_is_one_line_and_the_client_keeps_working(node, caplog
 
 
 def test_an_answer_over_the_message_limit_is_refused_in_one_line(node, caplog):
-    def huge(messages):  # type: ignore[no-untyped-def]
+    def huge(messages):
         response = messages.ListPodResourcesResponse()
         for i in range(5):
             response.pod_resources.add(name=f"p{i}", namespace="x" * (1 << 20))
@@ -256,7 +256,7 @@ def test_an_answer_over_the_message_limit_is_refused_in_one_line(node, caplog):
 
 
 def test_claim_devices_missing_names_are_skipped_in_one_line(node, caplog):
-    def partial(messages):  # type: ignore[no-untyped-def]
+    def partial(messages):
         response = messages.ListPodResourcesResponse()
         good = response.pod_resources.add(name="good", namespace="ml").containers.add(name="c")
         good.dynamic_resources.add(claim_name="g", claim_namespace="ml").claim_resources.add(

@@ -15,7 +15,7 @@ from tests.attribution.fakes import CID_A, POD_UID_A, kube_systemd, proc, slurm_
 ENV = {"SLURM_JOB_ID": "1234", "SLURM_JOB_USER": "alice", "SLURM_JOB_ACCOUNT": "physics"}
 
 
-def _job_info(usages) -> list[dict[str, str]]:  # type: ignore[no-untyped-def]
+def _job_info(usages) -> list[dict[str, str]]:
     snapshot = NodeSnapshot(timestamp=1.0, duration_seconds=0.0, nvml_up=True, jobs=tuple(usages))
     [family] = [m for m in jobs.collect(snapshot, CollectorOptions()) if m.name == "gpu_job_info"]
     return [s.labels for s in family.samples]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +39,7 @@ class Clock:
 
 
 @pytest.fixture
-def lines() -> Lines:
+def lines() -> Iterator[Lines]:
     logger = logging.getLogger("tests.attribution.mapping_scale")
     logger.setLevel(logging.INFO)
     handler = Lines()
@@ -77,9 +79,12 @@ def test_unchanged_files_are_not_opened_again(tmp_path: Path, monkeypatch: pytes
     mapping.refresh()
     opened: list[str] = []
     real_open = os.open
-    monkeypatch.setattr(
-        os, "open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k)
-    )
+
+    def recording_open(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> int:
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
     entries = mapping.refresh()
     assert opened == []
     assert entries[MappingKey(gpu=3)][0].job_id == "300"

@@ -166,7 +166,7 @@ class _Clock:
         return self.now
 
 
-def _reader(node, clock: _Clock) -> ProcfsReader:  # type: ignore[no-untyped-def]
+def _reader(node, clock: _Clock) -> ProcfsReader:
     node.procfs.mkdir(parents=True, exist_ok=True)
     return ProcfsReader(node.procfs, LogOnce(logging.getLogger("tests.attribution")), ttl_s=30.0, clock=clock)
 

@@ -13,7 +13,7 @@ _ratio = st.floats(0, 1)
 
 
 @given(_weights, _ratio, st.one_of(st.none(), _ratio))
-def test_shares_and_remainder_add_up_to_the_device_figure(weights, device, duty) -> None:  # type: ignore[no-untyped-def]
+def test_shares_and_remainder_add_up_to_the_device_figure(weights, device, duty) -> None:
     shares = sm_shares(weights, device, duty)
     known = [s for s in shares.values() if s is not None]
     assert all(s >= 0 for s in known)
@@ -22,7 +22,7 @@ def test_shares_and_remainder_add_up_to_the_device_figure(weights, device, duty)
 
 
 @given(_weights, _ratio, st.one_of(st.none(), _ratio))
-def test_shares_keep_the_jobs_order(weights, device, duty) -> None:  # type: ignore[no-untyped-def]
+def test_shares_keep_the_jobs_order(weights, device, duty) -> None:
     shares = sm_shares(weights, device, duty)
     known = [(w, shares[k]) for k, w in weights.items() if w is not None]
     for w1, s1 in known:

@@ -20,7 +20,7 @@ patterns = pytest.importorskip("gpulens.sim.patterns")
 _pids = itertools.count(1000)
 
 
-def spec(job, kind="compute", uid=1000):  # type: ignore[no-untyped-def]
+def spec(job, kind="compute", uid=1000):
     return scenario.ProcessSpec(
         pid=next(_pids),
         gpu=0,
@@ -37,11 +37,11 @@ def spec(job, kind="compute", uid=1000):  # type: ignore[no-untyped-def]
     )
 
 
-def slurm(job_id, cgroup):  # type: ignore[no-untyped-def]
+def slurm(job_id, cgroup):
     return scenario.SlurmJob(job_id=job_id, user="alice", account="physics", step="0", task=0, cgroup=cgroup)
 
 
-def pod(name, uid, driver, runtime, qos, cgroup):  # type: ignore[no-untyped-def]
+def pod(name, uid, driver, runtime, qos, cgroup):
     return scenario.KubernetesJob(
         namespace="ml",
         pod=name,

@@ -13,7 +13,7 @@ from tests.attribution.fakes import GPU1, MIG_A, by_job, proc
 SCRIPTS = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
 
 
-def run(script: str, mapping_dir: Path, **env: str) -> subprocess.CompletedProcess:
+def run(script: str, mapping_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
     base = {"PATH": os.environ["PATH"], "GPULENS_JOB_MAPPING_DIR": str(mapping_dir)}
     return subprocess.run(
         ["bash", str(SCRIPTS / script)], env={**base, **env}, capture_output=True, text=True, timeout=30

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -37,7 +38,9 @@ from gpulens.devtools.bench.analyzer_report import (
 from gpulens.devtools.bench.report import render_markdown
 
 
-def _path(name: str, wall_s: float, rss: int, jobs: int = 10_000, samples: int = 20_000_000) -> dict:
+def _path(
+    name: str, wall_s: float, rss: int, jobs: int = 10_000, samples: int = 20_000_000
+) -> dict[str, Any]:
     promql = name != "history"
     return {
         "path": name,
@@ -61,7 +64,9 @@ def _path(name: str, wall_s: float, rss: int, jobs: int = 10_000, samples: int =
     }
 
 
-def _analyzer(rules_s: float, file_s: float, rss: int, jobs: int = 10_000, raw_s: float = 45.0) -> dict:
+def _analyzer(
+    rules_s: float, file_s: float, rss: int, jobs: int = 10_000, raw_s: float = 45.0
+) -> dict[str, Any]:
     return {
         "cluster": "c",
         "families": list(FAMILIES),
@@ -288,7 +293,9 @@ def test_tiny_analyzer_bench_runs_every_path_end_to_end(tmp_path):
     assert result.stdout.strip().splitlines()[-1].startswith("analyzer, file path: peak RSS")
 
 
-def _recorded_series(base: str, at: float, window_s: int) -> dict[tuple, list[tuple[float, str]]]:
+def _recorded_series(
+    base: str, at: float, window_s: int
+) -> dict[tuple[tuple[str, str], ...], list[tuple[float, str]]]:
     """Every analyzer rule series Prometheus holds: (name, labels) -> [(timestamp, value)]."""
     import urllib.parse
     import urllib.request

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from gpulens.devtools.bench.report import ratio_lines, render_markdown, target_l
 from gpulens.httpd.server import Response, Server
 
 
-def _exporter(name: str, cycle_ms: float, median_ms: float) -> dict:
+def _exporter(name: str, cycle_ms: float, median_ms: float) -> dict[str, Any]:
     return {
         "name": name,
         "version": "1",

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ REPLAYED = {
 }
 
 
-def _record(probes: dict, mig: list | None = None) -> dict:
+def _record(probes: dict[str, Any], mig: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"version": 1, "system": {}, "gpus": [{"index": 0, "probes": probes, "mig": mig or []}]}
 
 

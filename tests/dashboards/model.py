@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 JSON_DIR = REPO / "dashboards" / "json"
@@ -26,7 +27,7 @@ PROMQL_KEYWORDS = {
 class PanelRef:
     dashboard: str  # uid
     title: str
-    panel: dict
+    panel: dict[str, Any]
 
     @property
     def name(self) -> str:
@@ -37,7 +38,7 @@ class PanelRef:
         return [t["expr"] for t in self.panel.get("targets", [])]
 
 
-def dashboards() -> dict[str, dict]:
+def dashboards() -> dict[str, dict[str, Any]]:
     """uid -> dashboard JSON for every generated file."""
     out = {}
     for path in sorted(JSON_DIR.glob("*.json")):
@@ -46,7 +47,7 @@ def dashboards() -> dict[str, dict]:
     return out
 
 
-def panels(board: dict) -> Iterator[dict]:
+def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
     for panel in board.get("panels", []):
         yield panel
         yield from panel.get("panels", [])
@@ -62,7 +63,7 @@ def data_panels() -> list[PanelRef]:
     ]
 
 
-def link_urls(board: dict) -> list[str]:
+def link_urls(board: dict[str, Any]) -> list[str]:
     """Dashboard links plus the data links on panels and on table columns."""
     urls = [link["url"] for link in board.get("links", [])]
     for panel in panels(board):

@@ -51,8 +51,9 @@ def test_dashboards_are_not_editable_by_default() -> None:
     )
 
 
-def annotation(board: dict, name: str) -> dict:
-    (found,) = [a for a in board["annotations"]["list"] if a["name"] == name]
+def annotation(board: dict[str, Any], name: str) -> dict[str, Any]:
+    matches: list[dict[str, Any]] = [a for a in board["annotations"]["list"] if a["name"] == name]
+    (found,) = matches
     return found
 
 
@@ -71,7 +72,7 @@ def test_firing_alerts_and_xid_events_are_marked_on_every_dashboards_time_series
         assert xids["titleFormat"] == "Xid {{xid}}"
 
 
-def alert_table_links(board: dict) -> list[dict]:
+def alert_table_links(board: dict[str, Any]) -> list[dict[str, Any]]:
     (table,) = [p for p in panels(board) if p["title"] == "Open critical alerts"]
     return [
         link

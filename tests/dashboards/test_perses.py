@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,7 +18,7 @@ PERSES_DIR = REPO / "dashboards" / "perses"
 RESOURCES = REPO / "deploy" / "perses" / "perses-dashboards.yaml"
 
 
-def converted() -> dict[str, dict]:
+def converted() -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(PERSES_DIR.glob("*.json"))}
 
 

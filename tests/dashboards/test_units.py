@@ -44,7 +44,8 @@ def grafana_units(ids: list[str]) -> dict[str, dict[str, Any]]:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     # a dependency prints a banner first; the answer is the last line
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    doc: dict[str, dict[str, Any]] = json.loads(result.stdout.strip().splitlines()[-1])
+    return doc
 
 
 def used_units() -> list[str]:

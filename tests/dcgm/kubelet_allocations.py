@@ -70,12 +70,12 @@ def scenario_claims(name: str) -> tuple[list[ClaimAllocation], dict[str, str]]:
         job = spec.job
         if not isinstance(job, KubernetesJob):
             continue
-        inst = (
+        held = (
             next(i for i in gpus[spec.gpu].mig or () if i.gpu_instance_id == spec.instance)
             if (spec.instance is not None)
             else None
         )
-        device = dra_device_name(spec.gpu, inst)
+        device = dra_device_name(spec.gpu, held)
         cdi = (f"k8s.gpu.nvidia.com/claim=0c1d2e3f-{device}",)
         claims.append(
             ClaimAllocation(

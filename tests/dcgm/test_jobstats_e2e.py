@@ -43,7 +43,7 @@ def job_stats(prom: PromAPI, queries: dict[str, str], jobid: int) -> dict[str, d
 
 
 @pytest.fixture(scope="module", params=PROMETHEUS_ENGINES)
-def prom(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+def prom(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
     """jobstats' queries against Prometheus 2 and 3 (left-open ranges and subqueries)."""
     tmp_path: Path = tmp_path_factory.mktemp("jobstats")
     with (

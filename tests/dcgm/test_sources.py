@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.core import Metric
 
 from gpulens.exporter.backends.gpm import GpmProfiler
 from gpulens.exporter.backends.profiling_source import make_profiler_factory
@@ -20,7 +21,7 @@ from gpulens.sim.dcgm.hostengine import EngineOptions
 from tests.dcgm.conftest import STEP, Sim, one, series, two_samples
 
 
-def sources(families: list) -> dict[str, str]:
+def sources(families: list[Metric]) -> dict[str, str]:
     return {
         labels["gpu"]: labels["source"] for labels, _ in series(families, "gpulens_profiling_source_info")
     }
@@ -130,7 +131,8 @@ def test_gpm_on_h100_matches_the_scenario_activity(simulate: Callable[[str], Sim
         expected = sim.activity(gpu)
         assert one(families, "gpu_sm_active_ratio", gpu=str(gpu)) == pytest.approx(expected.sm, abs=0.02)
         assert one(families, "gpu_dram_active_ratio", gpu=str(gpu)) == pytest.approx(expected.dram, abs=0.02)
-    assert one(families, "gpu_sm_active_ratio", gpu="3") > 0.3  # the training job
+    training = one(families, "gpu_sm_active_ratio", gpu="3")
+    assert training is not None and training > 0.3  # the training job
     assert one(families, "gpu_sm_active_ratio", gpu="7") == pytest.approx(0.0, abs=0.01)  # idle
     mig = one(families, "gpu_mig_sm_active_ratio", gpu="1", gpu_instance="1")
     assert mig == pytest.approx(sim.activity(1, 1).sm, abs=0.02)
@@ -161,7 +163,7 @@ def test_gpm_on_h200_matches_a_constant_workload(simulate: Callable[[str], Sim],
     families = two_samples(sim.exporter(), sim)
     busy = one(families, "gpu_sm_active_ratio", gpu="0")
     assert busy == pytest.approx(sim.activity(0).sm, abs=0.02)
-    assert busy > 0.4
+    assert busy is not None and busy > 0.4
     assert one(families, "gpu_sm_active_ratio", gpu="1") == pytest.approx(0.0, abs=0.01)
     assert sources(families) == {"0": "gpm", "1": "gpm"}
 

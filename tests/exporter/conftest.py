@@ -10,12 +10,13 @@ from gpulens.exporter.app import Exporter
 from gpulens.exporter.collectors import REGISTRY
 from gpulens.exporter.config import ExporterConfig
 from gpulens.sim.install import install, uninstall
+from gpulens.sim.state import SimNode
 from tests.sim.static_node import StaticNode, example_node
 
 ALL_COLLECTORS = frozenset(REGISTRY)
 
 
-def make_exporter(node: StaticNode, **config: object) -> Exporter:
+def make_exporter(node: SimNode, **config: object) -> Exporter:
     settings: dict[str, object] = {
         "interval": 1.0,
         "nvml_timeout": 0.5,

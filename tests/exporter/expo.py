@@ -20,3 +20,10 @@ def value(text: str | bytes, name: str, **labels: str) -> float | None:
     matches = [s for s in samples(text, name) if all(s.labels.get(k) == v for k, v in labels.items())]
     assert len(matches) <= 1, matches
     return matches[0].value if matches else None
+
+
+def present(text: str | bytes, name: str, **labels: str) -> float:
+    """`value`, for a sample the test needs there: fails naming the sample when it is absent."""
+    found = value(text, name, **labels)
+    assert found is not None, f"no {name} sample with {labels}"
+    return found

@@ -9,10 +9,12 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpulens.exporter.app import Exporter
+from gpulens.exporter.snapshot import NodeSnapshot
 from tests.exporter.conftest import make_exporter
 from tests.exporter.expo import samples, value
 from tests.sim.static_node import StaticNode
@@ -52,9 +54,9 @@ def test_a_missed_deadline_is_logged_once_per_outage_with_the_directory_size(
     mapped.sample_once()
     deadline = mapped.config.read_deadline()
 
-    def slow(snapshot: object) -> tuple:
+    def slow(snapshot: NodeSnapshot) -> tuple[Any, ...]:
         time.sleep(deadline * 1.5)
-        return fast(snapshot)  # type: ignore[arg-type]
+        return fast(snapshot)
 
     with caplog.at_level(logging.INFO):
         mapped.sampler.attribute = slow
@@ -80,9 +82,9 @@ def test_deadline_misses_are_counted_in_the_exporters_own_series(mapped: Exporte
     deadline = mapped.config.read_deadline()
     assert value(text_of(mapped), "gpulens_attribution_deadline_misses_total") == 0
 
-    def slow(snapshot: object) -> tuple:
+    def slow(snapshot: NodeSnapshot) -> tuple[Any, ...]:
         time.sleep(deadline * 1.5)
-        return fast(snapshot)  # type: ignore[arg-type]
+        return fast(snapshot)
 
     mapped.sampler.attribute = slow
     text = text_of(mapped)

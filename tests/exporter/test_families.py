@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
@@ -16,15 +18,17 @@ values = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.integers(min_value=-(2**53), max_value=2**53),
 )
+# one sample: (label values, value)
+Row = tuple[tuple[str, str], float]
 rows = st.lists(st.tuples(st.tuples(label_values, label_values), values), max_size=6)
 
 
-def _library(families: list) -> tuple[bytes, bytes]:
+def _library(families: Iterable[Metric]) -> tuple[bytes, bytes]:
     return generate_latest(registry_for(families)), generate_openmetrics(registry_for(families))
 
 
 @given(rows)
-def test_a_row_gauge_renders_the_bytes_of_a_library_gauge(data: list) -> None:
+def test_a_row_gauge_renders_the_bytes_of_a_library_gauge(data: list[Row]) -> None:
     ours, theirs = RowGauge("g", "help", ["b", "a"]), GaugeMetricFamily("g", "help", labels=["b", "a"])
     for labels, value in data:
         ours.add_metric(list(labels), value)
@@ -34,7 +38,7 @@ def test_a_row_gauge_renders_the_bytes_of_a_library_gauge(data: list) -> None:
 
 
 @given(rows)
-def test_a_row_counter_renders_the_bytes_of_a_library_counter(data: list) -> None:
+def test_a_row_counter_renders_the_bytes_of_a_library_counter(data: list[Row]) -> None:
     ours, theirs = (
         RowCounter("c_total", "help", ["x", "y"]),
         CounterMetricFamily("c_total", "help", labels=["x", "y"]),
@@ -72,7 +76,7 @@ def test_counting_samples_does_not_turn_rows_into_samples() -> None:
     assert rows_of(family) == ("g", (), [((), 1.0)])
 
 
-def _gauges(data: list) -> tuple[RowGauge, GaugeMetricFamily]:
+def _gauges(data: list[Row]) -> tuple[RowGauge, GaugeMetricFamily]:
     ours, theirs = RowGauge("g", "help", ["b", "a"]), GaugeMetricFamily("g", "help", labels=["b", "a"])
     for labels, value in data:
         ours.add_metric(list(labels), value)
@@ -81,7 +85,9 @@ def _gauges(data: list) -> tuple[RowGauge, GaugeMetricFamily]:
 
 
 @given(st.lists(rows, min_size=2, max_size=4))
-def test_a_renderer_kept_across_cycles_renders_each_cycle_as_the_library_does(cycles: list) -> None:
+def test_a_renderer_kept_across_cycles_renders_each_cycle_as_the_library_does(
+    cycles: list[list[Row]],
+) -> None:
     renderer = Renderer()  # caches label sets, templates and bodies from one cycle to the next
     for data in cycles:
         ours, theirs = _gauges(data)
@@ -90,7 +96,9 @@ def test_a_renderer_kept_across_cycles_renders_each_cycle_as_the_library_does(cy
 
 
 @given(st.lists(st.tuples(label_values, label_values), min_size=1, max_size=5, unique=True), st.data())
-def test_the_same_label_sets_with_new_values_render_as_the_library_does(labels: list, data) -> None:  # type: ignore[no-untyped-def]
+def test_the_same_label_sets_with_new_values_render_as_the_library_does(
+    labels: list[tuple[str, str]], data: st.DataObject
+) -> None:
     renderer = Renderer()
     for _ in range(3):  # same devices every cycle, values anywhere (small, past 1e6, inf, nan)
         cycle = [(pair, data.draw(values)) for pair in labels]

@@ -43,7 +43,7 @@ def test_json_lines_carry_the_same_keys() -> None:
     assert list(payload) == ["time", "level", "logger", "msg"]
 
 
-def test_logfmt_is_the_default_and_warn_is_a_level(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_logfmt_is_the_default_and_warn_is_a_level(capsys) -> None:
     root = logging.getLogger("gpulens")
     saved = (root.handlers[:], root.level, root.propagate)
     try:

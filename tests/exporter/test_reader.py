@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -10,7 +11,7 @@ from gpulens.exporter.reader import HUNG_OUTCOME, Failed, GpuReader
 
 
 @pytest.fixture
-def reader() -> GpuReader[str]:
+def reader() -> Iterator[GpuReader[str]]:
     r: GpuReader[str] = GpuReader()
     yield r
     r.close()

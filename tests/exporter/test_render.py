@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import gzip
+from collections.abc import Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpulens.exporter.render import accepts_gzip, render, wants_openmetrics
 
@@ -49,7 +50,7 @@ def test_rendered_variants_carry_the_same_samples() -> None:
     assert b"# TYPE gpu_xid_errors counter" in rendered.openmetrics
 
 
-def _library_render(families: list) -> tuple[bytes, bytes]:
+def _library_render(families: Iterable[Metric]) -> tuple[bytes, bytes]:
     from prometheus_client.exposition import generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 

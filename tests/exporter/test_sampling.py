@@ -12,7 +12,7 @@ import pytest
 from gpulens.exporter.app import GC_YOUNG_THRESHOLD, Exporter
 from gpulens.exporter.collectors import DEFAULT_ENABLED
 from tests.exporter.conftest import make_exporter
-from tests.exporter.expo import samples, value
+from tests.exporter.expo import present, samples, value
 from tests.sim.static_node import StaticNode
 from tests.support.waiting import wait_until
 
@@ -68,11 +68,10 @@ def test_mps_server_and_clients(exporter: Exporter) -> None:
 
 def test_memory_used_excludes_reserved(exporter: Exporter) -> None:
     text = text_of(exporter)
-    total = value(text, "gpu_memory_total_bytes", gpu="3")
-    used = value(text, "gpu_memory_used_bytes", gpu="3")
-    free = value(text, "gpu_memory_free_bytes", gpu="3")
-    reserved = value(text, "gpu_memory_reserved_bytes", gpu="3")
-    assert None not in (total, used, free, reserved)
+    total = present(text, "gpu_memory_total_bytes", gpu="3")
+    used = present(text, "gpu_memory_used_bytes", gpu="3")
+    free = present(text, "gpu_memory_free_bytes", gpu="3")
+    reserved = present(text, "gpu_memory_reserved_bytes", gpu="3")
     assert used + free + reserved == total
     assert reserved == 512 * 1024**2
 
@@ -153,6 +152,7 @@ def test_xid_events_are_counted_per_gpu_and_per_mig_instance(exporter: Exporter,
 
 def test_the_watcher_thread_counts_every_event_between_samples(exporter: Exporter, node: StaticNode) -> None:
     exporter.sample_once()
+    assert exporter.xid is not None
     exporter.xid.start(timeout_ms=50)
     exporter.sampler.poll_events_inline = False
     for _ in range(5):
@@ -226,7 +226,7 @@ def test_gpm_profiling_needs_two_samples_and_reports_ratios(exporter: Exporter, 
     text = text_of(exporter)
     assert value(text, "gpulens_profiling_source_info", gpu="0", source="gpm") == 1
     assert value(text, "gpulens_profiling_source_info", gpu="2", source="nvml") == 1  # A100: no GPM
-    assert abs(value(text, "gpu_mig_sm_active_ratio", gpu="0", gpu_instance="1") - 0.25) < 1e-6
+    assert abs(present(text, "gpu_mig_sm_active_ratio", gpu="0", gpu_instance="1") - 0.25) < 1e-6
     assert value(text, "gpu_sm_active_ratio", gpu="2") is None
 
 
@@ -304,6 +304,7 @@ def test_event_wait_errors_are_logged_once_and_do_not_spin(
         raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
 
     monkeypatch.setattr(pynvml, "nvmlEventSetWait", failing_wait)
+    assert exporter.xid is not None
     with caplog.at_level(logging.INFO, logger="gpulens"):
         exporter.xid.start(timeout_ms=100)
         time.sleep(0.6)

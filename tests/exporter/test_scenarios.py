@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from prometheus_client.core import Metric
 
 from gpulens.sim.scenario import SlurmJob, list_builtin, load_scenario
 from tests.exporter.expo import samples
@@ -74,7 +75,11 @@ def test_openmetrics_output_passes_the_strict_parser(scenario: str, compat: str,
     assert any(f.name == "gpu_up" for f in families)
     text = scenario_exposition(scenario, tmp_path / "text", compat=compat)
 
-    def names(fams: list) -> list:  # (sample name, labels); the text parser appends _total to counters
+    def names(
+        fams: list[Metric],
+    ) -> list[
+        tuple[str, tuple[tuple[str, str], ...]]
+    ]:  # (sample name, labels); the text parser appends _total to counters
         return sorted(
             (s.name.removesuffix("_total"), tuple(sorted(s.labels.items()))) for f in fams for s in f.samples
         )

@@ -55,7 +55,7 @@ def publication(rendered: Rendered | None = None) -> Published:
 
 
 @contextlib.contextmanager
-def exporter_server(**kwargs) -> Iterator[HttpServer]:  # type: ignore[no-untyped-def]
+def exporter_server(**kwargs) -> Iterator[HttpServer]:
     server = HttpServer(StubExporter(publication(), ExporterConfig()), "127.0.0.1", 0, **kwargs)
     server.start()
     try:

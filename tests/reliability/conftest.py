@@ -24,7 +24,9 @@ def bad_input(request: pytest.FixtureRequest) -> Callable[[str, int], None]:
     return count
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
     counts = config.stash.get(BAD_INPUT_CASES, {})
     if not counts:
         return

@@ -79,16 +79,16 @@ def main() -> None:
                 slow[sock] = True
                 counts["trickled_bytes"] += sent
         for key, _ in selector.select(timeout=0.01):
-            sock = key.fileobj
-            assert isinstance(sock, socket.socket)
+            ready = key.fileobj
+            assert isinstance(ready, socket.socket)
             try:
-                data = sock.recv(4096)
+                data = ready.recv(4096)
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError:
                 data = b""
             counts["answered_by_server" if data else "closed_by_server"] += 1
-            drop(sock)
+            drop(ready)
     print(json.dumps(counts), flush=True)
 
 

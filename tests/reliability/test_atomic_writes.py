@@ -410,7 +410,9 @@ def previous_report(out: Path, layout: str, old: dict[str, str]) -> None:
 LAYOUTS = ["swapped", "plain files", "none"]
 
 
-def count_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, old: dict, new: dict) -> int:
+def count_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, old: dict[str, Any], new: dict[str, Any]
+) -> int:
     previous_report(tmp_path / "count", layout, old)
     steps = Steps()
     monkeypatch.setattr(atomicfile, "_rename", steps)

@@ -58,10 +58,12 @@ def one_line(message: str, *names: str) -> None:
 
 
 # ---- scenario files ------------------------------------------------------------------------------
+# a place in a YAML document: the keys and list indexes leading to it
+DocPath = tuple[str | int, ...]
 DGX = yaml.safe_load((BUILTIN_DIR / "dgx-h100.yaml").read_text())
 
 
-def paths_of(node: Any, prefix: tuple = ()) -> list[tuple]:
+def paths_of(node: Any, prefix: DocPath = ()) -> list[DocPath]:
     out = [prefix]
     if isinstance(node, dict):
         for key, child in node.items():
@@ -75,7 +77,7 @@ def paths_of(node: Any, prefix: tuple = ()) -> list[tuple]:
 DGX_PATHS = [p for p in paths_of(DGX) if p]
 
 
-def mutate(doc: Any, path: tuple, action: str, junk: Any) -> Any:
+def mutate(doc: Any, path: DocPath, action: str, junk: Any) -> Any:
     doc = copy.deepcopy(doc)
     parent = doc
     for key in path[:-1]:
@@ -97,7 +99,7 @@ def mutate(doc: Any, path: tuple, action: str, junk: Any) -> Any:
     junk=JUNK,
 )
 def test_mutated_scenarios_load_or_fail_with_one_line(
-    bad_input: Count, path: tuple, action: str, junk: Any
+    bad_input: Count, path: DocPath, action: str, junk: Any
 ) -> None:
     bad_input("scenario file (fuzzed)")
     doc = mutate(DGX, path, action, junk)
@@ -235,7 +237,7 @@ class Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-BAD_MAPPING_FILES: dict[str, Callable[[Path, Path], None]] = {
+BAD_MAPPING_FILES: dict[str, Callable[[Path, Path], object]] = {  # each plants one bad file
     "garbage": lambda d, _: (d / "1").write_text("job 1 2 3 4 extra fields\n{]\n"),
     "huge": lambda d, _: (d / "2").write_bytes(b"4711\n" * (DEFAULT_MAX_BYTES // 5 + 10)),
     "binary": lambda d, _: (d / "3").write_bytes(b"\x7fELF\x00\x01\xff\xfe" * 20),

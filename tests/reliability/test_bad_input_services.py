@@ -254,11 +254,11 @@ class FakePrometheus:
             server.server_close()
 
 
-def vector(*items: dict) -> bytes:
+def vector(*items: dict[str, Any]) -> bytes:
     return json.dumps({"status": "success", "data": {"resultType": "vector", "result": list(items)}}).encode()
 
 
-JOB = {
+JOB: dict[str, Any] = {
     "metric": {
         "job_id": "5101",
         "uuid": "GPU-1",

@@ -90,7 +90,7 @@ def test_twenty_scrapers_through_a_fault_timeline(tmp_path: Path) -> None:
     )
     assert len(latencies) > SCRAPERS * LOAD_SECONDS, f"only {len(latencies)} scrapes"
 
-    def seen(predicate) -> bool:  # type: ignore[no-untyped-def]
+    def seen(predicate) -> bool:
         return any(predicate(body) for _, body in log.bodies)
 
     assert seen(lambda b: value(b, "gpulens_nvml_up") == 0)  # the mismatch was served, not hidden

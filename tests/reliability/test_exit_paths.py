@@ -36,7 +36,12 @@ def default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def wait_for(found: Callable[[], object], what: str, proc: subprocess.Popen, timeout: float = 60) -> object:
+def wait_for(
+    found: Callable[[], object],
+    what: str,
+    proc: subprocess.Popen[bytes] | subprocess.Popen[str],
+    timeout: float = 60,
+) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = found()
@@ -51,7 +56,7 @@ def wait_for(found: Callable[[], object], what: str, proc: subprocess.Popen, tim
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: signal.Signals(s).name)
 def test_the_exporter_removes_the_simulator_directory_on_a_signal(tmp_path: Path, sig: int) -> None:
     port = free_port()
-    proc = subprocess.Popen(
+    proc = subprocess.Popen[bytes](
         [
             sys.executable,
             "-m",
@@ -96,7 +101,7 @@ def test_sim_run_passes_the_signal_on_and_removes_its_files(tmp_path: Path, sig:
             library_dir()
         except NativeBuildError as error:
             pytest.skip(f"native driver unavailable: {error}")
-    proc = subprocess.Popen(
+    proc = subprocess.Popen[bytes](
         [*GPULENS, "sim", "run", "seed-case", "--driver", driver, "--", sys.executable, "-c", CHILD],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -127,7 +132,7 @@ def test_simulate_leaves_the_previous_history_and_nothing_else(tmp_path: Path, s
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen(
+    proc = subprocess.Popen[bytes](
         [*GPULENS, "simulate", "seed-case", "--duration", "60d", "--step", "60s", "--out", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -125,7 +125,7 @@ def test_a_hung_call_is_logged_once(live: LiveExporter) -> None:
 def test_nvml_failing_at_start_serves_nvml_up_0_and_recovers_when_it_appears(
     tmp_path: Path, code: int, error: str
 ) -> None:
-    def fail_init(node) -> None:  # type: ignore[no-untyped-def]
+    def fail_init(node) -> None:
         node.set_init_error(code, seconds=2.5)  # retries at 0, 1 and 3 s: the third succeeds
 
     with live_exporter(tmp_path, interval=INTERVAL, before_start=fail_init) as live:
@@ -152,13 +152,13 @@ def test_nvml_failing_at_start_serves_nvml_up_0_and_recovers_when_it_appears(
 class FailingWhileArmed:
     """Stands in for an NVML call: raises `error` while armed."""
 
-    def __init__(self, real, error: BaseException) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, real, error: BaseException) -> None:
         self.real = real
         self.error = error
         self.armed = threading.Event()
         self.failed = 0
 
-    def __call__(self, *args):  # type: ignore[no-untyped-def]
+    def __call__(self, *args):
         if self.armed.is_set():
             self.failed += 1
             raise self.error
@@ -254,13 +254,13 @@ def test_mps_server_restart_is_seen_and_recovered(tmp_path: Path) -> None:
 class FailingEventWait:
     """Stands in for nvmlEventSetWait: raises `error` while armed, counting the calls."""
 
-    def __init__(self, real, error: BaseException) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, real, error: BaseException) -> None:
         self.real = real
         self.error = error
         self.armed = threading.Event()
         self.calls = 0
 
-    def __call__(self, event_set, timeout_ms):  # type: ignore[no-untyped-def]
+    def __call__(self, event_set, timeout_ms):
         if self.armed.is_set():
             self.calls += 1
             raise self.error
@@ -349,7 +349,7 @@ def test_procfs_entries_vanishing_between_listing_and_reading(tmp_path: Path) ->
         live.assert_scrapes_healthy()
 
 
-def _unidentified(node) -> None:  # type: ignore[no-untyped-def]
+def _unidentified(node) -> None:
     # a process with no job anywhere makes the attributor ask the kubelet
     node.add_process({"pid": 77001, "gpu": 7, "workload": {"pattern": "constant", "memory": "1GiB"}})
 
@@ -405,7 +405,7 @@ def live_with_dcgm(tmp_path: Path) -> Iterator[tuple[LiveExporter, Any]]:
     """The exporter with `--profiling dcgm` against a simulated standalone nv-hostengine."""
     from gpulens.sim.dcgm import BINDINGS_DIR, hostengine
 
-    def standalone_engine(node) -> None:  # type: ignore[no-untyped-def]
+    def standalone_engine(node) -> None:
         hostengine.install(node, hostengine.EngineOptions(listen=DCGM_ADDRESS, embedded=False))
 
     try:
@@ -464,14 +464,14 @@ class SlowEventWait:
     """Stands in for nvmlEventSetWait: while armed, each wait lasts until `released` is set, or at
     most `hold` seconds (a quiet GPU node)."""
 
-    def __init__(self, real, hold: float) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, real, hold: float) -> None:
         self.real = real
         self.hold = hold
         self.armed = threading.Event()
         self.waiting = threading.Event()
         self.released = threading.Event()
 
-    def __call__(self, event_set, timeout_ms):  # type: ignore[no-untyped-def]
+    def __call__(self, event_set, timeout_ms):
         if not self.armed.is_set():
             return self.real(event_set, timeout_ms)
         self.waiting.set()
@@ -502,13 +502,13 @@ class VanishingInstance:
     about has its instance destroyed right then, and answers INVALID_ARGUMENT as NVML does for a MIG
     handle whose instance is gone (the instance was listed earlier in the same sample)."""
 
-    def __init__(self, real, node) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, real, node) -> None:
         self.real = real
         self.node = node
         self.armed = threading.Event()
         self.destroyed: list[int] = []
 
-    def __call__(self, handle):  # type: ignore[no-untyped-def]
+    def __call__(self, handle):
         if self.armed.is_set():
             try:
                 gpu_instance = int(pynvml.nvmlDeviceGetGpuInstanceId(handle))

@@ -52,7 +52,9 @@ def _limit_descriptors() -> None:
 
 
 @contextlib.contextmanager
-def daemon(cmd: list[str], ready: str, log_path: Path, env: dict[str, str]) -> Iterator[subprocess.Popen]:
+def daemon(
+    cmd: list[str], ready: str, log_path: Path, env: dict[str, str]
+) -> Iterator[subprocess.Popen[bytes]]:
     """`cmd` under a 1,024-descriptor limit until the context exits; waits for `ready` to answer."""
     with running(cmd, ready, log_path, timeout=60, env=env, preexec_fn=_limit_descriptors) as proc:
         yield proc
@@ -70,10 +72,10 @@ def open_descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def attack(port: int, connections: int, rate: float, hold: float, path: str) -> subprocess.Popen:
+def attack(port: int, connections: int, rate: float, hold: float, path: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, str(HOSTILE), "--port", str(port), "--connections", str(connections)]
     cmd += ["--rate", str(rate), "--hold", str(hold), "--path", path]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen[bytes](cmd, stdout=subprocess.PIPE, text=True)
 
 
 class KeptAliveClient:
@@ -156,7 +158,7 @@ def run_attack(
 
 def test_5000_idle_and_slowloris_connections_under_1024_descriptors_leave_every_scrape_answered(
     tmp_path: Path, bad_input
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     port = free_port()
     cmd = [sys.executable, "-m", "gpulens.exporter.cli", "--simulate", "dgx-h100"]
     cmd += ["--web.listen-address", f"127.0.0.1:{port}"]
@@ -188,7 +190,7 @@ def test_5000_idle_and_slowloris_connections_under_1024_descriptors_leave_every_
 
 def test_2000_idle_and_slowloris_connections_under_1024_descriptors_leave_the_receiver_answering(
     tmp_path: Path, bad_input
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     port = free_port()
     cmd = receiver_command(tmp_path, port)
     ready = f"http://127.0.0.1:{port}/-/healthy"

@@ -427,7 +427,12 @@ GIB = 1024**3
     ],
 )
 def test_the_default_memory_limit_is_the_smaller_of_the_machine_and_the_cgroup(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, files: dict, self_cgroup: str, expected: Any
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+    files: dict[str, Any],
+    self_cgroup: str,
+    expected: Any,
 ) -> None:
     root, proc = fake_cgroups(tmp_path, "", files, self_cgroup)
     physical = memlimit.physical_memory()

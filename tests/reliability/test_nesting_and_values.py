@@ -198,7 +198,8 @@ def test_an_impossible_sample_in_a_history_is_one_line_naming_file_family_and_co
     metric, timestamp, value, column = IMPOSSIBLE[case]
     frame_ts = synth.frame(synth.seed_case(5))["timestamp"].iloc[0]
     root = history_with(tmp_path, metric, frame_ts if timestamp is None else timestamp, value, fmt == "csv")
-    for families in (None, {metric: []}):  # the long table and the streaming path
+    streaming: dict[str, list[str]] = {metric: []}
+    for families in (None, streaming):  # the long table and the streaming path
         with pytest.raises(AnalyzerError) as failed:
             read_history(root, families=families)
         bad_input("impossible value: history")

@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
@@ -67,7 +68,7 @@ def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
-def _cert(subject: str, key, issuer: str, issuer_key, *, ca: bool = False, ip: str | None = None):  # type: ignore[no-untyped-def]
+def _cert(subject: str, key, issuer: str, issuer_key, *, ca: bool = False, ip: str | None = None):
     now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
@@ -86,7 +87,7 @@ def _cert(subject: str, key, issuer: str, issuer_key, *, ca: bool = False, ip: s
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def _write(path: Path, cert=None, key=None) -> Path:  # type: ignore[no-untyped-def]
+def _write(path: Path, cert=None, key=None) -> Path:
     if cert is not None:
         path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     else:
@@ -148,7 +149,9 @@ def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
-def fetch(url: str, ctx: ssl.SSLContext, authorization: str | None = None) -> tuple[int, dict, bytes]:
+def fetch(
+    url: str, ctx: ssl.SSLContext, authorization: str | None = None
+) -> tuple[int, dict[str, Any], bytes]:
     headers = {"Authorization": authorization} if authorization else {}
     try:
         with urllib.request.urlopen(
@@ -161,7 +164,7 @@ def fetch(url: str, ctx: ssl.SSLContext, authorization: str | None = None) -> tu
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveExporter]:
-    def plant(node) -> None:  # type: ignore[no-untyped-def]
+    def plant(node) -> None:
         # secrets in the environment and command line of processes the exporter attributes
         node.add_process(
             {
@@ -222,7 +225,7 @@ WRONG = {
 @pytest.mark.parametrize("path", ["/metrics", "/", "/-/healthy", "/-/ready", "/nope"])
 def test_wrong_credentials_get_401_and_nothing_else(
     live: LiveExporter, pki: Pki, tmp_path: Path, path: str, bad_input
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     with https_server(live, web_config(tmp_path, pki)) as url:
         for what, authorization in WRONG.items():
             bad_input("credentials")
@@ -421,7 +424,8 @@ def post(url: str, body: bytes, authorization: str | None) -> int:
     }
     try:
         with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=10) as r:
-            return r.status
+            status: int = r.status
+            return status
     except urllib.error.HTTPError as exc:
         return exc.code
 
@@ -440,7 +444,7 @@ REFUSED = {
 
 def test_the_remediation_receiver_refuses_callers_without_the_token(
     receiver: tuple[str, Path], bad_input
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     url, record = receiver
     for what, authorization in REFUSED.items():
         bad_input("remediation caller")
@@ -469,7 +473,7 @@ def test_a_real_prometheus_scrapes_over_mutual_tls_with_basic_auth_and_wrong_cre
         target = url.removeprefix("https://")
         tls = {"ca_file": str(pki.ca), "cert_file": str(pki.client_cert), "key_file": str(pki.client_key)}
 
-        def job(name: str, password: str) -> dict:
+        def job(name: str, password: str) -> dict[str, Any]:
             return {
                 "job_name": name,
                 "scheme": "https",
@@ -503,7 +507,7 @@ def test_a_real_prometheus_scrapes_over_mutual_tls_with_basic_auth_and_wrong_cre
             assert prom.query('gpu_up{job="gpulens-wrong"}') == []
 
 
-def test_the_remediation_receiver_in_basic_auth_mode_refuses_wrong_credentials(bad_input) -> None:  # type: ignore[no-untyped-def]
+def test_the_remediation_receiver_in_basic_auth_mode_refuses_wrong_credentials(bad_input) -> None:
     import threading
 
     from gpulens.remediate.auth import Authenticator

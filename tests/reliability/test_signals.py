@@ -37,7 +37,8 @@ def status(url: str, user: str, password: str) -> int:
     request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
     try:
         with urllib.request.urlopen(request, timeout=5) as answer:
-            return answer.status
+            status: int = answer.status
+            return status
     except urllib.error.HTTPError as exc:
         return exc.code
     except OSError:  # not listening yet
@@ -45,13 +46,13 @@ def status(url: str, user: str, password: str) -> int:
 
 
 @contextlib.contextmanager
-def exporter(tmp_path: Path, *extra: str) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+def exporter(tmp_path: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
     port = free_port()
     log_path = tmp_path / "exporter.log"
     cmd = [sys.executable, "-m", "gpulens.exporter.cli", "--simulate", "dgx-h100"]
     cmd += ["--web.listen-address", f"127.0.0.1:{port}", *extra]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
+        proc = subprocess.Popen[bytes](
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(tmp_path)}
         )
         try:
@@ -138,7 +139,7 @@ def test_the_receiver_logs_sighup_and_keeps_serving(tmp_path: Path) -> None:
     cmd += ["--backend", "slurm", "--token-file", str(tmp_path / "token")]
     log_path = tmp_path / "receiver.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen[bytes](cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_http(f"http://127.0.0.1:{port}/-/healthy", timeout=30, proc=proc)
             proc.send_signal(signal.SIGHUP)

@@ -56,7 +56,7 @@ def readers(
 
 def ask(
     port: int, method: str, path: str, headers: dict[str, str], body: bytes | None = None, tls=None
-) -> tuple[int, bytes]:  # type: ignore[no-untyped-def]
+) -> tuple[int, bytes]:
     """One request on a fresh connection (a probe's way); (0, reason) when it failed."""
     if tls is not None:
         conn: http.client.HTTPConnection = http.client.HTTPSConnection(
@@ -86,7 +86,8 @@ def under_attack(attacker: subprocess.Popen[str], step: Callable[[], None]) -> d
         if attacker.poll() is None:
             attacker.kill()
     assert attacker.returncode == 0
-    return json.loads(out)
+    doc: dict[str, int] = json.loads(out)
+    return doc
 
 
 def exporter_under_slow_readers(tmp_path: Path, tls: bool) -> None:

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -28,7 +29,7 @@ NODE = "gpu-faulty-01"  # the `faults` scenario's hostname; Prometheus relabels 
 TOKEN = "e2e-loop-token"
 
 
-def _json(url: str) -> object:
+def _json(url: str) -> Any:  # a JSON document: its shape is what the tests check
     """GET with the webhook's bearer token: /-/state is behind the same credentials as /alerts."""
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -37,7 +38,8 @@ def _json(url: str) -> object:
 
 def _text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as response:
-        return response.read().decode()
+        text: str = response.read().decode()
+        return text
 
 
 def _wait(what: str, probe, timeout: float):
@@ -122,7 +124,7 @@ def receiver_cmd(port: int, token: Path, state: Path, prom: str, *backend: str) 
     ]
 
 
-def audit(state: Path) -> list[dict]:
+def audit(state: Path) -> list[dict[str, Any]]:
     path = state / "audit.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 

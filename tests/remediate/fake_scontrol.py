@@ -49,9 +49,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
-def _line(name: str, node: dict) -> str:
+def _line(name: str, node: dict[str, Any]) -> str:
     line = (
         f"NodeName={name} Arch=x86_64 CPUTot=128 State={node.get('State', 'MIXED')} Gres=gpu:h100:8 "
         f"Partitions=gpu BootTime={node.get('BootTime', '2026-11-29T08:00:00')}"
@@ -61,11 +62,12 @@ def _line(name: str, node: dict) -> str:
     return line
 
 
-def _node(state: dict, name: str) -> dict | None:
+def _node(state: dict[str, Any], name: str) -> dict[str, Any] | None:
     nodes = state.setdefault("nodes", {})
     if name not in nodes and state.get("any_node", True):
         nodes[name] = dict(state.get("default", {"State": "MIXED"}))
-    return nodes.get(name)
+    doc: dict[str, Any] | None = nodes.get(name)
+    return doc
 
 
 def _option(args: list[str], key: str) -> str | None:
@@ -91,7 +93,7 @@ def main(path: str, args: list[str]) -> int:
         return _run(path, args)
 
 
-def _hang(state: dict, args: list[str]) -> None:
+def _hang(state: dict[str, Any], args: list[str]) -> None:
     """A call naming a hung node (once gpulens drained it) waits until its release file exists,
     without holding the lock: every other node's calls go on meanwhile."""
     for node, release in state.get("hang", {}).items():
@@ -104,7 +106,7 @@ def _hang(state: dict, args: list[str]) -> None:
                 time.sleep(0.05)
 
 
-def _record(state: dict, argv: list[str]) -> None:
+def _record(state: dict[str, Any], argv: list[str]) -> None:
     """Append the call to the record, and to the `.during` record with the nodes hanging now."""
     with open(state["record"], "a") as handle:
         handle.write(json.dumps(argv) + "\n")
@@ -185,7 +187,7 @@ def _sbatch(path: str, args: list[str]) -> int:
     return 0
 
 
-def _schedule(state: dict, path: str) -> None:
+def _schedule(state: dict[str, Any], path: str) -> None:
     """One pass of slurmctld's scheduler over the pending batch jobs."""
     reservations = state.get("reservations", {})
     for job_id, job in state.get("batch", {}).items():
@@ -206,7 +208,7 @@ def _schedule(state: dict, path: str) -> None:
                 _finish(job_id, job, path)
 
 
-def _finish(job_id: str, job: dict, path: str) -> None:
+def _finish(job_id: str, job: dict[str, Any], path: str) -> None:
     """Run the job's command on "its node" (here), as the batch script would."""
     command = shlex.split(job["wrap"])
     if command[:1] == ["gpulens"]:
@@ -309,7 +311,7 @@ def _run(path: str, args: list[str]) -> int:
     return code
 
 
-def _create_reservation(state: dict, args: list[str]) -> int:
+def _create_reservation(state: dict[str, Any], args: list[str]) -> int:
     name = _option(args, "ReservationName") or ""
     nodes = _option(args, "Nodes") or ""
     reservations = state.setdefault("reservations", {})

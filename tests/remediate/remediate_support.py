@@ -74,8 +74,9 @@ def write_fake_scontrol(
     return bin_dir, record
 
 
-def scontrol_state(tmp_path: Path) -> dict:
-    return json.loads((tmp_path / "scontrol-state.json").read_text())
+def scontrol_state(tmp_path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((tmp_path / "scontrol-state.json").read_text())
+    return doc
 
 
 def scontrol_updates(record: Path) -> list[list[str]]:
@@ -113,23 +114,23 @@ class KubeStandIn:
     its pod, labelled job-name, is listed under /api/v1/namespaces/NS/pods with that message.
     """
 
-    nodes: dict[str, dict] = field(default_factory=dict)
-    pods: list[dict] = field(default_factory=list)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: list[dict[str, Any]] = field(default_factory=list)
     pdb_blocked: set[str] = field(default_factory=set)  # pod names whose eviction answers 429
     conflicts: int = 0  # how many times another writer changes a node between GET and PATCH
-    configmaps: dict[str, dict] = field(default_factory=dict)  # "namespace/name" -> object
-    jobs: dict[str, dict] = field(default_factory=dict)  # "namespace/name" -> object
+    configmaps: dict[str, dict[str, Any]] = field(default_factory=dict)  # "namespace/name" -> object
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # "namespace/name" -> object
     job_outcome: str = "succeeded"
     kubelet: Any = None  # Callable[[dict], tuple[int, str]] for diagnostic Jobs
-    job_pods: list[dict] = field(default_factory=list)
+    job_pods: list[dict[str, Any]] = field(default_factory=list)
     hold: dict[str, threading.Event] = field(default_factory=dict)
     held: threading.Event = field(default_factory=threading.Event)
     redirect: str = ""
     # DRA: with `dra` the API serves resource.k8s.io (v1 ResourceSlices, v1beta2 DeviceTaintRules)
     dra: bool = False
     dra_unavailable: bool = False  # resource.k8s.io answers 503 (an aggregated API or etcd trouble)
-    resource_slices: list[dict] = field(default_factory=list)
-    device_taint_rules: dict[str, dict] = field(default_factory=dict)  # name -> object
+    resource_slices: list[dict[str, Any]] = field(default_factory=list)
+    device_taint_rules: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> object
     requests: list[KubeRequest] = field(default_factory=list)
     url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -160,7 +161,7 @@ class KubeStandIn:
                     names.append(device["name"])
         return names
 
-    def episode_records(self, node: str) -> dict[str, dict]:
+    def episode_records(self, node: str) -> dict[str, dict[str, Any]]:
         """The episodes kept on `node` (annotations episodes.gpulens.io/...), by annotation key."""
         annotations = self.nodes[node].get("metadata", {}).get("annotations") or {}
         return {k: json.loads(v) for k, v in annotations.items() if k.startswith("episodes.gpulens.io/")}
@@ -169,7 +170,7 @@ class KubeStandIn:
 DRA_DRIVER = "gpu.nvidia.com"
 
 
-def gpu_slice(node: str, uuids: list[str], mig: dict[str, list[str]] | None = None) -> dict:
+def gpu_slice(node: str, uuids: list[str], mig: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """A ResourceSlice as NVIDIA's DRA driver publishes a node's GPUs (resource.k8s.io/v1): one
     device `gpu-<i>` per GPU with its `uuid` attribute, and `gpu-<i>-mig-<j>` per MIG device of the
     GPUs named in `mig` (uuid -> MIG uuids) with their `parentUUID`."""
@@ -192,7 +193,7 @@ def gpu_slice(node: str, uuids: list[str], mig: dict[str, list[str]] | None = No
     }
 
 
-def _merge(target: dict, patch: dict) -> dict:
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     """JSON merge patch (RFC 7386)."""
     for key, value in patch.items():
         if value is None:
@@ -335,8 +336,8 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                 self._reply(200, seen)
             elif url.path == "/api/v1/pods":  # pods of a node, in pages like the node list
                 query = urllib.parse.parse_qs(url.query)
-                node = query.get("fieldSelector", [""])[0].removeprefix("spec.nodeName=")
-                everything = [p for p in state.pods if p["spec"]["nodeName"] == node]
+                on = query.get("fieldSelector", [""])[0].removeprefix("spec.nodeName=")
+                everything = [p for p in state.pods if p["spec"]["nodeName"] == on]
                 limit = int(query.get("limit", ["0"])[0]) or len(everything) or 1
                 start = int(query.get("continue", ["0"])[0])
                 more = str(start + limit) if start + limit < len(everything) else ""
@@ -366,6 +367,7 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             body = self._record()
             if self._redirected():
                 return
+            assert isinstance(body, dict), f"a PATCH body is a JSON object, got {body!r}"
             parts = urllib.parse.urlparse(self.path).path.strip("/").split("/")
             if len(parts) == 6 and parts[4] == "configmaps":
                 obj = state.configmaps.get(f"{parts[3]}/{parts[5]}")
@@ -416,7 +418,7 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
             name = parts[-2]
             self._reply(429 if name in state.pdb_blocked else 201, {"kind": "Status"})
 
-        def _run_job(self, job: dict) -> None:
+        def _run_job(self, job: dict[str, Any]) -> None:
             """What the kubelet of the pinned node reports once the Job's pod ran."""
             labels = job.get("metadata", {}).get("labels", {})
             if labels.get("gpulens.io/action") == "diagnose":
@@ -434,7 +436,7 @@ def _handler(state: KubeStandIn) -> type[BaseHTTPRequestHandler]:
                     info = node.setdefault("status", {}).setdefault("nodeInfo", {})
                     info["bootID"] = f"boot-{len(state.jobs) + 2}"
 
-        def _run_diagnostic(self, job: dict) -> None:
+        def _run_diagnostic(self, job: dict[str, Any]) -> None:
             exit_status, message = (state.kubelet or run_diagnostic())(job)
             job["status"] = {"succeeded": 1} if exit_status == 0 else {"failed": 1}
             condition = "Complete" if exit_status == 0 else "Failed"
@@ -462,7 +464,7 @@ def run_diagnostic(bin_dir: Path | None = None, env: dict[str, str] | None = Non
     with `bin_dir` first on the PATH (where a test puts its `dcgmi`), and reports its exit status
     and its verdict line as the termination message."""
 
-    def run(job: dict) -> tuple[int, str]:
+    def run(job: dict[str, Any]) -> tuple[int, str]:
         command = job["spec"]["template"]["spec"]["containers"][0]["command"]
         assert command[:3] == ["gpulens", "remediate", "diag"], command
         environment = {**os.environ, **(env or {})}
@@ -552,7 +554,7 @@ def alert(
     fingerprint: str | None = None,
     starts_at: str = "2026-11-29T21:00:00Z",
     **labels: str,
-) -> dict:
+) -> dict[str, Any]:
     all_labels = {
         "alertname": alertname,
         "instance": instance,
@@ -574,7 +576,7 @@ def alert(
     }
 
 
-def notification(*alerts: dict) -> dict:
+def notification(*alerts: dict[str, Any]) -> dict[str, Any]:
     return {
         "version": "4",
         "status": "firing",
@@ -604,12 +606,15 @@ def post(
         return exc.code, exc.read().decode()
 
 
-def state(base: str, authorization: str | None = f"Bearer {TOKEN}") -> dict:
+def state(base: str, authorization: str | None = f"Bearer {TOKEN}") -> dict[str, Any]:
     """The receiver's /-/state document (behind the receiver's credentials, like its writes)."""
-    return json.loads(get(f"{base}/-/state", authorization)[1])
+    doc: dict[str, Any] = json.loads(get(f"{base}/-/state", authorization)[1])
+    return doc
 
 
-def wait_drained(base: str, timeout: float = WAIT_S, authorization: str | None = f"Bearer {TOKEN}") -> dict:
+def wait_drained(
+    base: str, timeout: float = WAIT_S, authorization: str | None = f"Bearer {TOKEN}"
+) -> dict[str, Any]:
     """Wait until the receiver at `base` has acted on every notification it queued (its /-/state
     `queue.pending` is 0); returns that state. `timeout` only guards against a hang."""
     deadline = time.monotonic() + timeout
@@ -620,7 +625,7 @@ def wait_drained(base: str, timeout: float = WAIT_S, authorization: str | None =
     return doc
 
 
-def wait_actions(base: str, node: str, timeout: float = WAIT_S) -> list[dict]:
+def wait_actions(base: str, node: str, timeout: float = WAIT_S) -> list[dict[str, Any]]:
     """Wait until the receiver at `base` has recorded an action on `node`; returns its actions there.
     For a notification posted while another is still being acted on (`deliver` waits for both)."""
     deadline = time.monotonic() + timeout
@@ -631,7 +636,9 @@ def wait_actions(base: str, node: str, timeout: float = WAIT_S) -> list[dict]:
     return actions
 
 
-def deliver(base: str, body: dict, authorization: str | None = f"Bearer {TOKEN}") -> list[dict]:
+def deliver(
+    base: str, body: dict[str, Any], authorization: str | None = f"Bearer {TOKEN}"
+) -> list[dict[str, Any]]:
     """POST a notification to the receiver at `base`, wait until it has been acted on and return the
     actions it recorded (as /-/state shows them): what `POST /alerts` itself answered before the
     queue. One notification at a time: the actions are told apart by their place in the history."""
@@ -641,7 +648,8 @@ def deliver(base: str, body: dict, authorization: str | None = f"Bearer {TOKEN}"
     assert json.loads(answer)["queued"] == len(body["alerts"]), answer
     actions = wait_drained(base, authorization=authorization)["actions"]
     assert len(actions) < MAX_HISTORY, "too many actions to tell this notification's apart"
-    return actions[before:]
+    items: list[dict[str, Any]] = actions[before:]
+    return items
 
 
 def get(url: str, authorization: str | None = f"Bearer {TOKEN}") -> tuple[int, str]:

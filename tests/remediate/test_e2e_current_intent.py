@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,13 +117,13 @@ def test_a_manual_return_in_the_middle_of_an_episode_stops_every_later_action(tm
     assert "gpulens_remediate_isolated_nodes 0.0" in metrics
 
 
-def during(record: Path) -> list[dict]:
+def during(record: Path) -> list[dict[str, Any]]:
     """The stand-in's calls, each with the nodes that had a call hanging at that moment."""
     path = Path(f"{record}.during")
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def steps_of(record: Path, node: str) -> list[dict]:
+def steps_of(record: Path, node: str) -> list[dict[str, Any]]:
     """The calls that change `node` (reads left out)."""
     named = {f"NodeName={node}", f"Nodes={node}", f"--nodelist={node}", node}
     return [d for d in during(record) if d["call"][0] not in ("show",) and named & set(d["call"])]

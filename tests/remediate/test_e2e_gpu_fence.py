@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -86,8 +87,8 @@ class Run:
     stand_in: KubeStandIn
     state: Path
     uuids: list[str]
-    rules_then: dict
-    node_then: dict
+    rules_then: dict[str, Any]
+    node_then: dict[str, Any]
     schedulable_then: list[str]
     metrics: str
 

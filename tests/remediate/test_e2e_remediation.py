@@ -13,6 +13,7 @@ import json
 import sys
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ NODE = "gpu-faulty-01"  # the scenario's hostname; Prometheus relabels the insta
 TOKEN = "e2e-webhook-token"
 
 
-def _json(url: str) -> object:
+def _json(url: str) -> Any:  # a JSON document: its shape is what the tests check
     """GET with the webhook's bearer token: /-/state is behind the same credentials as /alerts."""
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -84,7 +85,8 @@ def test_xid79_isolates_its_node_and_the_lost_gpu_symptom_is_inhibited(tmp_path)
             ) as prom:
 
                 def actions() -> list[dict]:
-                    return _json(f"{webhook}/-/state")["actions"]
+                    items: list[dict[str, Any]] = _json(f"{webhook}/-/state")["actions"]
+                    return items
 
                 def xid79() -> list[dict]:
                     return [a for a in actions() if a["alertname"] == "GPUXidFallenOffBus"]

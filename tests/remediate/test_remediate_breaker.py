@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -44,11 +45,11 @@ class Clock:
         return self.now
 
 
-def _results(actions: list[dict]) -> list[str]:
+def _results(actions: list[dict[str, Any]]) -> list[str]:
     return [a["result"] for a in actions]
 
 
-def _node(name: str) -> dict:
+def _node(name: str) -> dict[str, Any]:
     return {"kind": "Node", "metadata": {"name": name, "resourceVersion": "1"}, "spec": {}}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -30,7 +31,7 @@ from tests.remediate.remediate_support import (
 from tests.remediate.test_remediate_fencing import HOLD_DOWN, NODE, UUIDS, Clock, cluster, fault, fencing
 
 
-def scenario(tmp_path: Path, *faults: dict) -> Path:
+def scenario(tmp_path: Path, *faults: dict[str, Any]) -> Path:
     doc = yaml.safe_load((BUILTIN_DIR / "faults.yaml").read_text())
     doc["faults"] = {"timeline": list(faults)}
     path = tmp_path / "node.yaml"
@@ -61,7 +62,7 @@ def through_the_hold_down(base: str, rem, clock: Clock) -> None:
     rem.reconciler.tick()  # its verdict (and the return, when it passed)
 
 
-def diag_jobs(stand_in) -> list[dict]:
+def diag_jobs(stand_in) -> list[dict[str, Any]]:
     return [j for j in stand_in.jobs.values() if j["metadata"]["labels"]["gpulens.io/action"] == "diagnose"]
 
 

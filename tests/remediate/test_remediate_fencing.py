@@ -7,6 +7,7 @@ Kubernetes API stand-in with DRA; time is a test clock and each reconcile pass o
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,9 @@ NODE = "gpu-17"
 UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(8)]
 
 
-def fault(name: str, recovery: str, gpu: int = 3, status: str = "firing", kind: str = "isolate_gpu") -> dict:
+def fault(
+    name: str, recovery: str, gpu: int = 3, status: str = "firing", kind: str = "isolate_gpu"
+) -> dict[str, Any]:
     return alert(
         alertname=name,
         instance=f"{NODE}:9842",
@@ -62,8 +65,9 @@ def policy(**overrides) -> LoopPolicy:
     return LoopPolicy(**{"hold_down_s": HOLD_DOWN, "action_timeout_s": 30, **overrides})
 
 
-def episodes(remediator) -> list[dict]:
-    return remediator.state()["episodes"]
+def episodes(remediator) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = remediator.state()["episodes"]
+    return items
 
 
 def test_a_reset_class_fault_fences_that_gpu_with_no_execute_and_leaves_the_node_schedulable():

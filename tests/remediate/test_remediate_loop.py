@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ from tests.remediate.remediate_support import (
 HOLD_DOWN = 600.0
 
 
-def fault(name: str, recovery: str, status: str = "firing", **labels: str) -> dict:
+def fault(name: str, recovery: str, status: str = "firing", **labels: str) -> dict[str, Any]:
     kind = "isolate_node" if recovery == "reboot_node" else "isolate_gpu"
     return alert(
         alertname=name,
@@ -50,7 +51,7 @@ def fault(name: str, recovery: str, status: str = "firing", **labels: str) -> di
     )
 
 
-def episodes(remediator) -> dict[str, dict]:
+def episodes(remediator) -> dict[str, dict[str, Any]]:
     return {e["id"]: e for e in remediator.state()["episodes"]}
 
 
@@ -539,13 +540,13 @@ def test_a_node_whose_calls_hang_does_not_delay_another_nodes_steps(slurm, tmp_p
     hang, entered = threading.Event(), threading.Event()
     can_start = isolator.can_start
 
-    def slow_for_one_node(episode, deadline):  # type: ignore[no-untyped-def]
+    def slow_for_one_node(episode, deadline):
         if episode.node == "gpu-hung":
             entered.set()
             hang.wait(30)
         return can_start(episode, deadline)
 
-    isolator.can_start = slow_for_one_node  # type: ignore[method-assign]
+    isolator.can_start = slow_for_one_node
     with receiver(isolator, dry_run=False, clock=clock, policy=_policy()) as (base, rem):
         deliver(base, notification(fault("GPUXidFallenOffBus", "reboot_node", instance="gpu-hung:9842")))
         deliver(

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any, cast
 
 from gpulens.httpclient import Deadline
 from gpulens.remediate.breaker import CircuitBreaker
@@ -21,7 +22,7 @@ from gpulens.remediate.model import Alert, IsolationRequest, Outcome
 from gpulens.remediate.payload import parse_webhook
 from gpulens.remediate.plan import node_of
 from gpulens.remediate.queue import NotificationQueue, QueueLimits
-from gpulens.remediate.recovery import Recorded
+from gpulens.remediate.recovery import Backend, Recorded
 from gpulens.remediate.service import Remediator
 from tests.remediate.remediate_support import (
     TOKEN,
@@ -73,14 +74,14 @@ class FakeIsolator:
         return Recorded([], {})
 
 
-def _alerts(*raw: dict) -> list[Alert]:
+def _alerts(*raw: dict[str, Any]) -> list[Alert]:
     return parse_webhook(json.dumps(notification(*raw)).encode())
 
 
 def _remediator(isolator: FakeIsolator, state_dir: Path) -> Remediator:
     """A receiver's service on `state_dir`, as `--apply --state-dir` builds it (no HTTP)."""
     return Remediator(
-        isolator,
+        cast(Backend, isolator),  # the isolation half of a backend: these tests end before recovery
         CircuitBreaker(10, 3600),
         dry_run=False,
         audit_log=state_dir / "audit.jsonl",

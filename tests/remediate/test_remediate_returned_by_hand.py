@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from typing import Any
 
 from gpulens.remediate.kubernetes import TAINT_KEY, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.loop import LoopPolicy
@@ -30,7 +31,7 @@ NODE = "gpu-17"
 BY_HAND = 'gpulens_remediate_episodes_total{outcome="returned_by_hand",recovery="reboot_node"} 1.0'
 
 
-def fault(status: str = "firing") -> dict:
+def fault(status: str = "firing") -> dict[str, Any]:
     return alert(
         alertname="GPUXidFallenOffBus",
         instance=f"{NODE}:9842",
@@ -47,8 +48,9 @@ def policy(**overrides) -> LoopPolicy:
     return LoopPolicy(**{"hold_down_s": HOLD_DOWN, "action_timeout_s": 30, **overrides})
 
 
-def open_episodes(remediator) -> list[dict]:
-    return remediator.state()["episodes"]
+def open_episodes(remediator) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = remediator.state()["episodes"]
+    return items
 
 
 def audit(path) -> list[tuple[str, str]]:

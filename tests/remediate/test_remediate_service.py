@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -40,8 +41,9 @@ from tests.remediate.remediate_support import (
 from tests.support.procs import free_port, wait_http
 
 
-def _state(base: str) -> dict:
-    return json.loads(get(f"{base}/-/state")[1])
+def _state(base: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(get(f"{base}/-/state")[1])
+    return doc
 
 
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong", "Basic YW06cHc=", f"Token {TOKEN}"])
@@ -169,7 +171,9 @@ def test_metrics_count_actions_and_requests(scontrol):
     assert "gpulens_remediate_breaker_open 0.0" in metrics
 
 
-def _node(name: str, taints: list | None = None, unschedulable: bool = False) -> dict:
+def _node(
+    name: str, taints: list[dict[str, str]] | None = None, unschedulable: bool = False
+) -> dict[str, Any]:
     return {
         "kind": "Node",
         "metadata": {"name": name, "annotations": {}, "resourceVersion": "7"},
@@ -177,7 +181,7 @@ def _node(name: str, taints: list | None = None, unschedulable: bool = False) ->
     }
 
 
-def _pod(name: str, node: str, owner: str = "ReplicaSet", phase: str = "Running") -> dict:
+def _pod(name: str, node: str, owner: str = "ReplicaSet", phase: str = "Running") -> dict[str, Any]:
     return {
         "metadata": {"name": name, "namespace": "ml", "ownerReferences": [{"kind": owner, "name": "o"}]},
         "spec": {"nodeName": node},
@@ -210,7 +214,7 @@ def kube(tmp_path):
     token_file = tmp_path / "kube-token"
     token_file.write_text("kube-sa-token\n")
     with kube_api(state):
-        state.client = KubernetesClient(state.url, token_file=token_file)  # type: ignore[attr-defined]
+        state.client = KubernetesClient(state.url, token_file=token_file)
         yield state
 
 
@@ -291,7 +295,9 @@ def test_kubernetes_dry_run_touches_nothing_and_describes_the_patch(kube):
     assert detail.endswith("evict every non-DaemonSet pod on gpu-1 via the Eviction API")
 
 
-def _cli(*args: str, env: dict | None = None, timeout: float = 20) -> subprocess.CompletedProcess:
+def _cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 20
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpulens.cli", "remediate", *args],
         capture_output=True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ NODE = "gpu-17"
 RESERVATION = f"gpulens-diag-{NODE}"
 
 
-def fault(status: str = "firing") -> dict:
+def fault(status: str = "firing") -> dict[str, Any]:
     return alert(
         alertname="GPUXidFallenOffBus",
         instance=f"{NODE}:9842",
@@ -80,7 +81,7 @@ def audit(path: Path) -> list[str]:
 def slurm_node(tmp_path, monkeypatch):
     """The stateful Slurm stand-in whose jobs find the simulated node's dcgmi (passing by default)."""
 
-    def make(*faults: dict, **options: object) -> Path:
+    def make(*faults: dict[str, Any], **options: Any) -> Path:  # options: write_fake_scontrol's
         bin_dir, record = write_fake_scontrol(tmp_path, stateful=True, user="gpulens", **options)
         sim_dcgmi(bin_dir, scenario(tmp_path, *faults))
         monkeypatch.setenv("PATH", path_with(bin_dir)["PATH"])

@@ -62,7 +62,8 @@ class NativeHandle:
 
     @property
     def initialized(self) -> bool:
-        return self._refcount() > 0
+        count: int = self._refcount()
+        return count > 0
 
 
 def _reset_pynvml() -> None:

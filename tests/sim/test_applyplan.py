@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -25,6 +26,7 @@ from gpulens.sim.scenario import (
     PINNED_MEM_LIMIT,
     THREAD_PERCENTAGE,
     KubernetesJob,
+    ProcessSpec,
     Scenario,
     SlurmJob,
     load_scenario,
@@ -39,14 +41,14 @@ RANKER, EMBEDDER, FEATURIZE = (
 )
 
 
-def _report(history: Path, out: Path, *extra: str) -> dict:
+def _report(history: Path, out: Path, *extra: str) -> dict[str, Any]:
     assert main(["report", "--history", str(history), "--out", str(out), *extra]) == 0
     jobs = json.loads((out / "jobs.json").read_text())["jobs"]
     return {"plan": json.loads((out / "plan.json").read_text()), "jobs": {j["job_id"]: j for j in jobs}}
 
 
 @pytest.fixture(scope="module")
-def week1(tmp_path_factory) -> tuple[Path, dict]:
+def week1(tmp_path_factory) -> tuple[Path, dict[str, Any]]:
     root = tmp_path_factory.mktemp("week1")
     simulate(str(WEEK1), duration_s=DAY, out=root / "history", step_s=STEP, start=1_750_000_200.0)
     return root / "report", _report(root / "history", root / "report")
@@ -58,8 +60,22 @@ def week2(week1, tmp_path_factory) -> tuple[Path, Scenario]:
     return out, apply_plan_files(str(WEEK1), week1[0], out)
 
 
-def _by_workload(scenario: Scenario) -> dict[str, list]:
-    out: dict[str, list] = {}
+# (GPU UUID, mode, MIG profile, MPS thread percentage)
+Placed = tuple[str, str, str | None, int | None]
+
+
+def _kubernetes(job: object) -> KubernetesJob:
+    assert isinstance(job, KubernetesJob), job
+    return job
+
+
+def _slurm(job: object) -> SlurmJob:
+    assert isinstance(job, SlurmJob), job
+    return job
+
+
+def _by_workload(scenario: Scenario) -> dict[str, list[ProcessSpec]]:
+    out: dict[str, list[ProcessSpec]] = {}
     for p in scenario.processes:
         assert isinstance(p.job, KubernetesJob)
         out.setdefault(f"{p.job.namespace}/{pod_owner(p.job.pod)}", []).append(p)
@@ -118,13 +134,15 @@ def test_freed_gpus_are_left_empty(week1, week2):
 
 
 def test_rolled_out_pods_are_renamed_by_their_owner_kind(week2):
-    procs = {f"{p.job.namespace}/{pod_owner(p.job.pod)}": p.job for p in week2[1].processes}  # type: ignore[union-attr]
+    jobs = [_kubernetes(p.job) for p in week2[1].processes]
+    procs = {f"{j.namespace}/{pod_owner(j.pod)}": j for j in jobs}
     ranker = procs["ml-serving/ranker"]  # a Deployment's pod: new ReplicaSet hash and suffix
     assert ranker.pod.startswith("ranker-") and ranker.pod != "ranker-6c9f7d8b5-k2x7q"
     assert [len(p) for p in ranker.pod.split("-")[1:]] == [9, 5]
     assert set(ranker.pod.split("-")[1:]).isdisjoint({"6c9f7d8b5", "k2x7q"})
     embedder = procs["ml-serving/embedder-0"]  # a StatefulSet's pod keeps its name, not its UID
-    assert embedder.pod == "embedder-0" and embedder.pod_uid != load_scenario(WEEK1).processes[1].job.pod_uid  # type: ignore[union-attr]
+    was = _kubernetes(load_scenario(WEEK1).processes[1].job)
+    assert embedder.pod == "embedder-0" and embedder.pod_uid != was.pod_uid
     featurize = procs["batch/featurize"]  # a Job's pod: a new suffix
     assert featurize.pod.startswith("featurize-") and featurize.pod != "featurize-x7k2p"
 
@@ -146,8 +164,8 @@ def test_the_kept_job_is_byte_for_byte_the_same(week2):
 
 
 def test_moving_a_job_keeps_its_workload(week2):
-    before = {pod_owner(p.job.pod): p.workload for p in load_scenario(WEEK1).processes}  # type: ignore[union-attr]
-    after = {pod_owner(p.job.pod): p.workload for p in week2[1].processes}  # type: ignore[union-attr]
+    before = {pod_owner(_kubernetes(p.job).pod): p.workload for p in load_scenario(WEEK1).processes}
+    after = {pod_owner(_kubernetes(p.job).pod): p.workload for p in week2[1].processes}
     assert before == after
 
 
@@ -225,11 +243,11 @@ def test_the_command_reports_bad_input_on_one_line(week1, tmp_path, capsys):
     )
 
 
-def _placed(report: dict) -> dict[str, tuple]:
+def _placed(report: dict[str, Any]) -> dict[str, Placed]:
     """Per workload: (GPU UUID, mode, MIG profile, MPS thread percentage) as the plan places it. A
     GPU the plan leaves `unchanged` runs as its jobs run now, each MPS client under the cap its
     row keeps (the dead band: `analyzer/hysteresis.py`)."""
-    by_job = {}
+    by_job: dict[str, Placed] = {}
     for entry in report["plan"]["layout"]:
         caps = {c["job_id"]: c["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for c in entry.get("mps_clients", [])}
         slices = {s["job_id"]: s["profile"] for s in entry.get("mig_layout", [])}
@@ -249,7 +267,7 @@ def _placed(report: dict) -> dict[str, tuple]:
 
 
 @pytest.fixture(scope="module")
-def week2_report(week1, week2, tmp_path_factory) -> dict:
+def week2_report(week1, week2, tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("week2-report")
     simulate(
         str(week2[0]), duration_s=DAY, out=root / "history", step_s=STEP, start=1_750_000_200.0 + 7 * DAY
@@ -272,7 +290,9 @@ def test_the_week2_plan_keeps_the_week1_thread_caps(week1, week2_report):
 # --- plans that leave GPUs as they run (issue 30 item 4: every shipped scenario) -----------------
 
 
-def _write_report(root: Path, scenario: Scenario, layout: list[dict], freed: tuple[int, ...] = ()) -> Path:
+def _write_report(
+    root: Path, scenario: Scenario, layout: list[dict[str, Any]], freed: tuple[int, ...] = ()
+) -> Path:
     """A report directory holding only what apply-plan reads: plan.json and jobs.json."""
     root.mkdir()
     node = scenario.hostname
@@ -292,8 +312,9 @@ def _jobs_by_gpu(scenario: Scenario) -> dict[int, list[str]]:
     return out
 
 
-def _yaml(name: str) -> dict:
-    return yaml.safe_load((BUILTIN_DIR / f"{name}.yaml").read_text())
+def _yaml(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((BUILTIN_DIR / f"{name}.yaml").read_text())
+    return doc
 
 
 def test_gpus_the_plan_keeps_unchanged_keep_their_jobs_mig_instances_included(tmp_path):
@@ -320,7 +341,7 @@ def test_an_unchanged_gpu_listing_a_job_from_another_gpu_is_a_one_line_error(tmp
     ) and "\n" not in str(error.value)
 
 
-def _mps(jobs: list[str], pct: int) -> dict:
+def _mps(jobs: list[str], pct: int) -> dict[str, Any]:
     clients = [{"job_id": j, THREAD_PERCENTAGE: pct, PINNED_MEM_LIMIT: 9 * 1024**3} for j in jobs]
     return {"gpu": 1, "sharing": "mps", "jobs": jobs, "mps_clients": clients}
 
@@ -361,18 +382,18 @@ def test_a_moved_slurm_job_is_resubmitted_under_a_new_id_with_its_user_account_a
     applied = apply_plan_files(
         str(SLURM_WEEK1), _write_report(tmp_path / "report", scenario, layout, (0, 1, 2)), tmp_path / "o.yaml"
     )
-    before = {p.pid: p.job for p in scenario.processes if p.gpu in (0, 1, 2)}  # the jobs it moves
-    stays = {p.job.job_id for p in scenario.processes if p.gpu == 3}  # type: ignore[union-attr]
-    after = [p.job for p in applied.processes if p.gpu == 3 and p.job.job_id not in stays]  # type: ignore[union-attr]
-    assert all(isinstance(j, SlurmJob) for j in [*before.values(), *after])
-    kept = sorted((j.user, j.account, j.name) for j in before.values())  # type: ignore[union-attr]
-    assert sorted((j.user, j.account, j.name) for j in after) == kept  # type: ignore[union-attr]
-    assert not {j.job_id for j in after} & {j.job_id for j in before.values()}  # type: ignore[union-attr]
-    sweep = sorted(j.job_id for j in after if j.name == "sweep")  # type: ignore[union-attr]
+    # every job here is a Slurm job (_slurm asserts it)
+    before = {p.pid: _slurm(p.job) for p in scenario.processes if p.gpu in (0, 1, 2)}  # the jobs it moves
+    stays = {_slurm(p.job).job_id for p in scenario.processes if p.gpu == 3}
+    after = [_slurm(p.job) for p in applied.processes if p.gpu == 3 and _slurm(p.job).job_id not in stays]
+    kept = sorted((j.user, j.account, j.name) for j in before.values())
+    assert sorted((j.user, j.account, j.name) for j in after) == kept
+    assert not {j.job_id for j in after} & {j.job_id for j in before.values()}
+    sweep = sorted(j.job_id for j in after if j.name == "sweep")
     assert len({j.split("_")[0] for j in sweep}) == 1 and [j.split("_")[1] for j in sweep] == ["0", "1"]
 
 
-def _pcie_layout(split_to: tuple[int, ...]) -> list[dict]:
+def _pcie_layout(split_to: tuple[int, ...]) -> list[dict[str, Any]]:
     """pcie-split's plan with its 4-GPU job 7001 (now on GPUs 2-5) on `split_to`, the rest kept."""
     layout = [{"gpu": g, "sharing": "exclusive", "jobs": ["7002"]} for g in (0, 1)]
     layout += [{"gpu": g, "sharing": "exclusive", "jobs": ["7001"]} for g in split_to]

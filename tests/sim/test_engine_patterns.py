@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpulens.sim.patterns import Workload, WorkloadSpec, square_fraction
+from gpulens.sim.patterns import Sample, Workload, WorkloadSpec, square_fraction
 
 GIB = 1024**3
 
@@ -18,7 +18,7 @@ def workload(pattern: str, seed: int = 1, **kw: object) -> Workload:
     return Workload(spec, seed, pid=4242)
 
 
-def samples(w: Workload, start: float, stop: float, step: float) -> list:
+def samples(w: Workload, start: float, stop: float, step: float) -> list[Sample]:
     n = int((stop - start) / step)
     return [w.sample(start + k * step) for k in range(n)]
 

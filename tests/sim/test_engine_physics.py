@@ -10,6 +10,7 @@ import pytest
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.scenario import load_scenario, parse_scenario
+from gpulens.sim.state import ProcessState
 
 T0 = 1_750_000_000.0
 
@@ -113,12 +114,17 @@ def test_a_lowered_power_limit_caps_power_and_sets_the_power_cap_reason() -> Non
     assert state.clock_event_reasons & 0x4
 
 
+def _used(process: ProcessState) -> int:
+    assert process.used_memory_bytes is not None, f"pid {process.pid}: no memory figure"
+    return process.used_memory_bytes
+
+
 def test_mps_clients_share_memory_accounting_with_the_server(dgx) -> None:
     state = build_node(dgx, clock=ManualClock(T0)).gpu_state(2)
     (server,) = state.processes
-    assert server.kind == "mps_server" and server.used_memory_bytes < 64 * 1024**2
-    assert state.memory_used_bytes == state.memory_reserved_bytes + server.used_memory_bytes + sum(
-        c.used_memory_bytes for c in state.mps_clients
+    assert server.kind == "mps_server" and _used(server) < 64 * 1024**2
+    assert state.memory_used_bytes == state.memory_reserved_bytes + _used(server) + sum(
+        _used(c) for c in state.mps_clients
     )
     assert state.utilization_gpu_percent >= round(state.activity.sm * 100) - 1
 

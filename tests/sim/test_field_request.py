@@ -7,7 +7,8 @@ pynvml gives, on both simulated drivers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pynvml
 import pytest
@@ -29,10 +30,12 @@ def _sim(nvml_driver: str) -> Iterator[tuple[StaticNode, SimLib]]:
     yield from installed(example_node(), nvml_driver)
 
 
-def _pynvml_values(handle, requests) -> dict:  # type: ignore[no-untyped-def]
+def _pynvml_values(
+    handle: Any, requests: Sequence[int | tuple[int, int]]
+) -> dict[tuple[int, int], float | int]:
     """{(field, scope): value} of the entries pynvml reports as succeeded."""
     keys = [(r, 0) if isinstance(r, int) else r for r in requests]
-    out = {}
+    out: dict[tuple[int, int], float | int] = {}
     for key, entry in zip(keys, pynvml.nvmlDeviceGetFieldValues(handle, list(requests)), strict=True):
         if entry.nvmlReturn == pynvml.NVML_SUCCESS:
             out[key] = getattr(entry.value, {3: "ullVal", 1: "uiVal"}[entry.valueType])

@@ -17,7 +17,7 @@ COUNT = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
 
 def gpulens(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpulens.cli", *args],
         capture_output=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import pynvml
 import pytest
@@ -18,8 +19,10 @@ def _sim(nvml_driver: str) -> Iterator[tuple[StaticNode, SimLib]]:
     yield from installed(example_node(), nvml_driver)
 
 
-def address(handle) -> int:
-    return ctypes.cast(handle, ctypes.c_void_p).value
+def address(handle: Any) -> int:  # a pynvml device handle (a ctypes pointer)
+    value = ctypes.cast(handle, ctypes.c_void_p).value
+    assert value is not None, "a NULL handle"
+    return value
 
 
 def test_handles_by_index_are_distinct_non_null_pointers(sim) -> None:

@@ -25,7 +25,7 @@ UID = "3f1c2a9e-5b7d-4e21-9a0c-1d2e3f405162"
 CID = "ab" * 32
 
 
-def spec(job=None, **kw) -> ProcessSpec:  # type: ignore[no-untyped-def]
+def spec(job=None, **kw) -> ProcessSpec:
     base = ProcessSpec(
         pid=4242,
         gpu=0,
@@ -43,7 +43,7 @@ def spec(job=None, **kw) -> ProcessSpec:  # type: ignore[no-untyped-def]
     return dataclasses.replace(base, **kw)
 
 
-def slurm(cgroup: str = "v2", **kw) -> SlurmJob:  # type: ignore[no-untyped-def]
+def slurm(cgroup: str = "v2", **kw) -> SlurmJob:
     return SlurmJob(
         **{
             "job_id": "5101",
@@ -57,7 +57,7 @@ def slurm(cgroup: str = "v2", **kw) -> SlurmJob:  # type: ignore[no-untyped-def]
     )
 
 
-def pod(**kw) -> KubernetesJob:  # type: ignore[no-untyped-def]
+def pod(**kw) -> KubernetesJob:
     fields = {"namespace": "ml", "pod": "trainer-0", "pod_uid": UID, "container": "main", "container_id": CID}
     fields |= {"qos": "burstable", "driver": "systemd", "runtime": "containerd", "cgroup": "v2"}
     return KubernetesJob(**(fields | kw))

@@ -39,7 +39,7 @@ def test_seed_case_is_four_small_training_jobs_on_a100_40gb() -> None:
         sm.extend(node.activity_between(i, None, clock.now() - 5, clock.now()).sm for i in range(4))
     for i in range(4):
         (proc,) = node.gpu_state(i).processes
-        assert 9 * GIB <= proc.used_memory_bytes <= 11 * GIB
+        assert proc.used_memory_bytes is not None and 9 * GIB <= proc.used_memory_bytes <= 11 * GIB
     assert 0.18 <= statistics.mean(sm) <= 0.32
     assert {p.job.job_id for p in node.scenario.processes if isinstance(p.job, SlurmJob)} == {
         "880101",

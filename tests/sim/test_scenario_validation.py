@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpulens.catalog import get_model
-from gpulens.sim.scenario import ScenarioError, load_scenario, parse_scenario
+from gpulens.sim.scenario import MigCreateFault, ScenarioError, load_scenario, parse_scenario
 
 
 def one_gpu(**extra: Any) -> dict[str, Any]:
@@ -246,12 +246,12 @@ def test_errors_in_a_file_name_the_file(tmp_path) -> None:
 
 
 def test_a_process_may_wait_for_an_instance_the_timeline_creates() -> None:
-    data = {
+    data: dict[str, Any] = {
         "gpus": [{"model": "H100-80GB", "mig": ["3g.40gb"]}],
         "processes": [proc(instance=11, start="2m", workload={"pattern": "constant", "memory": "4GiB"})],
         "faults": {"timeline": [{"at": "1m", "gpu": 0, "mig_create": {"profile": "1g.10gb"}}]},
     }
-    (created,) = [f for f in parse_scenario(data, "t.yaml").faults if f.kind == "mig_create"]
+    (created,) = [f for f in parse_scenario(data, "t.yaml").faults if isinstance(f, MigCreateFault)]
     assert created.mig is not None and created.mig.gpu_instance_id == 11  # first fit after the 3g: slice 4
     data["processes"][0]["workload"]["memory"] = "12GiB"
     assert error_of(data) == (

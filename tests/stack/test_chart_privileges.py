@@ -69,7 +69,8 @@ def renderings(helm: str) -> dict[str, list[dict[str, Any]]]:  # noqa: F811
 
 def component(obj: dict[str, Any]) -> str:
     """`gpulens-<part>`: the name both the chart (release gpulens) and the kustomizations give it."""
-    return obj["metadata"]["name"]
+    text: str = obj["metadata"]["name"]
+    return text
 
 
 def pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -184,7 +185,7 @@ def recovery_jobs() -> list[dict[str, Any]]:
 
 def job_kind(job: dict[str, Any]) -> str:
     """`reset_gpu`, `reboot_node`, `diagnose GPU 0` or `diagnose node`: one name per shipped Job."""
-    action = job["metadata"]["labels"]["gpulens.io/action"]
+    action: str = job["metadata"]["labels"]["gpulens.io/action"]
     if action != "diagnose":
         return action
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -343,7 +344,8 @@ def test_the_receivers_state_is_on_a_claim_by_default(renderings):
 
 def _peers(policy: dict[str, Any]) -> list[dict[str, Any]]:
     (rule,) = policy["spec"]["ingress"]
-    return rule["from"]
+    items: list[dict[str, Any]] = rule["from"]
+    return items
 
 
 def _labels(peer: dict[str, Any]) -> tuple[str, str]:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -23,15 +24,17 @@ DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
 PROMETHEUS = REPO / "deploy" / "docker" / "prometheus.yml"
 
 
-def compose() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
+def compose() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return doc
 
 
-def services() -> dict[str, dict]:
-    return compose()["services"]
+def services() -> dict[str, dict[str, Any]]:
+    doc: dict[str, dict[str, Any]] = compose()["services"]
+    return doc
 
 
-def bind_mounts(service: dict) -> list[tuple[Path, str]]:
+def bind_mounts(service: dict[str, Any]) -> list[tuple[Path, str]]:
     """(host path in the repo, container path) of every `./...` volume of a service."""
     mounts = []
     for volume in service.get("volumes", []):
@@ -41,7 +44,7 @@ def bind_mounts(service: dict) -> list[tuple[Path, str]]:
     return mounts
 
 
-def container_path_to_repo(service: dict, container_path: str) -> Path | None:
+def container_path_to_repo(service: dict[str, Any], container_path: str) -> Path | None:
     """The repository file a path inside the container comes from, through the bind mounts."""
     for host, target in bind_mounts(service):
         if container_path == target:
@@ -56,7 +59,7 @@ def interpolate(text: str) -> str:
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)
 
 
-def args_of(service: dict) -> list[str]:
+def args_of(service: dict[str, Any]) -> list[str]:
     command = service.get("command", [])
     return [interpolate(a) for a in (command.split() if isinstance(command, str) else command)]
 
@@ -172,7 +175,7 @@ def test_prometheus_loads_the_mounted_rule_files_and_the_compose_config():
     }
 
 
-def listen_port(service: dict) -> int:
+def listen_port(service: dict[str, Any]) -> int:
     for arg in args_of(service):
         if arg.startswith("--web.listen-address="):
             return int(arg.rsplit(":", 1)[1])

@@ -110,15 +110,15 @@ def test_prometheus_config_loads_the_shipped_rules_and_scrapes_the_exporter_as_j
     yaml.safe_dump(config)  # serialisable as written to prometheus.yml
 
 
-def sleeper() -> subprocess.Popen:
-    return subprocess.Popen(
+def sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen[bytes](
         [sys.executable, "-c", "import time; time.sleep(120)"],
         start_new_session=True,
         stdin=subprocess.DEVNULL,
     )
 
 
-def alive(proc: subprocess.Popen) -> bool:
+def alive(proc: subprocess.Popen[bytes]) -> bool:
     return proc.poll() is None
 
 

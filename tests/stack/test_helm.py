@@ -140,14 +140,17 @@ def only(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
 
 def pod_spec_of(obj: dict[str, Any]) -> dict[str, Any] | None:
     if obj["kind"] in {"DaemonSet", "Deployment"}:
-        return obj["spec"]["template"]["spec"]
+        spec: dict[str, Any] = obj["spec"]["template"]["spec"]
+        return spec
     if obj["kind"] == "CronJob":
-        return obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        spec = obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        return spec
     return None
 
 
 def exporter_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    (container,) = only(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    containers: list[dict[str, Any]] = only(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    (container,) = containers
     return container
 
 
@@ -489,7 +492,8 @@ def test_dashboard_sidecar_label_and_namespace_are_configurable(helm):
 
 
 def kustomize_daemonset() -> dict[str, Any]:
-    return yaml.safe_load((KDIR / "exporter-daemonset.yaml").read_text())
+    doc: dict[str, Any] = yaml.safe_load((KDIR / "exporter-daemonset.yaml").read_text())
+    return doc
 
 
 def test_default_exporter_pod_is_the_kustomization_s_apart_from_labels_and_names(helm):
@@ -646,9 +650,10 @@ def write_self_signed_certificate(directory: Path) -> None:
 def test_a_changed_web_config_rolls_the_exporter_pods(helm):
     def checksum(password_hash: str) -> str:
         objects = template(helm, "--set", f"web.basicAuth.enabled=true,web.basicAuth.users.p={password_hash}")
-        return only(objects, "DaemonSet")["spec"]["template"]["metadata"]["annotations"][
-            "checksum/web-config"
+        annotations: dict[str, str] = only(objects, "DaemonSet")["spec"]["template"]["metadata"][
+            "annotations"
         ]
+        return annotations["checksum/web-config"]
 
     assert checksum("$2b$10$aaaaaaaaaaaaaaaaaaaaaa") != checksum("$2b$10$bbbbbbbbbbbbbbbbbbbbbb")
 
@@ -757,7 +762,10 @@ def test_defaults_ship_neither_rbac_nor_the_optional_parts(helm):
 
 
 def remediate_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    (container,) = only(objects, "Deployment", "gpulens-remediate")["spec"]["template"]["spec"]["containers"]
+    containers: list[dict[str, Any]] = only(objects, "Deployment", "gpulens-remediate")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    (container,) = containers
     return container
 
 
@@ -939,7 +947,8 @@ def test_report_uses_an_existing_claim_instead_of_making_one(helm):
 def _remediate_state(objects: list[dict[str, Any]]) -> dict[str, Any]:
     deployment = only(objects, "Deployment")
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
-    return volumes["state"]
+    doc: dict[str, Any] = volumes["state"]
+    return doc
 
 
 REMEDIATE_ON = "remediate.enabled=true,remediate.token.create=true,remediate.token.value=x"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
@@ -32,39 +33,41 @@ def load_generator() -> ModuleType:
     return module
 
 
-def kustomization() -> dict:
-    return yaml.safe_load((KDIR / "kustomization.yaml").read_text())
+def kustomization() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((KDIR / "kustomization.yaml").read_text())
+    return doc
 
 
 @functools.cache
-def parsed(path: Path) -> tuple[dict, ...]:
+def parsed(path: Path) -> tuple[dict[str, Any], ...]:
     """The documents of one manifest file, parsed once per run (the generated files are large)."""
     return tuple(d for d in yaml.safe_load_all(path.read_text()) if d)
 
 
-def objects(files: list[str] | None = None) -> list[dict]:
+def objects(files: list[str] | None = None) -> list[dict[str, Any]]:
     """Every object of the kustomization's resources (or of the named files)."""
     names = files if files is not None else kustomization()["resources"]
     return [document for name in names for document in parsed(KDIR / name)]
 
 
-def one(kind: str, files: list[str] | None = None) -> dict:
+def one(kind: str, files: list[str] | None = None) -> dict[str, Any]:
     matches = [o for o in objects(files) if o["kind"] == kind]
     assert len(matches) == 1, f"expected one {kind}, found {len(matches)}"
     return matches[0]
 
 
-def daemonset() -> dict:
+def daemonset() -> dict[str, Any]:
     return one("DaemonSet")
 
 
-def exporter_container() -> dict:
+def exporter_container() -> dict[str, Any]:
     containers = daemonset()["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
-    return containers[0]
+    doc: dict[str, Any] = containers[0]
+    return doc
 
 
-def selects(selector: dict, labels: dict) -> bool:
+def selects(selector: dict[str, Any], labels: dict[str, Any]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
 
 
@@ -189,11 +192,13 @@ def test_referenced_configmaps_pvcs_and_service_accounts_are_shipped():
             assert mounted <= {v["name"] for v in pod_spec.get("volumes", [])}
 
 
-def pod_spec_of(obj: dict) -> dict | None:
+def pod_spec_of(obj: dict[str, Any]) -> dict[str, Any] | None:
     if obj["kind"] in {"DaemonSet", "Deployment", "StatefulSet", "Job"}:
-        return obj["spec"]["template"]["spec"]
+        spec: dict[str, Any] = obj["spec"]["template"]["spec"]
+        return spec
     if obj["kind"] == "CronJob":
-        return obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        spec = obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        return spec
     return None
 
 
@@ -314,12 +319,12 @@ def test_daemonset_args_are_flags_the_exporter_accepts(tmp_path):
 RDIR = KDIR / "remediate"
 
 
-def remediate_objects() -> list[dict]:
+def remediate_objects() -> list[dict[str, Any]]:
     names = yaml.safe_load((RDIR / "kustomization.yaml").read_text())["resources"]
     return [d for name in names for d in yaml.safe_load_all((RDIR / name).read_text()) if d]
 
 
-def remediate_one(kind: str) -> dict:
+def remediate_one(kind: str) -> dict[str, Any]:
     (obj,) = [o for o in remediate_objects() if o["kind"] == kind]
     return obj
 
@@ -469,7 +474,7 @@ def test_remediation_taint_is_tolerated_by_the_exporter():
 # --- schema validation (kubernetes-validate bundles the Kubernetes OpenAPI schemas offline) ----
 
 
-def core_objects() -> list[tuple[str, dict]]:
+def core_objects() -> list[tuple[str, dict[str, Any]]]:
     """(file, object) of every built-in Kubernetes kind shipped; CRDs (monitoring.coreos.com) have
     no bundled schema and are checked structurally above."""
     files = sorted(KDIR.glob("*.yaml")) + sorted(RDIR.glob("*.yaml"))

@@ -38,7 +38,7 @@ class FolderTimes:
         out.append(f"{'all':<24} {sum(len(t) for t in self.tests.values()):>6} {total:>9.1f}")
         return out
 
-    def pytest_terminal_summary(self, terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.seconds:
             terminalreporter.write_sep("=", "time per test folder")
             for line in self.lines():

@@ -22,7 +22,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -73,7 +73,7 @@ def use_prometheus(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
 def wait_http(
     url: str,
     timeout: float = 30.0,
-    proc: subprocess.Popen | None = None,
+    proc: subprocess.Popen[bytes] | subprocess.Popen[str] | None = None,
     context: ssl.SSLContext | None = None,
 ) -> None:
     """Wait until `url` answers 200 (over HTTPS trusting `context`), failing early if `proc` died."""
@@ -101,13 +101,13 @@ def running(
     env: dict[str, str] | None = None,
     preexec_fn: Callable[[], None] | None = None,
     context: ssl.SSLContext | None = None,
-) -> Iterator[subprocess.Popen]:
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run `cmd` until the context exits; the log goes to `log_path` and is shown on failure.
 
     `preexec_fn` runs in the child before exec (e.g. lowering RLIMIT_NOFILE for a daemon that must
     hold under the systemd unit's limits)."""
     log = log_path.open("wb")
-    proc = subprocess.Popen(
+    proc = subprocess.Popen[bytes](
         list(cmd),
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -140,23 +140,25 @@ class PromAPI:
 
     base_url: str
 
-    def get(self, path: str, **params: str) -> dict:
+    def get(self, path: str, **params: str) -> dict[str, Any]:
         url = f"{self.base_url}{path}?{urllib.parse.urlencode(params)}"
         with urllib.request.urlopen(url, timeout=30) as response:
             body = json.load(response)
         assert body["status"] == "success", body
-        return body["data"]
+        doc: dict[str, Any] = body["data"]
+        return doc
 
-    def query(self, expr: str, time_s: float | None = None) -> list[dict]:
+    def query(self, expr: str, time_s: float | None = None) -> list[dict[str, Any]]:
         params = {"query": expr}
         if time_s is not None:
             params["time"] = str(time_s)
-        return self.get("/api/v1/query", **params)["result"]
+        items: list[dict[str, Any]] = self.get("/api/v1/query", **params)["result"]
+        return items
 
-    def wait_for(self, expr: str, timeout: float = 60.0, predicate=bool) -> list[dict]:
+    def wait_for(self, expr: str, timeout: float = 60.0, predicate=bool) -> list[dict[str, Any]]:
         """Poll an instant query until `predicate(result)` holds."""
         deadline = time.monotonic() + timeout
-        result: list[dict] = []
+        result: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
             result = self.query(expr)
             if predicate(result):
@@ -175,7 +177,7 @@ def prometheus(
     evaluation_interval: str = "1s",
     storage: Path | None = None,
     extra_args: Sequence[str] = (),
-    scrape_config: dict | None = None,
+    scrape_config: dict[str, Any] | None = None,
 ) -> Iterator[PromAPI]:
     """A real Prometheus scraping `scrape_targets` (host:port) as job "gpulens".
 
@@ -183,7 +185,7 @@ def prometheus(
     """
     binary = find_binary("prometheus")
     port = free_port()
-    config: dict = {
+    config: dict[str, Any] = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
         "scrape_configs": [
             {

@@ -221,7 +221,7 @@ def load_web_config(path: Path) -> WebConfig:
     return WebConfig(tls=tls, basic_auth=auth, headers=headers)
 
 
-def _refuse_unknown(section: dict, known: set[str], where: str, prefix: str) -> None:
+def _refuse_unknown(section: dict[str, Any], known: set[str], where: str, prefix: str) -> None:
     unknown = sorted(str(k) for k in section if k not in known)
     if not unknown:
         return
