@@ -22,7 +22,7 @@ from gpulens.serverflags import LOG_FORMATS as LOG_FORMATS
 from gpulens.serverflags import LOG_LEVELS as LOG_LEVELS
 from gpulens.serverflags import ConfigError as ConfigError
 from gpulens.serverflags import parse_listen as parse_listen
-from gpulens.settings import check, setting
+from gpulens.settings import check, existing_directory, existing_file, setting
 
 DEFAULT_PORT = 9842
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
@@ -65,19 +65,11 @@ def _listen(value: str) -> str | None:
     return None
 
 
-def _directory(value: Path | None) -> str | None:
-    return None if value is None or value.is_dir() else f"{value} is not a directory"
-
-
 def _not_a_file(value: Path | None) -> str | None:
     """A directory that may not exist yet (created by the job scheduler later), but not a file."""
     if value is None or not value.exists() or value.is_dir():
         return None
     return f"{value} is not a directory"
-
-
-def _file(value: Path | None) -> str | None:
-    return None if value is None or value.is_file() else f"{value} does not exist"
 
 
 def _globs(raw: str) -> tuple[str, ...]:
@@ -184,7 +176,7 @@ class ExporterConfig:
             metavar="FILE",
             parse=Path,
             help="TLS, basic auth and response headers (below); re-read on SIGHUP",
-            check=_file,
+            check=existing_file,
         ),
     )
     log_level: str = field(
@@ -272,7 +264,7 @@ class ExporterConfig:
             parse=Path,
             default_doc="`/proc` (simulated: the node's fake procfs)",
             help="where process cgroups/environments are read (node_exporter's name)",
-            check=_directory,
+            check=existing_directory,
         ),
     )
     job_mapping_dir: Path | None = field(
@@ -392,7 +384,7 @@ class ExporterConfig:
             parse=Path,
             default_doc="DCGM 4, then DCGM 3 install path",
             help="directory of DCGM's Python bindings",
-            check=_directory,
+            check=existing_directory,
         ),
     )
     # nv-hostengine "host[:port]" or "unix:///path"; None: embedded

@@ -32,7 +32,7 @@ from gpulens.serverflags import (
     parse_duration,
     parse_listen,
 )
-from gpulens.settings import check, resolve, setting
+from gpulens.settings import check, existing_directory, existing_file, resolve, setting
 
 DEFAULT_LISTEN = "127.0.0.1:9843"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -82,14 +82,6 @@ def _telemetry_path(path: str) -> str | None:
     if path in RESERVED_PATHS:
         return f"{path} is already served by the receiver"
     return None
-
-
-def _file(value: Path | None) -> str | None:
-    return None if value is None or value.is_file() else f"{value} does not exist"
-
-
-def _directory(value: Path | None) -> str | None:
-    return None if value is None or value.is_dir() else f"{value} is not a directory"
 
 
 def _url(value: str | None) -> str | None:
@@ -163,7 +155,7 @@ class ReceiverConfig:
             parse=Path,
             help="TLS, basic auth users (bcrypt) and response headers, exporter-toolkit format; "
             "re-read on SIGHUP",
-            check=_file,
+            check=existing_file,
             group=WEB,
         ),
     )
@@ -301,7 +293,7 @@ class ReceiverConfig:
             "episodes (`audit.jsonl`) and the queue of acknowledged notifications (`queue.jsonl`, "
             "`queue.jsonl.done`); `-dry-run` names in a dry run. Without it a restart resets the "
             "breaker (unless `--breaker-state-configmap`) and loses the notifications not yet acted on",
-            check=_directory,
+            check=existing_directory,
         ),
     )
     action_timeout: float = field(

@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpulens.serverflags import ConfigError
@@ -61,6 +62,16 @@ class Setting:
     @property
     def switch(self) -> bool:
         return self.metavar is None
+
+
+def existing_file(value: Path | None) -> str | None:
+    """A `check` for a file flag: unset, or a file that exists."""
+    return None if value is None or value.is_file() else f"{value} does not exist"
+
+
+def existing_directory(value: Path | None) -> str | None:
+    """A `check` for a directory flag: unset, or a directory that exists."""
+    return None if value is None or value.is_dir() else f"{value} is not a directory"
 
 
 def setting(**kwargs: Any) -> dict[str, Setting]:
