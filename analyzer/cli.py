@@ -16,13 +16,20 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer.memlimit import usable_memory
+from gpulens.analyzer.sources.promclient import MAX_SECRET_BYTES, PromClient, PromConfig, answer_limits
+from gpulens.analyzer.sources.promqueries import ask_first
+from gpulens.analyzer.thresholds import load_thresholds
+from gpulens.analyzer.timeparse import parse_duration, parse_time
 from gpulens.catalog import CatalogError
+from gpulens.safeload import InputError, read_text
 
-if TYPE_CHECKING:
-    from gpulens.analyzer.sources.promclient import PromClient
+# Only light modules above. The analysis (pandas, pyarrow, matplotlib, orjson: the `[analyzer]`
+# extra) is imported inside the commands, after their first Prometheus queries are on their way
+# (`_early_source`), and so that a base install gets the one-line INSTALL_HINT from `_guard`.
 
 DEFAULT_PROM_STEP_S = 60.0  # raw path without --step: the usual scrape interval
 
@@ -195,6 +202,7 @@ def parse_size(text: str, flag: str) -> int:
 
 
 def _limits(args: argparse.Namespace) -> Any:
+    # deferred: the analyzer extra (see the note below the imports)
     from gpulens.analyzer.history import InputLimits
 
     default = InputLimits()
@@ -221,12 +229,6 @@ def _prom_target(args: argparse.Namespace) -> _PromTarget:
     Standard library only: the queries run in Prometheus while `_analysis` imports pandas and
     the analysis (~0.7 s, otherwise spent before the first query).
     """
-    from gpulens.analyzer.memlimit import usable_memory
-    from gpulens.analyzer.sources.promclient import MAX_SECRET_BYTES, PromClient, PromConfig, answer_limits
-    from gpulens.analyzer.sources.promqueries import ask_first
-    from gpulens.analyzer.timeparse import parse_duration, parse_time
-    from gpulens.safeload import InputError, read_text
-
     if not args.window:
         raise AnalyzerError("--window is required with --prometheus (e.g. --window 7d)")
     basic = None
@@ -271,6 +273,7 @@ def _prom_target(args: argparse.Namespace) -> _PromTarget:
 
 
 def _prom_source(args: argparse.Namespace, target: _PromTarget) -> Any:
+    # deferred: the analyzer extra (see the note below the imports)
     from gpulens.analyzer.sources.prometheus import Aggregation, PromSource, default_progress
 
     return PromSource(
@@ -307,11 +310,10 @@ def _analysis(
     `told`: last week's MPS settings, `hysteresis.told_of`)."""
     prometheus = early if early is not None else _early_source(args)
 
+    # deferred: the analyzer extra (see the note below the imports)
     from gpulens.analyzer import pipeline, serving
     from gpulens.analyzer.profile import parse_model_option
     from gpulens.analyzer.sources import files
-    from gpulens.analyzer.thresholds import load_thresholds
-    from gpulens.analyzer.timeparse import parse_duration, parse_time
 
     th = load_thresholds(args.thresholds)
     model = parse_model_option(args.gpu_model)
@@ -352,6 +354,7 @@ def _analysis(
 
 
 def _print_frame(frame: Any, columns: tuple[str, ...], fmt: str) -> None:
+    # deferred: the analyzer extra (see the note below the imports)
     from gpulens.analyzer import jsonout
     from gpulens.analyzer.pipeline import jsonable
 
@@ -383,6 +386,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _profile_columns() -> tuple[str, ...]:
+    # deferred: the analyzer extra (see the note below the imports)
     from gpulens.analyzer.profile import PROFILE_COLUMNS
 
     return PROFILE_COLUMNS
@@ -392,10 +396,12 @@ def _profile_columns() -> tuple[str, ...]:
 def cmd_recommend(args: argparse.Namespace) -> int:
     analysis = _analysis(args, with_archetypes=False)  # first: it asks Prometheus before importing
 
+    # deferred: the analyzer extra (see the note below the imports)
     from gpulens.analyzer import jsonout
     from gpulens.analyzer.pipeline import jsonable
 
     if args.textfile:
+        # deferred: the analyzer extra (see the note below the imports)
         from gpulens.analyzer.publish import write_textfile
 
         write_textfile(analysis, args.textfile)
@@ -424,6 +430,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     early = _early_source(args)  # before the imports below (see `_early_source`)
 
+    # deferred: the analyzer extra (see the note below the imports)
     from gpulens.analyzer.hysteresis import told_of
     from gpulens.analyzer.report import write_report
     from gpulens.analyzer.report_model import parse_prices
@@ -438,11 +445,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     analysis = _analysis(args, early=early, told=told_of(jobs))
     previous = None
     if args.previous:
-        from gpulens.analyzer.thresholds import load_thresholds
-
         previous = compare(analysis, jobs, plan, args.previous, load_thresholds(args.thresholds))
     written = write_report(analysis, args.out, prices, previous)
     if args.textfile:
+        # deferred: the analyzer extra (see the note below the imports)
         from gpulens.analyzer.publish import write_textfile
 
         write_textfile(analysis, args.textfile)
@@ -455,6 +461,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_import_trace(args: argparse.Namespace) -> int:
+    # deferred: the analyzer extra (see the note below the imports)
     from gpulens.analyzer.importers import import_trace, warnings
     from gpulens.analyzer.profile import parse_model_option
 

@@ -1,6 +1,6 @@
 """One pure call in a forked child while the parent goes on: the analyzer's second core.
 
-The plan packs its jobs twice (from scratch and in place, `plan._fewest_moves`), ~0.5 s each
+The plan packs its jobs twice (from scratch and in place, `packing.fewest_moves`), ~0.5 s each
 for 10,000 jobs, on one core of the usual 2-core analyzer host: the GIL keeps threads from
 doing that at once, and a process pool would pickle the jobs in and re-import the analyzer.
 A fork shares the parent's memory as it is, so only the child's answer is pickled (through a

@@ -2,14 +2,14 @@
 about log time per job instead of a test against every GPU of the pool.
 
 An exclusive job fits a GPU when none of the GPU's jobs meets its lifetime (closed intervals,
-`plan.GpuBin._overlapping`). `FreeTime` answers "the free slots, lowest first" with a segment
+`bins.GpuBin._overlapping`). `FreeTime` answers "the free slots, lowest first" with a segment
 tree over blocks of the pool's time points holding bitsets of slots (a slot is a GPU's position
 in the pool): a slot whose interval covers a whole tree node is marked `cover` there, every node
 an interval touches is marked `touch`. A slot's interval meets a query exactly when one of the
 query's nodes is touched by it or lies under a node it covers; inside the query's two end
 blocks a slot with an interval ending there is only "maybe" busy and is checked against its own
 intervals. Python integers serve as the bitsets (no library offers a dynamic first-fit over
-interval sets); counts let a tentative placement be taken back (`plan._merge`).
+interval sets); counts let a tentative placement be taken back (`packing._merge`).
 """
 
 from __future__ import annotations

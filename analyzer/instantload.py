@@ -3,7 +3,7 @@ every GPU job by job.
 
 A time-sliced job fits a GPU when, at its start and at every later start of a job it meets, the
 sums of memory, DRAM, load and interference and the number of jobs stay within their bounds
-(`plan.GpuBin.within`). Nearly every refusal comes at the job's own start (97 % of ~64,000
+(`bins.GpuBin.within`). Nearly every refusal comes at the job's own start (97 % of ~64,000
 fit tests for 10,000 jobs, each summing the GPU's jobs in Python). `InstantLoad` keeps every
 placed interval of a pool in numpy columns and gives, for one instant, the slots (a GPU's
 position in the pool) already past a bound there: one masked `bincount` per column over the
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-COLUMNS = ("memory", "dram", "load", "p95")  # the summed attributes of `plan.Item`
+COLUMNS = ("memory", "dram", "load", "p95")  # the summed attributes of `bins.Item`
 MARGIN = 1e-6  # relative: far above float rounding of a few hundred sums, far below any real load
 
 
@@ -69,7 +69,7 @@ class InstantLoad:
 
     def over(self, at: float, own: Sequence[float], bounds: Sequence[tuple[str, float]]) -> list[bool]:
         """Per slot: whether a job with `own` values starting at `at` would take some sum past its
-        bound at that instant for sure. `bounds` are (attribute, bound) as `plan.GpuBin.within`
+        bound at that instant for sure. `bounds` are (attribute, bound) as `bins.GpuBin.within`
         takes them ("count": the number of jobs), `own` the job's values in the same order."""
         used = self._used
         active = self._live[:used] & (self._start[:used] <= at) & (at <= self._end[:used])

@@ -11,7 +11,7 @@ bandwidth (its memory slices) holds the job's DRAM activity, which MPS and time-
 against their neighbours instead. Time-slicing (no cap) stays the mode of the jobs the
 idle-dominated rule chose it for. A job keeps its one mode when it is whole (exclusive,
 downsized, multi-GPU), a server under pressure (never shrunk) or a leak (sized from a peak it
-outgrows). The plan's fit tests decide where each mode fits (`plan.fits`).
+outgrows). The plan's fit tests decide where each mode fits (`bins.fits`).
 
 `lower_bound` is the packer's cheap gate: the fewest GPUs any choice of modes could need.
 """

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpulens.analyzer.bins import UNCHANGED
 from gpulens.analyzer.kinds import Kind
-from gpulens.analyzer.plan import UNCHANGED, Plan
+from gpulens.analyzer.plan import Plan
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.analyzer.topology import LOCAL, WORDS, Link, NodeTopology, Tier, Topology, best_set
 

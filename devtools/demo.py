@@ -39,6 +39,7 @@ from typing import Any, TextIO
 import yaml
 
 from gpulens.devtools.ports import pick_port
+from gpulens.sim.scenariofile import load_scenario
 
 DURATION_RE = re.compile(r"^(\d+)([smhdw])$")
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -637,8 +638,6 @@ def live_node_name(scenario: str) -> str | None:
     """Host name of the simulated node, used as its `instance` (as a real node name would be, so
     alerts, dashboards and the remediation's dry-run `scontrol` name a node, not 127.0.0.1)."""
     try:
-        from gpulens.sim.scenario import load_scenario
-
         return load_scenario(scenario).hostname
     except Exception:  # an unknown or broken scenario: the exporter reports it when it starts
         return None

@@ -35,14 +35,18 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
+from gpulens.exporter.attribution import AttributionConfig, Attributor, DeviceRef, ProcessRef
+from gpulens.exporter.attribution.resourceslices import KubeApi, in_cluster_api
 from gpulens.exporter.backends.events import XidWatcher
 from gpulens.exporter.backends.nvml import NvmlBackend, error_text
+from gpulens.exporter.backends.profiling_source import make_profiler_factory
 from gpulens.exporter.collectors import REGISTRY, CollectorOptions, enabled
 from gpulens.exporter.collectors import exporter as meta
 from gpulens.exporter.config import ExporterConfig
+from gpulens.exporter.hints import no_gpu_hint
 from gpulens.exporter.render import Rendered, Renderer
 from gpulens.exporter.sampler import Sampler, SamplerSettings
-from gpulens.exporter.snapshot import Area, AreaTiming, NodeSnapshot, sm_figure
+from gpulens.exporter.snapshot import NO_PROCESSES, Area, AreaTiming, NodeSnapshot, sm_figure
 from gpulens.httpd.metrics import families as http_families
 from gpulens.httpd.server import Server, freeze_startup_heap
 from gpulens.selfmetrics import SelfMetrics
@@ -120,8 +124,6 @@ class Exporter:
             areas -= {Area.PROFILING}
         profiler_factory = None
         if Area.PROFILING in areas:  # DCGM / GPM / NVML-only per --profiling (backends/profiling_source.py)
-            from gpulens.exporter.backends.profiling_source import make_profiler_factory
-
             profiler_factory = make_profiler_factory(config, self.clock, self.log, node=self.node)
         self._hint_logged = False
 
@@ -136,7 +138,6 @@ class Exporter:
         # process_* / python_* of this process: served with the HTTP server's own series
         self.self_metrics = None if config.disable_exporter_metrics else SelfMetrics()
         self._attributor: Any = None
-        self._attribution_error = ""
         if Area.JOBS in self.enabled:
             self._init_attribution()
         self.sampler = Sampler(
@@ -162,12 +163,6 @@ class Exporter:
 
     # ---- attribution ---------------------------------------------------------------------
     def _init_attribution(self) -> None:
-        try:
-            from gpulens.exporter.attribution import AttributionConfig, Attributor
-        except ImportError as exc:
-            self._attribution_error = f"attribution unavailable: {exc}"
-            self.log.error("%s", self._attribution_error)
-            return
         cfg = self.config
         self._attributor = Attributor(
             AttributionConfig(
@@ -190,8 +185,6 @@ class Exporter:
     def _kube_api(self) -> Any:
         """The API server whose ResourceSlices name DRA devices: `--kubernetes.api-url`, else the
         in-cluster one where a service-account token is mounted, else None (no lookups)."""
-        from gpulens.exporter.attribution.resourceslices import KubeApi, in_cluster_api
-
         cfg = self.config
         if cfg.kubernetes_api_url:
             return KubeApi(cfg.kubernetes_api_url, cfg.kubernetes_token_file, cfg.kubernetes_ca_file)
@@ -201,9 +194,7 @@ class Exporter:
         """(jobs, error, device holders) for the sampler; holders only when a compatibility view
         labels device series with them."""
         if self._attributor is None:
-            return [], self._attribution_error or "attribution disabled", []
-        from gpulens.exporter.attribution import DeviceRef, ProcessRef
-
+            return [], "attribution disabled", []
         refs: list[ProcessRef] = []
         devices: list[DeviceRef] = []
         duty: dict[int, float] = {}
@@ -217,7 +208,8 @@ class Exporter:
                 DeviceRef(gpu.identity.index, gpu.identity.uuid, m.gpu_instance, m.uuid)
                 for m in gpu.mig_instances
             ]
-            for p in (*gpu.processes, *gpu.mps_clients):
+            lists = gpu.processes or NO_PROCESSES
+            for p in (*lists.processes, *lists.mps_clients):
                 refs.append(
                     ProcessRef(
                         pid=p.pid,
@@ -233,8 +225,8 @@ class Exporter:
             gpu_sm = sm_figure(gpu)
             if gpu_sm is not None:
                 sm_active[(gpu.identity.index, None)] = gpu_sm
-            if gpu.utilization_ratio is not None:
-                duty[gpu.identity.index] = gpu.utilization_ratio
+            if gpu.device is not None and gpu.device.utilization_ratio is not None:
+                duty[gpu.identity.index] = gpu.device.utilization_ratio
             for m in gpu.mig_instances:
                 mig_sm = sm_figure(m)
                 if mig_sm is not None:
@@ -306,8 +298,6 @@ class Exporter:
         snap = self._published.snapshot
         if self.node is not None or not snap.timestamp or (snap.nvml_up and snap.gpu_count):
             return ""
-        from gpulens.exporter.hints import no_gpu_hint
-
         return no_gpu_hint(snap.nvml_error if not snap.nvml_up else "NVML sees no GPU")
 
     # ---- background loop -----------------------------------------------------------------

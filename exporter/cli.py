@@ -30,8 +30,12 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from gpulens import __version__, exits
+from gpulens.exporter.app import Exporter
 from gpulens.exporter.collectors import DEFAULT_ENABLED, SWITCHABLE
 from gpulens.exporter.config import DEFAULT_POD_LOGS, ConfigError, ExporterConfig, parse_listen, validate
+from gpulens.exporter.server import HttpServer
+from gpulens.httpd.webconfig import WebConfig, load_web_config
+from gpulens.logsetup import setup_logging
 from gpulens.settings import add_arguments, aliases_of, env_name, parse_bool, resolve
 
 PROG = "gpulens-exporter"
@@ -231,11 +235,6 @@ def run(config: ExporterConfig) -> int:
 
 def serve(config: ExporterConfig, node: Any = None, signals: Signals | None = None) -> int:
     """Sample `node` (simulated) or the real NVML library and serve until SIGTERM/SIGINT."""
-    from gpulens.exporter.app import Exporter
-    from gpulens.exporter.server import HttpServer
-    from gpulens.httpd.webconfig import WebConfig, load_web_config
-    from gpulens.logsetup import setup_logging
-
     log = setup_logging(config.log_level, config.log_format)
     for old, new in config.deprecated:
         log.warning("%s is deprecated: use %s", old, new)
@@ -287,8 +286,6 @@ def serve(config: ExporterConfig, node: Any = None, signals: Signals | None = No
 
 def reload_web_config(server: Any, config: ExporterConfig, log: logging.Logger) -> None:
     """SIGHUP: re-read --web.config.file; a bad file is one error line and changes nothing."""
-    from gpulens.httpd.webconfig import load_web_config
-
     if config.web_config_file is None:
         log.info("SIGHUP: no --web.config.file to reload; ignored")
         return

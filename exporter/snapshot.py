@@ -56,12 +56,60 @@ PROFILING_KEYS: tuple[str, ...] = (
 )
 
 
+class MigMode(StrEnum):
+    """A MIG-capable GPU's current MIG mode (`nvmlDeviceGetMigMode`); None on a GPU without MIG."""
+
+    ENABLED = "enabled"
+    DISABLED = "disabled"
+
+
+class ComputeMode(StrEnum):
+    """NVML's compute modes (`nvmlComputeMode_t`: 0 .. 3, a closed set)."""
+
+    DEFAULT = "default"
+    EXCLUSIVE_THREAD = "exclusive_thread"
+    PROHIBITED = "prohibited"
+    EXCLUSIVE_PROCESS = "exclusive_process"
+
+
+class ProcessKind(StrEnum):
+    """Which NVML process list a process came from; the MPS server is a compute process by name."""
+
+    COMPUTE = "compute"
+    GRAPHICS = "graphics"
+    MPS_SERVER = "mps_server"
+    MPS_CLIENT = "mps_client"
+
+
+class ProfilingSource(StrEnum):
+    """What fed a GPU's profiling figures (`--profiling`): DCGM, GPM, or neither (`nvml`: only the
+    coarse utilization exists)."""
+
+    GPM = "gpm"
+    DCGM = "dcgm"
+    NVML = "nvml"
+
+
+class ClockEventReason(StrEnum):
+    """The clock event (throttle) reasons NVML reports (`nvmlClocksEventReason*`)."""
+
+    GPU_IDLE = "gpu_idle"
+    APPLICATIONS_CLOCKS_SETTING = "applications_clocks_setting"
+    SW_POWER_CAP = "sw_power_cap"
+    HW_SLOWDOWN = "hw_slowdown"
+    SYNC_BOOST = "sync_boost"
+    SW_THERMAL_SLOWDOWN = "sw_thermal_slowdown"
+    HW_THERMAL_SLOWDOWN = "hw_thermal_slowdown"
+    HW_POWER_BRAKE_SLOWDOWN = "hw_power_brake_slowdown"
+    DISPLAY_CLOCK_SETTING = "display_clock_setting"
+
+
 @dataclass(frozen=True)
 class ProcessSample:
     """One process with a context on a GPU or MIG instance (from NVML's process lists)."""
 
     pid: int
-    kind: str  # "compute" | "graphics" | "mps_server" | "mps_client"
+    kind: ProcessKind
     used_memory_bytes: int | None
     gpu_instance: int | None = None
     compute_instance: int | None = None
@@ -131,43 +179,54 @@ class GpuIdentity:
     minor_number: int | None = None  # /dev/nvidia<N>; not always the index (peers key on it)
 
 
+# One frozen record per backend area (`Area`): what that area's reader returned this cycle. A GPU
+# sample holds each as a field that is None when the area was not read (its collector is off) or its
+# read failed (then the area is in `failed_areas`); inside a record, None still means "the device
+# cannot report this value".
+
+
 @dataclass(frozen=True)
-class GpuSample:
-    """Everything read about one physical GPU in one cycle.
+class DeviceReading:
+    """`Area.DEVICE`: whole-GPU utilization and state."""
 
-    `up` is False when the GPU is lost, its reads failed, or its worker missed the deadline; then
-    only identity fields are meaningful and `failed_areas` names the collectors that lost data.
-    """
-
-    identity: GpuIdentity
-    up: bool
-    error: str = ""
-    failed_areas: frozenset[Area] = frozenset()
-    mig_mode: str | None = None  # "enabled" | "disabled" | None (not MIG-capable)
-    # device
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
     performance_state: int | None = None
-    compute_mode: str | None = None
+    compute_mode: ComputeMode | None = None
     fan_speed_ratio: float | None = None
     encoder_utilization_ratio: float | None = None
     decoder_utilization_ratio: float | None = None
     persistence_mode: bool | None = None
-    # memory
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """`Area.MEMORY`: framebuffer (total = used + free + reserved) and BAR1 memory."""
+
     memory_total_bytes: int | None = None
-    memory_used_bytes: int | None = None  # excludes reserved: total = used + free + reserved
+    memory_used_bytes: int | None = None  # excludes reserved
     memory_free_bytes: int | None = None
     memory_reserved_bytes: int | None = None
     bar1_total_bytes: int | None = None
     bar1_used_bytes: int | None = None
-    # power / thermal
+
+
+@dataclass(frozen=True)
+class PowerThermalReading:
+    """`Area.POWER_THERMAL`: power, energy and temperatures."""
+
     power_watts: float | None = None
     power_limit_watts: float | None = None
     energy_joules: float | None = None
     temperature_celsius: float | None = None
     memory_temperature_celsius: float | None = None
     temperature_thresholds: tuple[tuple[str, float], ...] = ()  # (threshold, celsius)
-    # clocks
+
+
+@dataclass(frozen=True)
+class ClocksReading:
+    """`Area.CLOCKS`: clocks and clock event (throttle) reasons."""
+
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
     sm_clock_max_hertz: float | None = None
@@ -176,16 +235,26 @@ class GpuSample:
     video_clock_hertz: float | None = None
     graphics_clock_max_hertz: float | None = None
     memory_clock_max_hertz: float | None = None
-    clock_events: tuple[tuple[str, bool], ...] = ()  # (reason, active) for supported reasons
-    clock_event_seconds: tuple[tuple[str, float], ...] = ()  # (reason, cumulative seconds)
-    # pcie / nvlink
+    clock_events: tuple[tuple[ClockEventReason, bool], ...] = ()  # (reason, active), supported reasons
+    clock_event_seconds: tuple[tuple[ClockEventReason, float], ...] = ()  # (reason, cumulative seconds)
+
+
+@dataclass(frozen=True)
+class PcieNvlinkReading:
+    """`Area.PCIE_NVLINK`: PCIe counters and link, NVLink links."""
+
     pcie_tx_bytes: int | None = None
     pcie_rx_bytes: int | None = None
     pcie_replays: int | None = None
     pcie_link_generation: int | None = None
     pcie_link_width: int | None = None
     nvlinks: tuple[NvLinkSample, ...] = ()
-    # health
+
+
+@dataclass(frozen=True)
+class HealthReading:
+    """`Area.HEALTH`: ECC, remapped rows, retired pages."""
+
     ecc_enabled: bool | None = None
     ecc_errors: tuple[tuple[str, str, int], ...] = ()  # (error, scope, count)
     remapped_rows: tuple[tuple[str, int], ...] = ()  # (kind, rows)
@@ -197,21 +266,84 @@ class GpuSample:
     # --compat nvidia_gpu_exporter
     recovery_action: int | None = None
     fabric_state: int | None = None
-    # mig / processes / mps
-    mig_instances: tuple[MigSample, ...] = ()
+
+
+@dataclass(frozen=True)
+class MigReading:
+    """`Area.MIG`: the MIG devices of a MIG-enabled GPU, with their processes and profiling figures
+    once those areas were read too."""
+
+    instances: tuple[MigSample, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProcessesReading:
+    """The process lists (read for `PROCESS_AREAS`, timed and failed as `Area.PROCESSES` when that
+    collector is on, else as `Area.DEVICE`)."""
+
     processes: tuple[ProcessSample, ...] = ()  # compute + graphics (the MPS server is compute)
     mps_clients: tuple[ProcessSample, ...] = ()
-    # profiling
-    profiling_source: str | None = None  # "gpm" | "dcgm" | "nvml"
-    profiling: tuple[tuple[str, float], ...] = ()
-    # topology (read once per driver start or GPU reset, repeated every sample)
+
+
+@dataclass(frozen=True)
+class ProfilingReading:
+    """`Area.PROFILING`: which source answered and its whole-GPU ratios (instances hold their own)."""
+
+    source: ProfilingSource
+    values: tuple[tuple[str, float], ...] = ()  # (PROFILING_KEYS item or a --compat rate, value)
+
+
+# What a profiling source (GPM, DCGM) answers for one GPU: its source, the whole-GPU values and
+# each MIG GPU instance's values (`ProfilingSource.NVML` and nothing when it does not serve the GPU)
+ProfileValues = tuple[tuple[str, float], ...]  # (PROFILING_KEYS item or a --compat rate, value)
+ProfilerAnswer = tuple[ProfilingSource, ProfileValues, dict[int, ProfileValues]]
+
+
+@dataclass(frozen=True)
+class TopologyReading:
+    """`Area.TOPOLOGY`: read once per driver start or GPU reset, repeated every sample."""
+
     numa_node: int | None = None
     peers: tuple[PeerLink, ...] = ()
 
+
+NO_PROCESSES = ProcessesReading()
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """Everything read about one physical GPU in one cycle: one record per area.
+
+    `up` is False when the GPU is lost, its reads failed, or its worker missed the deadline; then
+    only identity fields are meaningful and `failed_areas` names the collectors that lost data.
+    """
+
+    identity: GpuIdentity
+    up: bool
+    error: str = ""
+    failed_areas: frozenset[Area] = frozenset()
+    mig_mode: MigMode | None = None  # read before every area; None: not MIG-capable
+    device: DeviceReading | None = None
+    memory: MemoryReading | None = None
+    power_thermal: PowerThermalReading | None = None
+    clocks: ClocksReading | None = None
+    pcie_nvlink: PcieNvlinkReading | None = None
+    health: HealthReading | None = None
+    mig: MigReading | None = None
+    processes: ProcessesReading | None = None
+    profiling: ProfilingReading | None = None
+    topology: TopologyReading | None = None
+
+    @property
+    def mig_instances(self) -> tuple[MigSample, ...]:
+        """The MIG devices read this cycle; () without MIG or when their read failed."""
+        return () if self.mig is None else self.mig.instances
+
     @property
     def mps_server_active(self) -> bool:
-        return any(p.kind == "mps_server" for p in self.processes) or any(
-            p.kind == "mps_server" for m in self.mig_instances for p in m.processes
+        procs = self.processes or NO_PROCESSES
+        return any(p.kind is ProcessKind.MPS_SERVER for p in procs.processes) or any(
+            p.kind is ProcessKind.MPS_SERVER for m in self.mig_instances for p in m.processes
         )
 
 
@@ -278,7 +410,9 @@ def sm_figure(sample: GpuSample | MigSample) -> float | None:
     """The device figure per-job SM shares divide: a GPU's SM activity (`gpu_sm_active_ratio`, from
     GPM or DCGM), else its NVML utilization (`gpu_utilization_ratio`); a MIG instance's SM activity
     (`gpu_mig_sm_active_ratio`). None when the device reports neither."""
-    value = dict(sample.profiling).get("sm")
-    if value is None and isinstance(sample, GpuSample):
-        value = sample.utilization_ratio
+    if isinstance(sample, MigSample):
+        return dict(sample.profiling).get("sm")
+    value = None if sample.profiling is None else dict(sample.profiling.values).get("sm")
+    if value is None and sample.device is not None:
+        value = sample.device.utilization_ratio
     return value

@@ -38,10 +38,11 @@ import yaml
 
 from gpulens.analyzer.workload import pod_owner
 from gpulens.atomicfile import write_text
-from gpulens.catalog import CatalogError, GpuModel, place_mig_layout
+from gpulens.catalog import CatalogError, GpuModel
+from gpulens.migplacement import place_mig_layout
 from gpulens.safeload import InputError, load_json_file, load_yaml_file
+from gpulens.sim.defaults import default_gpu_instance_id, make_container_id, make_uuid, stable_hex
 from gpulens.sim.scenario import (
-    BUILTIN_DIR,
     PINNED_MEM_LIMIT,
     THREAD_PERCENTAGE,
     KubernetesJob,
@@ -50,13 +51,8 @@ from gpulens.sim.scenario import (
     Scenario,
     ScenarioError,
     SlurmJob,
-    _hex,
-    default_gpu_instance_id,
-    load_scenario,
-    make_container_id,
-    make_uuid,
-    parse_scenario,
 )
+from gpulens.sim.scenariofile import BUILTIN_DIR, load_scenario, parse_scenario
 
 MIB = 1024**2
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"  # Kubernetes' alphabet of generated name parts
@@ -373,7 +369,7 @@ def _renamed_pod(pod: str) -> str:
     fresh = []
     for n, part in enumerate(parts):
         if _GENERATED.fullmatch(part):
-            digits = _hex("rollout", pod, n, digits=2 * len(part) + 8)
+            digits = stable_hex("rollout", pod, n, digits=2 * len(part) + 8)
             new = "".join(_SAFE[int(digits[2 * k : 2 * k + 2], 16) % len(_SAFE)] for k in range(len(part)))
             if new == part:
                 new = (

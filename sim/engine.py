@@ -24,9 +24,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpulens.catalog import CatalogError, place_mig_layout
+from gpulens.catalog import CatalogError
+from gpulens.migplacement import place_mig_layout
+from gpulens.sim.checks import Check
 from gpulens.sim.clock import RealClock
+from gpulens.sim.defaults import (
+    default_gpu_instance_id,
+    gpu_reserved_bytes,
+    instance_reserved_bytes,
+    make_uuid,
+)
 from gpulens.sim.faults import GpuFaults, Timeline
+from gpulens.sim.parse_processes import parse_process
 from gpulens.sim.patterns import Sample, Workload, WorkloadSpec, hash_unit
 from gpulens.sim.procfs import NodeFiles, ProcView, job_id
 from gpulens.sim.restarts import Lifecycle
@@ -45,13 +54,7 @@ from gpulens.sim.scenario import (
     ScenarioError,
     ThrottleFault,
     XidFault,
-    _Check,
-    default_gpu_instance_id,
-    gpu_reserved_bytes,
     instance_profiles,
-    instance_reserved_bytes,
-    make_uuid,
-    parse_process,
 )
 from gpulens.sim.state import (
     NO_INSTANCE,
@@ -504,7 +507,7 @@ class ScenarioNode:
         raw = dict(raw)
         now = self._now_rel()
         raw.setdefault("start", now)
-        c = _Check("add_process")
+        c = Check("add_process")
         instances = {g.index: instance_profiles(g, self.scenario.faults) for g in self._gpus}
         with self._lock:
             for gpu, created in self._runtime_mig.items():

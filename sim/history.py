@@ -93,7 +93,7 @@ def simulate(
     from gpulens.sim.engine import build_node
     from gpulens.sim.install import install as install_node
     from gpulens.sim.install import uninstall
-    from gpulens.sim.scenario import load_scenario
+    from gpulens.sim.scenariofile import load_scenario
 
     if not step_s >= 1:
         raise AnalyzerError(f"--step: must be at least 1 s, got {step_s:g}")

@@ -33,6 +33,9 @@ from pathlib import Path
 
 from gpulens.exits import Terminated
 
+# The rest of the simulator is imported inside the functions that use it: every Python process
+# under `gpulens sim run` imports this module at start-up (SITECUSTOMIZE), and most need none of it.
+
 ENV_SCENARIO = "GPULENS_SIM_SCENARIO"
 ENV_SEED = "GPULENS_SIM_SEED"
 ENV_SPEED = "GPULENS_SIM_SPEED"
@@ -84,6 +87,7 @@ def activate_from_environment(environ: MutableMapping[str, str] | None = None) -
     if not env.get(ENV_SCENARIO):  # the native driver: the library is loaded by the loader itself
         view = env.get(ENV_PROCVIEW)
         if view:
+            # deferred: imported at every child's start-up (see the note above the constants)
             from gpulens.sim._site.procview import redirect_psutil, show_self
 
             show_self(Path(view))
@@ -106,10 +110,11 @@ def _install_from(env: MutableMapping[str, str]) -> object | None:
     name = env.get(ENV_SCENARIO)
     if not name:
         return None
+    # deferred: imported at every child's start-up (see the note above the constants)
     from gpulens.sim.clock import RealClock, ScaledClock
     from gpulens.sim.engine import build_node
     from gpulens.sim.install import install
-    from gpulens.sim.scenario import load_scenario
+    from gpulens.sim.scenariofile import load_scenario
 
     seed = int(env[ENV_SEED]) if env.get(ENV_SEED) else None
     speed = float(env.get(ENV_SPEED) or 1.0)
@@ -121,6 +126,7 @@ def _install_from(env: MutableMapping[str, str]) -> object | None:
     lib = install(node)
     view = env.get(ENV_PROCVIEW)
     if view:
+        # deferred: imported at every child's start-up (see the note above the constants)
         from gpulens.sim._site.procview import ProcView, redirect_psutil
 
         if procfs:
@@ -218,7 +224,9 @@ def child_environment(
 
 def _resolve_scenario(name: str) -> str:
     """Validate in the launcher (one clear line) and hand the child an unambiguous name."""
-    from gpulens.sim.scenario import ScenarioError, list_builtin, load_scenario
+    # deferred: imported at every child's start-up (see the note above the constants)
+    from gpulens.sim.scenario import ScenarioError
+    from gpulens.sim.scenariofile import list_builtin, load_scenario
 
     try:
         load_scenario(name)
@@ -311,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
         raise _CliError(f"sim run: --speed expected a number > 0, found {args.speed}")
     scenario = _resolve_scenario(args.scenario)
     if args.driver == "native":
+        # deferred: imported at every child's start-up (see the note above the constants)
         from gpulens.sim.native.build import NativeBuildError, library_dir
 
         try:
@@ -340,11 +349,13 @@ def _published_node(
 ) -> Iterator[dict[str, str]]:
     """The scenario's node, built here and published for the native library while the program
     runs (and its process view kept up to date, when asked)."""
+    # deferred: imported at every child's start-up (see the note above the constants)
     from gpulens.sim._site.procview import ProcView
     from gpulens.sim.clock import RealClock, ScaledClock
     from gpulens.sim.engine import build_node
     from gpulens.sim.native.publisher import Publisher
-    from gpulens.sim.scenario import ScenarioError, load_scenario
+    from gpulens.sim.scenario import ScenarioError
+    from gpulens.sim.scenariofile import load_scenario
 
     clock = RealClock() if speed == 1.0 else ScaledClock(speed)
     try:
@@ -387,7 +398,9 @@ def _run_child(command: list[str], env: dict[str, str]) -> int:
 
 
 def list_scenarios(args: argparse.Namespace) -> int:
-    from gpulens.sim.scenario import ScenarioError, list_builtin, load_scenario
+    # deferred: imported at every child's start-up (see the note above the constants)
+    from gpulens.sim.scenario import ScenarioError
+    from gpulens.sim.scenariofile import list_builtin, load_scenario
 
     for name in list_builtin():
         try:
@@ -400,7 +413,9 @@ def list_scenarios(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
-    from gpulens.sim.scenario import ScenarioError, load_scenario
+    # deferred: imported at every child's start-up (see the note above the constants)
+    from gpulens.sim.scenario import ScenarioError
+    from gpulens.sim.scenariofile import load_scenario
 
     try:
         scenario = load_scenario(args.file)

@@ -23,7 +23,7 @@ from gpulens.sim.clock import RealClock, ScaledClock
 from gpulens.sim.dcgm import BINDINGS_DIR, hostengine
 from gpulens.sim.engine import ScenarioNode, build_node
 from gpulens.sim.install import install, uninstall
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.scenariofile import load_scenario
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from gpulens.sim.defaults import make_container_id
 from gpulens.sim.patterns import Workload
-from gpulens.sim.scenario import (
-    RESTART_PID_BASE,
-    RESTART_PID_SLOT,
-    KubernetesJob,
-    ProcessSpec,
-    make_container_id,
-)
+from gpulens.sim.scenario import RESTART_PID_BASE, RESTART_PID_SLOT, KubernetesJob, ProcessSpec
 
 BACKOFF_FIRST = 10.0  # seconds (kubelet: initial CrashLoopBackOff)
 BACKOFF_MAX = 300.0  # seconds (kubelet: the cap)

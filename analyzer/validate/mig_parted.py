@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 from gpulens.analyzer.validate import Problem
-from gpulens.catalog import CatalogError, GpuModel, model_for_pci_device_id, place_mig_layout
+from gpulens.catalog import CatalogError, GpuModel, model_for_pci_device_id
+from gpulens.migplacement import place_mig_layout
 
 VERSION = "v1"
 ENTRY_KEYS = frozenset({"device-filter", "devices", "mig-enabled", "mig-devices"})

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from gpulens.mixin import rules
 from gpulens.promscope.config import MixinConfig  # the gpulens package (make rules runs .venv's python)
 
 HERE = Path(__file__).resolve().parent
@@ -67,8 +68,6 @@ def kubernetes_generator() -> ModuleType:
 def rule_files(alerts_dir: Path) -> dict[str, str]:
     """files/rules/<name>.yml -> its text, one per PrometheusRule of the kustomization, built with
     the placeholders; the rule files must be those of `alerts_dir` (all of them the mixin's)."""
-    from gpulens.mixin import rules
-
     generator = kubernetes_generator()
     with tempfile.TemporaryDirectory() as tmp:
         built = Path(tmp)

@@ -316,6 +316,7 @@ def backfill(paths: list[Path], tsdb: Path, workers: int = 2) -> None:
 
 def write_history(cluster: Cluster, out_dir: Path, gpus_per_group: int = 64) -> int:
     """`samples.parquet` + `meta.json` in the history format, a few GPUs per row group (bounded)."""
+    # deferred: pyarrow and pandas (the analyzer extra) only for the file-path benchmark
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -26,6 +26,7 @@ from typing import Any
 from gpulens import __version__
 from gpulens.devtools.bench.analyzer_bench import RUNS, run_analyzer_bench
 from gpulens.devtools.bench.analyzer_report import analyzer_target_lines
+from gpulens.devtools.bench.breakdown import measure_breakdown
 from gpulens.devtools.bench.measure import ExporterResult, measure_exporter
 from gpulens.devtools.bench.report import ratio_lines, render_markdown
 from gpulens.devtools.ports import free_port
@@ -59,8 +60,6 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "exporters": [dataclasses.asdict(r) for r in results],
     }
     if results:
-        from gpulens.devtools.bench.breakdown import measure_breakdown
-
         print(f"splitting one gpulens sampling cycle on {args.scenario} by code ...", file=sys.stderr)
         load = os.getloadavg()[0]
         breakdown = measure_breakdown(args.scenario, interval=args.interval, cycles=args.breakdown_cycles)

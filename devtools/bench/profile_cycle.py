@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import sys
 import tempfile
@@ -25,12 +26,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pynvml
+
 from gpulens.exporter.app import Exporter
+from gpulens.exporter.collectors import DEFAULT_ENABLED
 from gpulens.exporter.config import ExporterConfig
 from gpulens.sim.clock import ManualClock, RealClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.install import install, uninstall
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.native import build
+from gpulens.sim.native.publisher import ENV_SHM, Publisher
+from gpulens.sim.scenariofile import load_scenario
 
 
 class Driver:
@@ -48,13 +54,6 @@ class Driver:
         if kind == "python":
             install(node)
             return
-        import os
-
-        import pynvml
-
-        from gpulens.sim.native import build
-        from gpulens.sim.native.publisher import ENV_SHM, Publisher
-
         build.load()  # by path first: pynvml's CDLL("libnvidia-ml.so.1") then finds this one
         self.publisher = Publisher(node, activity_quantum=0)
         os.environ[ENV_SHM] = str(self.publisher.path)
@@ -142,9 +141,6 @@ def main(argv: list[str] | None = None) -> int:
         help="simulated NVML: native (C, as on a GPU node) or python (callbacks, counted in the cycle)",
     )
     args = parser.parse_args(argv)
-
-    from gpulens.exporter.collectors import DEFAULT_ENABLED
-
     collectors = frozenset(DEFAULT_ENABLED) - set(args.no_collector) if args.no_collector else None
     exporter, clock, driver = _exporter(args.scenario, args.interval, collectors, args.clock, args.driver)
     try:

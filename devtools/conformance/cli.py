@@ -21,8 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpulens.catalog import model_for_nvml_name
 from gpulens.devtools.conformance.diff import compare_records, render
+from gpulens.devtools.conformance.exporter_check import run_exporter_check
 from gpulens.devtools.conformance.record import record_node
+from gpulens.devtools.conformance.workload import cuda_workload
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,6 @@ class RealShape:
 
 def _real_shape(record: dict[str, Any]) -> RealShape:
     """The model, MIG layout and NVLink exposure of the first real GPU in a record."""
-    from gpulens.catalog import model_for_nvml_name
-
     gpus = record.get("gpus") or []
     if not gpus:
         return RealShape(None)
@@ -61,9 +62,10 @@ def simulated_record(
     `nvlink=False` simulates GPUs whose NVLink the driver does not expose."""
     import pynvml
 
+    # deferred: the GPU machine may lack the simulator's dependencies (PyYAML); cmd_run says so
     from gpulens.sim.engine import build_node
     from gpulens.sim.install import simulated
-    from gpulens.sim.scenario import parse_scenario
+    from gpulens.sim.scenariofile import parse_scenario
 
     gpu_entry: dict[str, Any] = {"model": model_key, "count": gpus, "nvlink": nvlink}
     if mig_profiles:
@@ -93,8 +95,6 @@ def _write(path: Path, content: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     import pynvml
 
-    from gpulens.devtools.conformance.workload import cuda_workload
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"started": time.time()}
@@ -122,8 +122,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     _write(out / "diff.txt", summary["diff"] + "\n")
     print(summary["diff"])
     if not args.no_exporter and "init_error" not in real:
-        from gpulens.devtools.conformance.exporter_check import run_exporter_check
-
         hopper = model_key is not None and model_key.startswith(("H1", "H2", "B2"))
         report = run_exporter_check([], seconds=args.exporter_seconds, hopper=hopper, mig=bool(profiles))
         text = "\n".join(report.problems) or "every expected family present and plausible; promtool clean"

@@ -215,7 +215,7 @@ class PodResourcesClient:
             return True
         if self._unavailable:
             return False
-        try:
+        try:  # deferred: grpcio and protobuf are the optional kubernetes extra
             import grpc
 
             from gpulens.exporter.attribution.podresources_pb import METHOD_LIST, build_messages

@@ -42,7 +42,7 @@ from typing import Any
 
 import pynvml
 
-from gpulens.exporter.snapshot import MigSample
+from gpulens.exporter.snapshot import MigSample, ProfilerAnswer, ProfilingSource
 
 DCGM4_BINDINGS = Path("/usr/share/datacenter-gpu-manager-4/bindings/python3")
 DCGM3_BINDINGS = Path("/usr/local/dcgm/bindings/python3")
@@ -90,11 +90,7 @@ GPU_UNSUPPORTED = {ST_NOT_SUPPORTED, ST_GPU_NOT_SUPPORTED, ST_PROFILING_NOT_SUPP
 BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0
 
-NOT_SERVED: tuple[str, tuple[tuple[str, float], ...], dict[int, tuple[tuple[str, float], ...]]] = (
-    "nvml",
-    (),
-    {},
-)
+NOT_SERVED: ProfilerAnswer = (ProfilingSource.NVML, (), {})
 
 
 class DcgmUnavailable(Exception):
@@ -191,7 +187,7 @@ class _Connection:
 class DcgmProfiler:
     """The profiler interface of `GpmProfiler`: `read`, `forget`, `close`; source "dcgm"."""
 
-    source = "dcgm"
+    source = ProfilingSource.DCGM
 
     def __init__(
         self,
@@ -419,10 +415,8 @@ class DcgmProfiler:
             self._uuids[index] = uuid
         return uuid
 
-    def read(
-        self, index: int, handle: Any, mig_instances: Sequence[MigSample]
-    ) -> tuple[str, tuple[tuple[str, float], ...], dict[int, tuple[tuple[str, float], ...]]]:
-        """(source, whole-GPU values, {gpu_instance: values}); ("nvml", (), {}) when not served."""
+    def read(self, index: int, handle: Any, mig_instances: Sequence[MigSample]) -> ProfilerAnswer:
+        """(source, whole-GPU values, {gpu_instance: values}); `NOT_SERVED` when not served."""
         if self._conn is None:
             return NOT_SERVED
         uuid = self._uuid(index, handle)

@@ -25,7 +25,7 @@ from typing import Any
 import pynvml
 
 from gpulens.exporter.backends.nvml import _ABSENT, _LOST, AreaError, GpuLostError, error_text
-from gpulens.exporter.snapshot import MigSample
+from gpulens.exporter.snapshot import MigSample, ProfilerAnswer, ProfilingSource
 
 # snapshot PROFILING_KEYS -> NVML_GPM_METRIC_* id (all percentages)
 GPM_METRICS: tuple[tuple[str, int], ...] = (
@@ -130,7 +130,7 @@ def _gpm_call(fn: Callable[..., Any], *args: Any) -> Any:
 class GpmProfiler:
     """Keeps one previous GPM sample per (GPU index, GPU instance or None)."""
 
-    source = "gpm"
+    source = ProfilingSource.GPM
 
     def __init__(
         self,
@@ -165,12 +165,10 @@ class GpmProfiler:
         self._supported[index] = ok
         return ok
 
-    def read(
-        self, index: int, handle: Any, mig_instances: Sequence[MigSample]
-    ) -> tuple[str, tuple[tuple[str, float], ...], dict[int, tuple[tuple[str, float], ...]]]:
-        """(source, whole-GPU values, {gpu_instance: values}); source "nvml" when GPM is unsupported."""
+    def read(self, index: int, handle: Any, mig_instances: Sequence[MigSample]) -> ProfilerAnswer:
+        """(source, whole-GPU values, {gpu_instance: values}); source NVML when GPM is unsupported."""
         if not self.supported(index, handle):
-            return "nvml", (), {}
+            return ProfilingSource.NVML, (), {}
         gpu_values = self._window((index, None), lambda s: pynvml.nvmlGpmSampleGet(handle, s))
         mig_values: dict[int, tuple[tuple[str, float], ...]] = {}
         present = {m.gpu_instance for m in mig_instances}

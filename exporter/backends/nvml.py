@@ -30,13 +30,28 @@ import pynvml
 from gpulens.exporter.backends.rawcalls import FieldRequest, RawProcess, process_lists
 from gpulens.exporter.snapshot import (
     Area,
+    ClockEventReason,
+    ClocksReading,
+    ComputeMode,
+    DeviceReading,
     GpuIdentity,
     GpuSample,
+    HealthReading,
     Link,
+    MemoryReading,
+    MigMode,
+    MigReading,
     MigSample,
     NvLinkSample,
+    PcieNvlinkReading,
     PeerLink,
+    PowerThermalReading,
+    ProcessesReading,
+    ProcessKind,
     ProcessSample,
+    ProfilingReading,
+    ProfilingSource,
+    TopologyReading,
 )
 
 MPS_SERVER_NAME = "nvidia-cuda-mps-server"
@@ -55,16 +70,16 @@ _LOST = {
 }
 
 # (reason label, nvmlClocksEventReason* bit), DESIGN §4 / docs/metrics.md
-CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
-    ("gpu_idle", 0x1),
-    ("applications_clocks_setting", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
-    ("display_clock_setting", 0x100),
+CLOCK_EVENT_REASONS: tuple[tuple[ClockEventReason, int], ...] = (
+    (ClockEventReason.GPU_IDLE, 0x1),
+    (ClockEventReason.APPLICATIONS_CLOCKS_SETTING, 0x2),
+    (ClockEventReason.SW_POWER_CAP, 0x4),
+    (ClockEventReason.HW_SLOWDOWN, 0x8),
+    (ClockEventReason.SYNC_BOOST, 0x10),
+    (ClockEventReason.SW_THERMAL_SLOWDOWN, 0x20),
+    (ClockEventReason.HW_THERMAL_SLOWDOWN, 0x40),
+    (ClockEventReason.HW_POWER_BRAKE_SLOWDOWN, 0x80),
+    (ClockEventReason.DISPLAY_CLOCK_SETTING, 0x100),
 )
 NVLINK_ERROR_KINDS: tuple[tuple[str, int], ...] = (
     ("replay", 0),
@@ -74,12 +89,12 @@ NVLINK_ERROR_KINDS: tuple[tuple[str, int], ...] = (
     ("ecc_data", 4),
 )
 # NVML_FI_DEV_CLOCKS_EVENT_REASON_* fields: cumulative nanoseconds clocks were held down, per reason
-CLOCK_EVENT_FIELDS: tuple[tuple[str, int], ...] = (
-    ("sw_power_cap", 74),
-    ("sync_boost", 76),
-    ("sw_thermal_slowdown", 269),
-    ("hw_thermal_slowdown", 270),
-    ("hw_power_brake_slowdown", 271),
+CLOCK_EVENT_FIELDS: tuple[tuple[ClockEventReason, int], ...] = (
+    (ClockEventReason.SW_POWER_CAP, 74),
+    (ClockEventReason.SYNC_BOOST, 76),
+    (ClockEventReason.SW_THERMAL_SLOWDOWN, 269),
+    (ClockEventReason.HW_THERMAL_SLOWDOWN, 270),
+    (ClockEventReason.HW_POWER_BRAKE_SLOWDOWN, 271),
 )
 TEMPERATURE_THRESHOLDS: tuple[tuple[str, int], ...] = (
     ("slowdown", pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
@@ -108,7 +123,12 @@ TOPOLOGY_LEVELS: dict[int, Link] = {
     pynvml.NVML_TOPOLOGY_NODE: Link.NUMA,
     pynvml.NVML_TOPOLOGY_SYSTEM: Link.SYSTEM,
 }
-COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+COMPUTE_MODES: dict[int, ComputeMode] = {
+    pynvml.NVML_COMPUTEMODE_DEFAULT: ComputeMode.DEFAULT,
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD: ComputeMode.EXCLUSIVE_THREAD,
+    pynvml.NVML_COMPUTEMODE_PROHIBITED: ComputeMode.PROHIBITED,
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: ComputeMode.EXCLUSIVE_PROCESS,
+}
 
 # The fixed field-value requests of a sample (the NVLink ones depend on the GPU's links).
 _MEMORY_TEMP_FIELDS = FieldRequest([pynvml.NVML_FI_DEV_MEMORY_TEMP])
@@ -188,6 +208,9 @@ def _call(fn: Callable[..., Any], *args: Any) -> Any:
     except pynvml.NVMLLibraryMismatchError:
         return None
 
+
+# what one area's reader returns (`NvmlBackend._read_gpu`'s `run`)
+_Reading = TypeVar("_Reading")
 
 # (kind, nvmlNvLinkErrorCounter_t, field request or None where the link has no error field)
 _ErrorKeys = tuple[tuple[str, int, tuple[int, int] | None], ...]
@@ -404,7 +427,6 @@ class NvmlBackend:
         timings: dict[Area, float] = {}
         failed: set[Area] = set()
         errors: list[str] = []
-        fields: dict[str, Any] = {}
 
         try:
             mig_current = _call(pynvml.nvmlDeviceGetMigMode, handle)
@@ -413,68 +435,86 @@ class NvmlBackend:
             failed.add(Area.MIG)
             errors.append(f"mig: {exc}")
         mig_enabled = bool(mig_current and mig_current[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
-        fields["mig_mode"] = None if mig_current is None else ("enabled" if mig_enabled else "disabled")
+        mig_mode = None if mig_current is None else (MigMode.ENABLED if mig_enabled else MigMode.DISABLED)
 
-        def run(area: Area, reader: Callable[[], dict[str, Any]]) -> None:
+        def run(area: Area, reader: Callable[[], _Reading]) -> _Reading | None:
+            """One area's reader, timed; None (and the area failed) when it raised AreaError."""
             start = time.perf_counter()
             try:
-                fields.update(reader())
+                return reader()
             except AreaError as exc:
                 failed.add(area)
                 errors.append(f"{area}: {exc}")
+                return None
             finally:
                 timings[area] = timings.get(area, 0.0) + time.perf_counter() - start
 
-        readers: dict[Area, Callable[[], dict[str, Any]]] = {
-            Area.DEVICE: lambda: self._read_device(state),
-            Area.MEMORY: lambda: self._read_memory(handle),
-            Area.POWER_THERMAL: lambda: self._read_power_thermal(state),
-            Area.CLOCKS: lambda: self._read_clocks(state),
-            Area.PCIE_NVLINK: lambda: self._read_pcie_nvlink(state),
-            Area.HEALTH: lambda: self._read_health(state),
-            Area.TOPOLOGY: lambda: self._read_topology(index, state),
-        }
-        for area, reader in readers.items():
-            if area in areas:
-                run(area, reader)
+        # the areas in a fixed order (the order their NVML calls are made in)
+        device = run(Area.DEVICE, lambda: self._read_device(state)) if Area.DEVICE in areas else None
+        memory = run(Area.MEMORY, lambda: self._read_memory(handle)) if Area.MEMORY in areas else None
+        power_thermal = (
+            run(Area.POWER_THERMAL, lambda: self._read_power_thermal(state))
+            if Area.POWER_THERMAL in areas
+            else None
+        )
+        clocks = run(Area.CLOCKS, lambda: self._read_clocks(state)) if Area.CLOCKS in areas else None
+        pcie_nvlink = (
+            run(Area.PCIE_NVLINK, lambda: self._read_pcie_nvlink(state))
+            if Area.PCIE_NVLINK in areas
+            else None
+        )
+        health = run(Area.HEALTH, lambda: self._read_health(state)) if Area.HEALTH in areas else None
+        topology = (
+            run(Area.TOPOLOGY, lambda: self._read_topology(index, state)) if Area.TOPOLOGY in areas else None
+        )
 
-        want_mig = mig_enabled and bool(areas & (PROCESS_AREAS | {Area.PROFILING}))
-        if want_mig:
-            run(Area.MIG, lambda: {"mig_instances": self._read_mig(state)})
+        # MIG devices, then their processes and profiling figures: each later read returns the
+        # instances again with its part filled in
+        mig: MigReading | None = None
+        if mig_enabled and areas & (PROCESS_AREAS | {Area.PROFILING}):
+            mig = run(Area.MIG, lambda: MigReading(self._read_mig(state)))
+        instances = () if mig is None else mig.instances
+        processes: ProcessesReading | None = None
         if areas & PROCESS_AREAS:
             area = Area.PROCESSES if Area.PROCESSES in areas else Area.DEVICE
-            run(
-                area,
-                lambda: self._read_processes(
-                    state, fields.get("mig_instances", ()), mig_enabled, areas, interval
-                ),
-            )
+            read = run(area, lambda: self._read_processes(state, instances, mig_enabled, areas, interval))
+            if read is not None:
+                processes, instances = read
+        profiling: ProfilingReading | None = None
         if Area.PROFILING in areas and self.profiler is not None:
             start = time.perf_counter()
             try:
-                source, gpu_values, mig_values = self.profiler.read(
-                    index, handle, fields.get("mig_instances", ())
-                )
-                fields["profiling_source"] = source
-                fields["profiling"] = gpu_values
+                source, gpu_values, mig_values = self.profiler.read(index, handle, instances)
+                profiling = ProfilingReading(source, gpu_values)
                 if mig_values:
-                    fields["mig_instances"] = tuple(
-                        _with_profiling(m, mig_values.get(m.gpu_instance, ()))
-                        for m in fields.get("mig_instances", ())
+                    instances = tuple(
+                        _with_profiling(m, mig_values.get(m.gpu_instance, ())) for m in instances
                     )
             except AreaError as exc:
                 failed.add(Area.PROFILING)
                 errors.append(f"profiling: {exc}")
             timings[Area.PROFILING] = time.perf_counter() - start
         elif Area.PROFILING in areas:
-            fields["profiling_source"] = "nvml"
+            profiling = ProfilingReading(ProfilingSource.NVML)
+        if mig is not None and instances is not mig.instances:
+            mig = MigReading(instances)
 
         sample = GpuSample(
             identity=state.identity,
             up=True,
             error="; ".join(errors),
             failed_areas=frozenset(failed),
-            **fields,
+            mig_mode=mig_mode,
+            device=device,
+            memory=memory,
+            power_thermal=power_thermal,
+            clocks=clocks,
+            pcie_nvlink=pcie_nvlink,
+            health=health,
+            mig=mig,
+            processes=processes,
+            profiling=profiling,
+            topology=topology,
         )
         return sample, timings
 
@@ -499,109 +539,118 @@ class NvmlBackend:
             minor_number=int(minor) if minor is not None else None,
         )
 
-    def _read_device(self, state: _GpuState) -> dict[str, Any]:
+    def _read_device(self, state: _GpuState) -> DeviceReading:
         handle, slow = state.handle, state.slow_value
-        out: dict[str, Any] = {}
         util = _call(pynvml.nvmlDeviceGetUtilizationRates, handle)
-        if util is not None:
-            out["utilization_ratio"] = util.gpu / 100.0
-            out["memory_utilization_ratio"] = util.memory / 100.0
-        out["performance_state"] = _call(pynvml.nvmlDeviceGetPerformanceState, handle)
+        performance_state = _call(pynvml.nvmlDeviceGetPerformanceState, handle)
         mode = slow("compute_mode", lambda: _call(pynvml.nvmlDeviceGetComputeMode, handle))
-        out["compute_mode"] = None if mode is None else COMPUTE_MODES.get(int(mode), str(mode))
         fan = _call(pynvml.nvmlDeviceGetFanSpeed, handle)
-        out["fan_speed_ratio"] = None if fan is None else fan / 100.0
         encoder = _call(pynvml.nvmlDeviceGetEncoderUtilization, handle)
-        out["encoder_utilization_ratio"] = None if encoder is None else encoder[0] / 100.0
         decoder = _call(pynvml.nvmlDeviceGetDecoderUtilization, handle)
-        out["decoder_utilization_ratio"] = None if decoder is None else decoder[0] / 100.0
         persistence = slow("persistence_mode", lambda: _call(pynvml.nvmlDeviceGetPersistenceMode, handle))
-        out["persistence_mode"] = None if persistence is None else bool(persistence)
-        return out
+        return DeviceReading(
+            utilization_ratio=None if util is None else util.gpu / 100.0,
+            memory_utilization_ratio=None if util is None else util.memory / 100.0,
+            performance_state=performance_state,
+            compute_mode=None if mode is None else COMPUTE_MODES.get(int(mode)),
+            fan_speed_ratio=None if fan is None else fan / 100.0,
+            encoder_utilization_ratio=None if encoder is None else encoder[0] / 100.0,
+            decoder_utilization_ratio=None if decoder is None else decoder[0] / 100.0,
+            persistence_mode=None if persistence is None else bool(persistence),
+        )
 
-    def _read_memory(self, handle: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def _read_memory(self, handle: Any) -> MemoryReading:
+        total = used = free = reserved = None
         mem = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2)
         if mem is not None:
-            out.update(_memory_fields(mem.total, mem.free, mem.reserved))
+            total, used, free, reserved = _memory_fields(mem.total, mem.free, mem.reserved)
         else:
             mem1 = _call(pynvml.nvmlDeviceGetMemoryInfo, handle)
             if mem1 is not None:
-                out.update(_memory_fields(mem1.total, mem1.free, None))
+                total, used, free, reserved = _memory_fields(mem1.total, mem1.free, None)
         bar1 = _call(pynvml.nvmlDeviceGetBAR1MemoryInfo, handle)
-        if bar1 is not None:
-            out["bar1_total_bytes"] = int(bar1.bar1Total)
-            out["bar1_used_bytes"] = int(bar1.bar1Used)
-        return out
+        return MemoryReading(
+            memory_total_bytes=total,
+            memory_used_bytes=used,
+            memory_free_bytes=free,
+            memory_reserved_bytes=reserved,
+            bar1_total_bytes=None if bar1 is None else int(bar1.bar1Total),
+            bar1_used_bytes=None if bar1 is None else int(bar1.bar1Used),
+        )
 
-    def _read_power_thermal(self, state: _GpuState) -> dict[str, Any]:
+    def _read_power_thermal(self, state: _GpuState) -> PowerThermalReading:
         handle, slow = state.handle, state.slow_value
-        out: dict[str, Any] = {}
         power = _call(pynvml.nvmlDeviceGetPowerUsage, handle)
-        out["power_watts"] = None if power is None else power / 1000.0
         limit = slow("power_limit", lambda: _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle))
-        out["power_limit_watts"] = None if limit is None else limit / 1000.0
         energy = _call(pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
-        out["energy_joules"] = None if energy is None else energy / 1000.0
         temp = _call(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
-        out["temperature_celsius"] = None if temp is None else float(temp)
         values = _field_values(handle, _MEMORY_TEMP_FIELDS)
         mem_temp = values.get((pynvml.NVML_FI_DEV_MEMORY_TEMP, 0))
-        out["memory_temperature_celsius"] = None if mem_temp is None else float(mem_temp)
-        out["temperature_thresholds"] = slow("temperature_thresholds", lambda: _thresholds(handle))
-        return out
+        return PowerThermalReading(
+            power_watts=None if power is None else power / 1000.0,
+            power_limit_watts=None if limit is None else limit / 1000.0,
+            energy_joules=None if energy is None else energy / 1000.0,
+            temperature_celsius=None if temp is None else float(temp),
+            memory_temperature_celsius=None if mem_temp is None else float(mem_temp),
+            temperature_thresholds=slow("temperature_thresholds", lambda: _thresholds(handle)),
+        )
 
-    def _read_clocks(self, state: _GpuState) -> dict[str, Any]:
+    def _read_clocks(self, state: _GpuState) -> ClocksReading:
         handle, slow = state.handle, state.slow_value
-        out: dict[str, Any] = {}
         sm = _call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
-        out["sm_clock_hertz"] = None if sm is None else sm * 1e6
         mem = _call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
-        out["memory_clock_hertz"] = None if mem is None else mem * 1e6
         sm_max = slow(
             "sm_clock_max", lambda: _call(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM)
         )
-        out["sm_clock_max_hertz"] = None if sm_max is None else sm_max * 1e6
-        if self.smi:
-            out.update(_smi_clocks(state))
+        smi = _smi_clocks(state) if self.smi else _NO_SMI_CLOCKS
         current = _call(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle)
         supported = slow(
             "clock_events_supported", lambda: _call(pynvml.nvmlDeviceGetSupportedClocksEventReasons, handle)
         )
+        events: tuple[tuple[ClockEventReason, bool], ...] = ()
         if current is not None:
             mask = 0xFFFFFFFFFFFFFFFF if supported is None else int(supported)
-            out["clock_events"] = tuple(
+            events = tuple(
                 (reason, bool(int(current) & bit)) for reason, bit in CLOCK_EVENT_REASONS if mask & bit
             )
         durations = _field_values(handle, _CLOCK_EVENT_FIELD_REQUEST)
-        out["clock_event_seconds"] = tuple(
-            (reason, durations[(field, 0)] / 1e9)
-            for reason, field in CLOCK_EVENT_FIELDS
-            if (field, 0) in durations
+        return ClocksReading(
+            sm_clock_hertz=None if sm is None else sm * 1e6,
+            memory_clock_hertz=None if mem is None else mem * 1e6,
+            sm_clock_max_hertz=None if sm_max is None else sm_max * 1e6,
+            graphics_clock_hertz=smi[0],
+            video_clock_hertz=smi[1],
+            graphics_clock_max_hertz=smi[2],
+            memory_clock_max_hertz=smi[3],
+            clock_events=events,
+            clock_event_seconds=tuple(
+                (reason, durations[(field, 0)] / 1e9)
+                for reason, field in CLOCK_EVENT_FIELDS
+                if (field, 0) in durations
+            ),
         )
-        return out
 
-    def _read_pcie_nvlink(self, state: _GpuState) -> dict[str, Any]:
-        handle = state.handle
-        out: dict[str, Any] = {}
+    def _read_pcie_nvlink(self, state: _GpuState) -> PcieNvlinkReading:
+        handle, slow = state.handle, state.slow_value
         values = _field_values(handle, _PCIE_FIELDS)
         tx = values.get((pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0))
         rx = values.get((pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0))
-        out["pcie_tx_bytes"] = None if tx is None else int(tx)
-        out["pcie_rx_bytes"] = None if rx is None else int(rx)
-        out["pcie_replays"] = _call(pynvml.nvmlDeviceGetPcieReplayCounter, handle)
-        slow = state.slow_value
-        out["pcie_link_generation"] = slow(
+        replays = _call(pynvml.nvmlDeviceGetPcieReplayCounter, handle)
+        generation = slow(
             "pcie_link_generation", lambda: _call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
         )
-        out["pcie_link_width"] = slow(
-            "pcie_link_width", lambda: _call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
-        )
+        width = slow("pcie_link_width", lambda: _call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle))
         link_count = values.get((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0))
-        out["nvlinks"] = self._read_nvlinks(state, None if link_count is None else int(link_count))
-        return out
+        return PcieNvlinkReading(
+            pcie_tx_bytes=None if tx is None else int(tx),
+            pcie_rx_bytes=None if rx is None else int(rx),
+            pcie_replays=replays,
+            pcie_link_generation=generation,
+            pcie_link_width=width,
+            nvlinks=self._read_nvlinks(state, None if link_count is None else int(link_count)),
+        )
 
-    def _read_topology(self, index: int, state: _GpuState) -> dict[str, Any]:
+    def _read_topology(self, index: int, state: _GpuState) -> TopologyReading:
         """NUMA node and one `PeerLink` per other GPU whose link is known.
 
         A pair is asked about once, from its higher-index GPU's read, and only when the lower-index
@@ -630,7 +679,7 @@ class NvmlBackend:
             other = self._gpus.get(peer)
             if link is not None and other is not None and other.identity is not None:
                 peers.append(PeerLink(peer=peer, peer_uuid=other.identity.uuid, link=link))
-        return {"numa_node": state.numa_node, "peers": tuple(peers)}
+        return TopologyReading(numa_node=state.numa_node, peers=tuple(peers))
 
     def _read_nvlinks(self, gpu: _GpuState, link_count: int | None) -> tuple[NvLinkSample, ...]:
         handle = gpu.handle
@@ -676,14 +725,12 @@ class NvmlBackend:
             )
         return tuple(out)
 
-    def _read_health(self, state: _GpuState) -> dict[str, Any]:
+    def _read_health(self, state: _GpuState) -> HealthReading:
         handle, slow = state.handle, state.slow_value
-        out: dict[str, Any] = {}
         ecc_mode = slow("ecc_mode", lambda: _call(pynvml.nvmlDeviceGetEccMode, handle))
         ecc_enabled = None if ecc_mode is None else bool(ecc_mode[0])
-        out["ecc_enabled"] = ecc_enabled
+        errors: list[tuple[str, str, int]] = []
         if ecc_enabled:
-            errors: list[tuple[str, str, int]] = []
             for error, error_type in (
                 ("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                 ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
@@ -699,13 +746,13 @@ class NvmlBackend:
                     count = read() if scope == "volatile" else slow(f"ecc_aggregate_{error}", read)
                     if count is not None:
                         errors.append((error, scope, int(count)))
-            out["ecc_errors"] = tuple(errors)
+        remapped_rows: tuple[tuple[str, int], ...] = ()
+        row_remap_pending = row_remap_failed = None
         remap = _call(pynvml.nvmlDeviceGetRemappedRows, handle)
         if remap is not None:
             corr, unc, pending, failure = remap
-            out["remapped_rows"] = (("correctable", int(corr)), ("uncorrectable", int(unc)))
-            out["row_remap_pending"] = bool(pending)
-            out["row_remap_failed"] = bool(failure)
+            remapped_rows = (("correctable", int(corr)), ("uncorrectable", int(unc)))
+            row_remap_pending, row_remap_failed = bool(pending), bool(failure)
         retired: list[tuple[str, int]] = []
         for cause, code in (
             ("single_bit_ecc", pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
@@ -714,19 +761,30 @@ class NvmlBackend:
             pages = _call(pynvml.nvmlDeviceGetRetiredPages, handle, code)
             if pages is not None:
                 retired.append((cause, len(pages)))
-        out["retired_pages"] = tuple(retired)
+        retired_pages_pending = None
         if retired:
             pending_pages = _call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
-            out["retired_pages_pending"] = None if pending_pages is None else bool(int(pending_pages))
+            retired_pages_pending = None if pending_pages is None else bool(int(pending_pages))
+        recovery_action = fabric_state = None
         if self.smi:
             action = _field_values(handle, _RECOVERY_ACTION_FIELDS).get(
                 (pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)
             )
-            out["recovery_action"] = None if action is None else int(action)
+            recovery_action = None if action is None else int(action)
             fabric = pynvml.c_nvmlGpuFabricInfo_t()
             answered = _call(pynvml.nvmlDeviceGetGpuFabricInfo, handle, ctypes.byref(fabric))
-            out["fabric_state"] = None if answered is None else int(fabric.state)
-        return out
+            fabric_state = None if answered is None else int(fabric.state)
+        return HealthReading(
+            ecc_enabled=ecc_enabled,
+            ecc_errors=tuple(errors),
+            remapped_rows=remapped_rows,
+            row_remap_pending=row_remap_pending,
+            row_remap_failed=row_remap_failed,
+            retired_pages=tuple(retired),
+            retired_pages_pending=retired_pages_pending,
+            recovery_action=recovery_action,
+            fabric_state=fabric_state,
+        )
 
     # ---- MIG -------------------------------------------------------------------------------
     def _read_mig(self, state: _GpuState) -> tuple[MigSample, ...]:
@@ -756,12 +814,7 @@ class NvmlBackend:
                 mem = _call(pynvml.nvmlDeviceGetMemoryInfo, mig, pynvml.nvmlMemory_v2)
                 total = used = reserved = None
                 if mem is not None:
-                    fields = _memory_fields(mem.total, mem.free, mem.reserved)
-                    total, used, reserved = (
-                        fields["memory_total_bytes"],
-                        fields["memory_used_bytes"],
-                        fields["memory_reserved_bytes"],
-                    )
+                    total, used, _, reserved = _memory_fields(mem.total, mem.free, mem.reserved)
                 out.append(
                     MigSample(
                         gpu_instance=int(gi),
@@ -814,24 +867,24 @@ class NvmlBackend:
         """
         procs: dict[int, ProcessSample] = {}
         compute, graphics, mps = self.process_lists
-        for kind, fn in (("compute", compute), ("graphics", graphics)):
+        for kind, fn in ((ProcessKind.COMPUTE, compute), (ProcessKind.GRAPHICS, graphics)):
             for p in _call(fn, handle) or ():
                 if p[0] in procs:
                     continue
                 procs[p[0]] = _process(p, kind)
-        clients = [_process(p, "mps_client") for p in _call(mps, handle) or ()]
+        clients = [_process(p, ProcessKind.MPS_CLIENT) for p in _call(mps, handle) or ()]
         client_pids = {c.pid for c in clients}
         out: list[ProcessSample] = []
         for p in procs.values():
             if p.pid in client_pids:
                 continue
-            if p.kind == "compute":
+            if p.kind is ProcessKind.COMPUTE:
                 is_server = seen.get(p.pid)
                 if is_server is None:
                     is_server = known[p.pid] if p.pid in known else self._is_mps_server(p.pid)
                     seen[p.pid] = is_server
                 if is_server:
-                    p = _replace_kind(p, "mps_server")
+                    p = _replace_kind(p, ProcessKind.MPS_SERVER)
             out.append(p)
         return out, clients
 
@@ -859,7 +912,9 @@ class NvmlBackend:
         mig_enabled: bool,
         areas: frozenset[Area],
         interval: float,
-    ) -> dict[str, Any]:
+    ) -> tuple[ProcessesReading, tuple[MigSample, ...]]:
+        """The process lists, and the MIG devices again with each one's processes (unchanged
+        without MIG)."""
         handle = state.handle
         known = state.mps_server_pids
         seen: dict[int, Any] = {}
@@ -888,7 +943,6 @@ class NvmlBackend:
                     clients[p.pid] = p
                 new_migs.append(_with_processes(mig, tuple(mig_procs), tuple(mig_clients)))
         state.mps_server_pids = seen  # pids that left are forgotten (pid reuse stays correct)
-        out: dict[str, Any] = {}
         if not mig_enabled and areas & {Area.JOBS, Area.PROCESSES}:
             utils = self._process_utilization(state, interval)
             if utils is not None:
@@ -901,11 +955,11 @@ class NvmlBackend:
             state.process_names = names
             procs = {pid: _evolve(p, name=names[pid]) for pid, p in procs.items()}
             clients = {pid: _evolve(p, name=names[pid]) for pid, p in clients.items()}
-        out["processes"] = tuple(sorted(procs.values(), key=lambda p: p.pid))
-        out["mps_clients"] = tuple(sorted(clients.values(), key=lambda p: p.pid))
-        if mig_enabled:
-            out["mig_instances"] = tuple(new_migs)
-        return out
+        reading = ProcessesReading(
+            processes=tuple(sorted(procs.values(), key=lambda p: p.pid)),
+            mps_clients=tuple(sorted(clients.values(), key=lambda p: p.pid)),
+        )
+        return reading, tuple(new_migs) if mig_enabled else mig_instances
 
     def _process_utilization(self, state: _GpuState, interval: float) -> dict[int, float] | None:
         """SM utilization per pid over the last interval; None when unsupported."""
@@ -944,29 +998,34 @@ def _peer_link(handle: Any, other: Any) -> Link | None:
     return None if level is None else TOPOLOGY_LEVELS.get(int(level))
 
 
-def _smi_clocks(state: _GpuState) -> dict[str, Any]:
+# (graphics, video, graphics max, memory max) clocks in hertz
+_SmiClocks = tuple[float | None, float | None, float | None, float | None]
+_NO_SMI_CLOCKS: _SmiClocks = (None, None, None, None)
+
+
+def _smi_clocks(state: _GpuState) -> _SmiClocks:
     """The clock domains only nvidia-smi's view shows (graphics, video; graphics and memory maxima)."""
     handle, slow = state.handle, state.slow_value
 
     def mhz(value: Any) -> float | None:
         return None if value is None else float(value) * 1e6
 
-    return {
-        "graphics_clock_hertz": mhz(_call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_GRAPHICS)),
-        "video_clock_hertz": mhz(_call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_VIDEO)),
-        "graphics_clock_max_hertz": mhz(
+    return (
+        mhz(_call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_GRAPHICS)),
+        mhz(_call(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_VIDEO)),
+        mhz(
             slow(
                 "graphics_clock_max",
                 lambda: _call(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_GRAPHICS),
             )
         ),
-        "memory_clock_max_hertz": mhz(
+        mhz(
             slow(
                 "memory_clock_max",
                 lambda: _call(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_MEM),
             )
         ),
-    }
+    )
 
 
 def _thresholds(handle: Any) -> tuple[tuple[str, float], ...]:
@@ -978,20 +1037,16 @@ def _thresholds(handle: Any) -> tuple[tuple[str, float], ...]:
     return tuple(thresholds)
 
 
-def _memory_fields(total: int, free: int, reserved: int | None) -> dict[str, Any]:
-    """Normalise memory info so that total = used + free + reserved ("used excludes reserved").
+def _memory_fields(total: int, free: int, reserved: int | None) -> tuple[int, int, int, int | None]:
+    """(total, used, free, reserved), normalised so that total = used + free + reserved ("used
+    excludes reserved").
 
     Computing used from total/free/reserved does not depend on whether a driver's v2 `used`
     includes the reserved part, which the NVML docs leave ambiguous.
     """
     total, free = int(total), int(free)
     res = int(reserved) if reserved is not None else 0
-    return {
-        "memory_total_bytes": total,
-        "memory_free_bytes": free,
-        "memory_reserved_bytes": None if reserved is None else res,
-        "memory_used_bytes": max(0, total - free - res),
-    }
+    return total, max(0, total - free - res), free, None if reserved is None else res
 
 
 def _field_values(handle: Any, request: FieldRequest) -> dict[tuple[int, int], float | int]:
@@ -1013,7 +1068,7 @@ def _profile_from_name(name: str) -> str:
     return name.split(marker, 1)[1].strip() if marker in name else ""
 
 
-def _process(p: RawProcess, kind: str) -> ProcessSample:
+def _process(p: RawProcess, kind: ProcessKind) -> ProcessSample:
     """A ProcessSample built without the frozen dataclass's __init__ (one `object.__setattr__` per
     field; ~400 records per `large` cycle): the same fields and values, as `_evolve` does."""
     record = object.__new__(ProcessSample)
@@ -1042,7 +1097,7 @@ def _evolve(record: _Record, **changes: Any) -> _Record:
     return new
 
 
-def _replace_kind(p: ProcessSample, kind: str) -> ProcessSample:
+def _replace_kind(p: ProcessSample, kind: ProcessKind) -> ProcessSample:
     return _evolve(p, kind=kind)
 
 

@@ -23,15 +23,13 @@ from typing import Any, Protocol
 from gpulens.exporter.backends.dcgm import DcgmProfiler, DcgmSettings
 from gpulens.exporter.backends.gpm import GpmProfiler
 from gpulens.exporter.config import ExporterConfig
-from gpulens.exporter.snapshot import MigSample
-
-Reading = tuple[str, tuple[tuple[str, float], ...], dict[int, tuple[tuple[str, float], ...]]]
+from gpulens.exporter.snapshot import MigSample, ProfilerAnswer, ProfilingSource
 
 
 class Profiler(Protocol):
     """What the NVML backend asks for a GPU's profiling figures (DCGM, GPM or both)."""
 
-    def read(self, index: int, handle: Any, mig_instances: Sequence[MigSample]) -> Reading: ...
+    def read(self, index: int, handle: Any, mig_instances: Sequence[MigSample]) -> ProfilerAnswer: ...
 
     def forget(self, index: int) -> None: ...
 
@@ -45,9 +43,9 @@ class FallbackProfiler:
         self.first = first
         self.second = second
 
-    def read(self, index: int, handle: Any, mig_instances: Sequence[MigSample]) -> Reading:
+    def read(self, index: int, handle: Any, mig_instances: Sequence[MigSample]) -> ProfilerAnswer:
         reading = self.first.read(index, handle, mig_instances)
-        if reading[0] != "nvml":
+        if reading[0] is not ProfilingSource.NVML:
             return reading
         return self.second.read(index, handle, mig_instances)
 

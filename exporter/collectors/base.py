@@ -23,18 +23,59 @@ from prometheus_client.core import Metric
 
 from gpulens.exporter.compat import CompatSpec
 from gpulens.exporter.families import RowCounter, RowGauge, sample_count
-from gpulens.exporter.snapshot import Area, GpuSample, NodeSnapshot
+from gpulens.exporter.snapshot import (
+    Area,
+    ClocksReading,
+    DeviceReading,
+    GpuSample,
+    HealthReading,
+    MemoryReading,
+    NodeSnapshot,
+    PcieNvlinkReading,
+    PowerThermalReading,
+    ProcessesReading,
+    ProfilingReading,
+    TopologyReading,
+)
 
 GPU_LABELS = ["gpu", "uuid"]
 MIG_LABELS = ["gpu", "uuid", "gpu_instance", "mig_profile"]
 
-S = TypeVar("S")  # what a family's accessor reads: a GpuSample, a MigSample, ...
+S = TypeVar("S")  # what a family's accessor reads: a GpuSample, an area's record, a MigSample, ...
+R = TypeVar("R")  # an area's record (`DeviceReading`, ...)
 Family = RowGauge | RowCounter
 
 
 class Kind(StrEnum):
     GAUGE = "gauge"
     COUNTER = "counter"
+
+
+class Unit(StrEnum):
+    """The unit column of docs/metrics.md (what a family's value counts or measures)."""
+
+    RATIO = "ratio"
+    BYTES = "bytes"
+    WATTS = "watts"
+    JOULES = "joules"
+    HERTZ = "Hz"
+    CELSIUS = "°C"
+    SECONDS = "seconds"
+    SECONDS_SINCE_EPOCH = "seconds since epoch"
+    BOOLEAN = "0/1"
+    ALWAYS_ONE = "always 1"
+    HEALTH = "0 pass / 1 warn / 2 fail"
+    PSTATE = "P-state 0..15"
+    PROCESSES = "processes"
+    MULTIPROCESSORS = "SMs"
+    NUMA_NODE = "NUMA node id"
+    PCIE_GENERATION = "generation"
+    PCIE_LANES = "lanes"
+    ERRORS = "errors"
+    EVENTS = "events"
+    REPLAYS = "replays"
+    ROWS = "rows"
+    PAGES = "pages"
 
 
 @dataclass(frozen=True)
@@ -53,7 +94,7 @@ class FamilySpec(Generic[S]):
     source: str  # where the value comes from (NVML call or field), as the docs table says it
     value: Callable[[S], float | None] | None = None
     labels: tuple[str, ...] = tuple(GPU_LABELS)
-    unit: str = ""
+    unit: Unit | None = None
     label_doc: str = ""  # the docs' label column where the names alone do not say enough
     mig: str = "parent only"  # what happens on a GPU with MIG enabled (docs)
 
@@ -88,6 +129,27 @@ class CollectorSpec:
     reads_nvml: bool = True  # whether the sampler reads an NVML area of this name (an `Area` value)
     families: tuple[FamilySpec[Any], ...] = ()  # what it emits, in render order (docs/metrics.md)
     compat: str | None = None  # the --compat mode that enables it (it then has no --collector flag)
+
+
+@dataclass(frozen=True)
+class Reads(Generic[R]):
+    """An area and how to take its record from a sample: what a collector (or a compatibility
+    field) reads."""
+
+    area: Area
+    record: Callable[[GpuSample], R | None]
+
+
+DEVICE = Reads[DeviceReading](Area.DEVICE, lambda g: g.device)
+MEMORY = Reads[MemoryReading](Area.MEMORY, lambda g: g.memory)
+POWER_THERMAL = Reads[PowerThermalReading](Area.POWER_THERMAL, lambda g: g.power_thermal)
+CLOCKS = Reads[ClocksReading](Area.CLOCKS, lambda g: g.clocks)
+PCIE_NVLINK = Reads[PcieNvlinkReading](Area.PCIE_NVLINK, lambda g: g.pcie_nvlink)
+HEALTH = Reads[HealthReading](Area.HEALTH, lambda g: g.health)
+PROFILING = Reads[ProfilingReading](Area.PROFILING, lambda g: g.profiling)
+TOPOLOGY = Reads[TopologyReading](Area.TOPOLOGY, lambda g: g.topology)
+# the process lists fail as PROCESSES when that collector is on, else as DEVICE (backends/nvml.py)
+PROCESSES = Reads[ProcessesReading](Area.PROCESSES, lambda g: g.processes)
 
 
 def gpu_labels(gpu: GpuSample) -> list[str]:
@@ -143,6 +205,15 @@ def per_gpu(gpus: Iterable[GpuSample]) -> Iterator[tuple[list[str], GpuSample]]:
     """(gpu, uuid labels, sample) rows, the shape of most per-GPU families."""
     for gpu in gpus:
         yield gpu_labels(gpu), gpu
+
+
+def per_gpu_record(snapshot: NodeSnapshot, reads: Reads[R]) -> Iterator[tuple[list[str], R]]:
+    """(gpu, uuid labels, the area's record) of the GPUs whose `reads.area` was read this sample."""
+    record = reads.record
+    for gpu in readable(snapshot, reads.area):
+        value = record(gpu)
+        if value is not None:
+            yield gpu_labels(gpu), value
 
 
 def flag(value: bool | None) -> float | None:

@@ -28,14 +28,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from prometheus_client.core import Metric
 
-from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
+from gpulens.exporter.collectors.base import (
+    CLOCKS,
+    DEVICE,
+    HEALTH,
+    MEMORY,
+    PCIE_NVLINK,
+    POWER_THERMAL,
+    PROFILING,
+    CollectorOptions,
+    CollectorSpec,
+    Reads,
+    non_empty,
+)
 from gpulens.exporter.collectors.health_status import System, assess, recent_xids
 from gpulens.exporter.collectors.holders import PodLabels, pods
 from gpulens.exporter.compat import DCGM, DCGM_DEFAULT_VERSION
-from gpulens.exporter.snapshot import Area, GpuSample, MigSample, NodeSnapshot, XidCount
+from gpulens.exporter.snapshot import (
+    Area,
+    ClockEventReason,
+    ClocksReading,
+    HealthReading,
+    MigMode,
+    MigSample,
+    NodeSnapshot,
+    PcieNvlinkReading,
+    ProfilingReading,
+    XidCount,
+)
 
 MIB = 1024 * 1024
 GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
@@ -74,32 +98,34 @@ XID_MESSAGES: dict[int, str] = {
 }
 
 # snapshot clock-event reason -> nvmlClocksEventReason* bit (DCGM_FI_DEV_CLOCKS_EVENT_REASONS)
-CLOCK_EVENT_BITS: dict[str, int] = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
+CLOCK_EVENT_BITS: dict[ClockEventReason, int] = {
+    ClockEventReason.GPU_IDLE: 0x1,
+    ClockEventReason.APPLICATIONS_CLOCKS_SETTING: 0x2,
+    ClockEventReason.SW_POWER_CAP: 0x4,
+    ClockEventReason.HW_SLOWDOWN: 0x8,
+    ClockEventReason.SYNC_BOOST: 0x10,
+    ClockEventReason.SW_THERMAL_SLOWDOWN: 0x20,
+    ClockEventReason.HW_THERMAL_SLOWDOWN: 0x40,
+    ClockEventReason.HW_POWER_BRAKE_SLOWDOWN: 0x80,
+    ClockEventReason.DISPLAY_CLOCK_SETTING: 0x100,
 }
 
 Value = float | None
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Field:
-    """One dcgm-exporter family: its DCGM field, type, HELP, the collector area it comes from, and
-    how to read it from a GPU (`device`) and, where the value is per instance, from a MIG instance."""
+class Field(Generic[R]):
+    """One dcgm-exporter family: its DCGM field, type, HELP, the area whose record it comes from, and
+    how to read it from that record (`device`) and, where the value is per instance, from a MIG
+    instance."""
 
     name: str
     field_id: int
     type: str  # "gauge" | "counter"
     help: str
-    area: Area
-    device: Callable[[GpuSample], Value]
+    reads: Reads[R]
+    device: Callable[[R], Value]
     instance: Callable[[MigSample], Value] | None = None  # None: device-wide, repeated per instance
     on_mig: bool = True  # False: absent on MIG GPUs (DCGM cannot read it per instance)
 
@@ -116,39 +142,43 @@ def _flag(value: bool | None) -> Value:
     return None if value is None else (1.0 if value else 0.0)
 
 
-def _ecc(gpu: GpuSample, error: str, scope: str) -> Value:
-    return next((float(c) for e, s, c in gpu.ecc_errors if e == error and s == scope), None)
+def _ecc(health: HealthReading, error: str, scope: str) -> Value:
+    return next((float(c) for e, s, c in health.ecc_errors if e == error and s == scope), None)
 
 
 def _pair(pairs: tuple[tuple[str, int], ...], key: str) -> Value:
     return next((float(v) for k, v in pairs if k == key), None)
 
 
-def _nvlink_errors(gpu: GpuSample, kind: str) -> Value:
-    counts = [c for link in gpu.nvlinks for k, c in link.errors if k == kind]
+def _nvlink_errors(pcie: PcieNvlinkReading, kind: str) -> Value:
+    counts = [c for link in pcie.nvlinks for k, c in link.errors if k == kind]
     return float(sum(counts)) if counts else None
 
 
-def _event_ns(gpu: GpuSample, *reasons: str) -> Value:
-    seconds = [s for r, s in gpu.clock_event_seconds if r in reasons]
+def _event_ns(clocks: ClocksReading, *reasons: ClockEventReason) -> Value:
+    seconds = [s for r, s in clocks.clock_event_seconds if r in reasons]
     return sum(seconds) * 1e9 if seconds else None
 
 
-def _event_mask(gpu: GpuSample) -> Value:
-    if not gpu.clock_events:
+def _event_mask(clocks: ClocksReading) -> Value:
+    if not clocks.clock_events:
         return None
-    return float(sum(CLOCK_EVENT_BITS.get(reason, 0) for reason, active in gpu.clock_events if active))
+    return float(sum(CLOCK_EVENT_BITS.get(reason, 0) for reason, active in clocks.clock_events if active))
 
 
-def _prof(key: str) -> Callable[[GpuSample | MigSample], Value]:
-    return lambda sample: dict(sample.profiling).get(key)
+def _prof(key: str) -> Callable[[ProfilingReading], Value]:
+    return lambda profiling: dict(profiling.values).get(key)
 
 
-def _nvlink_mbps(gpu: GpuSample) -> Value:
+def _mig_prof(key: str) -> Callable[[MigSample], Value]:
+    return lambda instance: dict(instance.profiling).get(key)
+
+
+def _nvlink_mbps(profiling: ProfilingReading) -> Value:
     """Field 449: NVLink throughput of all links, both directions, in MB/s. DCGM serves a rate
     although dcgm-exporter's counters file types it `counter`; gpulens reads the same rate from the
     profiling source (DCGM 1011/1012 or GPM's NVLink totals)."""
-    values = dict(gpu.profiling)
+    values = dict(profiling.values)
     tx, rx = values.get("nvlink_tx_bytes_per_second"), values.get("nvlink_rx_bytes_per_second")
     if tx is None and rx is None:
         return None
@@ -161,148 +191,149 @@ def _mig_free(m: MigSample) -> Value:
     return _mib(m.memory_total_bytes - m.memory_used_bytes - (m.memory_reserved_bytes or 0))
 
 
-FIELDS: tuple[Field, ...] = (
-    Field("DCGM_FI_DEV_SM_CLOCK", 100, "gauge", "SM clock frequency (in MHz).", Area.CLOCKS,
-          lambda g: _scaled(g.sm_clock_hertz, 1e-6)),
-    Field("DCGM_FI_DEV_MEM_CLOCK", 101, "gauge", "Memory clock frequency (in MHz).", Area.CLOCKS,
-          lambda g: _scaled(g.memory_clock_hertz, 1e-6)),
+FIELDS: tuple[Field[Any], ...] = (
+    Field("DCGM_FI_DEV_SM_CLOCK", 100, "gauge", "SM clock frequency (in MHz).", CLOCKS,
+          lambda c: _scaled(c.sm_clock_hertz, 1e-6)),
+    Field("DCGM_FI_DEV_MEM_CLOCK", 101, "gauge", "Memory clock frequency (in MHz).", CLOCKS,
+          lambda c: _scaled(c.memory_clock_hertz, 1e-6)),
     Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 112, "gauge",
-          "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).", Area.CLOCKS, _event_mask),
-    Field("DCGM_FI_DEV_MEMORY_TEMP", 140, "gauge", "Memory temperature (in C).", Area.POWER_THERMAL,
-          lambda g: g.memory_temperature_celsius),
-    Field("DCGM_FI_DEV_GPU_TEMP", 150, "gauge", "GPU temperature (in C).", Area.POWER_THERMAL,
-          lambda g: g.temperature_celsius),
-    Field("DCGM_FI_DEV_POWER_USAGE", 155, "gauge", "Power draw (in W).", Area.POWER_THERMAL,
-          lambda g: g.power_watts),
+          "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).", CLOCKS, _event_mask),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", 140, "gauge", "Memory temperature (in C).", POWER_THERMAL,
+          lambda p: p.memory_temperature_celsius),
+    Field("DCGM_FI_DEV_GPU_TEMP", 150, "gauge", "GPU temperature (in C).", POWER_THERMAL,
+          lambda p: p.temperature_celsius),
+    Field("DCGM_FI_DEV_POWER_USAGE", 155, "gauge", "Power draw (in W).", POWER_THERMAL,
+          lambda p: p.power_watts),
     Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 156, "counter",
-          "Total energy consumption since boot (in mJ).", Area.POWER_THERMAL,
-          lambda g: _scaled(g.energy_joules, 1e3)),
+          "Total energy consumption since boot (in mJ).", POWER_THERMAL,
+          lambda p: _scaled(p.energy_joules, 1e3)),
     Field("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", 164, "gauge", "Enforced power limit (in W).",
-          Area.POWER_THERMAL,
-          lambda g: g.power_limit_watts),
-    Field("DCGM_FI_DEV_PSTATE", 190, "gauge", "Performance state (P-State) 0-15. 0=highest.", Area.DEVICE,
-          lambda g: g.performance_state),
-    Field("DCGM_FI_DEV_FAN_SPEED", 191, "gauge", "Fan speed for the device in percent 0-100.", Area.DEVICE,
-          lambda g: _scaled(g.fan_speed_ratio, 100.0)),
+          POWER_THERMAL,
+          lambda p: p.power_limit_watts),
+    Field("DCGM_FI_DEV_PSTATE", 190, "gauge", "Performance state (P-State) 0-15. 0=highest.", DEVICE,
+          lambda d: d.performance_state),
+    Field("DCGM_FI_DEV_FAN_SPEED", 191, "gauge", "Fan speed for the device in percent 0-100.", DEVICE,
+          lambda d: _scaled(d.fan_speed_ratio, 100.0)),
     Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 202, "counter", "Total number of PCIe retries.",
-          Area.PCIE_NVLINK,
-          lambda g: g.pcie_replays),
-    Field("DCGM_FI_DEV_GPU_UTIL", 203, "gauge", "GPU utilization (in %).", Area.DEVICE,
-          lambda g: _scaled(g.utilization_ratio, 100.0), on_mig=False),
-    Field("DCGM_FI_DEV_MEM_COPY_UTIL", 204, "gauge", "Memory utilization (in %).", Area.DEVICE,
-          lambda g: _scaled(g.memory_utilization_ratio, 100.0), on_mig=False),
-    Field("DCGM_FI_DEV_ENC_UTIL", 206, "gauge", "Encoder utilization (in %).", Area.DEVICE,
-          lambda g: _scaled(g.encoder_utilization_ratio, 100.0), on_mig=False),
-    Field("DCGM_FI_DEV_DEC_UTIL", 207, "gauge", "Decoder utilization (in %).", Area.DEVICE,
-          lambda g: _scaled(g.decoder_utilization_ratio, 100.0), on_mig=False),
-    Field("DCGM_FI_DEV_PCIE_LINK_GEN", 237, "gauge", "PCIe current link generation.", Area.PCIE_NVLINK,
-          lambda g: g.pcie_link_generation),
-    Field("DCGM_FI_DEV_PCIE_LINK_WIDTH", 238, "gauge", "PCIe current link width.", Area.PCIE_NVLINK,
-          lambda g: g.pcie_link_width),
+          PCIE_NVLINK,
+          lambda p: p.pcie_replays),
+    Field("DCGM_FI_DEV_GPU_UTIL", 203, "gauge", "GPU utilization (in %).", DEVICE,
+          lambda d: _scaled(d.utilization_ratio, 100.0), on_mig=False),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", 204, "gauge", "Memory utilization (in %).", DEVICE,
+          lambda d: _scaled(d.memory_utilization_ratio, 100.0), on_mig=False),
+    Field("DCGM_FI_DEV_ENC_UTIL", 206, "gauge", "Encoder utilization (in %).", DEVICE,
+          lambda d: _scaled(d.encoder_utilization_ratio, 100.0), on_mig=False),
+    Field("DCGM_FI_DEV_DEC_UTIL", 207, "gauge", "Decoder utilization (in %).", DEVICE,
+          lambda d: _scaled(d.decoder_utilization_ratio, 100.0), on_mig=False),
+    Field("DCGM_FI_DEV_PCIE_LINK_GEN", 237, "gauge", "PCIe current link generation.", PCIE_NVLINK,
+          lambda p: p.pcie_link_generation),
+    Field("DCGM_FI_DEV_PCIE_LINK_WIDTH", 238, "gauge", "PCIe current link width.", PCIE_NVLINK,
+          lambda p: p.pcie_link_width),
     Field("DCGM_FI_DEV_POWER_VIOLATION", 240, "counter",
-          "Throttling duration due to power constraints (in ns).", Area.CLOCKS,
-          lambda g: _event_ns(g, "sw_power_cap")),
+          "Throttling duration due to power constraints (in ns).", CLOCKS,
+          lambda c: _event_ns(c, ClockEventReason.SW_POWER_CAP)),
     Field("DCGM_FI_DEV_THERMAL_VIOLATION", 241, "counter",
-          "Throttling duration due to thermal constraints (in ns).", Area.CLOCKS,
-          lambda g: _event_ns(g, "sw_thermal_slowdown", "hw_thermal_slowdown")),
+          "Throttling duration due to thermal constraints (in ns).", CLOCKS,
+          lambda c: _event_ns(c, ClockEventReason.SW_THERMAL_SLOWDOWN, ClockEventReason.HW_THERMAL_SLOWDOWN)),
     Field("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", 242, "counter",
-          "Throttling duration due to sync-boost constraints (in ns).", Area.CLOCKS,
-          lambda g: _event_ns(g, "sync_boost")),
-    Field("DCGM_FI_DEV_FB_TOTAL", 250, "gauge", "Framebuffer memory total (in MiB).", Area.MEMORY,
-          lambda g: _mib(g.memory_total_bytes), lambda m: _mib(m.memory_total_bytes)),
-    Field("DCGM_FI_DEV_FB_FREE", 251, "gauge", "Framebuffer memory free (in MiB).", Area.MEMORY,
-          lambda g: _mib(g.memory_free_bytes), _mig_free),
-    Field("DCGM_FI_DEV_FB_USED", 252, "gauge", "Framebuffer memory used (in MiB).", Area.MEMORY,
-          lambda g: _mib(g.memory_used_bytes), lambda m: _mib(m.memory_used_bytes)),
-    Field("DCGM_FI_DEV_FB_RESERVED", 253, "gauge", "Framebuffer memory reserved (in MiB).", Area.MEMORY,
-          lambda g: _mib(g.memory_reserved_bytes), lambda m: _mib(m.memory_reserved_bytes)),
-    Field("DCGM_FI_DEV_BAR1_TOTAL", 90, "gauge", "Total BAR1 memory (in MB).", Area.MEMORY,
-          lambda g: _mib(g.bar1_total_bytes)),
-    Field("DCGM_FI_DEV_BAR1_USED", 92, "gauge", "BAR1 memory used (in MB).", Area.MEMORY,
-          lambda g: _mib(g.bar1_used_bytes)),
+          "Throttling duration due to sync-boost constraints (in ns).", CLOCKS,
+          lambda c: _event_ns(c, ClockEventReason.SYNC_BOOST)),
+    Field("DCGM_FI_DEV_FB_TOTAL", 250, "gauge", "Framebuffer memory total (in MiB).", MEMORY,
+          lambda m: _mib(m.memory_total_bytes), lambda m: _mib(m.memory_total_bytes)),
+    Field("DCGM_FI_DEV_FB_FREE", 251, "gauge", "Framebuffer memory free (in MiB).", MEMORY,
+          lambda m: _mib(m.memory_free_bytes), _mig_free),
+    Field("DCGM_FI_DEV_FB_USED", 252, "gauge", "Framebuffer memory used (in MiB).", MEMORY,
+          lambda m: _mib(m.memory_used_bytes), lambda m: _mib(m.memory_used_bytes)),
+    Field("DCGM_FI_DEV_FB_RESERVED", 253, "gauge", "Framebuffer memory reserved (in MiB).", MEMORY,
+          lambda m: _mib(m.memory_reserved_bytes), lambda m: _mib(m.memory_reserved_bytes)),
+    Field("DCGM_FI_DEV_BAR1_TOTAL", 90, "gauge", "Total BAR1 memory (in MB).", MEMORY,
+          lambda m: _mib(m.bar1_total_bytes)),
+    Field("DCGM_FI_DEV_BAR1_USED", 92, "gauge", "BAR1 memory used (in MB).", MEMORY,
+          lambda m: _mib(m.bar1_used_bytes)),
     Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 310, "counter", "Total number of single-bit volatile ECC errors.",
-          Area.HEALTH, lambda g: _ecc(g, "corrected", "volatile")),
+          HEALTH, lambda h: _ecc(h, "corrected", "volatile")),
     Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 311, "counter", "Total number of double-bit volatile ECC errors.",
-          Area.HEALTH, lambda g: _ecc(g, "uncorrected", "volatile")),
+          HEALTH, lambda h: _ecc(h, "uncorrected", "volatile")),
     Field("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", 312, "counter",
-          "Total number of single-bit persistent ECC errors.", Area.HEALTH,
-          lambda g: _ecc(g, "corrected", "aggregate")),
+          "Total number of single-bit persistent ECC errors.", HEALTH,
+          lambda h: _ecc(h, "corrected", "aggregate")),
     Field("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 313, "counter",
-          "Total number of double-bit persistent ECC errors.", Area.HEALTH,
-          lambda g: _ecc(g, "uncorrected", "aggregate")),
+          "Total number of double-bit persistent ECC errors.", HEALTH,
+          lambda h: _ecc(h, "uncorrected", "aggregate")),
     Field("DCGM_FI_DEV_RETIRED_SBE", 390, "counter",
-          "Total number of retired pages due to single-bit errors.", Area.HEALTH,
-          lambda g: _pair(g.retired_pages, "single_bit_ecc")),
+          "Total number of retired pages due to single-bit errors.", HEALTH,
+          lambda h: _pair(h.retired_pages, "single_bit_ecc")),
     Field("DCGM_FI_DEV_RETIRED_DBE", 391, "counter",
-          "Total number of retired pages due to double-bit errors.", Area.HEALTH,
-          lambda g: _pair(g.retired_pages, "double_bit_ecc")),
+          "Total number of retired pages due to double-bit errors.", HEALTH,
+          lambda h: _pair(h.retired_pages, "double_bit_ecc")),
     Field("DCGM_FI_DEV_RETIRED_PENDING", 392, "counter", "Total number of pages pending retirement.",
-          Area.HEALTH, lambda g: _flag(g.retired_pages_pending)),
+          HEALTH, lambda h: _flag(h.retired_pages_pending)),
     Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 393, "counter",
-          "Number of remapped rows for uncorrectable errors", Area.HEALTH,
-          lambda g: _pair(g.remapped_rows, "uncorrectable")),
+          "Number of remapped rows for uncorrectable errors", HEALTH,
+          lambda h: _pair(h.remapped_rows, "uncorrectable")),
     Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 394, "counter",
-          "Number of remapped rows for correctable errors", Area.HEALTH,
-          lambda g: _pair(g.remapped_rows, "correctable")),
-    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", 395, "gauge", "Whether remapping of rows has failed", Area.HEALTH,
-          lambda g: _flag(g.row_remap_failed)),
-    Field("DCGM_FI_DEV_ROW_REMAP_PENDING", 396, "gauge", "Whether remapping of rows is pending", Area.HEALTH,
-          lambda g: _flag(g.row_remap_pending)),
+          "Number of remapped rows for correctable errors", HEALTH,
+          lambda h: _pair(h.remapped_rows, "correctable")),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", 395, "gauge", "Whether remapping of rows has failed", HEALTH,
+          lambda h: _flag(h.row_remap_failed)),
+    Field("DCGM_FI_DEV_ROW_REMAP_PENDING", 396, "gauge", "Whether remapping of rows is pending", HEALTH,
+          lambda h: _flag(h.row_remap_pending)),
     Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 409, "counter",
-          "Total number of NVLink flow-control CRC errors.", Area.PCIE_NVLINK,
-          lambda g: _nvlink_errors(g, "crc_flit")),
+          "Total number of NVLink flow-control CRC errors.", PCIE_NVLINK,
+          lambda p: _nvlink_errors(p, "crc_flit")),
     Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", 419, "counter",
           "Total number of NVLink data CRC errors.",
-          Area.PCIE_NVLINK, lambda g: _nvlink_errors(g, "crc_data")),
+          PCIE_NVLINK, lambda p: _nvlink_errors(p, "crc_data")),
     Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 429, "counter", "Total number of NVLink retries.",
-          Area.PCIE_NVLINK, lambda g: _nvlink_errors(g, "replay")),
+          PCIE_NVLINK, lambda p: _nvlink_errors(p, "replay")),
     Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 439, "counter",
           "Total number of NVLink recovery errors.",
-          Area.PCIE_NVLINK, lambda g: _nvlink_errors(g, "recovery")),
+          PCIE_NVLINK, lambda p: _nvlink_errors(p, "recovery")),
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 449, "counter",
-          "Total number of NVLink bandwidth counters for all lanes.", Area.PROFILING, _nvlink_mbps,
+          "Total number of NVLink bandwidth counters for all lanes.", PROFILING, _nvlink_mbps,
           on_mig=False),
     Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1001, "gauge", "Ratio of time the graphics engine is active.",
-          Area.PROFILING, _prof("graphics"), _prof("graphics")),
+          PROFILING, _prof("graphics"), _mig_prof("graphics")),
     Field("DCGM_FI_PROF_SM_ACTIVE", 1002, "gauge", "The ratio of cycles an SM has at least 1 warp assigned.",
-          Area.PROFILING, _prof("sm"), _prof("sm")),
+          PROFILING, _prof("sm"), _mig_prof("sm")),
     Field("DCGM_FI_PROF_SM_OCCUPANCY", 1003, "gauge", "The ratio of number of warps resident on an SM.",
-          Area.PROFILING, _prof("sm_occupancy"), _prof("sm_occupancy")),
+          PROFILING, _prof("sm_occupancy"), _mig_prof("sm_occupancy")),
     Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 1004, "gauge",
           "Ratio of cycles the tensor (HMMA) pipe is active.",
-          Area.PROFILING, _prof("tensor"), _prof("tensor")),
+          PROFILING, _prof("tensor"), _mig_prof("tensor")),
     Field("DCGM_FI_PROF_DRAM_ACTIVE", 1005, "gauge",
           "Ratio of cycles the device memory interface is active sending or receiving data.",
-          Area.PROFILING, _prof("dram"), _prof("dram")),
+          PROFILING, _prof("dram"), _mig_prof("dram")),
     Field("DCGM_FI_PROF_PIPE_FP64_ACTIVE", 1006, "gauge", "Ratio of cycles the fp64 pipes are active.",
-          Area.PROFILING, _prof("fp64"), _prof("fp64")),
+          PROFILING, _prof("fp64"), _mig_prof("fp64")),
     Field("DCGM_FI_PROF_PIPE_FP32_ACTIVE", 1007, "gauge", "Ratio of cycles the fp32 pipes are active.",
-          Area.PROFILING, _prof("fp32"), _prof("fp32")),
+          PROFILING, _prof("fp32"), _mig_prof("fp32")),
     Field("DCGM_FI_PROF_PIPE_FP16_ACTIVE", 1008, "gauge", "Ratio of cycles the fp16 pipes are active.",
-          Area.PROFILING, _prof("fp16"), _prof("fp16")),
+          PROFILING, _prof("fp16"), _mig_prof("fp16")),
     Field("DCGM_FI_PROF_PCIE_TX_BYTES", 1009, "gauge",
           "The rate of data transmitted over the PCIe bus - including both protocol headers and data"
           " payloads - in bytes per second.",
-          Area.PROFILING, _prof("pcie_tx_bytes_per_second"), on_mig=False),
+          PROFILING, _prof("pcie_tx_bytes_per_second"), on_mig=False),
     Field("DCGM_FI_PROF_PCIE_RX_BYTES", 1010, "gauge",
           "The rate of data received over the PCIe bus - including both protocol headers and data"
           " payloads - in bytes per second.",
-          Area.PROFILING, _prof("pcie_rx_bytes_per_second"), on_mig=False),
+          PROFILING, _prof("pcie_rx_bytes_per_second"), on_mig=False),
     Field("DCGM_FI_PROF_NVLINK_TX_BYTES", 1011, "gauge",
           "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
-          Area.PROFILING, _prof("nvlink_tx_bytes_per_second"), on_mig=False),
+          PROFILING, _prof("nvlink_tx_bytes_per_second"), on_mig=False),
     Field("DCGM_FI_PROF_NVLINK_RX_BYTES", 1012, "gauge",
           "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
-          Area.PROFILING, _prof("nvlink_rx_bytes_per_second"), on_mig=False),
+          PROFILING, _prof("nvlink_rx_bytes_per_second"), on_mig=False),
 )  # fmt: skip
 
-XID_FIELD = Field(
+# filled from the Xid counts (its `reads` and `device` are never used)
+XID_FIELD = Field[None](
     "DCGM_FI_DEV_XID_ERRORS",
     230,
     "gauge",
     "Value of the last XID error encountered.",
-    Area.XID,
-    lambda g: None,
+    Reads(Area.XID, lambda g: None),
+    lambda _: None,
 )
 
 
@@ -392,7 +423,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         health_labels[ident.index] = {**base, **tail, **_pod_labels(holders, ident.index, None)}
         if not gpu.up:
             continue
-        mig = gpu.mig_mode == "enabled" and bool(gpu.mig_instances)
+        mig = gpu.mig_mode is MigMode.ENABLED and bool(gpu.mig_instances)
         entities: list[tuple[dict[str, str], MigSample | None]]
         if mig:
             entities = [
@@ -411,11 +442,17 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         else:
             entities = [({**base, **tail, **_pod_labels(holders, ident.index, None)}, None)]
         for f in FIELDS:
-            if f.area in gpu.failed_areas or (mig and not f.on_mig):
+            if f.reads.area in gpu.failed_areas or (mig and not f.on_mig):
                 continue
             family = families[f.name]
+            record = f.reads.record(gpu)
             for labels, instance in entities:
-                value = f.device(gpu) if instance is None or f.instance is None else f.instance(instance)
+                if instance is not None and f.instance is not None:
+                    value = f.instance(instance)
+                elif record is not None:
+                    value = f.device(record)
+                else:
+                    continue  # the area was not read
                 if value is not None:
                     family.add_sample(f.name, labels, float(value))
         last = last_xids.get(ident.index)

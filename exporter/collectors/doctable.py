@@ -39,7 +39,7 @@ def _labels(spec: FamilySpec[Any]) -> str:
 
 def row(spec: FamilySpec[Any], collector: str) -> str:
     """One family's table row (a `|` inside a cell escaped, an empty cell as `| |`)."""
-    cells = (spec.name, spec.kind.value, _labels(spec), spec.unit, spec.source, spec.mig, collector)
+    cells = (spec.name, spec.kind.value, _labels(spec), spec.unit or "", spec.source, spec.mig, collector)
     return "|" + "|".join(f" {_cell(c)} " if c else " " for c in cells) + "|\n"
 
 

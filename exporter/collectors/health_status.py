@@ -28,10 +28,21 @@ from gpulens.exporter.collectors.base import (
     CollectorSpec,
     FamilySpec,
     Kind,
+    Unit,
     gpu_labels,
     non_empty,
 )
-from gpulens.exporter.snapshot import Area, GpuSample, NodeSnapshot, XidCount
+from gpulens.exporter.snapshot import (
+    Area,
+    ClockEventReason,
+    ClocksReading,
+    GpuSample,
+    HealthReading,
+    NodeSnapshot,
+    PcieNvlinkReading,
+    PowerThermalReading,
+    XidCount,
+)
 
 # The Xid alerts' window (alerts/gpu_alerts.yml uses increase(...[10m])): an Xid counts against its
 # system for this long after it was received, then the state checks (or the GPU's absence) take over.
@@ -110,40 +121,51 @@ def _worst(findings: list[Finding]) -> Finding | None:
     return max(findings, key=lambda f: f.status, default=None)
 
 
+# A reading that is None (its area not read) holds nothing to find: the empty one stands in for it.
+_NO_HEALTH = HealthReading()
+_NO_POWER_THERMAL = PowerThermalReading()
+_NO_CLOCKS = ClocksReading()
+_NO_PCIE_NVLINK = PcieNvlinkReading()
+_THERMAL_SLOWDOWNS = frozenset({ClockEventReason.HW_THERMAL_SLOWDOWN, ClockEventReason.SW_THERMAL_SLOWDOWN})
+
+
 def _memory(gpu: GpuSample) -> list[Finding]:
+    health = gpu.health or _NO_HEALTH
     found: list[Finding] = []
-    if gpu.row_remap_failed:
+    if health.row_remap_failed:
         found.append(Finding(Status.FAIL, "DCGM_FR_ROW_REMAP_FAILURE"))
-    if any(e == "uncorrected" and s == "volatile" and c > 0 for e, s, c in gpu.ecc_errors):
+    if any(e == "uncorrected" and s == "volatile" and c > 0 for e, s, c in health.ecc_errors):
         found.append(Finding(Status.FAIL, "DCGM_FR_VOLATILE_DBE_DETECTED"))
-    pages = dict(gpu.retired_pages)
+    pages = dict(health.retired_pages)
     if pages.get("double_bit_ecc", 0) > RETIRED_DBE_PAGES_LIMIT:
         found.append(Finding(Status.FAIL, "DCGM_FR_RETIRED_PAGES_DBE_LIMIT"))
     elif sum(pages.values()) >= RETIRED_PAGES_LIMIT:
         found.append(Finding(Status.FAIL, "DCGM_FR_RETIRED_PAGES_LIMIT"))
-    if gpu.row_remap_pending:
+    if health.row_remap_pending:
         found.append(Finding(Status.WARN, "DCGM_FR_PENDING_ROW_REMAP"))
-    if gpu.retired_pages_pending:
+    if health.retired_pages_pending:
         found.append(Finding(Status.WARN, "DCGM_FR_PENDING_PAGE_RETIREMENTS"))
     return found
 
 
 def _thermal(gpu: GpuSample) -> list[Finding]:
+    power = gpu.power_thermal or _NO_POWER_THERMAL
     found: list[Finding] = []
-    limits = dict(gpu.temperature_thresholds)
-    temperature = gpu.temperature_celsius
+    limits = dict(power.temperature_thresholds)
+    temperature = power.temperature_celsius
     shutdown = limits.get("shutdown")
     if temperature is not None and shutdown is not None and temperature >= shutdown:
         found.append(Finding(Status.FAIL, "DCGM_FR_THERMAL_VIOLATIONS"))
-    active = {reason for reason, on in gpu.clock_events if on}
-    if active & {"hw_thermal_slowdown", "sw_thermal_slowdown"}:
+    active = {reason for reason, on in (gpu.clocks or _NO_CLOCKS).clock_events if on}
+    if active & _THERMAL_SLOWDOWNS:
         found.append(Finding(Status.WARN, "DCGM_FR_CLOCK_THROTTLE_THERMAL"))
     return found
 
 
 def _power(gpu: GpuSample) -> list[Finding]:
-    active = {reason for reason, on in gpu.clock_events if on}
-    if "hw_power_brake_slowdown" in active:  # an external brake signal: the node's or rack's power
+    active = {reason for reason, on in (gpu.clocks or _NO_CLOCKS).clock_events if on}
+    # an external brake signal: the node's or rack's power
+    if ClockEventReason.HW_POWER_BRAKE_SLOWDOWN in active:
         return [Finding(Status.WARN, "DCGM_FR_CLOCK_THROTTLE_POWER")]
     return []
 
@@ -152,7 +174,7 @@ def _nvlink(gpu: GpuSample) -> list[Finding]:
     # NVML lists only links present on the board, so a listed link that is down lost its training.
     # DCGM fails it; gpulens warns, because one sample cannot tell a link that went down from one
     # that was never cabled (GPUNvlinkLinkDown looks a day back for that).
-    if any(not link.up for link in gpu.nvlinks):
+    if any(not link.up for link in (gpu.pcie_nvlink or _NO_PCIE_NVLINK).nvlinks):
         return [Finding(Status.WARN, "DCGM_FR_NVLINK_DOWN")]
     return []
 
@@ -201,7 +223,7 @@ STATUS = FamilySpec[GpuSample](
     " (from Xids of the last 10 minutes, ECC / remap / retirement state, slowdowns, temperature,"
     " NVLink state and NVML reachability).",
     "none of its own: judged from this sample's readings (see below)",
-    labels=(*GPU_LABELS, "system"), unit="0 pass / 1 warn / 2 fail",
+    labels=(*GPU_LABELS, "system"), unit=Unit.HEALTH,
     label_doc="system (`pcie`, `memory`, `thermal`, `power`, `nvlink`, `driver`)",
 )  # fmt: skip
 FAMILIES = (STATUS,)

@@ -26,6 +26,7 @@ from gpulens.exporter.collectors.base import (
     CollectorSpec,
     FamilySpec,
     Kind,
+    Unit,
     counter,
     fresh,
     gauge,
@@ -56,7 +57,7 @@ INFO = FamilySpec[JobUsage](
         "job_container",
         "sharing",
     ),
-    unit="always 1",
+    unit=Unit.ALWAYS_ONE,
     mig="one per (GPU or instance, job)",
     label_doc="gpu_instance, job_id, job_source (`slurm`/`kubernetes`/`mapping`/`unknown`, `system` for"
     " the MPS server's own row with `job_id=\"mps_server\"`), job_user, job_name (Slurm's `SLURM_JOB_NAME`,"
@@ -69,7 +70,7 @@ MEMORY = FamilySpec[JobUsage](
     "GPU memory used by the job's processes (NVML per-process used memory, summed).",
     "per-process `usedGpuMemory` summed per job (MPS clients count for their own job)",
     labels=_USAGE,
-    unit="bytes",
+    unit=Unit.BYTES,
     mig=_PER_INSTANCE,
 )
 SM = FamilySpec[JobUsage](
@@ -81,7 +82,7 @@ SM = FamilySpec[JobUsage](
     " gpu_utilization_ratio; per MIG instance gpu_mig_sm_active_ratio), split by per-process NVML"
     " utilization ([attribution.md](attribution.md#usage-values))",
     labels=_USAGE,
-    unit="ratio",
+    unit=Unit.RATIO,
     mig=_PER_INSTANCE,
 )
 PROCESSES = FamilySpec[JobUsage](
@@ -90,7 +91,7 @@ PROCESSES = FamilySpec[JobUsage](
     "Processes of the job on the GPU or MIG instance.",
     "processes of the job",
     labels=_USAGE,
-    unit="processes",
+    unit=Unit.PROCESSES,
     mig=_PER_INSTANCE,
 )
 UNATTRIBUTED = FamilySpec[JobUsage](
@@ -101,7 +102,7 @@ UNATTRIBUTED = FamilySpec[JobUsage](
     "the part of the same figure no job accounts for: `sum by (gpu, uuid, gpu_instance)"
     " (gpu_job_sm_utilization_ratio) + gpu_job_sm_unattributed_ratio` is the figure",
     labels=(*GPU_LABELS, "gpu_instance"),
-    unit="ratio",
+    unit=Unit.RATIO,
     mig=_PER_INSTANCE,
 )
 FAMILIES: tuple[FamilySpec[JobUsage], ...] = (INFO, MEMORY, SM, PROCESSES, UNATTRIBUTED)  # fmt: skip

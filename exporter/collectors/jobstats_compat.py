@@ -29,11 +29,24 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
 from gpulens.exporter.collectors.holders import slurm_jobs
 from gpulens.exporter.compat import JOBSTATS
-from gpulens.exporter.snapshot import Area, GpuSample, MigSample, NodeSnapshot
+from gpulens.exporter.snapshot import (
+    Area,
+    DeviceReading,
+    GpuSample,
+    MemoryReading,
+    MigMode,
+    MigSample,
+    NodeSnapshot,
+    PowerThermalReading,
+)
 
 LABELS = ["ordinal", "minor_number", "uuid", "name", "GPU_I_ID", "jobid", "userid"]
 ECC_LABELS = ["ordinal", "minor_number", "uuid", "name", "error", "counter"]
 PREFIX = "nvidia_gpu_"
+# the readings of an area that was not read: every value absent, as when the device cannot say
+_NO_MEMORY = MemoryReading()
+_NO_DEVICE = DeviceReading()
+_NO_POWER_THERMAL = PowerThermalReading()
 
 # (family suffix, HELP, PROFILING_KEYS item): GPM ratios, per device and per MIG device
 GPM_FAMILIES: tuple[tuple[str, str, str], ...] = (
@@ -108,7 +121,11 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
             continue
         ident = gpu.identity
         ordinal, minor = str(ident.index), minor_number(gpu)
-        mig_on = gpu.mig_mode == "enabled"
+        mig_on = gpu.mig_mode is MigMode.ENABLED
+        gpu_memory = gpu.memory or _NO_MEMORY
+        device = gpu.device or _NO_DEVICE
+        power_thermal = gpu.power_thermal or _NO_POWER_THERMAL
+        gpu_profiling = () if gpu.profiling is None else gpu.profiling.values
         devices: list[tuple[list[str], MigSample | None]] = [
             ([ordinal, minor, ident.uuid, ident.model, ""], None)
         ]
@@ -127,7 +144,11 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
                 if uid is not None:
                     job_uid.add_metric(labels, float(uid))
                 if instance is None:
-                    memory = (gpu.memory_total_bytes, gpu.memory_used_bytes, gpu.memory_reserved_bytes)
+                    memory = (
+                        gpu_memory.memory_total_bytes,
+                        gpu_memory.memory_used_bytes,
+                        gpu_memory.memory_reserved_bytes,
+                    )
                 else:
                     memory = (
                         instance.memory_total_bytes,
@@ -140,17 +161,18 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
                         used.add_metric(labels, v1_used)
                     if memory[0] is not None:
                         total.add_metric(labels, float(memory[0]))
-                if not mig_on and gpu.utilization_ratio is not None and Area.DEVICE not in gpu.failed_areas:
-                    duty.add_metric(labels, gpu.utilization_ratio * 100.0)
+                utilization = device.utilization_ratio
+                if not mig_on and utilization is not None and Area.DEVICE not in gpu.failed_areas:
+                    duty.add_metric(labels, utilization * 100.0)
                 if Area.POWER_THERMAL not in gpu.failed_areas:
-                    if gpu.power_watts is not None:
-                        power.add_metric(labels, gpu.power_watts * 1000.0)
-                    if gpu.temperature_celsius is not None:
-                        temperature.add_metric(labels, float(gpu.temperature_celsius))
-                if gpu.fan_speed_ratio is not None and Area.DEVICE not in gpu.failed_areas:
-                    fan.add_metric(labels, gpu.fan_speed_ratio * 100.0)
+                    if power_thermal.power_watts is not None:
+                        power.add_metric(labels, power_thermal.power_watts * 1000.0)
+                    if power_thermal.temperature_celsius is not None:
+                        temperature.add_metric(labels, float(power_thermal.temperature_celsius))
+                if device.fan_speed_ratio is not None and Area.DEVICE not in gpu.failed_areas:
+                    fan.add_metric(labels, device.fan_speed_ratio * 100.0)
                 if Area.PROFILING not in gpu.failed_areas:
-                    values = dict(gpu.profiling if instance is None else instance.profiling)
+                    values = dict(gpu_profiling if instance is None else instance.profiling)
                     for key, family in gpm.items():
                         if key in values:
                             family.add_metric(labels, float(values[key]))
@@ -158,8 +180,8 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
                         for key, family in rates.items():
                             if key in values:
                                 family.add_metric(labels, float(values[key]))
-        if Area.HEALTH not in gpu.failed_areas:
-            for error, scope, count in gpu.ecc_errors:
+        if Area.HEALTH not in gpu.failed_areas and gpu.health is not None:
+            for error, scope, count in gpu.health.ecc_errors:
                 ecc.add_metric([ordinal, minor, ident.uuid, ident.model, error, scope], float(count))
     yield from non_empty(num, used, total, duty, power, temperature, fan, job_id, job_uid, ecc)
     yield from non_empty(*gpm.values(), *rates.values())

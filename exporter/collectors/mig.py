@@ -20,6 +20,7 @@ from gpulens.exporter.collectors.base import (
     CollectorSpec,
     FamilySpec,
     Kind,
+    Unit,
     add_values,
     fresh,
     gpu_labels,
@@ -39,7 +40,7 @@ INFO = FamilySpec[MigSample](
     "`GetMigDeviceHandleByIndex` (empty slots skipped), `GetGpuInstanceId`, `GetComputeInstanceId`,"
     " `GetUUID`; profile from the MIG device name (`... MIG 3g.40gb`)",
     labels=(*GPU_LABELS, "gpu_instance", "compute_instance", "mig_profile", "mig_uuid"),
-    unit="always 1",
+    unit=Unit.ALWAYS_ONE,
     mig="per instance, re-enumerated every sample",
 )
 
@@ -48,24 +49,24 @@ FAMILIES: tuple[FamilySpec[MigSample], ...] = (
     FamilySpec("gpu_mig_memory_total_bytes", Kind.GAUGE,
                "Memory of the MIG instance (NVML memory info v2 of the MIG handle).",
                "`GetMemoryInfo(v2)` of the MIG handle", lambda m: m.memory_total_bytes,
-               labels=_MIG_LABELS, unit="bytes", mig=_PER_INSTANCE),
+               labels=_MIG_LABELS, unit=Unit.BYTES, mig=_PER_INSTANCE),
     FamilySpec("gpu_mig_memory_used_bytes", Kind.GAUGE,
                "Memory allocated in the MIG instance, excluding its reserved memory"
                " (NVML memory info v2 of the MIG handle).",
                "`GetMemoryInfo(v2)` of the MIG handle; used = total - free - reserved",
-               lambda m: m.memory_used_bytes, labels=_MIG_LABELS, unit="bytes", mig=_PER_INSTANCE),
+               lambda m: m.memory_used_bytes, labels=_MIG_LABELS, unit=Unit.BYTES, mig=_PER_INSTANCE),
     FamilySpec("gpu_mig_memory_reserved_bytes", Kind.GAUGE,
                "Memory of the MIG instance reserved by the driver (NVML memory info v2).",
                "`GetMemoryInfo(v2)` of the MIG handle", lambda m: m.memory_reserved_bytes,
-               labels=_MIG_LABELS, unit="bytes", mig=_PER_INSTANCE),
+               labels=_MIG_LABELS, unit=Unit.BYTES, mig=_PER_INSTANCE),
     FamilySpec("gpu_mig_multiprocessors", Kind.GAUGE,
                "Streaming multiprocessors of the MIG instance (NVML device attributes).",
                "`GetAttributes(mig).multiprocessorCount`", lambda m: m.multiprocessors,
-               labels=_MIG_LABELS, unit="SMs", mig=_PER_INSTANCE),
+               labels=_MIG_LABELS, unit=Unit.MULTIPROCESSORS, mig=_PER_INSTANCE),
     FamilySpec("gpu_mig_processes", Kind.GAUGE,
                "Compute and graphics processes on the MIG instance (NVML process lists).",
                "compute + graphics process lists of the MIG handle", lambda m: len(m.processes),
-               labels=_MIG_LABELS, unit="processes", mig=_PER_INSTANCE),
+               labels=_MIG_LABELS, unit=Unit.PROCESSES, mig=_PER_INSTANCE),
 )  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from gpulens.exporter.collectors.base import (
     CollectorSpec,
     FamilySpec,
     Kind,
+    Unit,
     add_values,
     fresh,
     non_empty,
@@ -24,12 +25,20 @@ from gpulens.exporter.collectors.base import (
     readable,
     readers,
 )
-from gpulens.exporter.snapshot import Area, GpuSample, NodeSnapshot
+from gpulens.exporter.snapshot import NO_PROCESSES, Area, GpuSample, NodeSnapshot, ProcessKind
+
+# The process lists are read with the device collector's reads (or the processes collector's): on a
+# GPU whose lists were not read, no MPS server and no clients are counted.
+
+
+def _clients(gpu: GpuSample) -> int:
+    return len((gpu.processes or NO_PROCESSES).mps_clients)
 
 
 def _clients_memory(gpu: GpuSample) -> float | None:
     """The MPS clients' memory summed; None when NVML reports it for none of them."""
-    mems = [c.used_memory_bytes for c in gpu.mps_clients if c.used_memory_bytes is not None]
+    clients = (gpu.processes or NO_PROCESSES).mps_clients
+    mems = [c.used_memory_bytes for c in clients if c.used_memory_bytes is not None]
     return float(sum(mems)) if mems else None
 
 
@@ -39,7 +48,7 @@ MIG_CLIENTS = FamilySpec[GpuSample](
     "MPS client processes on the MIG instance.",
     "MPS clients of an instance running an MPS server",
     labels=tuple(MIG_LABELS),
-    unit="processes",
+    unit=Unit.PROCESSES,
     mig="per instance",
 )
 
@@ -49,16 +58,16 @@ FAMILIES: tuple[FamilySpec[GpuSample], ...] = (
                " or one of its instances.",
                "a compute process named `nvidia-cuda-mps-server` (`nvmlSystemGetProcessName`, else"
                " `/proc/<pid>/comm`) on the GPU or any of its instances",
-               lambda g: 1.0 if g.mps_server_active else 0.0, unit="0/1", mig="parent"),
+               lambda g: 1.0 if g.mps_server_active else 0.0, unit=Unit.BOOLEAN, mig="parent"),
     FamilySpec("gpu_mps_clients", Kind.GAUGE,
                "MPS client processes on the GPU (NVML MPS compute running processes).",
-               "`GetMPSComputeRunningProcesses` (parent and instances)", lambda g: len(g.mps_clients),
-               unit="processes", mig="parent"),
+               "`GetMPSComputeRunningProcesses` (parent and instances)", _clients,
+               unit=Unit.PROCESSES, mig="parent"),
     FamilySpec("gpu_mps_clients_memory_used_bytes", Kind.GAUGE,
                "Memory used by the GPU's MPS clients, summed"
                " (NVML MPS compute running processes; absent if not reported).",
                "sum of the MPS clients' `usedGpuMemory` (absent when NVML reports none)", _clients_memory,
-               unit="bytes", mig="parent"),
+               unit=Unit.BYTES, mig="parent"),
     MIG_CLIENTS,
 )  # fmt: skip
 
@@ -69,7 +78,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     for labels, gpu in per_gpu(readable(snapshot, Area.MPS)):
         add_values(reading, labels, gpu)
         for m in gpu.mig_instances:
-            if m.mps_clients or any(p.kind == "mps_server" for p in m.processes):
+            if m.mps_clients or any(p.kind is ProcessKind.MPS_SERVER for p in m.processes):
                 mig_clients.add_metric([*labels, str(m.gpu_instance), m.profile], float(len(m.mps_clients)))
     yield from non_empty(*families.values())
 

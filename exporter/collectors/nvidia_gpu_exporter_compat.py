@@ -23,12 +23,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpulens.exporter.collectors.base import CollectorOptions, CollectorSpec, non_empty
+from gpulens.exporter.collectors.base import (
+    CLOCKS,
+    DEVICE,
+    HEALTH,
+    MEMORY,
+    PCIE_NVLINK,
+    POWER_THERMAL,
+    CollectorOptions,
+    CollectorSpec,
+    Reads,
+    non_empty,
+)
 from gpulens.exporter.compat import NVIDIA_GPU_EXPORTER
-from gpulens.exporter.snapshot import Area, GpuSample, MigSample, NodeSnapshot
+from gpulens.exporter.snapshot import (
+    NO_PROCESSES,
+    Area,
+    ClockEventReason,
+    ClocksReading,
+    ComputeMode,
+    GpuSample,
+    HealthReading,
+    MigMode,
+    MigSample,
+    NodeSnapshot,
+    ProcessKind,
+)
 
 PREFIX = "nvidia_smi_"
 MIB = 1024 * 1024
@@ -51,17 +75,30 @@ APP_LABELS = ["uuid", "pid", "process_name"]
 MIG_LABELS = ["uuid", "gpu_instance_id"]
 MIG_INFO_LABELS = ["uuid", "mig_uuid", "gpu_instance_id", "compute_instance_id", "profile"]
 XID_LABELS = ["uuid", "xid"]
-COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
+COMPUTE_MODES: dict[ComputeMode, int] = {
+    ComputeMode.DEFAULT: 0,
+    ComputeMode.EXCLUSIVE_THREAD: 1,
+    ComputeMode.PROHIBITED: 2,
+    ComputeMode.EXCLUSIVE_PROCESS: 3,
+}
 # the reasons nvidia-smi has a clocks_event_reasons.<reason> field for (display_clock_setting: none)
 CLOCK_EVENT_REASONS = (
-    "gpu_idle",
-    "applications_clocks_setting",
-    "sw_power_cap",
-    "hw_slowdown",
-    "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-    "sw_thermal_slowdown",
-    "sync_boost",
+    ClockEventReason.GPU_IDLE,
+    ClockEventReason.APPLICATIONS_CLOCKS_SETTING,
+    ClockEventReason.SW_POWER_CAP,
+    ClockEventReason.HW_SLOWDOWN,
+    ClockEventReason.HW_THERMAL_SLOWDOWN,
+    ClockEventReason.HW_POWER_BRAKE_SLOWDOWN,
+    ClockEventReason.SW_THERMAL_SLOWDOWN,
+    ClockEventReason.SYNC_BOOST,
+)
+# the reasons with a clocks_event_reasons_counters.<reason> field (NVML's cumulative durations)
+CLOCK_EVENT_COUNTERS = (
+    ClockEventReason.SW_POWER_CAP,
+    ClockEventReason.SYNC_BOOST,
+    ClockEventReason.SW_THERMAL_SLOWDOWN,
+    ClockEventReason.HW_THERMAL_SLOWDOWN,
+    ClockEventReason.HW_POWER_BRAKE_SLOWDOWN,
 )
 # (family suffix, MigSample.profiling key): the peer's per-GPU-instance GPM ratios
 MIG_ACTIVITY = (
@@ -71,18 +108,25 @@ MIG_ACTIVITY = (
     ("tensor_activity_ratio", "tensor"),
 )
 Value = float | int | bool | None
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Field:
+class Field(Generic[R]):
     """One `nvidia-smi --query-gpu` field as the peer exports it: the family suffix, its HELP (the
-    field as nvidia-smi returns it), the collector area the value comes from, and its reader (the
+    field as nvidia-smi returns it), the area whose record the value comes from, and its reader (the
     value already in the peer's unit; None: N/A, no series)."""
 
     suffix: str
     help: str
-    area: Area
-    read: Callable[[GpuSample], Value]
+    reads: Reads[R]
+    read: Callable[[R], Value]
+    on_mig: bool = True  # False: nvidia-smi prints [N/A] for it on a MIG-enabled GPU
+
+
+# fields of the GPU's identity and MIG mode, which are read whatever the areas: emitted unless the
+# device reads failed
+IDENTITY = Reads[GpuSample](Area.DEVICE, lambda g: g)
 
 
 def _mib(value: int | None) -> Value:
@@ -90,104 +134,96 @@ def _mib(value: int | None) -> Value:
     return None if value is None else (int(value) // MIB) * MIB
 
 
-def _ecc(error: str, scope: str) -> Callable[[GpuSample], Value]:
-    return lambda g: next((c for e, s, c in g.ecc_errors if e == error and s == scope), None)
+def _ecc(error: str, scope: str) -> Callable[[HealthReading], Value]:
+    return lambda h: next((c for e, s, c in h.ecc_errors if e == error and s == scope), None)
 
 
-def _pair(attribute: str, key: str) -> Callable[[GpuSample], Value]:
-    return lambda g: next((v for k, v in getattr(g, attribute) if k == key), None)
+def _pair(
+    pairs: Callable[[HealthReading], tuple[tuple[str, int], ...]], key: str
+) -> Callable[[HealthReading], Value]:
+    return lambda h: next((v for k, v in pairs(h) if k == key), None)
 
 
-def _event(reason: str) -> Callable[[GpuSample], Value]:
-    return lambda g: next((active for r, active in g.clock_events if r == reason), None)
+def _event(reason: ClockEventReason) -> Callable[[ClocksReading], Value]:
+    return lambda c: next((active for r, active in c.clock_events if r == reason), None)
 
 
-def _event_seconds(reason: str) -> Callable[[GpuSample], Value]:
-    return lambda g: next((s for r, s in g.clock_event_seconds if r == reason), None)
+def _event_seconds(reason: ClockEventReason) -> Callable[[ClocksReading], Value]:
+    return lambda c: next((s for r, s in c.clock_event_seconds if r == reason), None)
 
 
-def _profiling(key: str) -> Callable[[GpuSample], Value]:
-    return lambda g: dict(g.profiling).get(key)
-
-
-def _not_on_mig(read: Callable[[GpuSample], Value]) -> Callable[[GpuSample], Value]:
-    """nvidia-smi prints [N/A] for whole-GPU utilization on a MIG-enabled GPU."""
-    return lambda g: None if g.mig_mode == "enabled" else read(g)
-
-
-FIELDS: tuple[Field, ...] = (
-    Field("index", "index", Area.DEVICE, lambda g: g.identity.index),
-    Field("utilization_gpu_ratio", "utilization.gpu [%]", Area.DEVICE,
-          _not_on_mig(lambda g: g.utilization_ratio)),
-    Field("utilization_memory_ratio", "utilization.memory [%]", Area.DEVICE,
-          _not_on_mig(lambda g: g.memory_utilization_ratio)),
-    Field("utilization_encoder_ratio", "utilization.encoder [%]", Area.DEVICE,
-          _not_on_mig(lambda g: g.encoder_utilization_ratio)),
-    Field("utilization_decoder_ratio", "utilization.decoder [%]", Area.DEVICE,
-          _not_on_mig(lambda g: g.decoder_utilization_ratio)),
-    Field("pstate", "pstate", Area.DEVICE, lambda g: g.performance_state),
-    Field("compute_mode", "compute_mode", Area.DEVICE,
-          lambda g: None if g.compute_mode is None else COMPUTE_MODES.get(g.compute_mode)),
-    Field("fan_speed_ratio", "fan.speed [%]", Area.DEVICE, lambda g: g.fan_speed_ratio),
-    Field("persistence_mode", "persistence_mode", Area.DEVICE, lambda g: g.persistence_mode),
-    Field("mig_mode_current", "mig.mode.current", Area.DEVICE,
-          lambda g: None if g.mig_mode is None else g.mig_mode == "enabled"),
-    Field("memory_total_bytes", "memory.total [MiB]", Area.MEMORY, lambda g: _mib(g.memory_total_bytes)),
-    Field("memory_used_bytes", "memory.used [MiB]", Area.MEMORY, lambda g: _mib(g.memory_used_bytes)),
-    Field("memory_free_bytes", "memory.free [MiB]", Area.MEMORY, lambda g: _mib(g.memory_free_bytes)),
-    Field("memory_reserved_bytes", "memory.reserved [MiB]", Area.MEMORY,
-          lambda g: _mib(g.memory_reserved_bytes)),
-    Field("power_draw_watts", "power.draw [W]", Area.POWER_THERMAL, lambda g: g.power_watts),
-    Field("enforced_power_limit_watts", "enforced.power.limit [W]", Area.POWER_THERMAL,
-          lambda g: g.power_limit_watts),
-    Field("temperature_gpu", "temperature.gpu", Area.POWER_THERMAL, lambda g: g.temperature_celsius),
-    Field("temperature_memory", "temperature.memory", Area.POWER_THERMAL,
-          lambda g: g.memory_temperature_celsius),
-    Field("clocks_current_graphics_clock_hz", "clocks.current.graphics [MHz]", Area.CLOCKS,
-          lambda g: g.graphics_clock_hertz),
-    Field("clocks_current_sm_clock_hz", "clocks.current.sm [MHz]", Area.CLOCKS, lambda g: g.sm_clock_hertz),
-    Field("clocks_current_memory_clock_hz", "clocks.current.memory [MHz]", Area.CLOCKS,
-          lambda g: g.memory_clock_hertz),
-    Field("clocks_current_video_clock_hz", "clocks.current.video [MHz]", Area.CLOCKS,
-          lambda g: g.video_clock_hertz),
-    Field("clocks_max_graphics_clock_hz", "clocks.max.graphics [MHz]", Area.CLOCKS,
-          lambda g: g.graphics_clock_max_hertz),
-    Field("clocks_max_sm_clock_hz", "clocks.max.sm [MHz]", Area.CLOCKS, lambda g: g.sm_clock_max_hertz),
-    Field("clocks_max_memory_clock_hz", "clocks.max.memory [MHz]", Area.CLOCKS,
-          lambda g: g.memory_clock_max_hertz),
+FIELDS: tuple[Field[Any], ...] = (
+    Field("index", "index", IDENTITY, lambda g: g.identity.index),
+    Field("utilization_gpu_ratio", "utilization.gpu [%]", DEVICE,
+          lambda d: d.utilization_ratio, on_mig=False),
+    Field("utilization_memory_ratio", "utilization.memory [%]", DEVICE,
+          lambda d: d.memory_utilization_ratio, on_mig=False),
+    Field("utilization_encoder_ratio", "utilization.encoder [%]", DEVICE,
+          lambda d: d.encoder_utilization_ratio, on_mig=False),
+    Field("utilization_decoder_ratio", "utilization.decoder [%]", DEVICE,
+          lambda d: d.decoder_utilization_ratio, on_mig=False),
+    Field("pstate", "pstate", DEVICE, lambda d: d.performance_state),
+    Field("compute_mode", "compute_mode", DEVICE,
+          lambda d: None if d.compute_mode is None else COMPUTE_MODES.get(d.compute_mode)),
+    Field("fan_speed_ratio", "fan.speed [%]", DEVICE, lambda d: d.fan_speed_ratio),
+    Field("persistence_mode", "persistence_mode", DEVICE, lambda d: d.persistence_mode),
+    Field("mig_mode_current", "mig.mode.current", IDENTITY,
+          lambda g: None if g.mig_mode is None else g.mig_mode is MigMode.ENABLED),
+    Field("memory_total_bytes", "memory.total [MiB]", MEMORY, lambda m: _mib(m.memory_total_bytes)),
+    Field("memory_used_bytes", "memory.used [MiB]", MEMORY, lambda m: _mib(m.memory_used_bytes)),
+    Field("memory_free_bytes", "memory.free [MiB]", MEMORY, lambda m: _mib(m.memory_free_bytes)),
+    Field("memory_reserved_bytes", "memory.reserved [MiB]", MEMORY,
+          lambda m: _mib(m.memory_reserved_bytes)),
+    Field("power_draw_watts", "power.draw [W]", POWER_THERMAL, lambda p: p.power_watts),
+    Field("enforced_power_limit_watts", "enforced.power.limit [W]", POWER_THERMAL,
+          lambda p: p.power_limit_watts),
+    Field("temperature_gpu", "temperature.gpu", POWER_THERMAL, lambda p: p.temperature_celsius),
+    Field("temperature_memory", "temperature.memory", POWER_THERMAL,
+          lambda p: p.memory_temperature_celsius),
+    Field("clocks_current_graphics_clock_hz", "clocks.current.graphics [MHz]", CLOCKS,
+          lambda c: c.graphics_clock_hertz),
+    Field("clocks_current_sm_clock_hz", "clocks.current.sm [MHz]", CLOCKS, lambda c: c.sm_clock_hertz),
+    Field("clocks_current_memory_clock_hz", "clocks.current.memory [MHz]", CLOCKS,
+          lambda c: c.memory_clock_hertz),
+    Field("clocks_current_video_clock_hz", "clocks.current.video [MHz]", CLOCKS,
+          lambda c: c.video_clock_hertz),
+    Field("clocks_max_graphics_clock_hz", "clocks.max.graphics [MHz]", CLOCKS,
+          lambda c: c.graphics_clock_max_hertz),
+    Field("clocks_max_sm_clock_hz", "clocks.max.sm [MHz]", CLOCKS, lambda c: c.sm_clock_max_hertz),
+    Field("clocks_max_memory_clock_hz", "clocks.max.memory [MHz]", CLOCKS,
+          lambda c: c.memory_clock_max_hertz),
     *(
-        Field(f"clocks_event_reasons_{r}", f"clocks_event_reasons.{r}", Area.CLOCKS, _event(r))
+        Field(f"clocks_event_reasons_{r}", f"clocks_event_reasons.{r}", CLOCKS, _event(r))
         for r in CLOCK_EVENT_REASONS
     ),
     *(
         Field(f"clocks_event_reasons_counters_{r}_seconds", f"clocks_event_reasons_counters.{r} [us]",
-              Area.CLOCKS, _event_seconds(r))
-        for r in ("sw_power_cap", "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown",
-                  "hw_power_brake_slowdown")
+              CLOCKS, _event_seconds(r))
+        for r in CLOCK_EVENT_COUNTERS
     ),
-    Field("pcie_link_gen_current", "pcie.link.gen.current", Area.PCIE_NVLINK,
-          lambda g: g.pcie_link_generation),
-    Field("pcie_link_width_current", "pcie.link.width.current", Area.PCIE_NVLINK,
-          lambda g: g.pcie_link_width),
-    Field("ecc_mode_current", "ecc.mode.current", Area.HEALTH, lambda g: g.ecc_enabled),
+    Field("pcie_link_gen_current", "pcie.link.gen.current", PCIE_NVLINK,
+          lambda p: p.pcie_link_generation),
+    Field("pcie_link_width_current", "pcie.link.width.current", PCIE_NVLINK,
+          lambda p: p.pcie_link_width),
+    Field("ecc_mode_current", "ecc.mode.current", HEALTH, lambda h: h.ecc_enabled),
     *(
-        Field(f"ecc_errors_{e}_{s}_total", f"ecc.errors.{e}.{s}.total", Area.HEALTH, _ecc(e, s))
+        Field(f"ecc_errors_{e}_{s}_total", f"ecc.errors.{e}.{s}.total", HEALTH, _ecc(e, s))
         for e in ("corrected", "uncorrected")
         for s in ("volatile", "aggregate")
     ),
-    Field("retired_pages_single_bit_ecc_count", "retired_pages.single_bit_ecc.count", Area.HEALTH,
-          _pair("retired_pages", "single_bit_ecc")),
-    Field("retired_pages_double_bit_count", "retired_pages.double_bit.count", Area.HEALTH,
-          _pair("retired_pages", "double_bit_ecc")),
-    Field("retired_pages_pending", "retired_pages.pending", Area.HEALTH, lambda g: g.retired_pages_pending),
-    Field("remapped_rows_correctable", "remapped_rows.correctable", Area.HEALTH,
-          _pair("remapped_rows", "correctable")),
-    Field("remapped_rows_uncorrectable", "remapped_rows.uncorrectable", Area.HEALTH,
-          _pair("remapped_rows", "uncorrectable")),
-    Field("remapped_rows_pending", "remapped_rows.pending", Area.HEALTH, lambda g: g.row_remap_pending),
-    Field("remapped_rows_failure", "remapped_rows.failure", Area.HEALTH, lambda g: g.row_remap_failed),
-    Field("gpu_recovery_action", "gpu_recovery_action", Area.HEALTH, lambda g: g.recovery_action),
-    Field("fabric_state", "fabric.state", Area.HEALTH, lambda g: g.fabric_state),
+    Field("retired_pages_single_bit_ecc_count", "retired_pages.single_bit_ecc.count", HEALTH,
+          _pair(lambda h: h.retired_pages, "single_bit_ecc")),
+    Field("retired_pages_double_bit_count", "retired_pages.double_bit.count", HEALTH,
+          _pair(lambda h: h.retired_pages, "double_bit_ecc")),
+    Field("retired_pages_pending", "retired_pages.pending", HEALTH, lambda h: h.retired_pages_pending),
+    Field("remapped_rows_correctable", "remapped_rows.correctable", HEALTH,
+          _pair(lambda h: h.remapped_rows, "correctable")),
+    Field("remapped_rows_uncorrectable", "remapped_rows.uncorrectable", HEALTH,
+          _pair(lambda h: h.remapped_rows, "uncorrectable")),
+    Field("remapped_rows_pending", "remapped_rows.pending", HEALTH, lambda h: h.row_remap_pending),
+    Field("remapped_rows_failure", "remapped_rows.failure", HEALTH, lambda h: h.row_remap_failed),
+    Field("gpu_recovery_action", "gpu_recovery_action", HEALTH, lambda h: h.recovery_action),
+    Field("fabric_state", "fabric.state", HEALTH, lambda h: h.fabric_state),
 )  # fmt: skip
 
 
@@ -227,7 +263,8 @@ def _info(snapshot: NodeSnapshot, gpu: GpuSample) -> list[str]:
 def _apps(gpu: GpuSample) -> list[tuple[int, str, int | None]]:
     """(pid, name, used bytes) of every process with a compute context (nvidia-smi's compute apps:
     the MPS server and its clients included, MIG instances' processes under the parent GPU)."""
-    procs = [p for p in (*gpu.processes, *gpu.mps_clients) if p.kind != "graphics"]
+    lists = gpu.processes or NO_PROCESSES
+    procs = [p for p in (*lists.processes, *lists.mps_clients) if p.kind is not ProcessKind.GRAPHICS]
     return [(p.pid, p.name or "", p.used_memory_bytes) for p in sorted(procs, key=lambda p: p.pid)]
 
 
@@ -296,15 +333,19 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         uuid = smi_uuid(gpu.identity.uuid)
         info.add_metric(_info(snapshot, gpu), 1.0)
         count.add_metric([uuid], float(snapshot.gpu_count))
+        mig_on = gpu.mig_mode is MigMode.ENABLED
         for f in FIELDS:
-            if f.area not in gpu.failed_areas:
-                value = f.read(gpu)
-                if value is not None:
-                    fields[f.suffix].add_metric([uuid], float(value))
-        if Area.POWER_THERMAL not in gpu.failed_areas and gpu.energy_joules is not None:
-            energy.add_metric([uuid], gpu.energy_joules)
-        if Area.PROFILING not in gpu.failed_areas:
-            rates = dict(gpu.profiling)
+            if f.reads.area in gpu.failed_areas or (mig_on and not f.on_mig):
+                continue
+            record = f.reads.record(gpu)
+            value = None if record is None else f.read(record)
+            if value is not None:
+                fields[f.suffix].add_metric([uuid], float(value))
+        joules = None if gpu.power_thermal is None else gpu.power_thermal.energy_joules
+        if Area.POWER_THERMAL not in gpu.failed_areas and joules is not None:
+            energy.add_metric([uuid], joules)
+        if Area.PROFILING not in gpu.failed_areas and gpu.profiling is not None:
+            rates = dict(gpu.profiling.values)
             for direction, family in pcie.items():
                 rate = rates.get(f"pcie_{direction}_bytes_per_second")
                 if rate is not None:
@@ -319,7 +360,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
                 app_info.add_metric(labels, 1.0)
                 if used is not None:
                     app_memory.add_metric(labels, float(_mib(used) or 0))
-        if gpu.mig_mode == "enabled" and Area.MIG not in gpu.failed_areas:
+        if mig_on and Area.MIG not in gpu.failed_areas:
             _add_mig(gpu, uuid, mig_info, mig)
     if up:
         apps_ok.add_metric([], 0.0 if apps_failed else 1.0)

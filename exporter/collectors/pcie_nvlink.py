@@ -16,74 +16,75 @@ from prometheus_client.core import Metric
 
 from gpulens.exporter.collectors.base import (
     GPU_LABELS,
+    PCIE_NVLINK,
     CollectorOptions,
     CollectorSpec,
     Family,
     FamilySpec,
     Kind,
+    Unit,
     add_optional,
     add_values,
     non_empty,
-    per_gpu,
-    readable,
+    per_gpu_record,
     readers,
 )
-from gpulens.exporter.snapshot import Area, GpuSample, NodeSnapshot
+from gpulens.exporter.snapshot import NodeSnapshot, PcieNvlinkReading
 
 LINK_LABELS = (*GPU_LABELS, "link")
 _PER_LINK = "link with `--collector.pcie_nvlink.per-link`"
 _SCOPE = ", summed over the GPU's links"  # the counters' HELP ends so unless per link
 
-LINK_UP = FamilySpec[GpuSample](
+LINK_UP = FamilySpec[PcieNvlinkReading](
     "gpu_nvlink_link_up",
     Kind.GAUGE,
     "1 if the NVLink link is active (NVML NVLink state).",
     "`GetNvLinkState` for links 0..(field 91 `NVLINK_LINK_COUNT`)",
     labels=LINK_LABELS,
-    unit="0/1",
+    unit=Unit.BOOLEAN,
 )
-NV_TX = FamilySpec[GpuSample](
+NV_TX = FamilySpec[PcieNvlinkReading](
     "gpu_nvlink_tx_bytes_total",
     Kind.COUNTER,
     f"NVLink data bytes sent (NVML field 138 THROUGHPUT_DATA_TX, KiB x 1024){_SCOPE}.",
     "field 138 `NVLINK_THROUGHPUT_DATA_TX` with the link as scope (KiB x 1024)",
-    unit="bytes",
+    unit=Unit.BYTES,
     label_doc=f"({_PER_LINK}; else summed over the GPU's links)",
 )
-NV_RX = FamilySpec[GpuSample](
+NV_RX = FamilySpec[PcieNvlinkReading](
     "gpu_nvlink_rx_bytes_total",
     Kind.COUNTER,
     f"NVLink data bytes received (NVML field 139 THROUGHPUT_DATA_RX, KiB x 1024){_SCOPE}.",
     "field 139 `NVLINK_THROUGHPUT_DATA_RX` with the link as scope (KiB x 1024)",
-    unit="bytes",
+    unit=Unit.BYTES,
     label_doc=f"({_PER_LINK}; else summed over the GPU's links)",
 )
-NV_ERR = FamilySpec[GpuSample](
+NV_ERR = FamilySpec[PcieNvlinkReading](
     "gpu_nvlink_errors_total",
     Kind.COUNTER,
     f"NVLink data-link errors by kind (NVML NVLink error counters){_SCOPE}.",
     "per-link fields `NVLINK_<KIND>_ERROR_COUNT_L<n>` (links 0-11, one field call per GPU), else"
     " `GetNvLinkErrorCounter(link, NVML_NVLINK_ERROR_DL_*)`",
     labels=(*GPU_LABELS, "kind"),
-    unit="errors",
+    unit=Unit.ERRORS,
     label_doc=f"({_PER_LINK}), kind (`replay`, `recovery`, `crc_flit`, `crc_data`, `ecc_data`)",
 )
 
-FAMILIES: tuple[FamilySpec[GpuSample], ...] = (
+FAMILIES: tuple[FamilySpec[PcieNvlinkReading], ...] = (
     FamilySpec("gpu_pcie_tx_bytes_total", Kind.COUNTER,
                "Bytes sent over PCIe (NVML field 197, PCIE_COUNT_TX_BYTES).",
                "field 197 `PCIE_COUNT_TX_BYTES` (each entry's own `nvmlReturn` checked)",
-               lambda g: g.pcie_tx_bytes, unit="bytes"),
+               lambda p: p.pcie_tx_bytes, unit=Unit.BYTES),
     FamilySpec("gpu_pcie_rx_bytes_total", Kind.COUNTER,
                "Bytes received over PCIe (NVML field 198, PCIE_COUNT_RX_BYTES).",
                "field 198 `PCIE_COUNT_RX_BYTES` (each entry's own `nvmlReturn` checked)",
-               lambda g: g.pcie_rx_bytes, unit="bytes"),
+               lambda p: p.pcie_rx_bytes, unit=Unit.BYTES),
     FamilySpec("gpu_pcie_replays_total", Kind.COUNTER, "PCIe replays (NVML PCIe replay counter).",
-               "`GetPcieReplayCounter`", lambda g: g.pcie_replays, unit="replays"),
+               "`GetPcieReplayCounter`", lambda p: p.pcie_replays, unit=Unit.REPLAYS),
     FamilySpec("gpu_pcie_link_generation", Kind.GAUGE, "Current PCIe link generation (NVML).",
-               "`GetCurrPcieLinkGeneration`", lambda g: g.pcie_link_generation, unit="generation"),
+               "`GetCurrPcieLinkGeneration`", lambda p: p.pcie_link_generation, unit=Unit.PCIE_GENERATION),
     FamilySpec("gpu_pcie_link_width", Kind.GAUGE, "Current PCIe link width in lanes (NVML).",
-               "`GetCurrPcieLinkWidth`", lambda g: g.pcie_link_width, unit="lanes"),
+               "`GetCurrPcieLinkWidth`", lambda p: p.pcie_link_width, unit=Unit.PCIE_LANES),
     LINK_UP,
     NV_TX,
     NV_RX,
@@ -94,7 +95,7 @@ FAMILIES: tuple[FamilySpec[GpuSample], ...] = (
 _SUMMED = frozenset(spec.name for spec in (NV_TX, NV_RX, NV_ERR))
 
 
-def _new(spec: FamilySpec[GpuSample], per_link: bool) -> Family:
+def _new(spec: FamilySpec[PcieNvlinkReading], per_link: bool) -> Family:
     """The spec's family; the NVLink counters get the `link` label back when per link."""
     if per_link and spec.name in _SUMMED:
         return spec.new(labels=(*LINK_LABELS, *spec.labels[2:]), help=spec.help.replace(_SCOPE, ""))
@@ -106,9 +107,9 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     families = {spec.name: _new(spec, per_link) for spec in FAMILIES}
     reading, link_up = readers(FAMILIES, families), families[LINK_UP.name]
     nv_tx, nv_rx, nv_err = families[NV_TX.name], families[NV_RX.name], families[NV_ERR.name]
-    for labels, gpu in per_gpu(readable(snapshot, Area.PCIE_NVLINK)):
-        add_values(reading, labels, gpu)
-        for link in gpu.nvlinks:
+    for labels, pcie in per_gpu_record(snapshot, PCIE_NVLINK):
+        add_values(reading, labels, pcie)
+        for link in pcie.nvlinks:
             ll = [*labels, str(link.link)]
             link_up.add_metric(ll, 1.0 if link.up else 0.0)
             if per_link:
@@ -116,11 +117,11 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
                 add_optional(nv_rx, ll, link.rx_bytes)
                 for kind, count in link.errors:
                     nv_err.add_metric([*ll, kind], float(count))
-        if not per_link and gpu.nvlinks:
-            add_optional(nv_tx, labels, _sum(link.tx_bytes for link in gpu.nvlinks))
-            add_optional(nv_rx, labels, _sum(link.rx_bytes for link in gpu.nvlinks))
+        if not per_link and pcie.nvlinks:
+            add_optional(nv_tx, labels, _sum(link.tx_bytes for link in pcie.nvlinks))
+            add_optional(nv_rx, labels, _sum(link.rx_bytes for link in pcie.nvlinks))
             errors: dict[str, int] = {}
-            for link in gpu.nvlinks:
+            for link in pcie.nvlinks:
                 for kind, count in link.errors:
                     errors[kind] = errors.get(kind, 0) + count
             for kind, count in errors.items():
@@ -135,7 +136,7 @@ def _sum(values: Iterable[int | None]) -> int | None:
 
 
 SPEC = CollectorSpec(
-    Area.PCIE_NVLINK,
+    PCIE_NVLINK.area,
     True,
     "PCIe/NVLink byte counters, replays, link state and NVLink errors",
     collect,

@@ -16,6 +16,7 @@ from gpulens.exporter.collectors.base import (
     CollectorSpec,
     FamilySpec,
     Kind,
+    Unit,
     fill,
     fresh,
     gpu_labels,
@@ -32,7 +33,7 @@ DROPPED = FamilySpec[ProcessSample](
     "Processes left out of the per-process series by the limit.",
     "processes beyond `--collector.processes.max` (the largest by memory are kept)",
     labels=(),
-    unit="processes",
+    unit=Unit.PROCESSES,
     label_doc="(none)",
     mig="",
 )
@@ -40,14 +41,14 @@ FAMILIES: tuple[FamilySpec[ProcessSample], ...] = (
     FamilySpec("gpu_process_memory_used_bytes", Kind.GAUGE,
                "GPU memory used by the process (NVML running processes usedGpuMemory).",
                "process lists `usedGpuMemory`", lambda p: p.used_memory_bytes, labels=PROCESS_LABELS,
-               unit="bytes", mig="per process",
+               unit=Unit.BYTES, mig="per process",
                label_doc="gpu_instance (empty without MIG), pid, kind"
                " (`compute`/`graphics`/`mps_server`/`mps_client`)"),
     FamilySpec("gpu_process_sm_utilization_ratio", Kind.GAUGE,
                "SM utilization of the process over the last sample"
                " (NVML process utilization; absent on MIG).",
                "`GetProcessUtilization(since last sample)` latest `smUtil` / 100; absent on MIG",
-               lambda p: p.sm_util_ratio, labels=PROCESS_LABELS, unit="ratio", mig="per process"),
+               lambda p: p.sm_util_ratio, labels=PROCESS_LABELS, unit=Unit.RATIO, mig="per process"),
     DROPPED,
 )  # fmt: skip
 
@@ -57,7 +58,10 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     rows: list[tuple[list[str], ProcessSample]] = []
     for gpu in readable(snapshot, Area.PROCESSES):
         base = gpu_labels(gpu)
-        for p in (*gpu.processes, *gpu.mps_clients):
+        lists = gpu.processes
+        if lists is None:
+            continue
+        for p in (*lists.processes, *lists.mps_clients):
             gi = "" if p.gpu_instance is None else str(p.gpu_instance)
             rows.append(([*base, gi, str(p.pid), p.kind], p))
     rows.sort(key=lambda r: -(r[1].used_memory_bytes or 0))

@@ -21,6 +21,7 @@ from gpulens.exporter.collectors.base import (
     CollectorSpec,
     FamilySpec,
     Kind,
+    Unit,
     fresh,
     non_empty,
     per_gpu,
@@ -78,7 +79,7 @@ SOURCE_INFO = FamilySpec[GpuSample](
     "Which source feeds the *_active_ratio families of the GPU; always 1.",
     "`--profiling` and what answers: DCGM reachable and profiling this GPU, else"
     " `nvmlGpmQueryDeviceSupport` (docs/dcgm.md)",
-    labels=(*GPU_LABELS, "source"), unit="always 1",
+    labels=(*GPU_LABELS, "source"), unit=Unit.ALWAYS_ONE,
     label_doc="source (`dcgm`, `gpm`; `nvml` when only `gpu_utilization_ratio` exists)", mig="per GPU",
 )  # fmt: skip
 GPU_FAMILIES = tuple(
@@ -87,7 +88,7 @@ GPU_FAMILIES = tuple(
         Kind.GAUGE,
         f"Fraction of the sample interval with {DESCRIPTIONS[key]}.",
         _source(key, mig=False),
-        unit="ratio",
+        unit=Unit.RATIO,
         mig="whole-GPU value on the parent",
     )
     for key in PROFILING_KEYS
@@ -99,7 +100,7 @@ MIG_FAMILIES = tuple(
         f"MIG instance: fraction of the sample interval with {DESCRIPTIONS[key]}.",
         _source(key, mig=True),
         labels=tuple(MIG_LABELS),
-        unit="ratio",
+        unit=Unit.RATIO,
         mig="per instance",
     )
     for key in PROFILING_KEYS
@@ -113,11 +114,12 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     gpu_families = {key: families[family_name(key)] for key in PROFILING_KEYS}
     mig_families = {key: families[family_name(key, mig=True)] for key in PROFILING_KEYS}
     for labels, gpu in per_gpu(readable(snapshot, Area.PROFILING)):
-        if gpu.profiling_source:
-            source.add_metric([*labels, gpu.profiling_source], 1.0)
-        for key, value in gpu.profiling:
-            if key in gpu_families:
-                gpu_families[key].add_metric(labels, value)
+        profiling = gpu.profiling
+        if profiling is not None:
+            source.add_metric([*labels, profiling.source], 1.0)
+            for key, value in profiling.values:
+                if key in gpu_families:
+                    gpu_families[key].add_metric(labels, value)
         for m in gpu.mig_instances:
             for key, value in m.profiling:
                 if key in mig_families:

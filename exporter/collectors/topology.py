@@ -15,22 +15,23 @@ from prometheus_client.core import Metric
 
 from gpulens.exporter.collectors.base import (
     GPU_LABELS,
+    TOPOLOGY,
     CollectorOptions,
     CollectorSpec,
     FamilySpec,
     Kind,
+    Unit,
     add_values,
     fresh,
     non_empty,
-    per_gpu,
-    readable,
+    per_gpu_record,
     readers,
 )
-from gpulens.exporter.snapshot import Area, GpuSample, NodeSnapshot
+from gpulens.exporter.snapshot import NodeSnapshot, TopologyReading
 
 TOPOLOGY_LABELS = [*GPU_LABELS, "peer", "peer_uuid", "link"]
 
-INFO = FamilySpec[GpuSample](
+INFO = FamilySpec[TopologyReading](
     "gpu_topology_info",
     Kind.GAUGE,
     "How the GPU reaches a peer GPU, fastest path first: nvlink (NVML P2P status over NVLink), else"
@@ -38,33 +39,33 @@ INFO = FamilySpec[GpuSample](
     " pcie_host_bridge, numa, system; always 1.",
     "`GetP2PStatus(NVML_P2P_CAPS_INDEX_NVLINK)` = OK, else `GetTopologyCommonAncestor`",
     labels=tuple(TOPOLOGY_LABELS),
-    unit="always 1",
+    unit=Unit.ALWAYS_ONE,
     label_doc="peer (index), peer_uuid, link: `nvlink`, else the PCIe common ancestor `board` (INTERNAL),"
     " `pcie_switch` (SINGLE, nvidia-smi PIX), `pcie_switches` (MULTIPLE, PXB), `pcie_host_bridge`"
     " (HOSTBRIDGE, PHB), `numa` (NODE), `system` (SYSTEM, SYS)",
 )
 
-FAMILIES: tuple[FamilySpec[GpuSample], ...] = (
+FAMILIES: tuple[FamilySpec[TopologyReading], ...] = (
     INFO,
     FamilySpec("gpu_numa_node", Kind.GAUGE,
                "NUMA node the GPU is attached to (NVML NUMA node id); absent where the driver does not say.",
-               "`GetNumaNodeId` (absent when -1 or not supported)", lambda g: g.numa_node,
-               unit="NUMA node id"),
+               "`GetNumaNodeId` (absent when -1 or not supported)", lambda t: t.numa_node,
+               unit=Unit.NUMA_NODE),
 )  # fmt: skip
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
     families = fresh(FAMILIES)
     reading, info = readers(FAMILIES, families), families[INFO.name]
-    for labels, gpu in per_gpu(readable(snapshot, Area.TOPOLOGY)):
-        add_values(reading, labels, gpu)
-        for peer in gpu.peers:
+    for labels, topology in per_gpu_record(snapshot, TOPOLOGY):
+        add_values(reading, labels, topology)
+        for peer in topology.peers:
             info.add_metric([*labels, str(peer.peer), peer.peer_uuid, peer.link.value], 1.0)
     yield from non_empty(*families.values())
 
 
 SPEC = CollectorSpec(
-    Area.TOPOLOGY,
+    TOPOLOGY.area,
     True,
     "GPU pair links (NVLink, PCIe common ancestor) and NUMA node",
     collect,

@@ -18,6 +18,7 @@ from gpulens.exporter.collectors.base import (
     CollectorSpec,
     FamilySpec,
     Kind,
+    Unit,
     fill,
     fresh,
     non_empty,
@@ -31,7 +32,7 @@ TOTAL = FamilySpec[XidCount](
     "NVML event set, `nvmlEventTypeXidCriticalError` (`eventData` = Xid), counted since the exporter started",
     lambda x: x.count,
     labels=(*GPU_LABELS, "xid"),
-    unit="events",
+    unit=Unit.EVENTS,
     mig="all Xids of the GPU, MIG-attributed or not",
 )
 LAST = FamilySpec[XidCount](
@@ -41,7 +42,7 @@ LAST = FamilySpec[XidCount](
     "time the event was received",
     lambda x: x.last_timestamp,
     labels=(*GPU_LABELS, "xid"),
-    unit="seconds since epoch",
+    unit=Unit.SECONDS_SINCE_EPOCH,
     mig="parent",
 )
 MIG_TOTAL = FamilySpec[XidCount](
@@ -51,7 +52,7 @@ MIG_TOTAL = FamilySpec[XidCount](
     "events whose `gpuInstanceId` is set",
     lambda x: x.count,
     labels=(*GPU_LABELS, "gpu_instance", "xid"),
-    unit="events",
+    unit=Unit.EVENTS,
     mig="per instance (also counted in `gpu_xid_errors_total`: do not add the two)",
 )
 FAMILIES: tuple[FamilySpec[XidCount], ...] = (TOTAL, LAST, MIG_TOTAL)  # fmt: skip

@@ -18,7 +18,8 @@ import os
 import sys
 from typing import Any
 
-from gpulens.sim.scenario import DIAG_TESTS, DiagFailFault, Scenario, ScenarioError, load_scenario
+from gpulens.sim.scenario import DIAG_TESTS, DiagFailFault, Scenario, ScenarioError
+from gpulens.sim.scenariofile import load_scenario
 
 # DCGM's categories, in its order, and which test goes in which
 CATEGORIES = {

@@ -26,6 +26,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from gpulens.sim.native.layout import check_library
+
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("simnvml.c", "layout.h")
 LIBRARY = "libnvidia-ml.so.1"
@@ -127,8 +129,6 @@ def load() -> ctypes.CDLL:
     global _loaded
     with _load_lock:
         if _loaded is None:
-            from gpulens.sim.native.layout import check_library
-
             lib = ctypes.CDLL(str(library_path()), mode=ctypes.RTLD_GLOBAL)
             check_library(lib)
             _loaded = lib

@@ -46,6 +46,7 @@ from gpulens.sim.native.layout import (
     ProcRec,
     ShmHeader,
 )
+from gpulens.sim.nvml.mig import engine_counts
 from gpulens.sim.state import GpuIdentity, GpuState, ProcessState, SimEvent, SimNode
 
 LOG = logging.getLogger("gpulens.sim.native")
@@ -535,7 +536,5 @@ def _fill_identity(rec: GpuRec, identity: GpuIdentity) -> None:
 
 
 def _engines(profile: object, model_slices: int, architecture: int) -> tuple[int, int, int, int, int]:
-    from gpulens.sim.nvml.mig import engine_counts
-
     counts = engine_counts(profile, model_slices, architecture)  # type: ignore[arg-type]
     return counts["copy"], counts["decoder"], counts["encoder"], counts["jpeg"], counts["ofa"]

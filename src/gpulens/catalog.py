@@ -8,12 +8,12 @@ verified it says so next to it; read real SM counts from NVML when a GPU is pres
 MIG geometry on 7-slice GPUs (A100/H100/H200/B200): a GPU instance occupies `placement_size`
 consecutive memory slices (of 8) starting at one of `placement_starts`, and `compute_slices` of the
 7 compute slices. Instances may not overlap on the memory axis and their compute slices add up
-to at most 7. A30 has 4 compute and 4 memory slices.
+to at most 7. A30 has 4 compute and 4 memory slices. Placing instances on that geometry is
+`migplacement.py`'s job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -856,66 +856,3 @@ def model_for_nvml_name(nvml_name: str) -> GpuModel | None:
         return get_model(nvml_name)
     except CatalogError:
         return None
-
-
-@dataclass(frozen=True)
-class Placement:
-    """A MIG instance placed on the memory axis."""
-
-    profile: MigProfile
-    start: int
-
-    @property
-    def slices(self) -> range:
-        return range(self.start, self.start + self.profile.placement_size)
-
-
-def place_mig_layout(model: GpuModel, requests: Sequence[tuple[str, int | None]]) -> list[Placement]:
-    """Place MIG instances; `requests` are (profile name, start slice or None for first fit).
-
-    Raises CatalogError naming the first instance that cannot be placed. Explicit starts are
-    placed first so first-fit instances go around them.
-    """
-    if not model.mig_capable:
-        raise CatalogError(f"{model.key} does not support MIG")
-    profiles = [(model.mig_profile(name), start) for name, start in requests]
-    compute = sum(p.compute_slices for p, _ in profiles)
-    if compute > model.compute_slices:
-        raise CatalogError(
-            f"layout needs {compute} compute slices but {model.key} has {model.compute_slices}"
-        )
-    for profile in {p for p, _ in profiles}:
-        count = sum(1 for p, _ in profiles if p == profile)
-        if count > profile.max_instances:
-            raise CatalogError(
-                f"{count} x {profile.name} exceeds the maximum of {profile.max_instances} on {model.key}"
-            )
-    for profile, start in profiles:
-        if start is not None and start not in profile.placement_starts:
-            raise CatalogError(
-                f"{profile.name} cannot start at memory slice {start} on {model.key}; "
-                f"valid starts: {list(profile.placement_starts)}"
-            )
-    # explicit starts first, then the widest instances: they have the fewest valid starts
-    order = sorted(
-        range(len(profiles)), key=lambda i: (profiles[i][1] is None, -profiles[i][0].placement_size)
-    )
-    placed: dict[int, Placement] = {}
-
-    def search(position: int, used: frozenset[int]) -> bool:
-        """Backtracking over valid starts: greedy first fit strands slices (3g at 0 + 1g's)."""
-        if position == len(order):
-            return True
-        i = order[position]
-        profile, start = profiles[i]
-        for candidate in [start] if start is not None else profile.placement_starts:
-            span = frozenset(range(candidate, candidate + profile.placement_size))
-            if not span & used and search(position + 1, used | span):
-                placed[i] = Placement(profile, candidate)
-                return True
-        return False
-
-    if not search(0, frozenset()):
-        names = " + ".join(f"{p.name}" + (f"@{s}" if s is not None else "") for p, s in profiles)
-        raise CatalogError(f"MIG layout {names} does not fit the memory slices of {model.key}")
-    return [placed[i] for i in range(len(profiles))]

@@ -22,7 +22,7 @@ from gpulens.analyzer.pipeline import Analysis, analyze_history
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.catalog import get_model
 from gpulens.sim.history import simulate
-from gpulens.sim.scenario import BUILTIN_DIR
+from gpulens.sim.scenariofile import BUILTIN_DIR
 from tests.analyzer.nodefiles import check_all
 from tests.analyzer.slurmd import require_slurmd, slurmd_gres
 from tests.analyzer.test_emit import migcheck

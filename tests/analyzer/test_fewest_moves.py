@@ -8,15 +8,8 @@ from dataclasses import replace
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpulens.analyzer.plan import (
-    GpuBin,
-    Item,
-    _fewest_moves,
-    _moves,
-    best_per_model,
-    pack,
-    settle_lone_sharers,
-)
+from gpulens.analyzer.bins import GpuBin, Item
+from gpulens.analyzer.packing import _moves, best_per_model, fewest_moves, pack, settle_lone_sharers
 from gpulens.analyzer.thresholds import load_thresholds
 
 GIB = 1024**3
@@ -131,7 +124,7 @@ def _items(spec: list[JobSpec]) -> list[Item]:
 @example(TWO_MODELS_DISAGREE)
 def test_no_model_gets_more_gpus_or_more_moves_than_its_best_packing(spec):
     items = _items(spec)
-    bins, _ = _fewest_moves(items, load_thresholds())
+    bins, _ = fewest_moves(items, load_thresholds())
     assert Counter(i.job_id for b in bins for i in b.items) == Counter(i.job_id for i in items)
     candidates = _packings(items)
     for model in {i.model for i in items}:

@@ -16,7 +16,7 @@ import pytest
 from gpulens.cli import main
 from gpulens.sim.applyplan import apply_plan_files
 from gpulens.sim.history import simulate
-from gpulens.sim.scenario import BUILTIN_DIR
+from gpulens.sim.scenariofile import BUILTIN_DIR
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpulens.analyzer import forked, plan
+from gpulens.analyzer import forked, packing
 from tests.analyzer import synth
 from tests.analyzer.test_plan_emit import plan_for
 
@@ -80,6 +80,6 @@ def test_not_forking_when_told_not_to():
 def test_a_plan_packed_in_a_child_is_the_plan_packed_here(th, monkeypatch, alone):
     jobs = synth.seed_case()
     _, here = plan_for(jobs, th)
-    monkeypatch.setattr(plan, "FORK_MIN_ITEMS", 0)
+    monkeypatch.setattr(packing, "FORK_MIN_ITEMS", 0)
     _, beside = plan_for(jobs, th)
     assert beside.as_dict() == here.as_dict()

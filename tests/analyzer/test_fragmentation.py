@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from gpulens.analyzer import fragmentation
-from gpulens.analyzer.plan import GpuBin, Item, _assign_gpus, build_plan
+from gpulens.analyzer.bins import GpuBin, Item
+from gpulens.analyzer.plan import build_plan
+from gpulens.analyzer.planlayout import assign_gpus
 from gpulens.analyzer.profile import FleetGpu, profiles_from_samples
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.topology import from_rows
@@ -74,7 +76,7 @@ def test_between_equal_gpus_the_layout_takes_one_of_a_broken_node():
     fleet.append(FleetGpu("GPU-z-0", "H100-80GB", "z-broken"))  # the last free GPU of its node
     gpu = GpuBin(name="H100-80GB#1", model="H100-80GB", mode="exclusive")
     gpu.items.append(Item("new", "exclusive", "H100-80GB", 0.0, 1.0, 1, GIB, 0.5, 0.5, 1.0))
-    _assign_gpus([gpu], fleet, None, HALF_AND_EIGHT)
+    assign_gpus([gpu], fleet, None, HALF_AND_EIGHT)
     assert gpu.node == "z-broken"  # the empty node keeps room for an 8-GPU job
 
 

@@ -16,7 +16,7 @@ PLACEMENTS = st.lists(st.tuples(st.integers(0, 11), SPAN, st.booleans()), max_si
 def naive_free(
     held: dict[int, list[tuple[float, float]]], start: float, end: float, allowed: int
 ) -> list[int]:
-    """The scan `plan.fits` does for an exclusive job: each allowed slot, in order, no interval meets."""
+    """The scan `bins.fits` does for an exclusive job: each allowed slot, in order, no interval meets."""
     return [
         s
         for s in range(allowed.bit_length())

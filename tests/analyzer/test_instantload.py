@@ -9,10 +9,10 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpulens.analyzer import plan
+from gpulens.analyzer import packing
+from gpulens.analyzer.bins import GpuBin, Item
 from gpulens.analyzer.instantload import COLUMNS, InstantLoad
 from gpulens.analyzer.kinds import Kind
-from gpulens.analyzer.plan import GpuBin, Item
 from gpulens.analyzer.thresholds import load_thresholds
 
 TIMES = st.integers(0, 30).map(float)
@@ -89,21 +89,21 @@ def test_a_gpu_ruled_out_is_one_the_exact_fit_test_refuses(items, slots, probe) 
 @given(ITEMS, st.booleans())
 def test_packing_with_the_index_equals_testing_every_gpu(items, in_place) -> None:
     th = load_thresholds(None)
-    with_index = plan.pack([replace(i) for i in items], th, in_place=in_place)
+    with_index = packing.pack([replace(i) for i in items], th, in_place=in_place)
     scanned = pack_testing_every_gpu([replace(i) for i in items], th, in_place)
     assert [(b.name, [i.job_id for i in b.items]) for b in with_index] == scanned
 
 
 def pack_testing_every_gpu(items: list[Item], th, in_place: bool) -> list[tuple[str, list[str]]]:
-    """`plan.pack` with an index that never rules out a GPU: `fits` decides every GPU."""
+    """`packing.pack` with an index that never rules out a GPU: `fits` decides every GPU."""
 
     class Nothing(InstantLoad):
         def over(self, at: float, own: Sequence[float], bounds: Sequence[tuple[str, float]]) -> list[bool]:
             return []
 
-    original = plan.InstantLoad
-    plan.InstantLoad = Nothing  # type: ignore[misc]
+    original = packing.InstantLoad
+    packing.InstantLoad = Nothing  # type: ignore[misc]
     try:
-        return [(b.name, [i.job_id for i in b.items]) for b in plan.pack(items, th, in_place=in_place)]
+        return [(b.name, [i.job_id for i in b.items]) for b in packing.pack(items, th, in_place=in_place)]
     finally:
-        plan.InstantLoad = original  # type: ignore[misc]
+        packing.InstantLoad = original  # type: ignore[misc]

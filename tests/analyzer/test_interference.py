@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpulens.analyzer import demand
+from gpulens.analyzer.bins import Item
 from gpulens.analyzer.kinds import Kind
+from gpulens.analyzer.packing import pack
 from gpulens.analyzer.pipeline import analyze_history, analyze_profiles
-from gpulens.analyzer.plan import Item, pack
 from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.thresholds import load_thresholds

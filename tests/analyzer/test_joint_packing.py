@@ -11,11 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpulens.analyzer import modes
+from gpulens.analyzer.bins import GpuBin, Item, fits
 from gpulens.analyzer.emit import context_from_rows, emit
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.modes import Mode
+from gpulens.analyzer.packing import _mode_of, _packing, fewest_moves
 from gpulens.analyzer.pipeline import analyze_profiles
-from gpulens.analyzer.plan import GpuBin, Item, _fewest_moves, _mode_of, _packing, fits
 from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.recommend import choose_mig_profile, mps_settings
 from gpulens.analyzer.thresholds import Thresholds, load_thresholds
@@ -134,7 +135,7 @@ def test_all_mps_frees_the_gpu_the_chosen_mig_and_mps_mix_loses():
         item_for("x", rec_row("mps", 0.2, 20), "GPU-x", "exclusive"),
     ]
     per_job = min(len(_packing(items, th, in_place)[0]) for in_place in (True, False))
-    bins, moved = _fewest_moves(items, th)
+    bins, moved = fewest_moves(items, th)
     assert (per_job, len(bins)) == (2, 1)
     assert bins[0].mode == Kind.MPS and sorted(i.job_id for i in bins[0].items) == ["s0", "s1", "x"]
     expected = mps_settings(0.2, 20 * GIB, th)
@@ -232,7 +233,7 @@ def test_the_joint_plan_never_needs_more_gpus_than_each_jobs_own_mode_and_every_
         for n, (kind, sm, gib, now, gpu, span) in enumerate(spec)
     ]
     per_job = min(len(_packing(items, th, in_place)[0]) for in_place in (True, False))
-    bins, _ = _fewest_moves(items, th)
+    bins, _ = fewest_moves(items, th)
     assert len(bins) <= per_job
     assert Counter(i.job_id for b in bins for i in b.items) == Counter(i.job_id for i in items)
     for gpu in bins:
@@ -252,5 +253,5 @@ def test_the_gate_skips_a_model_whose_lower_bound_cannot_beat_the_packing():
     ]
     spans = [modes.Span(i.start, i.end, i.modes, i.memory) for i in items]
     assert modes.lower_bound(H100, spans) == 1
-    bins, moved = _fewest_moves(items, th)
+    bins, moved = fewest_moves(items, th)
     assert len(bins) == 1 and moved == {}

@@ -16,7 +16,8 @@ from gpulens.analyzer.plan import build_plan
 from gpulens.analyzer.profile import fleet_from_samples, profiles_from_samples
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.thresholds import load_thresholds
-from gpulens.catalog import get_model, model_for_nvml_name, place_mig_layout
+from gpulens.catalog import get_model, model_for_nvml_name
+from gpulens.migplacement import place_mig_layout
 from tests.analyzer import synth
 from tests.analyzer.invariants import violations
 from tests.analyzer.synth import SynthJob, flat, steady

@@ -39,7 +39,7 @@ from gpulens.cli import main
 from gpulens.devtools.bench import tsdb
 from gpulens.devtools.bench.analyzer_bench import backfill, make_cluster, write_openmetrics_blocks
 from gpulens.sim.history import simulate
-from gpulens.sim.scenario import list_builtin
+from gpulens.sim.scenariofile import list_builtin
 from tests.analyzer.test_prometheus import assert_same_demand
 from tests.support.procs import PROMETHEUS_ENGINES, REPO_ROOT, find_binary, use_prometheus
 

@@ -16,7 +16,7 @@ from gpulens.analyzer.sources import files
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.catalog import get_model
 from gpulens.sim.history import simulate
-from gpulens.sim.scenario import BUILTIN_DIR, load_scenario
+from gpulens.sim.scenariofile import BUILTIN_DIR, load_scenario
 from tests.analyzer.invariants import violations
 from tests.analyzer.test_traces import GENAI, V2023
 

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpulens.analyzer.bins import GpuBin, Item
 from gpulens.analyzer.pipeline import analyze_history
-from gpulens.analyzer.plan import GpuBin, Item, _assign_gpus
+from gpulens.analyzer.planlayout import assign_gpus
 from gpulens.analyzer.profile import FleetGpu
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.topoadvice import Occupancy, advise
@@ -126,7 +127,7 @@ def test_a_moved_multi_gpu_job_is_never_split_across_switches_when_a_local_set_e
     bins = [GpuBin(f"b{i}", "L40S-48GB", "exclusive", [_item(f"s{i}", 1, (f"n1-GPU-{i}",))]) for i in busy]
     job = _item("multi", size, tuple(f"other-GPU-{i}" for i in range(size)))
     bins += [GpuBin(f"m{k}", "L40S-48GB", "exclusive", [job]) for k in range(size)]
-    _assign_gpus(bins, gpus, topology)
+    assign_gpus(bins, gpus, topology)
     given_to = [b.original_uuid for b in bins if b.items[0] is job]
     assert len(set(given_to)) == size and all(given_to)
     node = topology.nodes[0]

@@ -114,7 +114,8 @@ def test_text_that_is_not_yaml_is_one_problem():
 
 @given(st.lists(st.sampled_from([p.name for p in H100.mig_profiles]), min_size=1, max_size=7))
 def test_whatever_the_catalog_places_mig_parted_accepts(profiles):
-    from gpulens.catalog import CatalogError, place_mig_layout
+    from gpulens.catalog import CatalogError
+    from gpulens.migplacement import place_mig_layout
 
     try:
         place_mig_layout(H100, [(p, None) for p in profiles])

@@ -7,14 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpulens.analyzer.validate import device_plugin as dp
-from gpulens.catalog import (
-    MODELS,
-    CatalogError,
-    get_model,
-    model_for_nvml_name,
-    model_for_pci_device_id,
-    place_mig_layout,
-)
+from gpulens.catalog import MODELS, CatalogError, get_model, model_for_nvml_name, model_for_pci_device_id
+from gpulens.migplacement import place_mig_layout
 
 # issue 16 item 9: each is known by the name people use
 COMMON_NAMES = {
@@ -126,7 +120,7 @@ def test_a_node_of_a_new_model_simulates_and_gets_advice(tmp_path):
     from gpulens.analyzer.pipeline import analyze_history
     from gpulens.analyzer.thresholds import load_thresholds
     from gpulens.sim.history import simulate
-    from gpulens.sim.scenario import BUILTIN_DIR
+    from gpulens.sim.scenariofile import BUILTIN_DIR
 
     text = (BUILTIN_DIR / "seed-case.yaml").read_text()
     scenario = tmp_path / "l4.yaml"

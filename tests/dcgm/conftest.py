@@ -23,7 +23,7 @@ from gpulens.sim.clock import ManualClock
 from gpulens.sim.dcgm import BINDINGS_DIR, hostengine
 from gpulens.sim.engine import ScenarioNode, build_node
 from gpulens.sim.install import install, uninstall
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.scenariofile import load_scenario
 
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 STEP = 5.0

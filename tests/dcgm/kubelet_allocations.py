@@ -10,7 +10,8 @@ name to the UUID.
 from __future__ import annotations
 
 from gpulens.sim.engine import mig_uuid
-from gpulens.sim.scenario import KubernetesJob, MigInstanceSpec, load_scenario
+from gpulens.sim.scenario import KubernetesJob, MigInstanceSpec
+from gpulens.sim.scenariofile import load_scenario
 from tests.attribution.kubelet import ClaimAllocation, ClaimDevice
 
 Allocation = tuple[str, str, str, str, list[str]]  # (namespace, pod, container, resource, device ids)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.core import Metric
 
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.scenariofile import load_scenario
 from tests.attribution.kubeapi import KubeApiStandIn, kube_api, nvidia_slice
 from tests.attribution.kubelet import FakeKubelet, kubelet_server
 from tests.dcgm.conftest import Sim, series, two_samples

@@ -14,7 +14,7 @@ from prometheus_client.core import Metric
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.install import install, uninstall
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.scenariofile import load_scenario
 from tests.dcgm.conftest import START, STEP, Sim, family, one, series
 
 REPEAT = 180.0

@@ -4,6 +4,7 @@ units from the same snapshot (its naming: internal/exporter/exporter.go `knownUn
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from prometheus_client.core import Metric
@@ -14,10 +15,21 @@ from gpulens.exporter.compat import CompatError, CompatSpec, parse_compat
 from gpulens.exporter.render import render
 from gpulens.exporter.snapshot import (
     Area,
+    ClockEventReason,
+    ClocksReading,
+    ComputeMode,
+    DeviceReading,
     GpuIdentity,
     GpuSample,
+    HealthReading,
+    MemoryReading,
+    MigMode,
+    MigReading,
     MigSample,
     NodeSnapshot,
+    PowerThermalReading,
+    ProcessesReading,
+    ProcessKind,
     ProcessSample,
     XidCount,
 )
@@ -28,13 +40,12 @@ UUID = "GPU-AB12CD34-0000-1111-2222-333344445555"
 PLAIN = "ab12cd34-0000-1111-2222-333344445555"
 
 
-def gpu(**fields: object) -> GpuSample:
+def gpu(**readings: Any) -> GpuSample:
+    """GPU 0, up, MIG disabled, with the given area readings (and `failed_areas`, `mig_mode`)."""
     identity = GpuIdentity(
         index=0, uuid=UUID, model="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:18:00.0", serial="165"
     )
-    values: dict[str, object] = {"up": True, "mig_mode": "disabled"}
-    values.update(fields)
-    return GpuSample(identity=identity, **values)  # type: ignore[arg-type]
+    return GpuSample(identity=identity, **{"up": True, "mig_mode": MigMode.DISABLED, **readings})
 
 
 def scrape(*gpus: GpuSample, **node: object) -> list[Metric]:
@@ -53,12 +64,12 @@ def scrape(*gpus: GpuSample, **node: object) -> list[Metric]:
 def test_units_follow_nvidia_smi_s_suffixes() -> None:
     families = scrape(
         gpu(
-            utilization_ratio=0.42,
-            memory_used_bytes=706 * MIB + 12345,
-            sm_clock_hertz=1_980e6,
-            power_watts=433.78,
-            temperature_celsius=53.0,
-            clock_event_seconds=(("sw_power_cap", 2.5),),
+            device=DeviceReading(utilization_ratio=0.42),
+            memory=MemoryReading(memory_used_bytes=706 * MIB + 12345),
+            clocks=ClocksReading(
+                sm_clock_hertz=1_980e6, clock_event_seconds=((ClockEventReason.SW_POWER_CAP, 2.5),)
+            ),
+            power_thermal=PowerThermalReading(power_watts=433.78, temperature_celsius=53.0),
         )
     )
     assert one(families, "nvidia_smi_utilization_gpu_ratio", uuid=PLAIN) == 0.42
@@ -70,7 +81,13 @@ def test_units_follow_nvidia_smi_s_suffixes() -> None:
 
 
 def test_help_is_the_field_as_nvidia_smi_returns_it() -> None:
-    families = scrape(gpu(utilization_ratio=0.1, memory_total_bytes=80 * MIB, sm_clock_hertz=1e9))
+    families = scrape(
+        gpu(
+            device=DeviceReading(utilization_ratio=0.1),
+            memory=MemoryReading(memory_total_bytes=80 * MIB),
+            clocks=ClocksReading(sm_clock_hertz=1e9),
+        )
+    )
     helps = {f.name: f.documentation for f in families}
     assert helps["nvidia_smi_utilization_gpu_ratio"] == "utilization.gpu [%]"
     assert helps["nvidia_smi_memory_total_bytes"] == "memory.total [MiB]"
@@ -78,7 +95,7 @@ def test_help_is_the_field_as_nvidia_smi_returns_it() -> None:
 
 
 def test_per_gpu_series_carry_only_the_lowercase_uuid_without_its_prefix() -> None:
-    families = scrape(gpu(temperature_celsius=40.0, power_watts=100.0))
+    families = scrape(gpu(power_thermal=PowerThermalReading(temperature_celsius=40.0, power_watts=100.0)))
     node_level = {"nvidia_smi_last_collect_success", "nvidia_smi_compute_apps_last_collect_success"}
     per_gpu = [f for f in families if f.name not in node_level | {"nvidia_smi_gpu_info"}]
     assert len(per_gpu) > 5
@@ -100,7 +117,13 @@ def test_gpu_info_carries_the_identity_labels_the_dashboards_join_on() -> None:
 
 
 def test_values_nvidia_smi_reports_as_n_a_have_no_series() -> None:
-    families = scrape(gpu(fan_speed_ratio=None, memory_temperature_celsius=None, temperature_celsius=41.0))
+    families = scrape(
+        gpu(
+            device=DeviceReading(fan_speed_ratio=None),
+            power_thermal=PowerThermalReading(memory_temperature_celsius=None, temperature_celsius=41.0),
+            health=HealthReading(recovery_action=None),
+        )
+    )
     assert family(families, "nvidia_smi_fan_speed_ratio") is None
     assert family(families, "nvidia_smi_temperature_memory") is None
     assert family(families, "nvidia_smi_gpu_recovery_action") is None
@@ -108,7 +131,11 @@ def test_values_nvidia_smi_reports_as_n_a_have_no_series() -> None:
 
 def test_a_failed_area_drops_its_fields_only() -> None:
     families = scrape(
-        gpu(temperature_celsius=41.0, utilization_ratio=0.5, failed_areas=frozenset({Area.DEVICE}))
+        gpu(
+            power_thermal=PowerThermalReading(temperature_celsius=41.0),
+            device=DeviceReading(utilization_ratio=0.5),
+            failed_areas=frozenset({Area.DEVICE}),
+        )
     )
     assert family(families, "nvidia_smi_utilization_gpu_ratio") is None
     assert one(families, "nvidia_smi_temperature_gpu", uuid=PLAIN) == 41
@@ -126,12 +153,13 @@ def test_a_lost_gpu_has_no_series_but_its_xid_counters_stay() -> None:
 def test_enums_become_nvidia_smi_s_numbers() -> None:
     families = scrape(
         gpu(
-            performance_state=0,
-            compute_mode="exclusive_process",
-            persistence_mode=True,
-            clock_events=(("gpu_idle", False), ("sw_power_cap", True)),
-            recovery_action=0,
-            fabric_state=3,
+            device=DeviceReading(
+                performance_state=0, compute_mode=ComputeMode.EXCLUSIVE_PROCESS, persistence_mode=True
+            ),
+            clocks=ClocksReading(
+                clock_events=((ClockEventReason.GPU_IDLE, False), (ClockEventReason.SW_POWER_CAP, True))
+            ),
+            health=HealthReading(recovery_action=0, fabric_state=3),
         )
     )
     assert one(families, "nvidia_smi_pstate", uuid=PLAIN) == 0
@@ -145,7 +173,11 @@ def test_enums_become_nvidia_smi_s_numbers() -> None:
 
 def test_ecc_totals_are_per_error_and_scope() -> None:
     families = scrape(
-        gpu(ecc_enabled=True, ecc_errors=(("uncorrected", "aggregate", 4), ("corrected", "volatile", 9)))
+        gpu(
+            health=HealthReading(
+                ecc_enabled=True, ecc_errors=(("uncorrected", "aggregate", 4), ("corrected", "volatile", 9))
+            )
+        )
     )
     assert one(families, "nvidia_smi_ecc_errors_uncorrected_aggregate_total", uuid=PLAIN) == 4
     assert one(families, "nvidia_smi_ecc_errors_corrected_volatile_total", uuid=PLAIN) == 9
@@ -165,7 +197,13 @@ def test_a_mig_gpu_has_no_whole_gpu_utilization_and_per_instance_series() -> Non
             profiling=(("sm", 0.6), ("tensor", 0.3)),
         ),
     )
-    families = scrape(gpu(mig_mode="enabled", utilization_ratio=0.9, mig_instances=instances))
+    families = scrape(
+        gpu(
+            mig_mode=MigMode.ENABLED,
+            device=DeviceReading(utilization_ratio=0.9),
+            mig=MigReading(instances),
+        )
+    )
     assert family(families, "nvidia_smi_utilization_gpu_ratio") is None  # [N/A] on MIG
     assert one(families, "nvidia_smi_mig_mode_current", uuid=PLAIN) == 1
     ((info, _),) = series(families, "nvidia_smi_mig_info")
@@ -186,11 +224,11 @@ def test_a_mig_gpu_has_no_whole_gpu_utilization_and_per_instance_series() -> Non
 
 def test_compute_apps_list_compute_processes_and_count_zero_on_an_idle_gpu() -> None:
     procs = (
-        ProcessSample(pid=10, kind="compute", used_memory_bytes=2 * MIB + 5, name="./gpu_burn"),
-        ProcessSample(pid=11, kind="graphics", used_memory_bytes=MIB, name="Xorg"),
+        ProcessSample(pid=10, kind=ProcessKind.COMPUTE, used_memory_bytes=2 * MIB + 5, name="./gpu_burn"),
+        ProcessSample(pid=11, kind=ProcessKind.GRAPHICS, used_memory_bytes=MIB, name="Xorg"),
     )
     idle = GpuSample(identity=GpuIdentity(index=1, uuid="GPU-FF"), up=True)
-    families = scrape(gpu(processes=procs), idle)
+    families = scrape(gpu(processes=ProcessesReading(processes=procs)), idle)
     ((labels, _),) = series(families, "nvidia_smi_compute_app_info")
     assert labels == {"uuid": PLAIN, "pid": "10", "process_name": "./gpu_burn"}
     assert one(families, "nvidia_smi_compute_app_used_memory_bytes", pid="10") == 2 * MIB
@@ -208,7 +246,12 @@ def test_a_failed_process_read_reports_collection_failure_not_idle() -> None:
 
 def test_the_exposition_keeps_the_peer_s_names_in_both_formats() -> None:
     rendered = render(
-        scrape(gpu(energy_joules=12.5, ecc_enabled=True, ecc_errors=(("corrected", "volatile", 1),)))
+        scrape(
+            gpu(
+                power_thermal=PowerThermalReading(energy_joules=12.5),
+                health=HealthReading(ecc_enabled=True, ecc_errors=(("corrected", "volatile", 1),)),
+            )
+        )
     )
     for text in (rendered.text.decode(), rendered.openmetrics.decode()):
         assert f'\nnvidia_smi_energy_joules_total{{uuid="{PLAIN}"}} 12.5' in text
@@ -258,8 +301,10 @@ def test_the_mode_is_off_by_default_and_reads_nothing_extra(simulate: Callable[[
     families = two_samples(exporter, sim)
     assert not [f.name for f in families if f.name.startswith("nvidia_smi_")]
     snapshot = exporter.sample_once()
-    assert all(g.graphics_clock_hertz is None and g.fabric_state is None for g in snapshot.gpus)
-    assert all(p.name is None for g in snapshot.gpus for p in g.processes)
+    for g in snapshot.gpus:
+        assert g.clocks is not None and g.health is not None and g.processes is not None
+        assert g.clocks.graphics_clock_hertz is None and g.health.fabric_state is None
+        assert all(p.name is None for p in g.processes.processes)
 
 
 def test_the_openmetrics_exposition_passes_the_strict_parser(h100: list[Metric]) -> None:

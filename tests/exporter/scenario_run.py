@@ -11,7 +11,7 @@ from gpulens.exporter.config import ExporterConfig
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.install import install, uninstall
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.scenariofile import load_scenario
 
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 STEP = 5.0

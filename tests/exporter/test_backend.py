@@ -49,9 +49,9 @@ def test_library_mismatch_of_process_wrappers_is_absent() -> None:
 
 
 def test_memory_used_is_total_minus_free_minus_reserved() -> None:
-    fields = _memory_fields(total=100, free=30, reserved=10)
-    assert fields["memory_used_bytes"] == 60
-    assert _memory_fields(total=100, free=30, reserved=None)["memory_used_bytes"] == 70
+    # (total, used, free, reserved)
+    assert _memory_fields(total=100, free=30, reserved=10) == (100, 60, 30, 10)
+    assert _memory_fields(total=100, free=30, reserved=None) == (100, 70, 30, None)
 
 
 def test_a_failing_call_fails_only_its_collector(exporter: Exporter, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulens.sim.scenario import list_builtin
+from gpulens.sim.scenariofile import list_builtin
 from tests.exporter.expo import samples
 from tests.exporter.scenario_run import scenario_exposition
 

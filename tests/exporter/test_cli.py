@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 from gpulens.exporter.cli import parse_config
-from gpulens.exporter.collectors import DEFAULT_ENABLED
+from gpulens.exporter.collectors import DEFAULT_ENABLED, enabled
 from gpulens.exporter.config import DEFAULT_LISTEN, ConfigError, parse_listen
+
+
+def running(argv: list[str], env: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The collectors an exporter started with `argv` runs (what app.py asks `enabled`)."""
+    config = parse_config(argv, env={} if env is None else env)
+    return enabled(config.collectors, config.compat_spec())
 
 
 def test_defaults_listen_on_the_documented_port_every_5_seconds() -> None:
@@ -21,15 +27,15 @@ def test_defaults_listen_on_the_documented_port_every_5_seconds() -> None:
 
 
 def test_processes_collector_is_off_by_default_and_can_be_enabled() -> None:
-    assert "processes" not in parse_config([], env={}).collectors
-    assert "processes" in parse_config(["--collector.processes"], env={}).collectors
+    assert "processes" not in running([])
+    assert "processes" in running(["--collector.processes"])
 
 
 def test_no_collector_flag_disables_a_default_collector() -> None:
-    config = parse_config(["--no-collector.health", "--no-collector.xid"], env={})
-    assert "health" not in config.collectors
-    assert "xid" not in config.collectors
-    assert "device" in config.collectors
+    collectors = running(["--no-collector.health", "--no-collector.xid"])
+    assert "health" not in collectors
+    assert "xid" not in collectors
+    assert "device" in collectors
 
 
 def test_environment_variables_are_fallbacks_for_flags() -> None:
@@ -116,7 +122,7 @@ def test_environment_switches_for_attribution_and_collectors() -> None:
     config = parse_config([], env=env)
     assert config.attribution_kubernetes is False
     assert config.attribution_procfs is True
-    assert "processes" in config.collectors
+    assert "processes" in running([], env)
 
 
 @pytest.mark.parametrize(
@@ -304,7 +310,7 @@ def test_without_a_gpu_and_without_simulate_the_log_and_landing_page_say_what_to
 def test_the_hint_names_a_built_in_scenario_and_the_command_that_lists_them_all() -> None:
     from gpulens.cli import main as gpulens
     from gpulens.exporter.hints import no_gpu_hint
-    from gpulens.sim.scenario import list_builtin
+    from gpulens.sim.scenariofile import list_builtin
 
     hint = no_gpu_hint("nvmlInit failed")
     assert "--simulate dgx-h100" in hint and "dgx-h100" in list_builtin()

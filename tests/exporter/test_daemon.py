@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulens.sim.scenario import BUILTIN_DIR
+from gpulens.sim.scenariofile import BUILTIN_DIR
 from tests.exporter.expo import samples, value
 from tests.support.procs import exporter, prometheus
 

@@ -13,7 +13,7 @@ from gpulens.exporter.config import ExporterConfig
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.install import install, uninstall
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.scenariofile import load_scenario
 from tests.exporter.expo import value
 from tests.exporter.scenario_run import START
 

@@ -6,21 +6,53 @@ from dataclasses import replace
 
 from gpulens.exporter.collectors.base import CollectorOptions
 from gpulens.exporter.collectors.health_status import XID_WINDOW_SECONDS, collect
-from gpulens.exporter.snapshot import Area, GpuIdentity, GpuSample, NodeSnapshot, NvLinkSample, XidCount
+from gpulens.exporter.snapshot import (
+    Area,
+    ClockEventReason,
+    ClocksReading,
+    GpuIdentity,
+    GpuSample,
+    HealthReading,
+    NodeSnapshot,
+    NvLinkSample,
+    PcieNvlinkReading,
+    PowerThermalReading,
+    XidCount,
+)
 
 NOW = 1_767_225_600.0
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
-HEALTHY = GpuSample(
-    identity=GpuIdentity(index=0, uuid=UUID, model="NVIDIA H100 80GB HBM3"),
-    up=True,
-    temperature_celsius=45.0,
-    temperature_thresholds=(("slowdown", 87.0), ("shutdown", 92.0)),
-    clock_events=(("hw_thermal_slowdown", False), ("hw_power_brake_slowdown", False)),
+POWER = PowerThermalReading(
+    temperature_celsius=45.0, temperature_thresholds=(("slowdown", 87.0), ("shutdown", 92.0))
+)
+HEALTH = HealthReading(
     ecc_errors=(("uncorrected", "volatile", 0), ("corrected", "volatile", 3)),
     row_remap_pending=False,
     row_remap_failed=False,
-    nvlinks=(NvLinkSample(link=0, up=True), NvLinkSample(link=1, up=True)),
 )
+HEALTHY = GpuSample(
+    identity=GpuIdentity(index=0, uuid=UUID, model="NVIDIA H100 80GB HBM3"),
+    up=True,
+    power_thermal=POWER,
+    clocks=ClocksReading(
+        clock_events=(
+            (ClockEventReason.HW_THERMAL_SLOWDOWN, False),
+            (ClockEventReason.HW_POWER_BRAKE_SLOWDOWN, False),
+        )
+    ),
+    health=HEALTH,
+    pcie_nvlink=PcieNvlinkReading(nvlinks=(NvLinkSample(link=0, up=True), NvLinkSample(link=1, up=True))),
+)
+
+
+def with_health(**changes: object) -> GpuSample:
+    """HEALTHY with its health reading changed."""
+    return replace(HEALTHY, health=replace(HEALTH, **changes))  # type: ignore[arg-type]
+
+
+def with_clock_event(reason: ClockEventReason) -> GpuSample:
+    """HEALTHY with one clock event reason active."""
+    return replace(HEALTHY, clocks=ClocksReading(clock_events=((reason, True),)))
 
 
 def verdicts(gpu: GpuSample, xids: tuple[XidCount, ...] = ()) -> dict[str, float]:
@@ -43,37 +75,39 @@ def test_a_healthy_gpu_passes_every_system() -> None:
 
 
 def test_a_volatile_uncorrectable_ecc_error_fails_memory() -> None:
-    gpu = replace(HEALTHY, ecc_errors=(("uncorrected", "volatile", 1),))
+    gpu = with_health(ecc_errors=(("uncorrected", "volatile", 1),))
     assert verdicts(gpu)["memory"] == 2.0
 
 
 def test_a_pending_row_remap_warns_on_memory() -> None:
-    assert verdicts(replace(HEALTHY, row_remap_pending=True))["memory"] == 1.0
+    assert verdicts(with_health(row_remap_pending=True))["memory"] == 1.0
 
 
 def test_a_failed_row_remap_fails_memory_even_with_a_remap_pending() -> None:
-    assert verdicts(replace(HEALTHY, row_remap_pending=True, row_remap_failed=True))["memory"] == 2.0
+    assert verdicts(with_health(row_remap_pending=True, row_remap_failed=True))["memory"] == 2.0
 
 
 def test_retired_pages_at_dcgms_limit_fail_memory() -> None:
-    below = replace(HEALTHY, retired_pages=(("single_bit_ecc", 50), ("double_bit_ecc", 12)))
-    at = replace(HEALTHY, retired_pages=(("single_bit_ecc", 50), ("double_bit_ecc", 13)))
+    below = with_health(retired_pages=(("single_bit_ecc", 50), ("double_bit_ecc", 12)))
+    at = with_health(retired_pages=(("single_bit_ecc", 50), ("double_bit_ecc", 13)))
     assert verdicts(below)["memory"] == 0.0
     assert verdicts(at)["memory"] == 2.0
 
 
 def test_thermal_slowdown_warns_and_the_shutdown_temperature_fails() -> None:
-    slowing = replace(HEALTHY, clock_events=(("hw_thermal_slowdown", True),))
+    slowing = with_clock_event(ClockEventReason.HW_THERMAL_SLOWDOWN)
     assert verdicts(slowing)["thermal"] == 1.0
-    assert verdicts(replace(slowing, temperature_celsius=92.0))["thermal"] == 2.0
+    hot = replace(slowing, power_thermal=replace(POWER, temperature_celsius=92.0))
+    assert verdicts(hot)["thermal"] == 2.0
 
 
 def test_a_power_brake_warns_on_power() -> None:
-    assert verdicts(replace(HEALTHY, clock_events=(("hw_power_brake_slowdown", True),)))["power"] == 1.0
+    assert verdicts(with_clock_event(ClockEventReason.HW_POWER_BRAKE_SLOWDOWN))["power"] == 1.0
 
 
 def test_a_present_nvlink_that_is_down_warns() -> None:
-    gpu = replace(HEALTHY, nvlinks=(NvLinkSample(link=0, up=True), NvLinkSample(link=1, up=False)))
+    links = (NvLinkSample(link=0, up=True), NvLinkSample(link=1, up=False))
+    gpu = replace(HEALTHY, pcie_nvlink=PcieNvlinkReading(nvlinks=links))
     assert verdicts(gpu)["nvlink"] == 1.0
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.core import Metric
 
-from gpulens.sim.scenario import SlurmJob, list_builtin, load_scenario
+from gpulens.sim.scenario import SlurmJob
+from gpulens.sim.scenariofile import list_builtin, load_scenario
 from tests.exporter.expo import samples
 from tests.exporter.scenario_run import normalise, scenario_exposition
 from tests.support.procs import unavailable

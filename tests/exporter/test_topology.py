@@ -10,11 +10,11 @@ import pytest
 from gpulens.exporter.backends.nvml import NvmlBackend
 from gpulens.exporter.collectors import topology
 from gpulens.exporter.collectors.base import CollectorOptions
-from gpulens.exporter.snapshot import Area, Link, NodeSnapshot
+from gpulens.exporter.snapshot import Area, GpuSample, Link, NodeSnapshot, TopologyReading
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import ScenarioNode, build_node
 from gpulens.sim.install import simulated
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.scenariofile import load_scenario
 from tests.exporter.expo import samples, value
 from tests.exporter.scenario_run import START, scenario_exposition
 
@@ -58,6 +58,12 @@ def node() -> Iterator[ScenarioNode]:
     yield build_node(load_scenario("pcie-split"), seed=0, clock=ManualClock(START))
 
 
+def topology_of(gpu: GpuSample) -> TopologyReading:
+    """The GPU's topology reading (read in every test here)."""
+    assert gpu.topology is not None
+    return gpu.topology
+
+
 def _read(node: ScenarioNode, exclude: tuple[str, ...] = ()) -> NodeSnapshot:
     with simulated(node, exclude=exclude):
         backend = NvmlBackend()
@@ -78,7 +84,7 @@ def test_the_family_is_absent_and_the_gpus_up_when_the_driver_lacks_the_topology
 def test_a_node_without_topology_answers_not_supported_and_the_family_is_absent(node) -> None:
     node.topology = None
     snapshot = _read(node)
-    assert all(gpu.up and gpu.numa_node is None and gpu.peers == () for gpu in snapshot.gpus)
+    assert all(gpu.up and topology_of(gpu) == TopologyReading() for gpu in snapshot.gpus)
 
 
 def test_the_topology_is_read_once_and_repeated_while_the_driver_runs(node) -> None:
@@ -96,8 +102,9 @@ def test_the_topology_is_read_once_and_repeated_while_the_driver_runs(node) -> N
             third, _ = backend.read_gpu(0, frozenset({Area.TOPOLOGY}), 5.0)
         finally:
             backend.shutdown()
-    assert first.peers == second.peers and first.peers[0].link == Link.PCIE_SWITCH
-    assert third.peers == ()
+    assert topology_of(first).peers == topology_of(second).peers
+    assert topology_of(first).peers[0].link == Link.PCIE_SWITCH
+    assert topology_of(third).peers == ()
 
 
 def test_a_pair_is_asked_about_only_once_the_peer_has_answered_its_own_read(node) -> None:
@@ -112,5 +119,5 @@ def test_a_pair_is_asked_about_only_once_the_peer_has_answered_its_own_read(node
             after, _ = backend.read_gpu(0, frozenset({Area.TOPOLOGY}), 5.0)
         finally:
             backend.shutdown()
-    assert before.up and before.peers == ()
-    assert [p.peer for p in after.peers] == [1]
+    assert before.up and topology_of(before).peers == ()
+    assert [p.peer for p in topology_of(after).peers] == [1]

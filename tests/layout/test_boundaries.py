@@ -15,6 +15,7 @@ SHIPPED = (
     ROOT / "mixin",
     ROOT / "src/gpulens/cli.py",
     ROOT / "src/gpulens/catalog.py",
+    ROOT / "src/gpulens/migplacement.py",
     ROOT / "src/gpulens/httpclient.py",
     ROOT / "src/gpulens/promscope",
 )

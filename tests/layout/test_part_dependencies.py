@@ -50,19 +50,23 @@ def _package(part: str, path: Path) -> str:
     return name if path.name == "__init__.py" else name.rpartition(".")[0]
 
 
-def imports_in(source: str, package: str, filename: str = "<source>") -> Iterator[tuple[int, str]]:
-    """(line, module name) of every import in `source`, relative ones resolved, wherever they are."""
+def import_statements(
+    source: str, package: str, filename: str = "<source>"
+) -> Iterator[tuple[int, str, tuple[str, ...]]]:
+    """(line, module, names) of every import in `source`, relative ones resolved, wherever they are.
+
+    `names` are what `from module import ...` takes (each may be a submodule); empty for `import
+    module` and `importlib.import_module("module")`.
+    """
     pieces = package.split(".")
     for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield node.lineno, alias.name
+                yield node.lineno, alias.name, ()
         elif isinstance(node, ast.ImportFrom):
             base = ".".join(pieces[: len(pieces) - node.level + 1] if node.level else [])
             module = ".".join(p for p in (base, node.module or "") if p)
-            yield node.lineno, module
-            for alias in node.names:  # `from gpulens import sim` imports the part gpulens.sim
-                yield node.lineno, f"{module}.{alias.name}"
+            yield node.lineno, module, tuple(alias.name for alias in node.names)
         elif (
             isinstance(node, ast.Call)
             and (
@@ -73,7 +77,15 @@ def imports_in(source: str, package: str, filename: str = "<source>") -> Iterato
             and isinstance(node.args[0], ast.Constant)
             and isinstance(node.args[0].value, str)
         ):
-            yield node.lineno, node.args[0].value
+            yield node.lineno, node.args[0].value, ()
+
+
+def imports_in(source: str, package: str, filename: str = "<source>") -> Iterator[tuple[int, str]]:
+    """(line, module name) of every import in `source`: each module, and each name taken from it."""
+    for line, module, names in import_statements(source, package, filename):
+        yield line, module
+        for name in names:  # `from gpulens import sim` imports the part gpulens.sim
+            yield line, f"{module}.{name}"
 
 
 def part_of(name: str) -> str | None:

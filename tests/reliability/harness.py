@@ -24,7 +24,8 @@ from gpulens.exporter.server import HttpServer
 from gpulens.sim.clock import RealClock
 from gpulens.sim.engine import ScenarioNode, build_node
 from gpulens.sim.install import install, uninstall
-from gpulens.sim.scenario import BUILTIN_DIR, Scenario, load_scenario
+from gpulens.sim.scenario import Scenario
+from gpulens.sim.scenariofile import BUILTIN_DIR, load_scenario
 from tests.reliability.expo import value
 
 SCRAPE_TIMEOUT_S = 5.0

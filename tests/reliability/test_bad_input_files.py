@@ -33,7 +33,8 @@ from gpulens.exporter.cli import parse_config
 from gpulens.exporter.config import ConfigError, ExporterConfig
 from gpulens.httpd.webconfig import load_web_config
 from gpulens.settings import aliases_of, settings_of
-from gpulens.sim.scenario import BUILTIN_DIR, Scenario, ScenarioError, parse_scenario
+from gpulens.sim.scenario import Scenario, ScenarioError
+from gpulens.sim.scenariofile import BUILTIN_DIR, parse_scenario
 
 Count = Callable[..., None]
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

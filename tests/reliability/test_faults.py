@@ -20,7 +20,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.scenariofile import load_scenario
 from tests.reliability.expo import series, value
 from tests.reliability.harness import LiveExporter, live_exporter, scenario_file
 

@@ -50,7 +50,8 @@ from gpulens.promscope.config import load as load_mixin_config
 from gpulens.remediate.kubernetes import MAX_NODE_ANSWER, KubernetesClient, KubernetesIsolator
 from gpulens.remediate.model import IsolationRequest
 from gpulens.safeload import MAX_NODES, MAX_NUMBER_CHARS, MAX_YAML_BYTES, load_json, load_yaml
-from gpulens.sim.scenario import ScenarioError, load_scenario
+from gpulens.sim.scenario import ScenarioError
+from gpulens.sim.scenariofile import load_scenario
 from tests.analyzer import synth
 from tests.analyzer.fakeprom import fake_prometheus
 
@@ -293,7 +294,8 @@ def test_a_list_of_job_ids_via_the_cli_is_one_line(tmp_path: Path, history: Path
 MEASURE = textwrap.dedent(
     """
     import sys
-    from gpulens.sim.scenario import ScenarioError, load_scenario
+    from gpulens.sim.scenario import ScenarioError
+    from gpulens.sim.scenariofile import load_scenario
 
     def status(key):
         for line in open("/proc/self/status"):

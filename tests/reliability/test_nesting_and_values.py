@@ -36,7 +36,8 @@ from gpulens.httpd.webconfig import load_web_config
 from gpulens.promscope.config import ConfigError as MixinConfigError
 from gpulens.promscope.config import load as load_mixin_config
 from gpulens.safeload import MAX_DEPTH, load_json, load_yaml
-from gpulens.sim.scenario import ScenarioError, load_scenario
+from gpulens.sim.scenario import ScenarioError
+from gpulens.sim.scenariofile import load_scenario
 from tests.analyzer import synth
 
 DEPTH = 1200

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gpulens.sim.scenario import BUILTIN_DIR
+from gpulens.sim.scenariofile import BUILTIN_DIR
 from tests.alerts import rulefiles
 from tests.alerts.test_alertmanager import shipped_config_copy
 from tests.support.procs import PromAPI, alertmanager, exporter, prometheus

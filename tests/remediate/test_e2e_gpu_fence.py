@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpulens.sim.scenario import BUILTIN_DIR
+from gpulens.sim.scenariofile import BUILTIN_DIR
 from tests.remediate.e2e_stack import (
     NODE,
     _text,

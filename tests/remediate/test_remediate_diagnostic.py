@@ -17,7 +17,8 @@ import yaml
 from gpulens.remediate.diagnose import Result, Verdict, read_dcgmi
 from gpulens.remediate.loop import LoopPolicy
 from gpulens.sim.dcgm.dcgmi import diag_answer
-from gpulens.sim.scenario import BUILTIN_DIR, ScenarioError, load_scenario
+from gpulens.sim.scenario import ScenarioError
+from gpulens.sim.scenariofile import BUILTIN_DIR, load_scenario
 from tests.remediate.remediate_support import (
     deliver,
     get,

@@ -12,7 +12,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from gpulens.catalog import GIB, get_model, place_mig_layout
+from gpulens.catalog import GIB, get_model
+from gpulens.migplacement import place_mig_layout
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.nvml import SimLib
 from gpulens.sim.state import (

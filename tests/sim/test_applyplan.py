@@ -22,15 +22,14 @@ from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.history import simulate
 from gpulens.sim.scenario import (
-    BUILTIN_DIR,
     PINNED_MEM_LIMIT,
     THREAD_PERCENTAGE,
     KubernetesJob,
     ProcessSpec,
     Scenario,
     SlurmJob,
-    load_scenario,
 )
+from gpulens.sim.scenariofile import BUILTIN_DIR, load_scenario
 
 WEEK1 = Path(__file__).resolve().parents[1] / "data" / "weekpair" / "week1.yaml"
 DAY, STEP = 86400.0, 300.0

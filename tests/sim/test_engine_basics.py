@@ -10,7 +10,7 @@ import pytest
 
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
-from gpulens.sim.scenario import load_scenario, parse_scenario
+from gpulens.sim.scenariofile import load_scenario, parse_scenario
 from gpulens.sim.state import NO_INSTANCE
 
 T0 = 1_750_000_000.0
@@ -76,7 +76,7 @@ def test_states_do_not_depend_on_python_hash_randomization() -> None:
     script = (
         "from gpulens.sim.clock import ManualClock\n"
         "from gpulens.sim.engine import build_node\n"
-        "from gpulens.sim.scenario import load_scenario\n"
+        "from gpulens.sim.scenariofile import load_scenario\n"
         "import hashlib\n"
         f"clock = ManualClock({T0})\n"
         "node = build_node(load_scenario('faults'), seed=3, clock=clock)\n"

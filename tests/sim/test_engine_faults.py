@@ -8,7 +8,7 @@ import pytest
 
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import ScenarioNode, build_node
-from gpulens.sim.scenario import parse_scenario
+from gpulens.sim.scenariofile import parse_scenario
 from gpulens.sim.state import NO_INSTANCE
 
 T0 = 1_750_000_000.0

@@ -9,7 +9,8 @@ import pytest
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.restarts import backoff
-from gpulens.sim.scenario import RESTART_PID_BASE, ScenarioError, parse_scenario
+from gpulens.sim.scenario import RESTART_PID_BASE, ScenarioError
+from gpulens.sim.scenariofile import parse_scenario
 
 T0 = 1_750_000_000.0
 

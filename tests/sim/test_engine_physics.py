@@ -9,7 +9,7 @@ import pytest
 
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
-from gpulens.sim.scenario import load_scenario, parse_scenario
+from gpulens.sim.scenariofile import load_scenario, parse_scenario
 from gpulens.sim.state import ProcessState
 
 T0 = 1_750_000_000.0

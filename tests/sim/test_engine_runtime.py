@@ -6,7 +6,8 @@ import pytest
 
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
-from gpulens.sim.scenario import ScenarioError, load_scenario
+from gpulens.sim.scenario import ScenarioError
+from gpulens.sim.scenariofile import load_scenario
 
 T0 = 1_750_000_000.0
 

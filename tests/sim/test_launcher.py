@@ -183,7 +183,7 @@ def test_list_names_the_built_in_scenarios() -> None:
 
 
 def test_validate_accepts_a_good_file(tmp_path: Path) -> None:
-    from gpulens.sim.scenario import BUILTIN_DIR
+    from gpulens.sim.scenariofile import BUILTIN_DIR
 
     result = gpulens("sim", "validate", str(BUILTIN_DIR / "dgx-h100.yaml"))
     assert result.returncode == 0 and ": ok (8 GPUs" in result.stdout

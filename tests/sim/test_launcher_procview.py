@@ -14,7 +14,7 @@ import pytest
 from gpulens.sim._site.procview import ProcView, simulated_processes
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import ScenarioNode, build_node
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.scenariofile import load_scenario
 from tests.sim.test_launcher import gpulens
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import ScenarioNode, build_node
-from gpulens.sim.scenario import load_scenario
+from gpulens.sim.scenariofile import load_scenario
 from tests.sim.drivers import installed
 
 XID = pynvml.nvmlEventTypeXidCriticalError

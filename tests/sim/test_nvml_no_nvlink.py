@@ -9,7 +9,7 @@ import pytest
 
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import ScenarioNode, build_node
-from gpulens.sim.scenario import parse_scenario
+from gpulens.sim.scenariofile import parse_scenario
 from tests.sim.drivers import installed
 
 SCENARIO = {"gpus": [{"model": "H200", "nvlink": False}, {"model": "H200"}]}

@@ -10,15 +10,8 @@ from gpulens.sim import procfs
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.patterns import WorkloadSpec
-from gpulens.sim.scenario import (
-    FOREVER,
-    KubernetesJob,
-    MappingJob,
-    ProcessSpec,
-    SlurmJob,
-    load_scenario,
-    parse_scenario,
-)
+from gpulens.sim.scenario import FOREVER, KubernetesJob, MappingJob, ProcessSpec, SlurmJob
+from gpulens.sim.scenariofile import load_scenario, parse_scenario
 
 T0 = 1_750_000_000.0
 UID = "3f1c2a9e-5b7d-4e21-9a0c-1d2e3f405162"

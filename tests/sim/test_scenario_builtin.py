@@ -8,7 +8,8 @@ import pytest
 
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
-from gpulens.sim.scenario import KubernetesJob, SlurmJob, list_builtin, load_scenario
+from gpulens.sim.scenario import KubernetesJob, SlurmJob
+from gpulens.sim.scenariofile import list_builtin, load_scenario
 
 T0 = 1_750_000_000.0
 GIB = 1024**3

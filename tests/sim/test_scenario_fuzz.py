@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
-from gpulens.sim.scenario import ScenarioError, parse_scenario
+from gpulens.sim.scenario import ScenarioError
+from gpulens.sim.scenariofile import parse_scenario
 
 # a small scenario that uses every section and fault kind
 BASE: dict[str, Any] = {

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from gpulens.catalog import get_model
-from gpulens.sim.scenario import MigCreateFault, ScenarioError, load_scenario, parse_scenario
+from gpulens.sim.scenario import MigCreateFault, ScenarioError
+from gpulens.sim.scenariofile import load_scenario, parse_scenario
 
 
 def one_gpu(**extra: Any) -> dict[str, Any]:

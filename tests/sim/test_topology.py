@@ -10,7 +10,8 @@ import pytest
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.install import simulated
-from gpulens.sim.scenario import ScenarioError, list_builtin, load_scenario, parse_scenario
+from gpulens.sim.scenario import ScenarioError
+from gpulens.sim.scenariofile import list_builtin, load_scenario, parse_scenario
 
 
 def scenario(gpus: list[dict[str, Any]], topology: Any = None) -> dict[str, Any]:

@@ -89,7 +89,7 @@ def test_prometheus_has_the_backfilled_history(demo_run):
 def test_prometheus_scrapes_the_live_exporter(demo_run):
     _state_dir, state, _stdout = demo_run
     api = PromAPI(state["urls"]["prometheus"])
-    from gpulens.sim.scenario import load_scenario
+    from gpulens.sim.scenariofile import load_scenario
 
     node = state["live_instance"]
     assert node == load_scenario("faults").hostname  # named like a node, not 127.0.0.1:port

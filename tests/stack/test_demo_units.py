@@ -101,7 +101,7 @@ def test_prometheus_config_loads_the_shipped_rules_and_scrapes_the_exporter_as_j
     assert jobs["gpulens"] == ["127.0.0.1:3"]
     # the live node is named like a real one (the scenario's host name), not by its loopback address
     (exporter,) = next(j for j in config["scrape_configs"] if j["job_name"] == "gpulens")["static_configs"]
-    from gpulens.sim.scenario import load_scenario
+    from gpulens.sim.scenariofile import load_scenario
 
     assert exporter["labels"] == {"instance": load_scenario("faults").hostname}
     # GPUExporterDown watches every scrape job named *gpulens*: only the exporter's may be
