@@ -188,6 +188,8 @@ def _proposed_text(
         if issue == "topology":  # the fix is a move within its node, not a smaller share
             where = f" (GPUs {', '.join(map(str, local))})" if local else ""
             return f"stays as it is until it is placed topology-local{where}"
+        if _text(getattr(row, "sharing", "")) in ("mps", "time_slicing", "time-slicing"):
+            return f"stays as it is (it shares its GPU already; fixing its {issue} would free more)"
         return f"stays as it is until its {issue} is fixed (then it can share)"
     moves = bool(gpu) and gpu not in _text(row.uuids).split(",")
     other_node = node if node and node != _text(row.instance) else ""

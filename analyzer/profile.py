@@ -223,13 +223,21 @@ def _identity_from_samples(fams: dict[str, pd.DataFrame], like: pd.DataFrame) ->
     return Identity(series, gpus.reset_index(drop=True), migs.reset_index(drop=True), memory)
 
 
+# a job seen with several kinds takes the one that shares most: the exporter labels a time-sliced
+# GPU `exclusive` at steps where one job runs on it, and the exclusive table's device signals
+# would give the job its neighbours' activity at the steps they share
+_KIND_ORDER = {"shared": 0, "mig": 1, "exclusive": 2}
+
+
 def job_kinds(series: pd.DataFrame) -> dict[str, str]:
-    """job_id -> signal table kind, from the job's first series (by uuid, gpu_instance)."""
-    first = series.sort_values(["job_id", "uuid", "gpu_instance"]).drop_duplicates("job_id")
-    return {
-        row.job_id: signals.job_kind(row.sharing, row.gpu_instance)
-        for row in first[["job_id", "sharing", "gpu_instance"]].itertuples()
-    }
+    """job_id -> signal table kind, from the job's series: shared where any of them is shared,
+    else MIG where any is a MIG instance, else exclusive."""
+    out: dict[str, str] = {}
+    for row in series[["job_id", "sharing", "gpu_instance"]].itertuples():
+        kind = signals.job_kind(row.sharing, row.gpu_instance)
+        if row.job_id not in out or _KIND_ORDER[kind] < _KIND_ORDER[out[row.job_id]]:
+            out[row.job_id] = kind
+    return dict(sorted(out.items()))
 
 
 def _signal_steps(
@@ -592,7 +600,8 @@ def stats_from_families(
     for i, job in enumerate(memory):
         stats[job].memory_restarts = float(restarts[i])
         stats[job].memory_restart_span = float(spans[i])
-        stats[job].memory_cycle_slope = float(cycle_slopes[i])
+        # the per-cycle growth of a job that restarts, as the PromQL paths ask it (only there)
+        stats[job].memory_cycle_slope = float(cycle_slopes[i]) if restarts[i] > 0 else math.nan
     dram = _chain_steps(fams, info, signals.DRAM, kinds, "mean")
     p95 = segment_quantiles([values for _, values, _ in dram.values()], (0.95,))[0]
     for i, (job, (_, values, times)) in enumerate(dram.items()):

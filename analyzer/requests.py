@@ -8,8 +8,11 @@ concurrency (the most whole GPUs the live pods would need if each got whole GPUs
 then without sharing versus with the
 fractional requests packed best-fit decreasing onto shared GPUs (whole-GPU pods keep whole GPUs).
 That is the value of fractional requests at peak concurrency, not a usage-based saving, and the
-plan's notes say so. Recommendations restate the requests with low confidence: `mps` for
-fractional requests (space sharing with a thread share), `exclusive` for whole GPUs.
+plan's notes say so. A history that records which shared GPU a fractional pod runs on (`uuid` on
+its request samples: a fleet already packed) counts those pods on the GPUs they share now, so a
+fleet running its plan is told it frees nothing. Recommendations restate the requests with low
+confidence: `mps` for fractional requests (space sharing with a thread share), `exclusive` for
+whole GPUs.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ def request_table(history: History) -> pd.DataFrame:
             "start": req["timestamp"].to_numpy(),
             "qos": req["qos"].to_numpy(),
             "phase": req["phase"].to_numpy(),
+            # the shared GPU a pod runs on where the history records one (a fleet already packed:
+            # `gpulens sim apply-plan --history`), else "" (the trace itself places no pod)
+            "placed_gpu": req["uuid"].astype(str).to_numpy() if "uuid" in req else "",
         }
     )
     table["duration_s"] = table["job_id"].map(life_by_job).fillna(0.0)
@@ -112,9 +118,17 @@ def plan_requests(recs: pd.DataFrame, at: float | None = None, cluster: int = 0)
     live = recs[(recs["start"] <= at) & (recs["end"] > at)]
     by_model: dict[str, dict[str, float]] = {}
     layout: list[dict[str, Any]] = []
+    placed = 0  # fractional pods the history places on shared GPUs
     for model, group in live.groupby("gpu_model", sort=True):
-        before = int(np.ceil(group["requested_gpus"]).sum())
         whole = int(group.loc[group["requested_gpus"] >= 1, "requested_gpus"].apply(math.ceil).sum())
+        fractional = group[group["requested_gpus"] < 1]
+        on = fractional["placed_gpu"] if "placed_gpu" in fractional else pd.Series("", index=fractional.index)
+        # now: whole pods on whole GPUs, a fractional pod placed on a shared GPU where the history
+        # says so (the GPUs they share), any other on a GPU of its own
+        before = (
+            whole + int(np.ceil(fractional.loc[on == "", "requested_gpus"]).sum()) + on[on != ""].nunique()
+        )
+        placed += int((on != "").sum())
         bins: list[list[tuple[str, float]]] = []
         loads: list[float] = []
         free: list[tuple[float, int]] = []  # (remaining share, bin index), sorted: best fit by bisect
@@ -151,8 +165,13 @@ def plan_requests(recs: pd.DataFrame, at: float | None = None, cluster: int = 0)
     requested = float(live["requested_gpus"].sum())
     notes = [
         f"value of fractional requests at peak concurrency: {len(live)} pods alive at t={at:.0f} s "
-        f"(Failed pods counted while they held GPUs, Pending ones never held any) need {before} whole "
-        f"GPUs, {after} with fractional requests packed; these are requests, not measured use, so this "
+        f"(Failed pods counted while they held GPUs, Pending ones never held any) need {before} "
+        + (
+            f"GPUs as they run now ({placed} fractional pods on the shared GPUs the history places them on)"
+            if placed
+            else "whole GPUs"
+        )
+        + f", {after} with fractional requests packed; these are requests, not measured use, so this "
         "is not a usage-based saving"
     ]
     if cluster:

@@ -430,8 +430,13 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def apply_plan(args: argparse.Namespace) -> int:
+    # deferred: imported at every child's start-up (see the note above the constants)
     from gpulens.sim.applyplan import ApplyPlanError, apply_plan_files, parse_grow
 
+    if (args.scenario is None) == (args.history is None):
+        raise _CliError("apply-plan: expected a SCENARIO or --history DIR (one of them)")
+    if args.history is not None:
+        return _apply_plan_history(args)
     try:
         result = apply_plan_files(args.scenario, args.report, args.out, parse_grow(args.grow))
     except ApplyPlanError as error:
@@ -441,6 +446,25 @@ def apply_plan(args: argparse.Namespace) -> int:
     print(
         f"{args.out}: the plan applied ({len(result.gpus)} GPUs, {mig} with MIG, {mps} with MPS, "
         f"{len(result.processes)} processes)"
+    )
+    return 0
+
+
+def _apply_plan_history(args: argparse.Namespace) -> int:
+    # deferred: imported at every child's start-up (see the note above the constants)
+    from gpulens.sim.applyplan import ApplyPlanError
+    from gpulens.sim.history_apply import apply_plan_history
+
+    if args.grow:
+        raise _CliError("apply-plan: --grow scales a scenario's workload; it does not apply to --history")
+    try:
+        counts = apply_plan_history(args.history, args.report, args.out)
+    except ApplyPlanError as error:
+        raise _CliError(str(error)) from None
+    print(
+        f"{args.out}: the plan applied ({counts.moved_jobs} jobs placed on {counts.rebuilt_gpus} GPUs, "
+        f"{counts.freed_gpus} GPUs freed, {counts.reclaimed_jobs} jobs reclaimed, "
+        f"{counts.capped_steps} steps where the GPU limited a job)"
     )
     return 0
 
@@ -495,11 +519,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "apply-plan",
         help="write the scenario as it runs after a report's plan was applied",
         description="Write SCENARIO as it runs after an SRE applied the plan of the report in DIR "
-        "(pods rolled out, GPUs re-sliced or shared, freed GPUs empty): next week's scenario.",
+        "(pods rolled out, GPUs re-sliced or shared, freed GPUs empty): next week's scenario. With "
+        "--history instead, rewrite a history (an imported trace) into its jobs running as planned.",
     )
-    apply_parser.add_argument("scenario", metavar="SCENARIO", help="the scenario the report was made from")
+    apply_parser.add_argument(
+        "scenario", metavar="SCENARIO", nargs="?", help="the scenario the report was made from"
+    )
+    apply_parser.add_argument(
+        "--history",
+        metavar="HISTORY",
+        help="the history the report was made from, instead of a scenario; --out is then a directory",
+    )
     apply_parser.add_argument("--report", required=True, metavar="DIR", help="gpulens report --out DIR")
-    apply_parser.add_argument("--out", required=True, metavar="FILE.yaml")
+    apply_parser.add_argument(
+        "--out", required=True, metavar="OUT", help="FILE.yaml, or a directory with --history"
+    )
     apply_parser.add_argument(
         "--grow",
         action="append",

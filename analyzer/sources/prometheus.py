@@ -37,6 +37,7 @@ from gpulens.analyzer.profile import (
 )
 from gpulens.analyzer.sources import promqueries, rules
 from gpulens.analyzer.sources.promclient import PromClient, sample_value
+from gpulens.analyzer.sources.promexpr import signal_expr
 from gpulens.analyzer.thresholds import Leak, Thresholds
 from gpulens.analyzer.topology import LABELS as TOPOLOGY_LABELS
 from gpulens.analyzer.topology import Topology
@@ -86,54 +87,6 @@ def chunk_jobs(
     if current:
         chunks.append(current)
     return chunks
-
-
-def signal_expr(signal: signals.Signal, regex: str | None, how: str, uuid_regex: str | None = None) -> str:
-    """Per-step, per-job aggregate of one signal (mirrors `profile._signal_steps`).
-
-    `regex` selects the jobs; None means every non-system job (the recording rules, `rules.py`).
-    `uuid_regex` (the chunk's GPUs) narrows the device side of the join to series that can match:
-    the same result, but the store no longer evaluates every GPU of the cluster at every step.
-    """
-    sel = f'job_id=~"{regex}"' if regex is not None else f'job_source!="{signals.SYSTEM_SOURCE}"'
-    dev = f'{{uuid=~"{uuid_regex}"}}' if uuid_regex is not None else ""
-    if signal.scope == "job":
-        own = f'{{job_id=~"{regex}"}}' if regex is not None else ""
-        return f"{how} by (job_id) ({signal.family}{own} >= 0)"
-    if signal.scope == "job_share":
-        return f"{how} by (job_id) ({share_expr(signal, regex, dev)})"
-    if signal.scope == "gpu_share":
-        on_gpus = f',uuid=~"{uuid_regex}"' if uuid_regex is not None else ""
-        jobs_on_gpu = f'count by (uuid) (gpu_job_info{{job_source!="{signals.SYSTEM_SOURCE}"{on_gpus}}})'
-        share = f"(({signal.family}{dev} >= 0) / on(uuid) group_left() {jobs_on_gpu})"
-        return f"{how} by (job_id) (gpu_job_info{{{sel}}} * on(uuid) group_left() {share})"
-    on = "uuid" if signal.scope == "gpu" else "uuid, gpu_instance"
-    return f"{how} by (job_id) (gpu_job_info{{{sel}}} * on({on}) group_left() ({signal.family}{dev} >= 0))"
-
-
-def share_expr(signal: signals.Signal, regex: str | None, dev: str) -> str:
-    """Each shared job's demand per device and step, on the scale of the whole GPU's figure
-    (mirrors `profile._share_rows`): its share, at steps where the GPU publishes the remainder and
-    whose figure is `signal.figure`, plus its part of the remainder in proportion to its share;
-    where no job on the device has a share, the remainder split equally among them.
-
-    The device sums are over every job on the device (`dev` selects the chunk's GPUs), never only
-    the jobs `regex` asks for: a GPU's jobs may fall in different chunks. They need not repeat the
-    remainder and figure conditions: those hold for a whole device at a step, and `own` has them.
-    """
-    on = "on(uuid, gpu_instance)"
-    profiled = "and" if signal.figure == signals.PROFILED_FIGURE else "unless"
-    rest = f"({signals.UNATTRIBUTED}{dev} >= 0)"
-    selector = f'{{job_id=~"{regex}"}}' if regex is not None else ""
-    own = (
-        f"(({signal.family}{selector} >= 0) and {on} {rest}"
-        f" {profiled} on(uuid) ({signals.PROFILED_FIGURE}{dev} >= 0))"
-    )
-    total = f"sum by (uuid, gpu_instance) ({signal.family}{dev} >= 0)"
-    count = f"count by (uuid, gpu_instance) ({signal.family}{dev} >= 0)"
-    scaled = f"{own} * {on} group_left() (({total} + {on} {rest}) / ({total} > 0))"
-    split = f"{own} * 0 + {on} group_left() ({rest} / {on} {count} unless {on} ({total} > 0))"
-    return f"({scaled}) or ({split})"
 
 
 def cycle_reductions(
@@ -301,7 +254,9 @@ class PromSource:
     ) -> dict[str, dict[str, float]]:
         """Restarts and per-cycle growth of each job's memory signal (`cycle_reductions`): asked
         apart from the other memory reductions, whose query would repeat the job matcher past
-        VictoriaMetrics' query length limit."""
+        VictoriaMetrics' query length limit. The growth only matters for a job that restarts
+        (`recommend.cycle_leak`), so it is asked after the restarts, for those jobs alone: each
+        reduction is a subquery of the per-step join at every step of the window."""
         reductions = cycle_reductions(
             self.step_s,
             leak.restart_drop_fraction,
@@ -310,18 +265,21 @@ class PromSource:
             "({inner})",
             "{window}",
         )
+        slope = {"cycle_slope": reductions.pop("cycle_slope")}
         out: dict[str, dict[str, float]] = {}
         for signal in chain:
             jobs = [job for job, (name, _) in chosen.items() if name == signal.name]
-            if not jobs:
-                continue
-            uuids = sorted({u for job in jobs for u in gpus_of.get(job, [])})
-            inner = signal_expr(signal, _regex(jobs), "max", _regex(uuids))
-            for job, values in _by_job(
-                self.client.query(_stats_query(reductions, inner, self.window), self.end)
-            ).items():
-                if job in jobs:
-                    out[job] = values
+            for stage in (reductions, slope):
+                if not jobs:
+                    break
+                uuids = sorted({u for job in jobs for u in gpus_of.get(job, [])})
+                inner = signal_expr(signal, _regex(jobs), "max", _regex(uuids))
+                for job, values in _by_job(
+                    self.client.query(_stats_query(stage, inner, self.window), self.end)
+                ).items():
+                    if job in jobs:
+                        out.setdefault(job, {}).update(values)
+                jobs = [job for job in jobs if out.get(job, {}).get("restarts", 0.0) > 0]
         return out
 
     def _chunk_stats(
@@ -563,6 +521,8 @@ class RuleCoverage:
     # the threshold the `_idle` series were recorded with over the whole window; NaN: not recorded
     # (rules from before them, deployed within the window, or thresholds changed within it)
     idle_below: float = math.nan
+    # the same for the restart twins' `leak.restart_drop_fraction`
+    restart_drop: float = math.nan
 
     @property
     def offset_s(self) -> float:
@@ -599,6 +559,12 @@ def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[Rule
     idle_below = values.get("idle_min", math.nan)
     if values.get("idle_evaluations") != values.get("evaluations") or values.get("idle_max") != idle_below:
         idle_below = math.nan
+    restart_drop = values.get("restart_min", math.nan)
+    if (
+        values.get("restart_evaluations") != values.get("evaluations")
+        or values.get("restart_max") != restart_drop
+    ):
+        restart_drop = math.nan
     if math.isnan(first) or math.isnan(last):
         return (
             None,
@@ -620,7 +586,10 @@ def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[Rule
         )
         if jobs and sample_value(jobs[0]) > 0:
             return None, f"the analyzer rules start at {first:.0f}, after jobs in the window began"
-    return RuleCoverage(first, last, interval, idle_below), f"heartbeat from {first:.0f} to {last:.0f}"
+    return (
+        RuleCoverage(first, last, interval, idle_below, restart_drop),
+        f"heartbeat from {first:.0f} to {last:.0f}",
+    )
 
 
 @dataclass
@@ -684,6 +653,26 @@ class RuleStats:
             # ranges include their start, so a whole interval would also take, at offset 0, the
             # previous step's evaluation, and count a job's last step twice
             idle_reduction = f"avg_over_time((last_over_time({{r}}[{{i}}]) < bool {idle!r})[{{sub}}])"
+        # one interval after the raw path's steps, as the idle subquery (see there)
+        cycles = cycle_reductions(
+            self.step_s,
+            thresholds.leak.restart_drop_fraction,
+            thresholds.leak.cycle_window_steps,
+            "{r}[{range}]",
+            "last_over_time({r}[{i}])",
+            "{sub}",
+        )
+        # the per-cycle growth matters only for a job that restarts (`recommend.cycle_leak`): asked
+        # after the restarts, for those jobs alone
+        slope_template = cycles.pop("cycle_slope")
+        restart_twins = self.coverage.restart_drop == thresholds.leak.restart_drop_fraction
+        restart_reductions = cycles
+        if restart_twins:
+            # the recorded restart times (`rules.restart_rules`): the same steps as the subquery
+            restart_reductions = {
+                "restarts": "count_over_time({rr}[{w}])",
+                "restart_span": "max_over_time({rr}[{w}]) - min_over_time({rr}[{w}])",
+            }
         reductions = {
             "activity": {
                 "count": "count_over_time({r}[{w}])",
@@ -700,15 +689,7 @@ class RuleStats:
                 "p95": "quantile_over_time(0.95, {r}[{w}])",
                 # the evaluations' timestamps are the steps' plus a constant offset: the same slope
                 "slope": "deriv({r}[{w}])",
-                # one interval after the raw path's steps, as the idle subquery (see there)
-                **cycle_reductions(
-                    self.step_s,
-                    thresholds.leak.restart_drop_fraction,
-                    thresholds.leak.cycle_window_steps,
-                    "{r}[{range}]",
-                    "last_over_time({r}[{i}])",
-                    "{sub}",
-                ),
+                **restart_reductions,
             },
             "dram": {"p95": "quantile_over_time(0.95, {r}[{w}])"},
             "tensor": {"mean": "avg_over_time({r}[{w}])"},
@@ -722,7 +703,12 @@ class RuleStats:
             """The reductions of (table, record) pairs not asked yet."""
             return {
                 (record, f"{t}.{stat}"): template.format(
-                    r=record, ri=rules.idle_record(record), w=w, sub=sub, i=step_ms
+                    r=record,
+                    ri=rules.idle_record(record),
+                    rr=rules.restart_record(record),
+                    w=w,
+                    sub=sub,
+                    i=step_ms,
                 )
                 for t, record in sorted(pairs)
                 for stat, template in reductions[t].items()
@@ -795,6 +781,7 @@ class RuleStats:
         second = reduce({(t, record) for (t, _), (_, record) in chosen.items()})
         if second:
             results.update(self._run(second))
+        restarted: dict[str, list[str]] = {}  # memory record -> its jobs that restart
         for (table_name, job), (signal_name, record) in chosen.items():
             st = stats[job]
 
@@ -807,12 +794,26 @@ class RuleStats:
             elif table_name == "memory":
                 st.memory_signal = signal_name
                 st.memory_peak, st.memory_p95, st.memory_slope = get("max"), get("p95"), get("slope")
-                st.memory_restarts, st.memory_cycle_slope = get("restarts"), get("cycle_slope")
-                st.memory_restart_span = get("restart_span")
+                st.memory_restarts, st.memory_restart_span = get("restarts"), get("restart_span")
+                if restart_twins and math.isnan(st.memory_restarts):
+                    st.memory_restarts = 0.0  # no recorded restart: the subquery's sum of zeros
+                if st.memory_restarts > 0:
+                    restarted.setdefault(record, []).append(job)
             elif table_name == "dram":
                 st.dram_p95 = get("p95")
             else:
                 st.tensor_mean = get("mean")
+        slopes = {
+            (record, str(i)): slope_template.format(
+                r=f'{record}{{job_id=~"{_regex(jobs)}"}}', w=w, sub=sub, i=step_ms
+            )
+            for record, restarting in sorted(restarted.items())
+            for i, jobs in enumerate(chunk_jobs(restarting, self.source.chunk_size))
+        }
+        for (record, _), found in (self._run(slopes) if slopes else {}).items():
+            for job, value in found.items():
+                if job in stats and chosen.get(("memory", job), ("", ""))[1] == record:
+                    stats[job].memory_cycle_slope = value
         self._demand(
             stats, {key: record for key, (_, record) in chosen.items() if key[0] in ("activity", "dram")}
         )

@@ -30,6 +30,7 @@ def memory_totals(window_s: float) -> str:
 def coverage(window_s: float) -> str:
     """The analyzer rules' heartbeat over the window, one `stat` per figure (`rule_coverage`)."""
     hb, idle, w = rules.HEARTBEAT, rules.IDLE_BELOW, f"{int(window_s)}s"
+    drop = rules.RESTART_DROP
     return " or ".join(
         f'label_replace({e}, "stat", "{stat}", "", "")'
         for stat, e in (
@@ -40,6 +41,9 @@ def coverage(window_s: float) -> str:
             ("idle_evaluations", f"sum(count_over_time({idle}[{w}]))"),
             ("idle_min", f"min(min_over_time({idle}[{w}]))"),
             ("idle_max", f"max(max_over_time({idle}[{w}]))"),
+            ("restart_evaluations", f"sum(count_over_time({drop}[{w}]))"),
+            ("restart_min", f"min(min_over_time({drop}[{w}]))"),
+            ("restart_max", f"max(max_over_time({drop}[{w}]))"),
         )
     )
 

@@ -21,6 +21,13 @@ job and signal, so the weekly query only reduces stored series with `*_over_time
   `cluster:gpulens_analyzer_rules:idle_below` records the threshold they were recorded with (the
   thresholds file's default unless `--idle-below` says otherwise): the analyzer reads the twins only
   when that threshold is its own over the whole window, else it keeps the subquery.
+- Each memory series has a restart twin, `<record>_restart_timestamp_seconds`: the evaluation time
+  at a step whose memory holds under (1 - `leak.restart_drop_fraction`) x the step before's (a leak
+  that restarts), absent at other steps. The restarts and their span are then a count and a
+  max - min of stored samples; the raw path needs a subquery of two per-step joins at every step
+  of the week for them, which cost 20 s of Prometheus per 10,000 jobs. Like the idle twins it
+  counts only where `cluster:gpulens_analyzer_rules:restart_drop_fraction` (the fraction it was
+  recorded with) is the analyzer's own over the whole window.
 
 The mixin config (mixin: selector, cluster label) applies here as to the alert and
 recording rules: every scraped series read gets the selector and every `by` / `on` list the cluster
@@ -42,7 +49,12 @@ from pathlib import Path
 
 import yaml
 
+from gpulens import atomicfile
 from gpulens.analyzer import signals
+from gpulens.analyzer.errors import AnalyzerError
+from gpulens.analyzer.sources.promexpr import signal_expr
+from gpulens.analyzer.thresholds import load_thresholds
+from gpulens.analyzer.timeparse import parse_duration
 from gpulens.promscope.config import DEFAULT, ConfigError, MixinConfig, load, scope
 from gpulens.promscope.promql import apply
 
@@ -53,6 +65,7 @@ HEARTBEAT = "cluster:gpulens_analyzer_rules:timestamp_seconds"
 PRESENCE = "job_id:gpu_job_info:count"
 PRESENCE_TIME = "job_id:gpu_job_info:timestamp_seconds"
 IDLE_BELOW = "cluster:gpulens_analyzer_rules:idle_below"  # the threshold of the `_idle` series
+RESTART_DROP = "cluster:gpulens_analyzer_rules:restart_drop_fraction"  # that of the restart twins
 JOBS = f'job_source!="{signals.SYSTEM_SOURCE}"'
 # per-step aggregation of each signal table (profile._chain_steps: activity averaged, memory peaked)
 TABLES: tuple[tuple[dict[str, tuple[signals.Signal, ...]], str], ...] = (
@@ -84,8 +97,6 @@ def record_name(signal: signals.Signal, how: str) -> str:
 
 def signal_rules() -> list[Recorded]:
     """One rule per distinct (family, scope, aggregation) of the signal tables, in table order."""
-    from gpulens.analyzer.sources.prometheus import signal_expr
-
     out: dict[str, Recorded] = {}
     for table, how in TABLES:
         for chain in table.values():
@@ -102,8 +113,6 @@ def idle_record(record: str) -> str:
 
 def default_idle_below() -> float:
     """The idle threshold the rules record by default: `activity.idle_below` of thresholds.yaml."""
-    from gpulens.analyzer.thresholds import load_thresholds
-
     return load_thresholds().activity.idle_below
 
 
@@ -111,8 +120,6 @@ def idle_rules(idle_below: float) -> list[Recorded]:
     """One idle twin per activity record, from the signal's own expression (not from the recorded
     series: a rule does not see the series an earlier rule of its group recorded in the same
     evaluation when promtool backfills them)."""
-    from gpulens.analyzer.sources.prometheus import signal_expr
-
     out: dict[str, Recorded] = {}
     for chain in signals.ACTIVITY.values():
         for signal in chain:
@@ -121,9 +128,42 @@ def idle_rules(idle_below: float) -> list[Recorded]:
     return list(out.values())
 
 
-def all_rules(idle_below: float | None = None) -> list[Recorded]:
-    """Every rule of the group; `idle_below` (default: `default_idle_below()`) for the idle twins."""
+def restart_record(record: str) -> str:
+    """The restart twin of a memory record: the evaluation time at a restart, absent elsewhere."""
+    return f"{record}_restart_timestamp_seconds"
+
+
+def default_restart_drop() -> float:
+    """The drop the restart twins record by default: `leak.restart_drop_fraction` of thresholds.yaml."""
+    return load_thresholds().leak.restart_drop_fraction
+
+
+def restart_rules(drop_fraction: float, interval_s: float) -> list[Recorded]:
+    """One restart twin per memory record: the raw path's restart test (`cycle_reductions`) on
+    the signal's own expression over the last two steps, a subquery whose steps are multiples of
+    the interval as the raw path's (and, as the idle twins, not the recorded series: promtool
+    backfills each rule without the others' output). Valued with the evaluation time, so the
+    restarts' span is a max - min of stored samples."""
+    step_ms = round(interval_s * 1000)
+    keep = 1.0 - drop_fraction
+    out: dict[str, Recorded] = {}
+    for chain in signals.MEMORY.values():
+        for signal in chain:
+            two = f"({signal_expr(signal, None, 'max')})[{2 * step_ms - 1}ms:{step_ms}ms]"
+            restart = f"last_over_time({two}) < {keep!r} * max_over_time({two})"
+            name = restart_record(record_name(signal, "max"))
+            out.setdefault(name, Recorded(name, f"time() + 0 * ({restart})"))
+    return list(out.values())
+
+
+def all_rules(
+    idle_below: float | None = None, restart_drop: float | None = None, interval_s: float = 60.0
+) -> list[Recorded]:
+    """Every rule of the group; `idle_below` (default: `default_idle_below()`) for the idle twins,
+    `restart_drop` (default: `default_restart_drop()`) and the group's interval for the restart
+    twins."""
     idle = default_idle_below() if idle_below is None else idle_below
+    drop = default_restart_drop() if restart_drop is None else restart_drop
     presence = f"count by (job_id) (gpu_job_info{{{JOBS}}})"
     return [
         Recorded(HEARTBEAT, "vector(time())"),
@@ -133,6 +173,8 @@ def all_rules(idle_below: float | None = None) -> list[Recorded]:
         *signal_rules(),
         Recorded(IDLE_BELOW, f"vector({idle!r})"),
         *idle_rules(idle),
+        Recorded(RESTART_DROP, f"vector({drop!r})"),
+        *restart_rules(drop, interval_s),
     ]
 
 
@@ -142,7 +184,7 @@ HEADER = """\
 # the analyzer's raw PromQL path uses (analyzer/signals.py) by `gpulens mixin build` (make rules),
 # or with another interval by
 #   python -m gpulens.analyzer.sources.rules --out FILE [--interval 5m] [--config mixin.yaml]
-#     [--idle-below 0.05]
+#     [--idle-below 0.05] [--restart-drop-fraction 0.5]
 # so the rules and the raw path compute the same per-step numbers. Mixin config:
 {settings}#
 # The group interval is the analysis step (the analyzer reads it from the heartbeat): 1m matches
@@ -158,21 +200,31 @@ HEADER = """\
 #   job_id:<family>:avg_share  the GPU's value divided by the jobs on it (older data without shares)
 #   {idle_below}  the idle threshold of the _idle series ({idle!r})
 #   job_id:<family>:<activity>_idle  1 where that activity series is under the threshold, else 0
+#   {restart_drop}  the drop of the restart series ({drop!r})
+#   job_id:<family>:max_restart_timestamp_seconds  the evaluation time where the job's memory holds
+#     under (1 - that drop) x the step before's (a restart), absent elsewhere
 """
 
 
 def render(
-    interval: str = DEFAULT_INTERVAL, config: MixinConfig = DEFAULT, idle_below: float | None = None
+    interval: str = DEFAULT_INTERVAL,
+    config: MixinConfig = DEFAULT,
+    idle_below: float | None = None,
+    restart_drop: float | None = None,
 ) -> str:
     """The rule file (YAML) with a header; `interval` is the group's evaluation interval, `config`
     the mixin's selector and cluster label (the default is what alerts/ holds), `idle_below` the
-    idle twins' threshold (default: thresholds.yaml's)."""
+    idle twins' threshold and `restart_drop` the restart twins' drop (default: thresholds.yaml's)."""
     idle = default_idle_below() if idle_below is None else idle_below
+    drop = default_restart_drop() if restart_drop is None else restart_drop
+    interval_s = parse_duration(interval, "interval")
     rule_scope = scope(config)
     group = {
         "name": GROUP,
         "interval": interval,
-        "rules": [{"record": r.record, "expr": apply(r.expr, rule_scope)} for r in all_rules(idle)],
+        "rules": [
+            {"record": r.record, "expr": apply(r.expr, rule_scope)} for r in all_rules(idle, drop, interval_s)
+        ],
     }
     body = yaml.safe_dump({"groups": [group]}, sort_keys=False, width=200)
     settings = "".join(f"#   {line}\n" for line in config.describe() if not line.startswith("runbook"))
@@ -183,6 +235,8 @@ def render(
         settings=settings,
         idle_below=IDLE_BELOW,
         idle=idle,
+        restart_drop=RESTART_DROP,
+        drop=drop,
     )
     return header + "\n" + body
 
@@ -197,18 +251,28 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="idle threshold of the _idle series (activity.idle_below; default: thresholds.yaml's)",
     )
+    parser.add_argument(
+        "--restart-drop-fraction",
+        type=float,
+        help="drop of the restart series (leak.restart_drop_fraction; default: thresholds.yaml's)",
+    )
     args = parser.parse_args(argv)
-    if args.idle_below is not None and not 0.0 <= args.idle_below <= 1.0:
-        parser.exit(2, f"gpulens: error: --idle-below must be in [0, 1], got {args.idle_below}\n")
+    for flag, value in (
+        ("--idle-below", args.idle_below),
+        ("--restart-drop-fraction", args.restart_drop_fraction),
+    ):
+        if value is not None and not 0.0 <= value <= 1.0:
+            parser.exit(2, f"gpulens: error: {flag} must be in [0, 1], got {value}\n")
     try:
         config = load(args.config) if args.config is not None else DEFAULT
     except ConfigError as exc:
         print(f"gpulens analyzer rules: {exc}", file=sys.stderr)
         return 2
-    text = render(args.interval, config, args.idle_below)
+    try:
+        text = render(args.interval, config, args.idle_below, args.restart_drop_fraction)
+    except AnalyzerError as exc:
+        parser.exit(2, f"gpulens: error: {exc}\n")
     if args.out:
-        from gpulens import atomicfile
-
         try:
             atomicfile.write_text(args.out, text)
         except atomicfile.WriteFailed as exc:

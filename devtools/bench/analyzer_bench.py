@@ -227,13 +227,14 @@ def write_openmetrics_blocks(cluster: Cluster, out_dir: Path, recorded: bool = F
     records = recorded_families() if recorded else {}
     idle_records = recorded_idle() if recorded else {}
     idle_below = rules.default_idle_below()
+    restart_drop = rules.default_restart_drop()
     idle_text = ["1" if float(r) < idle_below else "0" for r in ratio]  # PromQL's `< bool`
     record_prefix = [_series("", {"job_id": job_id(j)}) for j in range(cluster.jobs)]
     block = (times // BLOCK_S).astype(np.int64)
     # promtool 2.42 re-reads a whole file once per 2 h block in it: one block per file for a large
     # cluster, the whole week in one file for a tiny one (about 200,000 samples per file at most)
     per_step = (
-        SAMPLES_PER_GPU_STEP + len(records) + len(idle_records) + 2 if recorded else SAMPLES_PER_GPU_STEP
+        SAMPLES_PER_GPU_STEP + len(records) + len(idle_records) + 3 if recorded else SAMPLES_PER_GPU_STEP
     )
     per_block = cluster.gpus * per_step * max(1, BLOCK_S // cluster.step_s)
     block = block // max(1, 200_000 // per_block)
@@ -294,6 +295,9 @@ def write_openmetrics_blocks(cluster: Cluster, out_dir: Path, recorded: bool = F
                 )
                 out.write(f"# TYPE {rules.IDLE_BELOW} gauge\n")
                 out.write("".join(f"{rules.IDLE_BELOW} {idle_below!r}{t}" for t in ts_text[k0:k1]))
+                # no restart series: a job's memory never falls under 90 % of its step before
+                out.write(f"# TYPE {rules.RESTART_DROP} gauge\n")
+                out.write("".join(f"{rules.RESTART_DROP} {restart_drop!r}{t}" for t in ts_text[k0:k1]))
             out.write("# EOF\n")
         paths.append(path)
     return paths

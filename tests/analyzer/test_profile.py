@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.analyzer.profile import profiles_from_samples, segment_quantiles
+from gpulens.analyzer.profile import job_kinds, profiles_from_samples, segment_quantiles
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady
 
@@ -200,3 +201,17 @@ def test_first_rows_are_the_rows_drop_duplicates_keeps(rows):
     frame = pd.DataFrame(rows, columns=["job_id", "uuid"], dtype=object).astype({"job_id": "category"})
     kept = frame.iloc[_first_rows(frame, ["job_id", "uuid"])]
     pd.testing.assert_frame_equal(kept, frame.drop_duplicates())
+
+
+def test_a_job_seen_alone_and_time_sliced_on_its_gpu_reads_the_shared_signals():
+    # the exporter labels a time-sliced GPU exclusive at the steps one job runs on it: the
+    # exclusive table's device activity would give the job its neighbours' at the other steps
+    series = pd.DataFrame(
+        {
+            "job_id": ["a", "a", "b", "c", "c"],
+            "uuid": ["GPU-0", "GPU-0", "GPU-1", "GPU-2", "GPU-2"],
+            "gpu_instance": ["", "", "", "1", "1"],
+            "sharing": ["exclusive", "time_slicing", "exclusive", "exclusive", "mig"],
+        }
+    )
+    assert job_kinds(series) == {"a": "shared", "b": "exclusive", "c": "mig"}

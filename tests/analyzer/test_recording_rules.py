@@ -95,6 +95,22 @@ def test_every_activity_series_has_an_idle_twin_at_the_recorded_threshold():
             assert recorded[rules.idle_record(record)] == f"{recorded[record]} < bool 0.1"
 
 
+def test_every_memory_series_has_a_restart_twin_at_the_recorded_drop():
+    recorded = {r.record: r.expr for r in rules.all_rules(restart_drop=0.25, interval_s=300.0)}
+    assert recorded[rules.RESTART_DROP] == "vector(0.25)"
+    for chain in signals.MEMORY.values():
+        for signal in chain:
+            record = rules.record_name(signal, "max")
+            two = f"({recorded[record]})[599999ms:300000ms]"  # the last two steps, as the raw path's
+            assert recorded[rules.restart_record(record)] == (
+                f"time() + 0 * (last_over_time({two}) < 0.75 * max_over_time({two}))"
+            )
+
+
+def test_the_restart_twins_take_the_groups_interval():
+    assert "[239999ms:120000ms]" in rules.render("2m")
+
+
 class AnsweringClient:
     """A PromClient stand-in: `answer(expr)` is the result of every query; `asked` keeps them."""
 
@@ -154,7 +170,28 @@ def test_idle_twins_not_recorded_over_the_whole_window_at_one_threshold_do_not_c
     assert coverage is not None and np.isnan(coverage.idle_below)
 
 
-def rule_stats(th, has: tuple[str, ...], recorded_idle_below: float = 0.05) -> tuple[JobStats, list[str]]:
+def test_restart_twins_count_when_recorded_at_every_evaluation_with_one_drop():
+    coverage = coverage_with(evaluations=2016, restart_evaluations=2016, restart_min=0.5, restart_max=0.5)
+    assert coverage is not None and coverage.restart_drop == 0.5
+
+
+@pytest.mark.parametrize(
+    "restart",
+    [
+        {},  # rules from before the twins
+        {"restart_evaluations": 1000, "restart_min": 0.5, "restart_max": 0.5},  # deployed within the window
+        {"restart_evaluations": 2016, "restart_min": 0.5, "restart_max": 0.6},  # drop changed within it
+    ],
+    ids=["absent", "part-of-the-window", "two-drops"],
+)
+def test_restart_twins_not_recorded_over_the_whole_window_at_one_drop_do_not_count(restart):
+    coverage = coverage_with(evaluations=2016, **restart)
+    assert coverage is not None and np.isnan(coverage.restart_drop)
+
+
+def rule_stats(
+    th, has: tuple[str, ...], recorded_idle_below: float = 0.05, recorded_restart_drop: float = float("nan")
+) -> tuple[JobStats, list[str]]:
     """The rule path's stats of one exclusive job "a" with samples in the series named in `has`
     (substrings of the queries), and the queries it sent."""
     identity = Identity(
@@ -171,7 +208,7 @@ def rule_stats(th, has: tuple[str, ...], recorded_idle_below: float = 0.05) -> t
 
     client = AnsweringClient(answer)
     prom = PromSource(as_client(client), 7 * 86400, END, 300.0, log=None)
-    coverage = RuleCoverage(END - 7 * 86400, END, 300.0, recorded_idle_below)
+    coverage = RuleCoverage(END - 7 * 86400, END, 300.0, recorded_idle_below, recorded_restart_drop)
     stats = RuleStats(prom, coverage).stats(identity, th)
     return stats["a"], client.asked
 
@@ -194,6 +231,45 @@ def test_another_threshold_than_the_recorded_one_evaluates_the_idle_subquery(th)
     (query,) = idle_queries(th, th.activity.idle_below * 2)
     assert query.startswith("avg_over_time((last_over_time(job_id:gpu_sm_active_ratio:avg[299999ms]) < bool")
     assert query.endswith(f"{th.activity.idle_below!r})[604800s:300s])")
+
+
+MEMORY_RECORD = "job_id:gpu_job_memory_used_bytes:max"
+
+
+def restart_queries(th, has: tuple[str, ...], recorded_restart_drop: float) -> tuple[JobStats, list[str]]:
+    """The rule path's stats of an exclusive job with SM activity and its own memory, and its
+    queries about the memory's restarts and per-cycle growth."""
+    st, asked = rule_stats(th, ("gpu_sm_active_ratio:avg", *has), recorded_restart_drop=recorded_restart_drop)
+    assert st.memory_signal == "job_memory"
+    cycles = ("restart", f"{MEMORY_RECORD}{{job_id=~")  # the twin, or a matcher for the growth
+    return st, [e for e in asked if any(c in e for c in cycles) or ("bool" in e and MEMORY_RECORD in e)]
+
+
+def test_restarts_are_counted_from_the_restart_twin_recorded_at_the_analyzers_drop(th):
+    drop = th.leak.restart_drop_fraction
+    st, asked = restart_queries(th, (f"{MEMORY_RECORD}[",), drop)
+    twin = rules.restart_record(MEMORY_RECORD)
+    assert asked == [
+        f"count_over_time({twin}[604800s])",
+        f"max_over_time({twin}[604800s]) - min_over_time({twin}[604800s])",
+    ]
+    # no recorded restart: none, and so no per-cycle growth to ask
+    assert st.memory_restarts == 0 and np.isnan(st.memory_cycle_slope)
+
+
+def test_another_drop_than_the_recorded_one_counts_restarts_with_a_subquery(th):
+    _, asked = restart_queries(th, (f"{MEMORY_RECORD}[",), th.leak.restart_drop_fraction / 2)
+    assert not any(rules.restart_record(MEMORY_RECORD) in e for e in asked)
+    keep = 1 - th.leak.restart_drop_fraction
+    assert any(e.startswith("sum_over_time((last_over_time") and f"< bool {keep!r}" in e for e in asked)
+
+
+def test_the_per_cycle_growth_is_asked_for_the_jobs_that_restart_alone(th):
+    # job "a" restarts (its twin has samples): its growth is asked with its own matcher
+    st, asked = restart_queries(th, ("gpu_job_memory",), th.leak.restart_drop_fraction)
+    (slope,) = [e for e in asked if "deriv(" in e]
+    assert slope.startswith(f'quantile_over_time(0.5, (deriv({MEMORY_RECORD}{{job_id=~"a"}}[')
+    assert st.memory_restarts == 1 and st.memory_cycle_slope == 1
 
 
 def test_each_chains_first_signal_is_reduced_without_counting_its_samples_apart(th):

@@ -300,7 +300,7 @@ def _recorded_series(
     import urllib.parse
     import urllib.request
 
-    expr = f'{{__name__=~"job_id:.+|{rules.HEARTBEAT}|{rules.IDLE_BELOW}"}}[{window_s}s]'
+    expr = f'{{__name__=~"job_id:.+|{rules.HEARTBEAT}|{rules.IDLE_BELOW}|{rules.RESTART_DROP}"}}[{window_s}s]'
     query = urllib.parse.urlencode({"query": expr, "time": str(at)})
     with urllib.request.urlopen(f"{base}/api/v1/query?{query}", timeout=60) as resp:
         result = json.load(resp)["data"]["result"]
@@ -333,8 +333,8 @@ def test_generated_recorded_series_equal_promtools_evaluation_of_the_rules(tmp_p
 
     shifted = {key: [at_step(key, t, v) for t, v in samples] for key, samples in evaluated.items()}
     # promtool also evaluates the step after the data: the series recorded with or without jobs
-    # (the heartbeat, the idle threshold) alone record it
-    for key in (heartbeat, (("__name__", rules.IDLE_BELOW),)):
+    # (the heartbeat, the idle threshold, the restart drop) alone record it
+    for key in (heartbeat, (("__name__", rules.IDLE_BELOW),), (("__name__", rules.RESTART_DROP),)):
         shifted[key] = [(t, v) for t, v in shifted[key] if t in steps]
     written[heartbeat] = [(t, repr(float(v))) for t, v in written[heartbeat]]
     assert set(shifted) == set(written)
@@ -342,6 +342,7 @@ def test_generated_recorded_series_equal_promtools_evaluation_of_the_rules(tmp_p
     assert names == {
         rules.HEARTBEAT,
         rules.IDLE_BELOW,
+        rules.RESTART_DROP,
         rules.PRESENCE,
         rules.PRESENCE_TIME,
         *recorded_families(),

@@ -1,0 +1,265 @@
+"""`gpulens sim apply-plan --history`: a history rewritten into its jobs running as the plan places them.
+
+The hand-made history: node n1 with six A100-80GB GPUs, one job alone on each of GPUs 0-2 and 4,
+GPUs 3 and 5 idle, ten one-minute steps. The hand-written plan runs a and b as MPS clients of GPU 0
+(b's demand over its 20 % cap), moves c onto a 1g.10gb slice of GPU 3 (re-sliced), frees GPUs 1
+and 2, and keeps k on GPU 4 as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpulens.analyzer.history import HistoryWriter, read_history
+from gpulens.analyzer.importers import import_trace
+from gpulens.analyzer.pipeline import analyze_history
+from gpulens.analyzer.thresholds import Thresholds, load_thresholds
+from gpulens.catalog import get_model
+from gpulens.cli import main
+from gpulens.sim.applyplan import ApplyPlanError
+from gpulens.sim.defaults import default_gpu_instance_id
+from gpulens.sim.history_apply import apply_plan_history
+
+MODEL = get_model("A100-80GB")
+GIB = 1024**3
+STEPS = [1_750_000_000.0 + 60 * n for n in range(10)]
+# job -> (GPU index, SM activity, NVML utilization, memory)
+JOBS = {
+    "a": (0, 0.2, 0.3, 10 * GIB),
+    "b": (1, 0.3, 0.4, 8 * GIB),
+    "c": (2, 0.1, 0.1, 5 * GIB),
+    "k": (4, 0.9, 0.95, 70 * GIB),
+}
+
+
+def _uuid(index: int) -> str:
+    return f"GPU-{index}"
+
+
+def _history(path: Path) -> Path:
+    with HistoryWriter(path, {"source": "test", "step_s": 60.0}) as w:
+        for t in STEPS:
+            for index in range(6):
+                gpu = {"instance": "n1", "gpu": str(index), "uuid": _uuid(index)}
+                w.add(t, "gpu_info", 1.0, {**gpu, "model": MODEL.nvml_name})
+                w.add(t, "gpu_memory_total_bytes", float(MODEL.memory_bytes), gpu)
+            for job, (index, sm, util, memory) in JOBS.items():
+                gpu = {"instance": "n1", "gpu": str(index), "uuid": _uuid(index)}
+                w.add(
+                    t,
+                    "gpu_job_info",
+                    1.0,
+                    {**gpu, "job_id": job, "job_source": "kubernetes", "sharing": "exclusive"},
+                )
+                w.add(t, "gpu_job_memory_used_bytes", float(memory), {**gpu, "job_id": job})
+                w.add(t, "gpu_sm_active_ratio", sm, gpu)
+                w.add(t, "gpu_utilization_ratio", util, gpu)
+                w.add(t, "gpu_memory_used_bytes", float(memory), gpu)
+    return path
+
+
+def _report(path: Path) -> Path:
+    path.mkdir()
+    entry = {"node": "n1", "model": "A100-80GB"}
+    layout = [
+        {
+            **entry,
+            "uuid": _uuid(0),
+            "sharing": "mps",
+            "jobs": ["a", "b"],
+            "mps_clients": [
+                {
+                    "job_id": "a",
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": 40,
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": 12 * GIB,
+                },
+                {
+                    "job_id": "b",
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": 20,
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": 9 * GIB,
+                },
+            ],
+        },
+        {
+            **entry,
+            "uuid": _uuid(3),
+            "sharing": "mig",
+            "jobs": ["c"],
+            "mig_layout": [{"job_id": "c", "profile": "1g.10gb", "start": 0}],
+        },
+        {**entry, "uuid": _uuid(4), "sharing": "exclusive", "jobs": ["k"]},
+    ]
+    freed = [
+        {"node": "n1", "uuid": _uuid(i), "model": "A100-80GB", "why": "freed by consolidation"}
+        for i in (1, 2)
+    ]
+    (path / "plan.json").write_text(json.dumps({"layout": layout, "freed": freed}))
+    actions = {"a": "change", "b": "change", "c": "change", "k": "keep"}
+    (path / "jobs.json").write_text(
+        json.dumps({"jobs": [{"job_id": j, "action": a} for j, a in actions.items()]})
+    )
+    return path
+
+
+@pytest.fixture
+def th() -> Thresholds:
+    return load_thresholds()
+
+
+@pytest.fixture
+def applied(tmp_path):
+    before = _history(tmp_path / "before")
+    counts = apply_plan_history(before, _report(tmp_path / "report"), tmp_path / "after")
+    return read_history(before).samples, read_history(tmp_path / "after").samples, counts
+
+
+def _rows(samples: pd.DataFrame, metric: str, **labels: str) -> pd.DataFrame:
+    rows = samples[samples["metric"] == metric]
+    for label, value in labels.items():
+        rows = rows[rows[label] == value]
+    return rows
+
+
+def _value(samples: pd.DataFrame, metric: str, **labels: str) -> float:
+    values = set(_rows(samples, metric, **labels)["value"].round(9))
+    assert len(values) == 1, (metric, labels, values)
+    return float(values.pop())
+
+
+def test_jobs_moved_to_mps_run_as_clients_of_their_planned_gpu(applied):
+    _, after, _ = applied
+    for job in ("a", "b"):
+        info = _rows(after, "gpu_job_info", job_id=job)
+        assert len(info) == len(STEPS)
+        assert (
+            set(info["uuid"]) == {_uuid(0)}
+            and set(info["sharing"]) == {"mps"}
+            and set(info["instance"]) == {"n1"}
+        )
+    assert _value(after, "gpu_job_memory_used_bytes", job_id="b") == 8 * GIB  # under its 9 GiB limit
+
+
+def test_a_client_over_its_thread_cap_is_held_to_it_and_runs_longer(applied):
+    _, after, counts = applied
+    # b asks 30 % of the SMs under a 20 % cap: 0.2 of SMs, busy 0.4 x 0.3 / 0.2 = 0.6 of the time
+    assert _value(after, "gpu_sm_active_ratio", uuid=_uuid(0)) == pytest.approx(0.2 + 0.2)
+    assert _value(after, "gpu_utilization_ratio", uuid=_uuid(0)) == pytest.approx(1 - (1 - 0.3) * (1 - 0.6))
+    assert counts.capped_steps == len(STEPS)
+
+
+def test_shared_gpu_shares_and_remainder_add_up_to_its_sm_figure(applied):
+    _, after, _ = applied
+    shares = _rows(after, "gpu_job_sm_utilization_ratio", uuid=_uuid(0)).groupby("timestamp")["value"].sum()
+    rest = _rows(after, "gpu_job_sm_unattributed_ratio", uuid=_uuid(0)).set_index("timestamp")["value"]
+    assert (shares + rest).round(9).eq(0.4).all()
+    a, b = (_value(after, "gpu_job_sm_utilization_ratio", job_id=j) for j in ("a", "b"))
+    assert a / b == pytest.approx(0.3 / 0.6)  # in proportion to the clients' own busy time
+
+
+def test_a_job_moved_to_a_mig_slice_gets_its_instance_on_the_slice_scale(applied):
+    _, after, _ = applied
+    profile = MODEL.mig_profile("1g.10gb")
+    gi = str(default_gpu_instance_id(MODEL, profile, 0))
+    info = _rows(after, "gpu_job_info", job_id="c")
+    assert set(zip(info["uuid"], info["gpu_instance"], info["sharing"], strict=True)) == {
+        (_uuid(3), gi, "mig")
+    }
+    assert _value(after, "gpu_mig_instance_info", uuid=_uuid(3), gpu_instance=gi, mig_profile="1g.10gb") == 1
+    slice_activity = 0.1 * MODEL.sm_count / profile.sm_count
+    assert _value(after, "gpu_mig_sm_active_ratio", uuid=_uuid(3), gpu_instance=gi) == pytest.approx(
+        slice_activity
+    )
+    assert _value(after, "gpu_sm_active_ratio", uuid=_uuid(3)) == pytest.approx(0.1)
+
+
+def test_a_freed_gpu_keeps_only_its_identity(applied):
+    _, after, counts = applied
+    for index in (1, 2):
+        rows = after[after["uuid"] == _uuid(index)]
+        assert set(rows["metric"]) == {"gpu_info", "gpu_memory_total_bytes"}
+        assert len(_rows(rows, "gpu_info")) == len(STEPS)
+    assert counts.freed_gpus == 2
+
+
+def test_a_kept_job_and_its_gpu_are_copied_unchanged(applied):
+    before, after, _ = applied
+    columns = ["timestamp", "metric", "value", "uuid", "job_id", "sharing"]
+
+    def of_gpu4(samples: pd.DataFrame) -> pd.DataFrame:
+        rows = samples[samples["uuid"] == _uuid(4)][columns].astype(str)
+        return rows.sort_values(columns).reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(of_gpu4(before), of_gpu4(after))
+
+
+def test_the_analyzer_reads_a_job_moved_to_a_slice_on_the_slice(applied, tmp_path, th):
+    analysis = analyze_history(read_history(tmp_path / "after"), th)
+    row = analysis.recs.set_index("job_id").loc["c"]
+    assert row["sharing"] == "mig" and row["mig_profile_now"] == "1g.10gb"
+    assert row["sm_active_mean"] == pytest.approx(
+        0.1 * MODEL.sm_count / MODEL.mig_profile("1g.10gb").sm_count
+    )
+
+
+def test_a_plan_naming_a_gpu_the_history_lacks_is_one_line(tmp_path):
+    report = _report(tmp_path / "report")
+    plan = json.loads((report / "plan.json").read_text())
+    plan["layout"][0]["uuid"] = "GPU-elsewhere"
+    (report / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(
+        ApplyPlanError,
+        match=r"plan.json: layout\[0\].uuid: expected a GPU of the history, found .GPU-elsewhere.",
+    ):
+        apply_plan_history(_history(tmp_path / "h"), report, tmp_path / "out")
+
+
+def test_a_plan_that_leaves_a_job_on_a_freed_gpu_is_refused(tmp_path):
+    report = _report(tmp_path / "report")
+    plan = json.loads((report / "plan.json").read_text())
+    plan["freed"].append({"node": "n1", "uuid": _uuid(4)})
+    plan["layout"].pop()
+    (report / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(ApplyPlanError, match=r"GPU GPU-4: expected the plan to place job 'k'"):
+        apply_plan_history(_history(tmp_path / "h"), report, tmp_path / "out")
+
+
+def test_the_command_takes_a_history_or_a_scenario(tmp_path, capsys):
+    history, report = _history(tmp_path / "h"), _report(tmp_path / "report")
+    out = tmp_path / "after"
+    assert (
+        main(["sim", "apply-plan", "--history", str(history), "--report", str(report), "--out", str(out)])
+        == 0
+    )
+    assert "3 jobs placed on 2 GPUs, 2 GPUs freed" in capsys.readouterr().out
+    assert main(["sim", "apply-plan", "--report", str(report), "--out", str(out)]) == 2
+    assert "expected a SCENARIO or --history DIR" in capsys.readouterr().err
+
+
+def _pods(path: Path, rows: list[str]) -> Path:
+    path.mkdir()
+    header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    header += "creation_time,deletion_time,scheduled_time"
+    (path / "openb_pod_list_default.csv").write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_requests_packed_as_planned_free_nothing_more(tmp_path, th):
+    # three 0.3-GPU pods and a whole-GPU pod at once: 4 GPUs whole, 2 with the shares packed
+    src = _pods(
+        tmp_path / "src",
+        [f"p{n},1,1,1,300,,BE,Running,0,1000,0" for n in range(3)] + ["w,1,1,1,1000,,LS,Running,0,1000,0"],
+    )
+    import_trace("alibaba-gpu-v2023", src, tmp_path / "h", None)
+    week1 = analyze_history(read_history(tmp_path / "h"), th).plan
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "plan.json").write_text(json.dumps({"layout": week1.layout}))
+    apply_plan_history(tmp_path / "h", report, tmp_path / "packed")
+    week2 = analyze_history(read_history(tmp_path / "packed"), th).plan
+    assert (week1.gpus_before, week1.gpus_after) == (4, 2)
+    assert (week2.gpus_before, week2.gpus_after, week2.gpus_freed) == (2, 2, 0)
+    assert "as they run now (3 fractional pods" in week2.notes[0]
