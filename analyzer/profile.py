@@ -329,11 +329,13 @@ def cycle_stats(
     What the PromQL paths compute at every step of the window, so both give the same numbers:
     - a restart is a step whose memory is under `(1 - drop_fraction)` x the larger of its own and
       the step before's (`last_over_time < bool k * max_over_time` over two steps);
-    - a window is the `window` steps ending at a step with a sample (its samples of them, at least
-      two); its slope is `slope` (`deriv`), and the job's figure is the median (linear, as
-      `quantile_over_time(0.5, ...)`) over its windows. Short windows that hold a restart are a
-      minority while a cycle is longer than twice the window, so the median is the growth between
-      restarts; a job without restarts gets its typical short-run slope, about 0 when steady.
+    - for a job that restarts, a window is the `window` steps ending at a step with a sample (its
+      samples of them, at least two); its slope is `slope` (`deriv`), and the job's figure is the
+      median (linear, as `quantile_over_time(0.5, ...)`) over its windows. Short windows that hold a
+      restart are a minority while a cycle is longer than twice the window, so the median is the
+      growth between restarts. A job without a restart gets NaN: the growth per cycle means
+      nothing there (`recommend.cycle_leak` reads it only after a restart), and the windows of
+      every job's samples took ~0.8 GB for 20 M samples.
     Samples are neighbours within a window when they are less than the window (in steps) apart:
     a gap in the data is a gap in the window, as it is for the subqueries.
     """
@@ -348,6 +350,34 @@ def cycle_stats(
     values = np.concatenate([v for _, v in segments]).astype(float, copy=False)
     job = np.repeat(np.arange(count), lengths)
     keep = 1.0 - drop_fraction
+    # a restart: the step before is of the same job, not across a gap, and held much more
+    drop = np.zeros(len(values), dtype=bool)
+    if len(values) > 1:
+        drop[1:] = (
+            (job[1:] == job[:-1])
+            & (times[1:] - times[:-1] < 1.5 * step_s)
+            & (values[1:] < keep * np.maximum(values[:-1], values[1:]))
+        )
+    restarts = np.bincount(job[drop], minlength=count).astype(float)
+    np.minimum.at(first, job[drop], times[drop])
+    np.maximum.at(last, job[drop], times[drop])
+    span = np.where(restarts > 0, last - first, math.nan)
+    restarted = np.flatnonzero(restarts > 0)
+    if len(restarted):
+        slopes[restarted] = _window_slopes([segments[j] for j in restarted], step_s, window)
+    return restarts, span, slopes
+
+
+def _window_slopes(
+    segments: Sequence[tuple[np.ndarray, np.ndarray]], step_s: float, window: int
+) -> np.ndarray:
+    """Each job's median least-squares slope over its `window`-step windows (`cycle_stats`)."""
+    count = len(segments)
+    slopes = np.full(count, math.nan)
+    lengths = np.array([len(v) for _, v in segments], dtype=np.intp)
+    times = np.concatenate([t for t, _ in segments]).astype(float, copy=False)
+    values = np.concatenate([v for _, v in segments]).astype(float, copy=False)
+    job = np.repeat(np.arange(count), lengths)
     rows = np.arange(len(values))
     # column d: the sample d positions back, when it is of the same job and within the window
     ts = np.full((len(values), window), math.nan)
@@ -357,14 +387,6 @@ def cycle_stats(
         ok = back >= 0
         ok[ok] = (job[back[ok]] == job[ok]) & (times[ok] - times[back[ok]] < (window - 0.5) * step_s)
         ts[ok, d], vs[ok, d] = times[back[ok]], values[back[ok]]
-        if d == 1:  # the step before, not a sample across a gap
-            drop = ok.copy()
-            drop[ok] = (times[ok] - times[back[ok]] < 1.5 * step_s) & (
-                values[ok] < keep * np.maximum(values[back[ok]], values[ok])
-            )
-            restarts = np.bincount(job[drop], minlength=count).astype(float)
-            np.minimum.at(first, job[drop], times[drop])
-            np.maximum.at(last, job[drop], times[drop])
     n = (~np.isnan(vs)).sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         x = ts - np.nanmean(ts, axis=1, keepdims=True)
@@ -377,8 +399,7 @@ def cycle_stats(
     sampled = [j for j in range(count) if len(per_job[j])]
     if sampled:
         slopes[sampled] = segment_quantiles([per_job[j] for j in sampled], (0.5,))[0]
-    span = np.where(restarts > 0, last - first, math.nan)
-    return restarts, span, slopes
+    return slopes
 
 
 def _split_by_job(steps: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
@@ -600,8 +621,7 @@ def stats_from_families(
     for i, job in enumerate(memory):
         stats[job].memory_restarts = float(restarts[i])
         stats[job].memory_restart_span = float(spans[i])
-        # the per-cycle growth of a job that restarts, as the PromQL paths ask it (only there)
-        stats[job].memory_cycle_slope = float(cycle_slopes[i]) if restarts[i] > 0 else math.nan
+        stats[job].memory_cycle_slope = float(cycle_slopes[i])  # NaN without a restart
     dram = _chain_steps(fams, info, signals.DRAM, kinds, "mean")
     p95 = segment_quantiles([values for _, values, _ in dram.values()], (0.95,))[0]
     for i, (job, (_, values, times)) in enumerate(dram.items()):
