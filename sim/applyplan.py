@@ -100,7 +100,8 @@ class ReportPlan:
 # reading the report
 
 
-def _load_json(path: Path) -> Any:
+def load_report_json(path: Path) -> Any:
+    """A report's JSON file, or a one-line ApplyPlanError naming it (also `history_apply`'s)."""
     try:
         return load_json_file(path, str(path))
     except FileNotFoundError:
@@ -111,7 +112,8 @@ def _load_json(path: Path) -> Any:
         raise ApplyPlanError(f"{path}: expected valid JSON, found {str(e).splitlines()[0]}") from None
 
 
-def _field(where: str, entry: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+def report_field(where: str, entry: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """`entry[key]` when it is of `kind` (never a bool), else a one-line error naming where."""
     if (
         not isinstance(entry, dict)
         or not isinstance(entry.get(key), kind)
@@ -125,11 +127,11 @@ def _field(where: str, entry: Any, key: str, kind: type | tuple[type, ...], what
 def read_report(report: Path, scenario: Scenario) -> ReportPlan:
     """The plan of `report` for `scenario`'s node, checked against its jobs.json (and mig-parted.yaml)."""
     plan_path, jobs_path = report / "plan.json", report / "jobs.json"
-    plan, jobs_doc = _load_json(plan_path), _load_json(jobs_path)
+    plan, jobs_doc = load_report_json(plan_path), load_report_json(jobs_path)
     by_uuid = {g.uuid: g.index for g in scenario.gpus}
-    layout = _field(str(plan_path), plan, "layout", list, "a list of GPUs")
-    freed = _field(str(plan_path), plan, "freed", list, "a list of freed GPUs")
-    rows = _field(str(jobs_path), jobs_doc, "jobs", list, "a list of jobs")
+    layout = report_field(str(plan_path), plan, "layout", list, "a list of GPUs")
+    freed = report_field(str(plan_path), plan, "freed", list, "a list of freed GPUs")
+    rows = report_field(str(jobs_path), jobs_doc, "jobs", list, "a list of jobs")
     gpus: dict[int, GpuTarget] = {}
     jobs: dict[str, Slot] = {}
     multi: dict[str, list[Slot]] = {}
@@ -140,20 +142,20 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
         if found is None:
             continue
         uuid, index = found
-        mode = _field(where, entry, "sharing", str, "a sharing mode")
+        mode = report_field(where, entry, "sharing", str, "a sharing mode")
         if mode not in _MODES:
             raise ApplyPlanError(f"{where}.sharing: expected one of {', '.join(_MODES)}, found {mode!r}")
-        names = _field(where, entry, "jobs", list, "a list of job ids")
+        names = report_field(where, entry, "jobs", list, "a list of job ids")
         slices: dict[str, tuple[str, int]] = {}
         if mode == "mig":
-            for k, s in enumerate(_field(where, entry, "mig_layout", list, "a list of MIG slices")):
+            for k, s in enumerate(report_field(where, entry, "mig_layout", list, "a list of MIG slices")):
                 w = f"{where}.mig_layout[{k}]"
-                slices[_field(w, s, "job_id", str, "a job id")] = (
-                    _field(w, s, "profile", str, "a MIG profile"),
-                    _field(w, s, "start", int, "a start slice"),
+                slices[report_field(w, s, "job_id", str, "a job id")] = (
+                    report_field(w, s, "profile", str, "a MIG profile"),
+                    report_field(w, s, "start", int, "a start slice"),
                 )
         if mode == "mps":
-            for k, cl in enumerate(_field(where, entry, "mps_clients", list, "a list of MPS clients")):
+            for k, cl in enumerate(report_field(where, entry, "mps_clients", list, "a list of MPS clients")):
                 w = f"{where}.mps_clients[{k}]"
                 pct = cl.get(THREAD_PERCENTAGE) if isinstance(cl, dict) else None
                 limit = cl.get(PINNED_MEM_LIMIT) if isinstance(cl, dict) else None
@@ -169,7 +171,7 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
                     raise ApplyPlanError(
                         f"{w}.{PINNED_MEM_LIMIT}: expected a number of bytes above 0, found {limit!r}"
                     )
-                mps_settings[_field(w, cl, "job_id", str, "a job id")] = (
+                mps_settings[report_field(w, cl, "job_id", str, "a job id")] = (
                     None if pct is None else pct / 100,
                     limit,
                 )
@@ -220,9 +222,9 @@ def _node_gpu(
     where: str, entry: Any, scenario: Scenario, by_uuid: Mapping[str, int]
 ) -> tuple[str, int] | None:
     """(UUID, index) of a plan entry's GPU when it is on the scenario's node, else None."""
-    if _field(where, entry, "node", str, "a node name") != scenario.hostname:
+    if report_field(where, entry, "node", str, "a node name") != scenario.hostname:
         return None
-    uuid = _field(where, entry, "uuid", str, "a GPU UUID")
+    uuid = report_field(where, entry, "uuid", str, "a GPU UUID")
     if uuid not in by_uuid:
         raise ApplyPlanError(f"{where}.uuid: expected a GPU of {scenario.hostname}, found {uuid!r}")
     return uuid, by_uuid[uuid]
@@ -234,7 +236,7 @@ def _check_jobs(where: str, rows: list[Any], jobs: dict[str, Slot], scenario: Sc
     reclaimed = set()
     for i, row in enumerate(rows):
         w = f"{where}: jobs[{i}]"
-        job_id = _field(w, row, "job_id", str, "a job id")
+        job_id = report_field(w, row, "job_id", str, "a job id")
         if row.get("action") == "reclaim" and job_id not in jobs:
             reclaimed.add(job_id)
         proposed = row.get("proposed_gpu")

@@ -47,8 +47,7 @@ import pandas as pd
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import LABELS, History, HistoryWriter, read_history
 from gpulens.catalog import CatalogError, GpuModel, MigProfile, model_for_nvml_name
-from gpulens.safeload import InputError, load_json_file
-from gpulens.sim.applyplan import ApplyPlanError
+from gpulens.sim.applyplan import ApplyPlanError, load_report_json, report_field
 from gpulens.sim.defaults import default_gpu_instance_id
 from gpulens.sim.scenario import PINNED_MEM_LIMIT, THREAD_PERCENTAGE
 
@@ -112,25 +111,6 @@ class Counts:
 # reading the report
 
 
-def _load(path: Path) -> Any:
-    try:
-        return load_json_file(path, str(path))
-    except FileNotFoundError:
-        raise ApplyPlanError(
-            f"{path}: expected a report file (gpulens report --out DIR), found none"
-        ) from None
-    except (OSError, InputError, ValueError) as e:
-        raise ApplyPlanError(f"{path}: expected valid JSON, found {str(e).splitlines()[0]}") from None
-
-
-def _get(where: str, entry: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:
-    value = entry.get(key) if isinstance(entry, dict) else None
-    if not isinstance(value, kind) or isinstance(value, bool):
-        found = value if isinstance(entry, dict) else entry
-        raise ApplyPlanError(f"{where}.{key}: expected {what}, found {found!r}")
-    return value
-
-
 def _number(where: str, value: Any, low: float, high: float, what: str) -> float | None:
     if value is None:
         return None
@@ -146,30 +126,30 @@ def read_usage_plan(report: Path, now: Mapping[str, frozenset[str]]) -> HistoryP
     changes none of them (mode, slice, MPS settings); the jobs a rebuilt GPU holds all move there.
     """
     plan_path, jobs_path = report / "plan.json", report / "jobs.json"
-    plan, jobs_doc = _load(plan_path), _load(jobs_path)
-    layout = _get(str(plan_path), plan, "layout", list, "a list of GPUs")
-    freed_list = _get(str(plan_path), plan, "freed", list, "a list of freed GPUs")
-    rows = _get(str(jobs_path), jobs_doc, "jobs", list, "a list of jobs")
+    plan, jobs_doc = load_report_json(plan_path), load_report_json(jobs_path)
+    layout = report_field(str(plan_path), plan, "layout", list, "a list of GPUs")
+    freed_list = report_field(str(plan_path), plan, "freed", list, "a list of freed GPUs")
+    rows = report_field(str(jobs_path), jobs_doc, "jobs", list, "a list of jobs")
     actions: dict[str, str] = {}
     for i, row in enumerate(rows):
-        job = _get(f"{jobs_path}: jobs[{i}]", row, "job_id", str, "a job id")
+        job = report_field(f"{jobs_path}: jobs[{i}]", row, "job_id", str, "a job id")
         actions[job] = str(row.get("action") or "")
     targets: dict[str, Target] = {}
     rebuilt: set[str] = set()
     for i, entry in enumerate(layout):
         where = f"{plan_path}: layout[{i}]"
-        sharing = _get(where, entry, "sharing", str, "a sharing mode")
+        sharing = report_field(where, entry, "sharing", str, "a sharing mode")
         if sharing == "unchanged":
             continue
         if sharing not in _MODES:
             raise ApplyPlanError(
                 f"{where}.sharing: expected one of unchanged, {', '.join(_MODES)}, found {sharing!r}"
             )
-        uuid = _get(where, entry, "uuid", str, "a GPU uuid of the history")
+        uuid = report_field(where, entry, "uuid", str, "a GPU uuid of the history")
         if uuid not in now:
             raise ApplyPlanError(f"{where}.uuid: expected a GPU of the history, found {uuid!r}")
-        node = _get(where, entry, "node", str, "a node name")
-        jobs = _get(where, entry, "jobs", list, "a list of job ids")
+        node = report_field(where, entry, "node", str, "a node name")
+        jobs = report_field(where, entry, "jobs", list, "a list of job ids")
         if not all(isinstance(j, str) for j in jobs):
             raise ApplyPlanError(f"{where}.jobs: expected job ids, found {jobs!r}")
         if frozenset(jobs) == now[uuid] and all(actions.get(j) != "change" for j in jobs):
@@ -181,14 +161,14 @@ def read_usage_plan(report: Path, now: Mapping[str, frozenset[str]]) -> HistoryP
         slices: dict[str, tuple[str, int]] = {}
         for k, s in enumerate(entry.get("mig_layout") or [] if mode is Mode.MIG else []):
             w = f"{where}.mig_layout[{k}]"
-            slices[_get(w, s, "job_id", str, "a job id")] = (
-                _get(w, s, "profile", str, "a MIG profile"),
-                _get(w, s, "start", int, "a start slice"),
+            slices[report_field(w, s, "job_id", str, "a job id")] = (
+                report_field(w, s, "profile", str, "a MIG profile"),
+                report_field(w, s, "start", int, "a start slice"),
             )
         caps: dict[str, tuple[float | None, float | None]] = {}
         for k, client in enumerate(entry.get("mps_clients") or [] if mode is Mode.MPS else []):
             w = f"{where}.mps_clients[{k}]"
-            job = _get(w, client, "job_id", str, "a job id")
+            job = report_field(w, client, "job_id", str, "a job id")
             pct = _number(f"{w}.{THREAD_PERCENTAGE}", client.get(THREAD_PERCENTAGE), 0, 100, "a percentage")
             limit = _number(f"{w}.{PINNED_MEM_LIMIT}", client.get(PINNED_MEM_LIMIT), 0, math.inf, "bytes")
             caps[job] = (None if pct is None else pct / 100, limit)
@@ -202,7 +182,7 @@ def read_usage_plan(report: Path, now: Mapping[str, frozenset[str]]) -> HistoryP
             targets[job] = Target(uuid, node, mode, profile, start, cap, limit)
     freed: set[str] = set()
     for i, entry in enumerate(freed_list):
-        uuid = _get(f"{plan_path}: freed[{i}]", entry, "uuid", str, "a GPU uuid")
+        uuid = report_field(f"{plan_path}: freed[{i}]", entry, "uuid", str, "a GPU uuid")
         if uuid in rebuilt:
             raise ApplyPlanError(f"{plan_path}: freed[{i}].uuid: expected a GPU the layout does not use")
         freed.add(uuid)
@@ -530,13 +510,13 @@ _REQUEST_FAMILIES = ("gpulens_trace_job_requested_gpus", "gpulens_trace_job_life
 def _apply_requests(history: History, report: Path, counts: Counts) -> pd.DataFrame:
     """The requests with each pod the plan packs on a shared GPU running there (module docstring)."""
     plan_path = report / "plan.json"
-    layout = _get(str(plan_path), _load(plan_path), "layout", list, "a list of GPUs")
+    layout = report_field(str(plan_path), load_report_json(plan_path), "layout", list, "a list of GPUs")
     placed: dict[str, tuple[str, str]] = {}
     for i, entry in enumerate(layout):
         where = f"{plan_path}: layout[{i}]"
-        name = _get(where, entry, "gpu", str, "a GPU name")
-        sharing = _get(where, entry, "sharing", str, "a sharing mode")
-        for job in _get(where, entry, "jobs", list, "a list of job ids"):
+        name = report_field(where, entry, "gpu", str, "a GPU name")
+        sharing = report_field(where, entry, "sharing", str, "a sharing mode")
+        for job in report_field(where, entry, "jobs", list, "a list of job ids"):
             if not isinstance(job, str) or job in placed:
                 raise ApplyPlanError(f"{where}.jobs: expected job ids, each once, found {job!r}")
             placed[job] = (name, sharing)
