@@ -364,7 +364,7 @@ def cycle_stats(
     span = np.where(restarts > 0, last - first, math.nan)
     restarted = np.flatnonzero(restarts > 0)
     if len(restarted):
-        slopes[restarted] = _window_slopes([segments[j] for j in restarted], step_s, window)
+        slopes[restarted] = _window_slopes([segments[int(j)] for j in restarted], step_s, window)
     return restarts, span, slopes
 
 
