@@ -84,7 +84,8 @@ class PromClient:
     def __init__(self, config: PromConfig) -> None:
         self.config = config
         self._lock = threading.Lock()
-        self._asked: dict[tuple[str, str], Future[list[dict[str, Any]]]] = {}
+        # (expr, time, range vector?) -> its answer, asked ahead
+        self._asked: dict[tuple[str, str, bool], Future[list[dict[str, Any]]]] = {}
         self._slots = threading.BoundedSemaphore(max(1, config.in_flight))
         self.base = config.url.rstrip("/")
         parsed = urllib.parse.urlparse(self.base)
@@ -159,15 +160,16 @@ class PromClient:
             f"{url}: cannot reach Prometheus after {self.config.retries + 1} attempts: {last}"
         )
 
-    def ask(self, expr: str, at: float) -> None:
-        """Start `query(expr, at)` now, in the background: the call that asks it later takes its
-        answer (or its error) instead of sending it again. Asking twice sends it once.
+    def ask(self, expr: str, at: float, matrix: bool = False) -> None:
+        """Start `query(expr, at)` (with `matrix`, `query_matrix`) now, in the background: the call
+        that asks it later takes its answer (or its error) instead of sending it again. Asking twice
+        sends it once.
 
         So a run overlaps what it knows it will ask with what it does before that (imports,
         other queries): at most `config.in_flight` asked queries run at once, each on a daemon
         thread, so an error or an interrupt in the caller never waits for them to finish.
         """
-        key = (expr, _time(at))
+        key = (expr, _time(at), matrix)
         with self._lock:
             if key in self._asked:
                 return
@@ -179,7 +181,7 @@ class PromClient:
                 if not answer.set_running_or_notify_cancel():
                     return
                 try:
-                    answer.set_result(self._send(expr, at))
+                    answer.set_result(self._send(expr, at, matrix))
                 except BaseException as exc:  # handed to the caller, who raises it
                     answer.set_exception(exc)
 
@@ -188,13 +190,15 @@ class PromClient:
     def query(self, expr: str, at: float) -> list[dict[str, Any]]:
         """Instant vector query; returns the `result` list (labels in `metric`, `[ts, "v"]`)."""
         with self._lock:
-            asked = self._asked.pop((expr, _time(at)), None)
+            asked = self._asked.pop((expr, _time(at), False), None)
         return asked.result() if asked is not None else self._send(expr, at)
 
     def query_matrix(self, expr: str, at: float) -> list[dict[str, Any]]:
         """Instant query of a range vector (a subquery at the top): the `result` list, each item's
-        points in `values` (`[[ts, "v"], ...]`)."""
-        return self._send(expr, at, matrix=True)
+        points in `values` (`[[ts, "v"], ...]`); asked ahead with `ask(..., matrix=True)` or now."""
+        with self._lock:
+            asked = self._asked.pop((expr, _time(at), True), None)
+        return asked.result() if asked is not None else self._send(expr, at, matrix=True)
 
     def _send(self, expr: str, at: float, matrix: bool = False) -> list[dict[str, Any]]:
         body = self._post("/api/v1/query", {"query": expr, "time": _time(at)}, expr)

@@ -716,22 +716,20 @@ class RuleStats:
             }
 
         results: dict[tuple[str, str], dict[str, float]] = {}
-        queries = self.presence_queries()
-        # the reductions of each chain's first signal with the presence, in one round: most data
+        # the reductions of each chain's first signal beside the presence, in one round: most data
         # has the first signal of every chain, whose reductions every job of the kind then uses
         # (the witness tells which jobs have samples); a later signal's samples are counted first,
         # and only for the jobs left without samples
-        queries.update(
-            reduce(
-                {
-                    (t, rules.record_name(table[kind][0], how))
-                    for t, table, how in tables
-                    for kind in present_kinds
-                    if table[kind]
-                }
-            )
-        )
-        results.update(self._run(queries))
+        first = {
+            (t, rules.record_name(table[kind][0], how))
+            for t, table, how in tables
+            for kind in present_kinds
+            if table[kind]
+        }
+        queries = reduce(first)
+        for expr in queries.values():
+            self.source.client.ask(expr, self.at)
+        results.update(self._run(self.presence_queries()))  # asked ahead, beside the identity
         stats: dict[str, JobStats] = {}
         for job, samples in results[(rules.PRESENCE, "samples")].items():
             if job in kinds and samples > 0:
@@ -741,6 +739,13 @@ class RuleStats:
                     samples=int(samples),
                     gpus=int(results[(rules.PRESENCE, "gpus")].get(job, 0)),
                 )
+        # the demand series of those first signals need only the jobs' spans: asked now, so
+        # Prometheus answers them beside the reductions instead of after them (`_demand` takes them)
+        bin_s = self._bin_s(stats)
+        for t, record in sorted(first):
+            if t in ("activity", "dram"):
+                self.source.client.ask(*self._demand_query(record, bin_s), matrix=True)
+        results.update(self._run(queries))
 
         def sampled(t: str, record: str) -> dict[str, float]:
             """job -> a value for each job with samples in `record` (its witness, else its count)."""
@@ -819,6 +824,16 @@ class RuleStats:
         )
         return dict(sorted(stats.items()))
 
+    def _bin_s(self, stats: dict[str, JobStats]) -> float:
+        return demand.bin_seconds(
+            self.step_s, (st.start for st in stats.values()), (st.end for st in stats.values())
+        )
+
+    def _demand_query(self, record: str, bin_s: float) -> tuple[str, float]:
+        """(expression, evaluation time) of a record's per-bin maxima (`demand_query`)."""
+        per_bin = f"max_over_time({record}[{round(bin_s * 1000) - 1}ms])"
+        return demand_query(per_bin, bin_s, self.at, self.at - self.source.window_s)
+
     def _demand(self, stats: dict[str, JobStats], records: dict[tuple[str, str], str]) -> None:
         """Each job's per-bin activity and DRAM activity (`demand`) from the record its reductions
         came from: one subquery per record, its queries in flight together.
@@ -829,22 +844,12 @@ class RuleStats:
         file path's bins exactly; where it holds several, its steps are one interval earlier than
         the file path's, for every job alike (the co-located sums are over one grid all the same).
         """
-        bin_s = demand.bin_seconds(
-            self.step_s, (st.start for st in stats.values()), (st.end for st in stats.values())
-        )
+        bin_s = self._bin_s(stats)
         shift = self.coverage.interval_s if self.coverage.offset_s > 0 else 0.0
         per_record: dict[str, list[tuple[str, str]]] = {}
         for (table, job), record in records.items():
             per_record.setdefault(record, []).append((table, job))
-        asked = {
-            record: demand_query(
-                f"max_over_time({record}[{round(bin_s * 1000) - 1}ms])",
-                bin_s,
-                self.at,
-                self.at - self.source.window_s,
-            )
-            for record in sorted(per_record)
-        }
+        asked = {record: self._demand_query(record, bin_s) for record in sorted(per_record)}
         with ThreadPoolExecutor(max_workers=max(1, self.source.client.config.in_flight)) as pool:
             answers = {
                 record: pool.submit(self.source.client.query_matrix, expr, at)

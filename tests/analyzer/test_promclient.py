@@ -19,6 +19,11 @@ from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 from tests.analyzer.fakeprom import fake_prometheus
 
 
+def _matrix(value: str) -> bytes:
+    result = [{"metric": {"job_id": "a"}, "values": [[0, value], [300, value]]}]
+    return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
+
+
 def _vector(value: str) -> bytes:
     result = [{"metric": {"job_id": "a"}, "value": [0, value]}]
     return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
@@ -47,7 +52,7 @@ class Server:
             return 400, json.dumps(
                 {"status": "error", "errorType": "bad_data", "error": "parse error"}
             ).encode()
-        return 200, _vector(query)
+        return 200, _matrix(query) if query.endswith("]") else _vector(query)
 
 
 @contextmanager
@@ -64,6 +69,15 @@ def test_an_asked_query_is_sent_once_and_answers_the_call_that_takes_it():
         client.ask("up", 100.0)  # asking again before the answer is taken sends nothing more
         assert client.query("up", 100.0)[0]["value"][1] == "up"
     assert server.queries == ["up"]
+
+
+def test_a_range_query_asked_ahead_is_sent_once_and_taken_by_the_range_call():
+    with serving() as (url, server):
+        client = PromClient(PromConfig(url))
+        client.ask("up[5m:5m]", 100.0, matrix=True)
+        assert client.query_matrix("up[5m:5m]", 100.0)[0]["values"][1][1] == "up[5m:5m]"
+        client.query_matrix("up[5m:5m]", 100.0)  # taken once: a second call asks again
+    assert server.queries == ["up[5m:5m]", "up[5m:5m]"]
 
 
 def test_a_query_at_another_time_is_not_the_asked_one():

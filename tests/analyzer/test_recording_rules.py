@@ -120,7 +120,7 @@ class AnsweringClient:
         self.base = "http://prometheus.test"
         self.config = PromConfig(url=self.base, in_flight=1)
 
-    def ask(self, expr: str, at: float) -> None:
+    def ask(self, expr: str, at: float, matrix: bool = False) -> None:
         """Asking ahead is only a hint: this stand-in answers when the query comes."""
 
     def query(self, expr: str, at: float) -> list[dict[str, Any]]:
