@@ -345,10 +345,7 @@ def cycle_stats(
     first, last = np.full(count, np.inf), np.full(count, -np.inf)
     if not count:
         return restarts, last - first, slopes
-    lengths = np.array([len(v) for _, v in segments], dtype=np.intp)
-    times = np.concatenate([t for t, _ in segments]).astype(float, copy=False)
-    values = np.concatenate([v for _, v in segments]).astype(float, copy=False)
-    job = np.repeat(np.arange(count), lengths)
+    _, times, values, job = _flattened(segments)
     keep = 1.0 - drop_fraction
     # a restart: the step before is of the same job, not across a gap, and held much more
     drop = np.zeros(len(values), dtype=bool)
@@ -368,16 +365,23 @@ def cycle_stats(
     return restarts, span, slopes
 
 
+def _flattened(
+    segments: Sequence[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(lengths, times, values, job index per sample) of the jobs' (timestamps, memory), end to end."""
+    lengths = np.array([len(v) for _, v in segments], dtype=np.intp)
+    times = np.concatenate([t for t, _ in segments]).astype(float, copy=False)
+    values = np.concatenate([v for _, v in segments]).astype(float, copy=False)
+    return lengths, times, values, np.repeat(np.arange(len(segments)), lengths)
+
+
 def _window_slopes(
     segments: Sequence[tuple[np.ndarray, np.ndarray]], step_s: float, window: int
 ) -> np.ndarray:
     """Each job's median least-squares slope over its `window`-step windows (`cycle_stats`)."""
     count = len(segments)
     slopes = np.full(count, math.nan)
-    lengths = np.array([len(v) for _, v in segments], dtype=np.intp)
-    times = np.concatenate([t for t, _ in segments]).astype(float, copy=False)
-    values = np.concatenate([v for _, v in segments]).astype(float, copy=False)
-    job = np.repeat(np.arange(count), lengths)
+    lengths, times, values, job = _flattened(segments)
     rows = np.arange(len(values))
     # column d: the sample d positions back, when it is of the same job and within the window
     ts = np.full((len(values), window), math.nan)

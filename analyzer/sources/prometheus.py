@@ -542,6 +542,15 @@ class RuleCoverage:
         return last_step + (self.interval_s if self.offset_s > 0 else 0.0)
 
 
+def _recorded_throughout(values: dict[str, float], twin: str) -> float:
+    """The threshold a twin's series (`idle`, `restart`) was recorded with: counted when recorded at
+    every evaluation of the window with one value, else NaN (its reductions keep the subquery)."""
+    low = values.get(f"{twin}_min", math.nan)
+    if values.get(f"{twin}_evaluations") != values.get("evaluations") or values.get(f"{twin}_max") != low:
+        return math.nan
+    return low
+
+
 def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[RuleCoverage | None, str]:
     """Whether the analyzer rules ran over the whole window (and every job in it), with the reason.
 
@@ -556,15 +565,7 @@ def rule_coverage(client: PromClient, window_s: float, end: float) -> tuple[Rule
     values = {item["metric"].get("stat", ""): sample_value(item) for item in answer}
     first, last, interval = (values.get(k, math.nan) for k in ("first", "last", "interval"))
     # the idle series count when recorded at every evaluation of the window, with one threshold
-    idle_below = values.get("idle_min", math.nan)
-    if values.get("idle_evaluations") != values.get("evaluations") or values.get("idle_max") != idle_below:
-        idle_below = math.nan
-    restart_drop = values.get("restart_min", math.nan)
-    if (
-        values.get("restart_evaluations") != values.get("evaluations")
-        or values.get("restart_max") != restart_drop
-    ):
-        restart_drop = math.nan
+    idle_below, restart_drop = _recorded_throughout(values, "idle"), _recorded_throughout(values, "restart")
     if math.isnan(first) or math.isnan(last):
         return (
             None,
@@ -820,7 +821,9 @@ class RuleStats:
                 if job in stats and chosen.get(("memory", job), ("", ""))[1] == record:
                     stats[job].memory_cycle_slope = value
         self._demand(
-            stats, {key: record for key, (_, record) in chosen.items() if key[0] in ("activity", "dram")}
+            stats,
+            {key: record for key, (_, record) in chosen.items() if key[0] in ("activity", "dram")},
+            bin_s,
         )
         return dict(sorted(stats.items()))
 
@@ -834,9 +837,9 @@ class RuleStats:
         per_bin = f"max_over_time({record}[{round(bin_s * 1000) - 1}ms])"
         return demand_query(per_bin, bin_s, self.at, self.at - self.source.window_s)
 
-    def _demand(self, stats: dict[str, JobStats], records: dict[tuple[str, str], str]) -> None:
+    def _demand(self, stats: dict[str, JobStats], records: dict[tuple[str, str], str], bin_s: float) -> None:
         """Each job's per-bin activity and DRAM activity (`demand`) from the record its reductions
-        came from: one subquery per record, its queries in flight together.
+        came from, on the bins `stats()` chose (`bin_s`): one subquery per record, in flight together.
 
         An evaluation for step t runs at t + offset: with an offset, a range of one bin ending at
         a subquery step u holds the steps of (u - interval - bin, u - interval], so u stands for the
@@ -844,7 +847,6 @@ class RuleStats:
         file path's bins exactly; where it holds several, its steps are one interval earlier than
         the file path's, for every job alike (the co-located sums are over one grid all the same).
         """
-        bin_s = self._bin_s(stats)
         shift = self.coverage.interval_s if self.coverage.offset_s > 0 else 0.0
         per_record: dict[str, list[tuple[str, str]]] = {}
         for (table, job), record in records.items():
