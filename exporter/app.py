@@ -199,6 +199,7 @@ class Exporter:
         devices: list[DeviceRef] = []
         duty: dict[int, float] = {}
         sm_active: dict[tuple[int, int | None], float] = {}
+        profiled: set[int] = set()  # GPUs whose figure is SM activity, not NVML utilization
         for gpu in snapshot.gpus:
             if not gpu.up:
                 continue
@@ -225,13 +226,15 @@ class Exporter:
             gpu_sm = sm_figure(gpu)
             if gpu_sm is not None:
                 sm_active[(gpu.identity.index, None)] = gpu_sm
+            if gpu.profiling is not None and dict(gpu.profiling.values).get("sm") is not None:
+                profiled.add(gpu.identity.index)
             if gpu.device is not None and gpu.device.utilization_ratio is not None:
                 duty[gpu.identity.index] = gpu.device.utilization_ratio
             for m in gpu.mig_instances:
                 mig_sm = sm_figure(m)
                 if mig_sm is not None:
                     sm_active[(gpu.identity.index, m.gpu_instance)] = mig_sm
-        usages = self._attributor.attribute(refs, sm_active, duty)
+        usages = self._attributor.attribute(refs, sm_active, duty, profiled)
         holders = self._attributor.holders(devices, usages) if self.compat_spec else []
         return usages, "", holders
 

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+# one vocabulary with the attribution engine, whose input contract it is (re-exported here)
+from gpulens.exporter.attribution.model import ProcessKind
+
 if TYPE_CHECKING:
     from gpulens.exporter.attribution.mapping_dir import MappingStats
     from gpulens.exporter.attribution.model import DeviceHolder, JobUsage
@@ -70,15 +73,6 @@ class ComputeMode(StrEnum):
     EXCLUSIVE_THREAD = "exclusive_thread"
     PROHIBITED = "prohibited"
     EXCLUSIVE_PROCESS = "exclusive_process"
-
-
-class ProcessKind(StrEnum):
-    """Which NVML process list a process came from; the MPS server is a compute process by name."""
-
-    COMPUTE = "compute"
-    GRAPHICS = "graphics"
-    MPS_SERVER = "mps_server"
-    MPS_CLIENT = "mps_client"
 
 
 class ProfilingSource(StrEnum):

@@ -51,6 +51,7 @@ from gpulens.sim.scenario import (
     Scenario,
     ScenarioError,
     SlurmJob,
+    instance_profiles,
 )
 from gpulens.sim.scenariofile import BUILTIN_DIR, load_scenario, parse_scenario
 
@@ -424,13 +425,37 @@ class _Applier:
         return copy.deepcopy(raw)
 
 
-def _grown(raw: dict[str, Any], spec: ProcessSpec, factor: float, job: str) -> dict[str, Any]:
-    """The workload with its SM demand (and the busy time or duty it implies) scaled by factor."""
+def _container_sms(scenario: Scenario, gpu: int, instance: int | None) -> int:
+    """The SMs of a process's container: its MIG instance's, else the whole GPU's."""
+    g = scenario.gpus[gpu]
+    if instance is None:
+        return g.model.sm_count
+    profile = instance_profiles(g, scenario.faults).get(instance)
+    return g.model.sm_count if profile is None else profile.sm_count
+
+
+def _slot_sms(scenario: Scenario, slot: Slot) -> int:
+    model = scenario.gpus[slot.gpu].model
+    return model.mig_profile(slot.mig[0]).sm_count if slot.mode == "mig" and slot.mig else model.sm_count
+
+
+def _grown(
+    raw: dict[str, Any], spec: ProcessSpec, factor: float, job: str, rescale: float = 1.0
+) -> dict[str, Any]:
+    """The workload with its SM demand scaled by `factor` (`--grow`: the busy time or duty it
+    implies grows with it) and put on its new container's scale (`rescale`: the SMs it had over
+    the SMs it now has; the same work is the same SMs, a larger share of a slice, a smaller one
+    of a whole GPU; its kernels run as long as before). A demand over a whole slice is held to it."""
     w = copy.deepcopy(raw)
     sm = spec.workload.sm * factor
     if sm > 1:
         raise ApplyPlanError(f"--grow {job}={factor:g}: expected an SM demand of at most 1, found {sm:g}")
+    sm = min(1.0, sm * rescale)
     w["sm"] = round(sm, 6)
+    for key in ("tensor", "occupancy"):  # given as shares of the container's SMs, like sm
+        value = getattr(spec.workload, key)
+        if value is not None:
+            w[key] = round(min(sm, value * factor * rescale), 6)
     for key, value in (("busy", spec.workload.busy), ("duty", spec.workload.duty)):
         if value is not None:
             w[key] = round(min(1.0, max(value * factor, sm)), 6)
@@ -544,8 +569,9 @@ def _moved(
         entry["end"] = f"{spec.end + start - spec.start:g}s"
     if spec.job is not None:
         entry["job"] = applier.job(raw["job"], spec)
-    if factor is not None:
-        entry["workload"] = _grown(raw["workload"], spec, factor, job_key(spec) or "")
+    rescale = _container_sms(scenario, spec.gpu, spec.instance) / _slot_sms(scenario, slot)
+    if factor is not None or rescale != 1:
+        entry["workload"] = _grown(raw["workload"], spec, factor or 1.0, job_key(spec) or "", rescale)
     return entry
 
 

@@ -772,6 +772,13 @@ class ScenarioNode:
             gpu_acc.memory += server.sample.memory
         return _Snapshot(gpu_acc, instances, layout, running, server, faults)
 
+    @staticmethod
+    def _mean_busy(run: _Running, r: float) -> float:
+        """The process's busy time over the reader's interval: its smooth envelope at `r`."""
+        if run.workload is None:
+            return run.sample.busy
+        return min(1.0, run.workload.power_terms(r - run.start_time)[0])
+
     def _power_w(self, g: GpuSpec, acc: _Acc, reasons: int) -> tuple[float, bool]:
         """Board power for this activity, and whether the power limit capped it."""
         model = g.model
@@ -900,10 +907,16 @@ class ScenarioNode:
         return power_w, temperature, reasons, sm_clock
 
     def _process_states(
-        self, g: GpuSpec, snap: _Snapshot, reserved: int
+        self, g: GpuSpec, snap: _Snapshot, reserved: int, r: float
     ) -> tuple[list[ProcessState], list[ProcessState], dict[int | None, list[ProcessState]]]:
         """(processes with the MPS server first, MPS clients, every process by GPU instance): each
-        process's memory is what it asked for, scaled down when its container is over-subscribed."""
+        process's memory is what it asked for, scaled down when its container is over-subscribed.
+
+        A process's SM utilization is its smooth envelope's busy time, not the one-second reading:
+        NVML keeps a sample per driver period and the exporter averages those since its last read
+        (exporter/backends/nvml.py), so the figure it sees is a mean over its interval, on the same
+        footing as the SM activity counters integrate (GPM, DCGM). A one-second draw of a stepping
+        trainer beside that mean split the device figure by noise."""
         model = g.model
         processes: list[ProcessState] = []
         clients: list[ProcessState] = []
@@ -935,7 +948,7 @@ class ScenarioNode:
                 pid=run.pid,
                 kind=run.spec.kind,
                 used_memory_bytes=memory // MIB * MIB,
-                sm_util_percent=round(run.sample.busy * 100),
+                sm_util_percent=round(self._mean_busy(run, r) * 100),
                 mem_util_percent=round(min(1.0, run.sample.dram * 1.2) * 100),
                 gpu_instance_id=gi,
                 compute_instance_id=0 if container is not None else NO_INSTANCE,
@@ -994,7 +1007,7 @@ class ScenarioNode:
         power_w, temperature, reasons, sm_clock = self._thermal(index, r, acc, faults.throttle, integrals[0])
         sm_clock_i = _round_clock(sm_clock)
         reserved = gpu_reserved_bytes(model)
-        processes, clients, by_instance = self._process_states(g, snap, reserved)
+        processes, clients, by_instance = self._process_states(g, snap, reserved, r)
         mig_states, instances_used = self._mig_states(index, snap, by_instance)
         used = reserved + instances_used
         if g.mig is None:

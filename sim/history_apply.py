@@ -13,12 +13,13 @@ A usage history (`kind: usage`):
 - the device families of every such GPU are recomputed from the jobs now on it, as the simulator's
   engine sums them (sim/engine.py, `_Acc.finish`): SM activity adds up and is capped at 1; NVML
   utilization (a duty cycle) adds up on a time-sliced GPU and is the chance that any client runs
-  under MPS (clients run concurrently). An MPS client's SM activity is at most its thread cap and
-  its busy time stretches by demand / cap (sim/patterns.py, `_capped`); a history with no SM
-  activity (a duty-cycle trace) is sized on the duty cycle, so the cap limits that. Per job, its
-  share of the device figure and the unattributed remainder as the exporter publishes them
-  (docs/attribution.md, "Usage values"). A MIG slice gets its `gpu_mig_instance_info` and the
-  job's activity on the slice's scale (capped at 1);
+  under MPS (clients run concurrently). An MPS client's kernels are at most its thread cap wide:
+  its busy time stretches to activity / cap and its SM activity is at most busy x cap
+  (sim/patterns.py, `_capped`); a history with no SM activity (a duty-cycle trace) is sized on the
+  duty cycle, so the cap limits that. Per job, its share of the device figure and the
+  unattributed remainder as the exporter publishes them (docs/attribution.md, "Usage values"),
+  MPS clients with caps weighed by time x cap where the figure is SM activity. A MIG slice gets
+  its `gpu_mig_instance_info` and the job's activity on the slice's scale (capped at 1);
 - a freed GPU keeps its `gpu_info` (and other identity rows) only; a reclaimed job stops;
 - jobs on GPUs the plan leaves as they are, and their GPUs, are copied unchanged.
 
@@ -327,13 +328,18 @@ def _rebuild_gpu(
         for k, job in enumerate(names):
             cap, limit = targets[job].sm_cap, targets[job].memory_limit
             if cap is not None:
-                over = np.where(has_sm[:, k], sm[:, k] > cap, duty[:, k] > cap)
-                counts.capped_steps += int(over.sum())
-                # the same work on fewer SMs runs longer (sim/patterns.py `_capped`)
-                stretched = np.minimum(1.0, duty[:, k] * sm[:, k] / cap)
+                # a process's busy time where the history has none: a kernel at full width
+                busy_k = np.where(np.isnan(duty[:, k]), sm[:, k], duty[:, k])
+                over = np.where(has_sm[:, k], sm[:, k] > cap * busy_k, duty[:, k] > cap)
+                # steps whose demand the cap cut (not only slowed down)
+                limited = np.where(has_sm[:, k], sm[:, k] > cap, duty[:, k] > cap)
+                counts.capped_steps += int(limited.sum())
+                # kernels at most `cap` wide: the same work runs longer, and delivers at most
+                # busy x cap (sim/patterns.py `_capped`)
+                stretched = np.minimum(1.0, sm[:, k] / cap)
                 duty[:, k] = np.where(over & has_sm[:, k], stretched, duty[:, k])
                 duty[:, k] = np.where(over & ~has_sm[:, k], cap, duty[:, k])
-                sm[:, k] = np.where(over & has_sm[:, k], cap, sm[:, k])
+                sm[:, k] = np.where(over & has_sm[:, k], stretched * cap, sm[:, k])
             if limit is not None:
                 counts.capped_steps += int(np.nansum(memory[:, k] > limit))
                 memory[:, k] = np.minimum(memory[:, k], limit)
@@ -346,9 +352,17 @@ def _rebuild_gpu(
     sm_total = np.minimum(sm_total, 1.0)
     util = np.minimum(1.0, np.fmax(busy, np.nan_to_num(sm_total)))
     figure = np.where(any_sm, sm_total, util)  # the figure the exporter's shares divide
-    scale = np.maximum(w.sum(axis=1), util)
+    weight, scale = w, np.maximum(w.sum(axis=1), util)
+    caps = [targets[job].sm_cap for job in names] if mode is Mode.MPS else []
+    if any(c is not None for c in caps):
+        # where the figure is SM activity the exporter weighs MPS clients with known caps by
+        # time x cap (exporter/attribution/shares.py); on utilization, by time
+        capacity = w * np.array([1.0 if c is None else c for c in caps])[None, :]
+        weight = np.where(any_sm[:, None], capacity, w)
+        scale = np.where(any_sm, np.maximum(capacity.sum(axis=1), figure), scale)
     with np.errstate(divide="ignore", invalid="ignore"):
-        shares = np.where(present, figure[:, None] * w / np.where(scale > 0, scale, 1.0)[:, None], np.nan)
+        per_weight = figure / np.where(scale > 0, scale, 1.0)
+        shares = np.where(present, per_weight[:, None] * weight, np.nan)
     rest = np.maximum(0.0, figure - np.nansum(shares, axis=1))
     running = present.sum(axis=1)
     for k, job in enumerate(names):

@@ -250,14 +250,18 @@ class Workload:
         return max(sm, self._busy), sm, 1.0, 1.0
 
     def _capped(self, age: float, smooth: bool) -> tuple[float, float, float, float]:
-        """`_levels` under the MPS thread cap: SM activity is at most the cap, and the same work
-        then keeps kernels running longer (busy stretches by demand / cap, at most all the time).
-        The clip is per one-second reading, like the demand it is compared with; no backlog is
-        carried into the next second."""
+        """`_levels` under the MPS thread cap: while a kernel runs it occupies at most the cap's
+        share of the SMs, so work that ran wider (SM activity over cap x busy) keeps kernels
+        running longer: busy stretches to activity / cap (at most all the time) and SM activity
+        is what that time at the cap delivers (at most the cap). A client's SM activity is thus
+        never above its busy time x cap, which the exporter's capped shares rely on
+        (exporter/attribution/shares.py). The clip is per one-second reading, like the demand it
+        is compared with; no backlog is carried into the next second."""
         busy, sm, pcie, nvlink = self._levels(age, smooth)
         cap = self._cap
-        if cap is not None and sm > cap:
-            busy, sm = min(1.0, busy * sm / cap), cap
+        if cap is not None and sm > cap * busy:
+            busy = min(1.0, sm / cap)
+            sm = busy * cap
         return busy, sm, pcie, nvlink
 
     def _sample(self, age: float, smooth: bool) -> Sample:

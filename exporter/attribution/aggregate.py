@@ -9,6 +9,9 @@ and tested on their own:
   remainder add up to the device; None when no process of the job has a per-process figure; on a
   MIG instance owned by a single job, the instance's own SM activity; without a device figure, the
   sum of its processes' per-process SM ratios, capped at 1;
+* under MPS, where any client's own thread cap is known (its environment), the shares weigh each
+  job by the SM activity its processes could add (time x cap, shares.capped_shares), so a client
+  held to its cap is never measured above it; the job's cap is published with it;
 * sharing per GPU / instance: `mig` on an instance, `mps` when MPS clients run, `time_slicing` when
   more than one job runs, else `exclusive` (the MPS server pseudo-job is not a job here);
 * more than `max_jobs` jobs on one device: the smallest (by memory) are summed into `job_id="other"`.
@@ -16,12 +19,12 @@ and tested on their own:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpulens.exporter.attribution.labels import sanitize_label_value
-from gpulens.exporter.attribution.model import JobIdentity, JobUsage, ProcessRef
-from gpulens.exporter.attribution.shares import sm_shares
+from gpulens.exporter.attribution.model import JobIdentity, JobUsage, ProcessKind, ProcessRef, SharingMode
+from gpulens.exporter.attribution.shares import capped_shares, sm_shares
 
 SOURCE_SYSTEM = "system"
 SOURCE_UNKNOWN = "unknown"
@@ -48,14 +51,20 @@ class _JobAccumulator:
     sm_values: list[float] = field(default_factory=list)
     processes: int = 0
     mps_clients: int = 0
+    capacity: float = 0.0  # per-process SM time x the process's thread cap (1 without one)
+    caps: list[float] = field(default_factory=list)  # the known thread caps of its processes
 
-    def add(self, proc: ProcessRef, identity: JobIdentity) -> None:
+    def add(self, proc: ProcessRef, identity: JobIdentity, cap: float | None = None) -> None:
         self.identities.append(identity)
         self.memory += proc.used_memory_bytes or 0
         if proc.sm_util_ratio is not None:
-            self.sm_values.append(min(max(proc.sm_util_ratio, 0.0), 1.0))
+            value = min(max(proc.sm_util_ratio, 0.0), 1.0)
+            self.sm_values.append(value)
+            self.capacity += value * (1.0 if cap is None else cap)
+        if cap is not None:
+            self.caps.append(cap)
         self.processes += 1
-        self.mps_clients += proc.kind == "mps_client"
+        self.mps_clients += proc.kind is ProcessKind.MPS_CLIENT
 
     def absorb(self, other: _JobAccumulator) -> None:
         self.identities.extend(other.identities)
@@ -63,6 +72,16 @@ class _JobAccumulator:
         self.sm_values.extend(other.sm_values)
         self.processes += other.processes
         self.mps_clients += other.mps_clients
+        self.capacity += other.capacity
+        self.caps.extend(other.caps)
+
+    def sm_capacity(self) -> float | None:
+        """The SM activity the job's processes could have added (None without a per-process figure)."""
+        return self.capacity if self.sm_values else None
+
+    def thread_cap(self) -> float | None:
+        """The job's MPS thread cap: the largest of its processes' own (None when none has one)."""
+        return max(self.caps) if self.caps else None
 
     def sm_ratio(self) -> float | None:
         return min(sum(self.sm_values), 1.0) if self.sm_values else None
@@ -99,13 +118,13 @@ def merge_identities(identities: Sequence[JobIdentity]) -> JobIdentity:
 
 def sharing_mode(
     gpu_instance: int | None, jobs: Mapping[str, _JobAccumulator], identities: Mapping[str, JobIdentity]
-) -> str:
+) -> SharingMode:
     if gpu_instance is not None:
-        return "mig"
+        return SharingMode.MIG
     if any(acc.mps_clients for acc in jobs.values()):
-        return "mps"
+        return SharingMode.MPS
     real_jobs = [job_id for job_id in jobs if identities[job_id].source != SOURCE_SYSTEM]
-    return "time_slicing" if len(real_jobs) > 1 else "exclusive"
+    return SharingMode.TIME_SLICING if len(real_jobs) > 1 else SharingMode.EXCLUSIVE
 
 
 @dataclass(frozen=True)
@@ -138,19 +157,25 @@ def aggregate(
     instance_sm_active: Mapping[tuple[int, int | None], float],
     max_jobs: int,
     device_duty: Mapping[int, float] | None = None,
+    thread_caps: Mapping[int, float] | None = None,
+    sm_activity: Collection[int] = (),
 ) -> tuple[list[JobUsage], list[DeviceOverflow]]:
     """Per (GPU, GPU instance, job) usage, sorted by GPU, instance, job id.
 
     `instance_sm_active[(gpu, gi)]` is the device's SM figure (a GPU's SM activity, else its
     utilization; an instance's SM activity) that the jobs' SM shares divide; `device_duty[gpu]` the
-    GPU's NVML utilization, the scale of the per-process figures (shares.py)."""
+    GPU's NVML utilization, the scale of the per-process figures (shares.py); `thread_caps[pid]` an
+    MPS client's own active-thread limit (a ratio), where its environment sets one; `sm_activity`
+    the GPUs whose figure is SM activity (GPM / DCGM) rather than NVML utilization: only that
+    figure is on the scale a thread cap limits (shares.py)."""
     duty = device_duty or {}
+    caps = thread_caps or {}
     devices: dict[tuple[int, int | None], dict[str, _JobAccumulator]] = {}
     uuids: dict[int, str] = {}
     for proc, identity in pairs:
         uuids.setdefault(proc.gpu, proc.uuid)
         jobs = devices.setdefault((proc.gpu, proc.gpu_instance), {})
-        jobs.setdefault(identity.job_id, _JobAccumulator()).add(proc, identity)
+        jobs.setdefault(identity.job_id, _JobAccumulator()).add(proc, identity, caps.get(proc.pid))
     usages: list[JobUsage] = []
     overflows: list[DeviceOverflow] = []
     for (gpu, gi), jobs in sorted(
@@ -167,8 +192,11 @@ def aggregate(
         figure = instance_sm_active.get((gpu, gi))
         shares = None
         if figure is not None and instance_value is None:  # a lone MIG owner takes the instance's figure
-            weights = {job_id: acc.sm_weight() for job_id, acc in capped.items()}
-            shares = sm_shares(weights, figure, duty.get(gpu) if gi is None else None)
+            if sharing is SharingMode.MPS and gpu in sm_activity and any(acc.caps for acc in capped.values()):
+                shares = capped_shares({job_id: acc.sm_capacity() for job_id, acc in capped.items()}, figure)
+            else:
+                weights = {job_id: acc.sm_weight() for job_id, acc in capped.items()}
+                shares = sm_shares(weights, figure, duty.get(gpu) if gi is None else None)
         for job_id in sorted(capped):
             acc, identity = capped[job_id], identities[job_id]
             sm = acc.sm_ratio() if shares is None else shares[job_id]
@@ -184,6 +212,7 @@ def aggregate(
                     memory_used_bytes=acc.memory,
                     sm_utilization_ratio=sm,
                     processes=acc.processes,
+                    mps_thread_ratio=acc.thread_cap() if sharing is SharingMode.MPS else None,
                 )
             )
     return usages, overflows

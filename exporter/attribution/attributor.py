@@ -18,7 +18,7 @@ Identity precedence for one process (first that answers wins; see docs/attributi
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from types import MappingProxyType
 
 from gpulens.exporter.attribution.aggregate import (
@@ -49,6 +49,7 @@ from gpulens.exporter.attribution.model import (
     DeviceRef,
     JobIdentity,
     JobUsage,
+    ProcessKind,
     ProcessRef,
 )
 from gpulens.exporter.attribution.pod_resources import PodContainer, PodResourcesClient
@@ -58,7 +59,12 @@ from gpulens.exporter.attribution.slurm import SOURCE_SLURM, UserNames, slurm_id
 
 SOURCE_MAPPING = "mapping"
 _EMPTY: Mapping[tuple[int, int | None], float] = MappingProxyType({})
-_KIND_RANK = {"mps_server": 0, "mps_client": 1, "compute": 2, "graphics": 3}
+_KIND_RANK = {
+    ProcessKind.MPS_SERVER: 0,
+    ProcessKind.MPS_CLIENT: 1,
+    ProcessKind.COMPUTE: 2,
+    ProcessKind.GRAPHICS: 3,
+}
 
 
 def dedupe_processes(processes: Sequence[ProcessRef]) -> list[ProcessRef]:
@@ -246,8 +252,10 @@ class Attributor:
         processes: Sequence[ProcessRef],
         instance_sm_active: Mapping[tuple[int, int | None], float] = _EMPTY,
         device_duty: Mapping[int, float] | None = None,
+        sm_activity: Collection[int] = (),
     ) -> list[JobUsage]:
-        """Per-job usage for this sample's processes (jobs with no process left are simply absent)."""
+        """Per-job usage for this sample's processes (jobs with no process left are simply absent);
+        `sm_activity`: the GPUs whose figure in `instance_sm_active` is SM activity (aggregate.py)."""
         unique = dedupe_processes(processes)
         if self._procfs is not None:
             self._procfs.retain(p.pid for p in unique)
@@ -257,6 +265,7 @@ class Attributor:
             mapping = self._mapping.refresh()  # bounded (mapping_dir.py); bad files reported promptly
             self._mapping_fresh = True
         pairs: list[tuple[ProcessRef, JobIdentity]] = []
+        thread_caps: dict[int, float] = {}  # MPS clients' own active-thread limits, by pid
         missing_memory: set[int] = set()
         # pids that left are forgotten (the procfs cache drops them too)
         alive = {p.pid for p in unique}
@@ -266,10 +275,12 @@ class Attributor:
         for proc in unique:
             if proc.used_memory_bytes is None:
                 missing_memory.add(proc.gpu)
-            if proc.kind == "mps_server":
+            if proc.kind is ProcessKind.MPS_SERVER:
                 pairs.append((proc, MPS_SERVER_JOB))
                 continue
             info = self._procfs.read(proc.pid) if self._procfs is not None else ProcessInfo()
+            if proc.kind is ProcessKind.MPS_CLIENT and info.mps_thread_ratio is not None:
+                thread_caps[proc.pid] = info.mps_thread_ratio
             known = slurm_jobs.get(proc.pid)
             if known is not None and known[0] is info:  # procfs gave the same facts as last sample
                 pairs.append((proc, known[1]))
@@ -293,7 +304,9 @@ class Attributor:
                 "they count as 0 bytes",
                 gpu,
             )
-        usages, overflows = aggregate(pairs, instance_sm_active, self._max_jobs, device_duty)
+        usages, overflows = aggregate(
+            pairs, instance_sm_active, self._max_jobs, device_duty, thread_caps, sm_activity
+        )
         for overflow in overflows:
             where = f"GPU {overflow.gpu}" + (
                 f" instance {overflow.gpu_instance}" if overflow.gpu_instance is not None else ""

@@ -9,18 +9,30 @@ tested without NVML, procfs or a kubelet.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from gpulens.exporter.attribution.resourceslices import KubeApi
 
-#: Process kinds as reported by NVML's process lists.
-PROCESS_KINDS = ("compute", "graphics", "mps_server", "mps_client")
 
-#: Sharing modes derived from what runs on a GPU / GPU instance.
-SHARING_MODES = ("exclusive", "mig", "mps", "time_slicing")
+class ProcessKind(StrEnum):
+    """Which NVML process list a process came from; the MPS server is a compute process by name.
+    Defined here, at the bottom of the exporter's layers, so the snapshot and the attribution
+    engine share one vocabulary."""
 
-#: Identity sources, strongest first (see docs/attribution.md for the precedence rules).
-JOB_SOURCES = ("slurm", "kubernetes", "pod_resources", "mapping_file", "unknown", "other")
+    COMPUTE = "compute"
+    GRAPHICS = "graphics"
+    MPS_SERVER = "mps_server"
+    MPS_CLIENT = "mps_client"
+
+
+class SharingMode(StrEnum):
+    """How a GPU / GPU instance is shared, derived from what runs on it (the `sharing` label)."""
+
+    EXCLUSIVE = "exclusive"
+    MIG = "mig"
+    MPS = "mps"
+    TIME_SLICING = "time_slicing"
 
 
 @dataclass(frozen=True)
@@ -38,7 +50,7 @@ class ProcessRef:
     uuid: str
     gpu_instance: int | None
     mig_uuid: str | None
-    kind: str  # "compute" | "graphics" | "mps_server" | "mps_client"
+    kind: ProcessKind
     used_memory_bytes: int | None
     sm_util_ratio: float | None
 
@@ -69,10 +81,13 @@ class JobUsage:
     uuid: str
     gpu_instance: int | None
     identity: JobIdentity
-    sharing: str
+    sharing: SharingMode
     memory_used_bytes: int
     sm_utilization_ratio: float | None
     processes: int
+    # an MPS client job's own active-thread limit (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100), where
+    # its processes' environment sets one; None elsewhere (the control daemon's default is unseen)
+    mps_thread_ratio: float | None = None
 
 
 @dataclass(frozen=True)

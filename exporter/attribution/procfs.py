@@ -1,4 +1,4 @@
-"""Read what `/proc/<pid>` says about a GPU process: its cgroup identity, Slurm env and uid.
+"""Read what `/proc/<pid>` says about a GPU process: its cgroup identity, Slurm env, uid and MPS cap.
 
 Processes come and go between NVML listing them and us reading procfs, so every read tolerates
 the pid having vanished (the process then simply has no procfs identity). Results are cached per
@@ -32,6 +32,11 @@ MAX_ENVIRON_BYTES = 512 * 1024
 SLURM_ENV_KEYS = frozenset(
     {"SLURM_JOB_ID", "SLURM_JOB_USER", "SLURM_JOB_ACCOUNT", "SLURM_JOB_UID", "SLURM_JOB_NAME"}
 )
+#: An MPS client's own active-thread limit (Slurm sets it from the job's gres/mps share; gpulens'
+#: plans set it per client). The control daemon's default is not in the environment: NVML and
+#: procfs cannot see it, so a client without the variable has no known cap here.
+MPS_THREAD_KEY = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_KEYS = SLURM_ENV_KEYS | {MPS_THREAD_KEY}
 _VANISHED = (errno.ENOENT, errno.ESRCH)
 
 
@@ -42,6 +47,8 @@ class ProcessInfo:
     cgroup: CgroupIdentity = field(default_factory=CgroupIdentity)
     slurm_env: dict[str, str] = field(default_factory=dict)
     uid: int | None = None
+    # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100 where the environment sets a valid one (0 < p <= 100)
+    mps_thread_ratio: float | None = None
 
 
 _NO_ENTRY = ProcessInfo()
@@ -62,6 +69,18 @@ def parse_environ(data: bytes, keys: frozenset[str] = SLURM_ENV_KEYS) -> dict[st
         if name in keys:
             wanted[name] = value.decode("utf-8", "replace")
     return wanted
+
+
+def parse_thread_percentage(value: str | None) -> float | None:
+    """`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` as a ratio; None unless a number in (0, 100] (CUDA
+    rejects other values, so the client then runs without a limit of its own)."""
+    if value is None:
+        return None
+    try:
+        pct = float(value.strip())
+    except ValueError:
+        return None
+    return pct / 100 if 0 < pct <= 100 else None
 
 
 def parse_status_uid(text: str) -> int | None:
@@ -150,12 +169,15 @@ class ProcfsReader:
             self._missing_root()
             return _NO_ENTRY
         self._missing.pop(pid, None)
+        env = parse_environ(environ, ENV_KEYS) if environ else {}
+        thread_pct = env.pop(MPS_THREAD_KEY, None)
         info = ProcessInfo(
             cgroup=parse_cgroup(cgroup_bytes.decode("utf-8", "replace"))
             if cgroup_bytes
             else CgroupIdentity(),
-            slurm_env=parse_environ(environ) if environ else {},
+            slurm_env=env,
             uid=parse_status_uid(status.decode("utf-8", "replace")) if status else None,
+            mps_thread_ratio=parse_thread_percentage(thread_pct),
         )
         self._cache[pid] = (now, info, cgroup_bytes)
         return info

@@ -105,14 +105,29 @@ UNATTRIBUTED = FamilySpec[JobUsage](
     unit=Unit.RATIO,
     mig=_PER_INSTANCE,
 )
-FAMILIES: tuple[FamilySpec[JobUsage], ...] = (INFO, MEMORY, SM, PROCESSES, UNATTRIBUTED)  # fmt: skip
+THREAD_CAP = FamilySpec[JobUsage](
+    "gpu_job_mps_active_thread_ratio",
+    Kind.GAUGE,
+    "An MPS client job's own active-thread limit (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100): the"
+    " share of the GPU's SMs its kernels may use; absent where its environment sets none.",
+    "`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` in the environment of the job's MPS client processes (the"
+    " largest of them); the control daemon's default is not visible to NVML or procfs",
+    labels=_USAGE,
+    unit=Unit.RATIO,
+    mig="not on MIG (MPS on whole GPUs)",
+)
+FAMILIES: tuple[FamilySpec[JobUsage], ...] = (
+    INFO, MEMORY, SM, PROCESSES, UNATTRIBUTED, THREAD_CAP,
+)  # fmt: skip
 
 
 def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metric]:
     families = fresh(FAMILIES)
     info, mem, sm = families[INFO.name], families[MEMORY.name], families[SM.name]
     procs, unattributed = families[PROCESSES.name], families[UNATTRIBUTED.name]
+    thread_cap = families[THREAD_CAP.name]
     usage: dict[tuple[str, ...], list[float | None]] = {}
+    caps: dict[tuple[str, ...], float] = {}
     seen_info: set[tuple[str, ...]] = set()
     for job in snapshot.jobs:
         gi = "" if job.gpu_instance is None else str(job.gpu_instance)
@@ -139,12 +154,16 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         if job.sm_utilization_ratio is not None:
             row[1] = min(1.0, float(row[1] or 0) + job.sm_utilization_ratio)
         row[2] = float(row[2] or 0) + job.processes
+        if job.mps_thread_ratio is not None:
+            caps[key] = max(caps.get(key, 0.0), job.mps_thread_ratio)
     for key, (memory, ratio, count) in usage.items():
         labels = list(key)
         mem.add_metric(labels, float(memory or 0))
         if ratio is not None:
             sm.add_metric(labels, ratio)
         procs.add_metric(labels, float(count or 0))
+        if key in caps:
+            thread_cap.add_metric(labels, caps[key])
     shared: dict[tuple[str, str], float] = {}
     for (gpu, _uuid, gi, _job), (_mem, ratio, _count) in usage.items():
         shared[(gpu, gi)] = shared.get((gpu, gi), 0.0) + float(ratio or 0.0)

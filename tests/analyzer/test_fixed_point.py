@@ -2,7 +2,8 @@
 
 Per scenario in sim/scenarios/ (found there, so a new one is covered): week 1 simulated and
 reported, its plan applied by `gpulens sim apply-plan`, week 2 simulated and reported with
-`--previous`. Week 2 must emit no config file and give no job a `change` or `reclaim` action.
+`--previous`. Week 2 must emit no config file, give no job a `change` or `reclaim` action and
+find no regression in what was applied (no `roll back`).
 """
 
 from __future__ import annotations
@@ -61,3 +62,7 @@ def test_a_fleet_running_its_plan_gets_no_further_change(name, tmp_path):
         str(tmp_path / "week2.yaml"), tmp_path / "week2", START + 7 * DAY, window, "--previous", str(week1)
     )
     assert (_changes(week2), (week2 / "config").exists()) == (set(), False)
+    # and nothing it applied reads as a regression: a job is measured the same way whole, on a
+    # slice and under its MPS cap, so a client that runs as sized does not look like it binds
+    week = json.loads((week2 / "week.json").read_text())
+    assert [a["job_id"] for a in week["actions"] if a["status"] == "roll back"] == []

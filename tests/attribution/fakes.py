@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpulens.exporter.attribution import AttributionConfig, Attributor, ProcessRef
+from gpulens.exporter.attribution.model import ProcessKind
 
 GPU0 = "GPU-00000000-1111-2222-3333-000000000000"
 GPU1 = "GPU-00000000-1111-2222-3333-000000000001"
@@ -110,7 +111,7 @@ def proc(
         uuid=uuid or (GPU0 if gpu == 0 else GPU1),
         gpu_instance=gi,
         mig_uuid=mig_uuid,
-        kind=kind,
+        kind=ProcessKind(kind),
         used_memory_bytes=memory,
         sm_util_ratio=sm,
     )

@@ -255,6 +255,7 @@ def test_a_directory_full_of_junk_does_not_mute_the_attributors_other_warnings(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from gpulens.exporter.attribution import AttributionConfig, Attributor, ProcessRef
+    from gpulens.exporter.attribution.model import ProcessKind
 
     directory = tmp_path / "mapping"
     directory.mkdir()
@@ -269,7 +270,7 @@ def test_a_directory_full_of_junk_does_not_mute_the_attributors_other_warnings(
         uuid="GPU-x",
         gpu_instance=None,
         mig_uuid=None,
-        kind="compute",
+        kind=ProcessKind.COMPUTE,
         used_memory_bytes=None,
         sm_util_ratio=None,
     )

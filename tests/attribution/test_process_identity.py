@@ -4,6 +4,8 @@ import logging
 import os
 import shutil
 
+import pytest
+
 from gpulens.exporter.attribution import JobIdentity
 from gpulens.exporter.attribution.logonce import LogOnce
 from gpulens.exporter.attribution.procfs import ProcfsReader
@@ -250,3 +252,42 @@ def test_after_the_ttl_a_process_without_a_job_cgroup_rereads_its_environment(no
     node.process(100, "0::/user.slice\n", {"SLURM_JOB_ID": "7"})  # identity only from the env
     clock.now += 31.0
     assert reader.read(100).slurm_env == {"SLURM_JOB_ID": "7"}
+
+
+def _two_clients(node):
+    """A client busy all the time under a 30 % cap beside an uncapped one busy a fifth of the time."""
+    node.process(100, slurm_v2("1234"), {**SLURM_ENV, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"})
+    node.process(101, slurm_v2("1235"), SLURM_ENV | {"SLURM_JOB_ID": "1235"})
+    return [proc(100, sm=1.0, kind="mps_client"), proc(101, sm=0.2, kind="mps_client")]
+
+
+def test_an_mps_clients_own_thread_percentage_is_its_jobs_cap(node):
+    usages = by_job(node.attributor().attribute(_two_clients(node), {(0, None): 0.5}, {0: 1.0}, {0}))
+    assert usages[(0, None, "1234")].mps_thread_ratio == 0.3
+    assert usages[(0, None, "1235")].mps_thread_ratio is None
+
+
+def test_capped_clients_on_a_gpu_with_sm_activity_are_weighed_by_what_their_caps_let_them_add(node):
+    usages = by_job(node.attributor().attribute(_two_clients(node), {(0, None): 0.5}, {0: 1.0}, {0}))
+    assert usages[(0, None, "1234")].sm_utilization_ratio == pytest.approx(0.3)  # not 0.5 / 1.2
+    assert usages[(0, None, "1235")].sm_utilization_ratio == pytest.approx(0.2)
+
+
+def test_capped_clients_on_a_gpu_without_sm_activity_split_its_utilization_by_time(node):
+    # NVML utilization is a time, as the clients' own figures are: a thread cap does not bound it
+    usages = by_job(node.attributor().attribute(_two_clients(node), {(0, None): 0.5}, {0: 1.0}))
+    assert usages[(0, None, "1234")].sm_utilization_ratio == pytest.approx(0.5 / 1.2)
+
+
+def test_a_thread_percentage_cuda_would_reject_is_no_cap(node):
+    for pid, value in ((100, "0"), (101, "250"), (102, "thirty"), (103, "nan")):
+        node.process(pid, slurm_v2(str(pid)), {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": value})
+    usages = node.attributor().attribute([proc(p, sm=0.5, kind="mps_client") for p in (100, 101, 102, 103)])
+    assert [u.mps_thread_ratio for u in usages] == [None, None, None, None]
+
+
+def test_a_thread_percentage_outside_mps_is_not_published_as_a_cap(node):
+    node.process(100, slurm_v2("1234"), {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"})
+    [usage] = node.attributor().attribute([proc(100, sm=1.0)], {(0, None): 0.9})
+    assert usage.mps_thread_ratio is None
+    assert usage.sm_utilization_ratio == 0.9

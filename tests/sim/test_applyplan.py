@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from gpulens.sim.scenario import (
     ProcessSpec,
     Scenario,
     SlurmJob,
+    instance_profiles,
 )
 from gpulens.sim.scenariofile import BUILTIN_DIR, load_scenario
 
@@ -162,10 +164,26 @@ def test_the_kept_job_is_byte_for_byte_the_same(week2):
     ][-1]
 
 
-def test_moving_a_job_keeps_its_workload(week2):
-    before = {pod_owner(_kubernetes(p.job).pod): p.workload for p in load_scenario(WEEK1).processes}
-    after = {pod_owner(_kubernetes(p.job).pod): p.workload for p in week2[1].processes}
-    assert before == after
+def _sms(scenario: Scenario, p: ProcessSpec) -> int:
+    g = scenario.gpus[p.gpu]
+    return (
+        g.model.sm_count if p.instance is None else instance_profiles(g, scenario.faults)[p.instance].sm_count
+    )
+
+
+def test_moving_a_job_keeps_its_workload_in_sms(week2):
+    # the same work is the same SMs: a share of a slice becomes a smaller share of a whole GPU
+    week1 = load_scenario(WEEK1)
+    before = {pod_owner(_kubernetes(p.job).pod): (p, _sms(week1, p)) for p in week1.processes}
+    moved_across = 0
+    for p in week2[1].processes:
+        was, sms = before[pod_owner(_kubernetes(p.job).pod)]
+        assert p.workload.sm * _sms(week2[1], p) == pytest.approx(was.workload.sm * sms, abs=1e-4)
+        # the rest as it was, but a kernel never runs wider than all the time (busy >= sm)
+        assert replace(p.workload, sm=was.workload.sm, busy=was.workload.busy) == was.workload
+        assert p.workload.busy is None or p.workload.busy == max(was.workload.busy or 0.0, p.workload.sm)
+        moved_across += _sms(week2[1], p) != sms
+    assert moved_across  # the week pair moves jobs between a slice and a whole GPU
 
 
 def test_the_output_validates_and_reads_back_equal(week2, capsys):

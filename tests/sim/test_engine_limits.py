@@ -41,10 +41,22 @@ def test_an_mps_client_whose_demand_exceeds_its_thread_cap_runs_at_the_cap():
     assert busy == 100  # the same work at a fifth of the SMs keeps kernels running all the time
 
 
-def test_an_mps_client_under_its_cap_runs_as_without_one():
-    workload = {"pattern": "constant", "memory": "4GiB", "sm": 0.1}
+def test_an_mps_client_whose_kernels_fit_its_cap_runs_as_without_one():
+    # kernels half the time on a fifth of the SMs: never wider than the 50 % cap
+    workload = {"pattern": "constant", "memory": "4GiB", "sm": 0.1, "busy": 0.5}
     capped = _client_sm(_mps({"environ": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}, "workload": workload}))
     assert capped == _client_sm(_mps({"workload": workload}))
+
+
+def test_an_mps_client_with_kernels_wider_than_its_cap_does_the_same_work_for_longer():
+    # kernels 15 % of the time on two thirds of the SMs; a 50 % cap makes them narrower and longer
+    workload = {"pattern": "constant", "memory": "4GiB", "sm": 0.1, "busy": 0.15}
+    sm, busy = _client_sm(
+        _mps({"environ": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}, "workload": workload})
+    )
+    free_sm, free_busy = _client_sm(_mps({"workload": workload}))
+    assert sm == pytest.approx(free_sm, abs=0.01) and busy > free_busy
+    assert sm <= busy / 100 * 0.5 + 0.01  # never wider than the cap while it runs
 
 
 def test_a_thread_percentage_outside_mps_is_ignored_as_cuda_ignores_it():
