@@ -780,9 +780,14 @@ def recommend_one(row: Mapping[str, Any], th: Thresholds, fleet: Sequence[GpuMod
 
 def _serving_advice(found: Recommendation, row: Mapping[str, Any], th: Thresholds, s: Sizing) -> None:
     """A server sized from its KV use: the reason says how, and names the flag value that
-    allocates that much where it goes (its slice, its MPS limit's GPU, or its whole GPU)."""
+    allocates that much where it goes (its slice, its MPS limit's GPU, or its whole GPU). One that
+    published its KV use but not its pool's bytes says which figure its server leaves out."""
     kv = serving.kv_need(row, th)
-    if kv is None or found.recommendation == Kind.RECLAIM:
+    if found.recommendation == Kind.RECLAIM:
+        return
+    if kv is None:
+        note = serving.unsized(row, th)
+        found.reason += f"; {note}" if note else ""
         return
     found.numbers.update(serving_floor_bytes=kv.floor, serving_footprint_bytes=kv.footprint)
     found.serving_floor_bytes = kv.floor

@@ -1,4 +1,4 @@
-"""Inference servers' own metrics (vLLM, SGLang), joined to jobs by their pod, and what they say.
+"""Inference servers' own metrics (vLLM, SGLang, Triton), joined to jobs by their pod, and what they say.
 
 LLM servers pre-allocate most of their device's memory for the KV cache (vLLM
 `--gpu-memory-utilization`, default 0.9; SGLang `--mem-fraction-static`), so a server that answers
@@ -6,23 +6,37 @@ a few requests an hour looks like a memory hog to memory-based sizing and like a
 reclaim rule. Where Prometheus scrapes the server's pod, its own series say what it needs:
 
 - it serves: any series of its pod in the window. It is never reclaimed (it may share).
-- KV use: the peak of `vllm:kv_cache_usage_perc` (older vLLM: `vllm:gpu_cache_usage_perc`) or
-  `sglang:token_usage`, a share of its KV pool. With the pool's size in bytes (vLLM publishes it as
-  `vllm:cache_config_info{kv_cache_memory_bytes}` when the pool is sized with
-  `--kv-cache-memory-bytes`), the memory it needs is its non-KV memory (what it holds minus the
-  pool: weights, activations, CUDA graphs) + its peak KV use x (1 + `serving.kv_headroom_ratio`),
-  and the flag value that allocates that much on the target slice or GPU is named. Without the
-  pool's bytes (a pool sized by a fraction: the bytes per token depend on the model) it is sized
-  from what it holds, as any job.
-- pressure: a queue (`vllm:num_requests_waiting`, `sglang:num_queue_reqs` above zero in more than
-  `serving.max_waiting_fraction` of samples) or preemptions (`vllm:num_preemptions_total`, SGLang's
-  `sglang:num_retracted_requests_total`, more than `serving.max_preemptions` in the window): its
-  KV cache is too small already, so it is never shrunk.
+- KV use: the peak of `vllm:kv_cache_usage_perc` (older vLLM: `vllm:gpu_cache_usage_perc`),
+  `sglang:token_usage`, or, for Triton running the TensorRT-LLM backend, used / max of
+  `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type}` (NVIDIA/TensorRT-LLM
+  `triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc`;
+  used / max rather than its `fraction`, which older backends lack), a share of its KV pool. With
+  the pool's size in bytes (vLLM publishes it as `vllm:cache_config_info{kv_cache_memory_bytes}`
+  when the pool is sized with `--kv-cache-memory-bytes`), the memory it needs is its non-KV memory
+  (what it holds minus the pool: weights, activations, CUDA graphs) + its peak KV use x (1 +
+  `serving.kv_headroom_ratio`), and the flag value that allocates that much on the target slice or
+  GPU is named. Without the pool's bytes it is sized from what it holds, as any job: a vLLM pool
+  sized by a fraction; SGLang, which publishes its pool in tokens only (`sglang:max_total_num_tokens`,
+  `sglang:num_used_tokens` in `python/sglang/srt/metrics/collector.py`; the bytes appear only in its
+  log line "KV Cache is allocated. #tokens: N, K size: X GB, V size: Y GB",
+  `python/sglang/srt/mem_cache/memory_pool.py`): sizing it needs a series with the pool's bytes, or
+  its KV bytes per token beside `max_total_num_tokens`; TensorRT-LLM, which publishes blocks
+  (`max`, `used`, `tokens_per`) but not the bytes of a block.
+- pressure: a queue (`vllm:num_requests_waiting`, `sglang:num_queue_reqs`, Triton's per-model
+  `nv_inference_pending_request_count` above zero in more than `serving.max_waiting_fraction` of
+  samples) or preemptions (`vllm:num_preemptions_total`, SGLang's
+  `sglang:num_retracted_requests_total`, more than `serving.max_preemptions` in the window; Triton
+  counts none): its KV cache or its instances are short already, so it is never shrunk.
 - latency: the p95 (`QUANTILE`) of its e2e request latency and time to first token over the window,
   from its histograms' buckets (`vllm:e2e_request_latency_seconds`, `vllm:time_to_first_token_seconds`,
   SGLang's of the same names), each bucket's increase interpolated as `histogram_quantile` does.
-  Week over week (`weekly.py`), a moved server whose p95 rose by more than
-  `serving.max_latency_increase` is rolled back.
+  Triton publishes no such histogram by default (its `nv_inference_first_response_histogram_ms` is
+  opt-in, `--metrics-config histogram_latencies=true`, for decoupled models only, and is not read;
+  its summaries are opt-in too and over a sliding window): its latency is the MEAN request time,
+  `nv_inference_request_duration_us` increase / `nv_inference_request_success` increase over the
+  window (the most of its models'), column `serving_e2e_mean_s`. Week over week (`weekly.py`), a
+  moved server whose p95 (or Triton's mean) rose by more than `serving.max_latency_increase` is
+  rolled back.
 
 Both sources give the same figures: the file path reduces a history's samples, the PromQL path
 asks the same reductions of Prometheus (`queries`), per `namespace`/`pod` as a pod scrape labels
@@ -46,11 +60,17 @@ from gpulens.catalog import GIB
 class Server(StrEnum):
     VLLM = "vllm"
     SGLANG = "sglang"
+    TRITON = "triton"
+
+
+# the prefix of each server's families: a pod's series say which server it runs
+PREFIXES = {Server.VLLM: "vllm:", Server.SGLANG: "sglang:", Server.TRITON: "nv_"}
 
 
 @dataclass(frozen=True)
 class Names:
-    """One server's series: KV use (current name first), queue, preemption counter, and its flag."""
+    """One server's series: KV use (current name first), queue, preemption counter, and its flag
+    ("": the server publishes none)."""
 
     kv_usage: tuple[str, ...]
     waiting: str
@@ -77,8 +97,24 @@ NAMES = {
         "sglang:e2e_request_latency_seconds",
         "sglang:time_to_first_token_seconds",
     ),
+    # Triton Inference Server (triton-inference-server/server docs/user_guide/metrics.md): series
+    # per `model` and `version`; KV use from the TensorRT-LLM backend's block gauges (`TRT_KV`)
+    Server.TRITON: Names(
+        ("nv_trt_llm_kv_cache_block_metrics",),
+        "nv_inference_pending_request_count",
+        "",
+        "kv_cache_free_gpu_mem_fraction",  # TensorRT-LLM's model parameter (a share of free memory)
+        "",
+        "",
+    ),
 }
 CACHE_INFO = "vllm:cache_config_info"
+TRT_KV = "nv_trt_llm_kv_cache_block_metrics"
+TRT_KV_LABEL = "kv_cache_block_type"  # its blocks: "used" of "max" (also free, tokens_per, fraction)
+# Triton's cumulative request time and successful requests: their increases give the mean
+TRITON_DURATION = "nv_inference_request_duration_us"
+TRITON_SUCCESS = "nv_inference_request_success"
+TRITON_MODEL = ("model", "version")  # Triton labels each series with its model and version
 POD = ("namespace", "pod")
 INFO_LABELS = ("gpu_memory_utilization", "kv_cache_memory_bytes")
 QUANTILE = 0.95  # the latency percentile compared week over week
@@ -87,22 +123,39 @@ BUCKETS: dict[tuple[Server, str], str] = {
     (server, kind): f"{getattr(names, kind)}_bucket"
     for server, names in NAMES.items()
     for kind in ("e2e", "ttft")
+    if getattr(names, kind)
 }
 FAMILIES: tuple[str, ...] = (
-    *(name for names in NAMES.values() for name in (*names.kv_usage, names.waiting, names.preemptions)),
+    *(
+        name
+        for names in NAMES.values()
+        for name in (*names.kv_usage, names.waiting, names.preemptions)
+        if name
+    ),
     CACHE_INFO,
     *BUCKETS.values(),
+    TRITON_DURATION,
+    TRITON_SUCCESS,
 )
-LABELS: tuple[str, ...] = (*POD, "model_name", *INFO_LABELS, "le")
+LABELS: tuple[str, ...] = (*POD, "model_name", *INFO_LABELS, "le", "version", TRT_KV_LABEL)
+WAITING = frozenset(n.waiting for n in NAMES.values())
+PREEMPTIONS = frozenset(n.preemptions for n in NAMES.values() if n.preemptions)
+
+
+def _columns(name: str) -> list[str]:
+    if name == CACHE_INFO:
+        return [*POD, *INFO_LABELS]
+    if name in BUCKETS.values():
+        return [*POD, "le"]
+    if name == TRT_KV:
+        return [*POD, *TRITON_MODEL, TRT_KV_LABEL]
+    if name.startswith(PREFIXES[Server.TRITON]):
+        return [*POD, *TRITON_MODEL]
+    return list(POD)
+
+
 # the history columns the file path reads
-FAMILY_COLUMNS: dict[str, list[str]] = {
-    name: [*POD, *INFO_LABELS]
-    if name == CACHE_INFO
-    else [*POD, "le"]
-    if name in BUCKETS.values()
-    else list(POD)
-    for name in FAMILIES
-}
+FAMILY_COLUMNS: dict[str, list[str]] = {name: _columns(name) for name in FAMILIES}
 
 COLUMNS = (
     "serving_server",
@@ -113,6 +166,7 @@ COLUMNS = (
     "serving_memory_fraction",
     "serving_e2e_p95_s",
     "serving_ttft_p95_s",
+    "serving_e2e_mean_s",
 )
 
 
@@ -128,6 +182,7 @@ class PodServing:
     memory_fraction: float = math.nan  # vLLM's gpu_memory_utilization now
     e2e_p95_s: float = math.nan  # p95 e2e request latency over the window (NaN: no histogram)
     ttft_p95_s: float = math.nan  # p95 time to first token
+    e2e_mean_s: float = math.nan  # Triton: mean request time over the window (counters, not a p95)
 
 
 Table = Mapping[tuple[str, str], PodServing]
@@ -173,24 +228,31 @@ def _le(text: object) -> float:
         return math.nan
 
 
+def _server(families: set[str]) -> Server:
+    """The server whose families a pod published (vLLM first, as before Triton was read)."""
+    return next(
+        (s for s, prefix in PREFIXES.items() if any(f.startswith(prefix) for f in families)), Server.SGLANG
+    )
+
+
 def _assemble(
     reduced: Mapping[str, Mapping[tuple[str, str], float]],
     info: Mapping[tuple[str, str], dict[str, Any]],
     latency: Mapping[str, Mapping[tuple[str, str], float]] | None = None,
 ) -> dict[tuple[str, str], PodServing]:
-    """Per pod, from per-family reductions (`kv`: max; `waiting`: share above 0; counters: max - min)
-    and the latency quantiles per bucket family."""
+    """Per pod, from per-family reductions (`kv`: max; `waiting`: share above 0; counters: max - min;
+    `TRT_KV`: peak used / max; `TRITON_DURATION`: mean request seconds) and the latency quantiles
+    per bucket family."""
     latency = latency or {}
     out: dict[tuple[str, str], PodServing] = {}
     pods = {pod for values in (*reduced.values(), *latency.values()) for pod in values} | set(info)
     for pod in sorted(pods):
-        vllm = pod in info or any(
-            pod in values for f, values in (*reduced.items(), *latency.items()) if f.startswith("vllm:")
-        )
-        server = Server.VLLM if vllm else Server.SGLANG
+        published = {f for f, values in (*reduced.items(), *latency.items()) if pod in values}
+        server = _server(published | ({CACHE_INFO} if pod in info else set()))
         names = NAMES[server]
         kv = next((reduced[f][pod] for f in names.kv_usage if pod in reduced.get(f, {})), math.nan)
         labels = info.get(pod, {})
+        e2e, ttft = BUCKETS.get((server, "e2e"), ""), BUCKETS.get((server, "ttft"), "")
         out[pod] = PodServing(
             server=server,
             kv_peak=kv,
@@ -198,10 +260,66 @@ def _assemble(
             preemptions=reduced.get(names.preemptions, {}).get(pod, math.nan),
             kv_pool_bytes=_number(labels.get("kv_cache_memory_bytes", "")),
             memory_fraction=_number(labels.get("gpu_memory_utilization", "")),
-            e2e_p95_s=latency.get(BUCKETS[(server, "e2e")], {}).get(pod, math.nan),
-            ttft_p95_s=latency.get(BUCKETS[(server, "ttft")], {}).get(pod, math.nan),
+            e2e_p95_s=latency.get(e2e, {}).get(pod, math.nan),
+            ttft_p95_s=latency.get(ttft, {}).get(pod, math.nan),
+            e2e_mean_s=reduced.get(TRITON_DURATION, {}).get(pod, math.nan),
         )
     return out
+
+
+def _per_pod(series: pd.Series) -> dict[tuple[str, str], float]:
+    """A reduction per series (indexed by namespace, pod, then any model labels) as the most of each
+    pod's series, as `max by (namespace, pod)` does; NaN values dropped."""
+    series = series.dropna()
+    if series.empty:
+        return {}
+    if series.index.nlevels > 2:
+        series = series.groupby(level=[0, 1], observed=True).max()
+    return {(str(ns), str(pod)): float(v) for (ns, pod), v in series.items()}
+
+
+def _series_keys(frame: pd.DataFrame, family: str) -> list[pd.Series]:
+    """The label columns that tell one series of `family` from another in a pod."""
+    columns = [c for c in FAMILY_COLUMNS[family] if c in (*POD, *TRITON_MODEL)]
+    return [frame[c].astype(str) for c in columns]
+
+
+def _kv_blocks(frame: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """TensorRT-LLM's peak KV use per pod: used / max blocks at each sample, the most over the window."""
+    frame = frame[frame[TRT_KV_LABEL].astype(str).isin(("used", "max"))]
+    if frame.empty:
+        return {}
+    wide = frame.astype({c: str for c in (*POD, *TRITON_MODEL, TRT_KV_LABEL)}).pivot_table(
+        index=[*POD, *TRITON_MODEL, "timestamp"], columns=TRT_KV_LABEL, values="value", aggfunc="max"
+    )
+    if "used" not in wide or "max" not in wide:
+        return {}
+    pool = wide["max"].where(wide["max"] > 0)
+    ratio = (wide["used"] / pool).dropna()
+    return _per_pod(ratio.groupby(level=[0, 1, 2, 3], observed=True).max())
+
+
+def _increase(frame: pd.DataFrame, family: str) -> pd.Series:
+    values = frame["value"].astype(float)
+    grouped = values.groupby(_series_keys(frame, family), observed=True)
+    return grouped.max() - grouped.min()
+
+
+def _mean_request_s(families: Mapping[str, pd.DataFrame]) -> dict[tuple[str, str], float]:
+    """Triton's mean request time per pod: its request time's increase over its successful
+    requests' (per model; the most of its models'), in seconds. A mean, not a p95."""
+    duration, success = families.get(TRITON_DURATION), families.get(TRITON_SUCCESS)
+    if duration is None or success is None or duration.empty or success.empty:
+        return {}
+    spent = _increase(_scraped(duration), TRITON_DURATION)
+    served = _increase(_scraped(success), TRITON_SUCCESS)
+    served = served.where(served > 0)
+    return _per_pod((spent / served).dropna() / 1e6)
+
+
+def _scraped(frame: pd.DataFrame) -> pd.DataFrame:
+    """The samples that carry a pod (a pod scrape's), the others dropped."""
+    return frame[(frame["namespace"].astype(str) != "") & (frame["pod"].astype(str) != "")]
 
 
 def from_families(families: Mapping[str, pd.DataFrame]) -> dict[tuple[str, str], PodServing]:
@@ -211,9 +329,9 @@ def from_families(families: Mapping[str, pd.DataFrame]) -> dict[tuple[str, str],
     latency: dict[str, dict[tuple[str, str], float]] = {}
     for family in FAMILIES:
         frame = families.get(family)
-        if frame is None or frame.empty:
+        if frame is None or frame.empty or family in (TRITON_DURATION, TRITON_SUCCESS):
             continue
-        frame = frame[(frame["namespace"].astype(str) != "") & (frame["pod"].astype(str) != "")]
+        frame = _scraped(frame)
         keys = [frame["namespace"].astype(str), frame["pod"].astype(str)]
         if family in BUCKETS.values():
             latency[family] = _quantiles(frame, keys)
@@ -223,15 +341,21 @@ def from_families(families: Mapping[str, pd.DataFrame]) -> dict[tuple[str, str],
             for row in last.drop_duplicates(list(POD), keep="last").to_dict("records"):
                 info[(row["namespace"], row["pod"])] = row
             continue
+        if family == TRT_KV:
+            reduced[family] = _kv_blocks(frame)
+            continue
         values = frame["value"].astype(float)
-        grouped = values.groupby(keys, observed=True)
-        if family in {n.waiting for n in NAMES.values()}:
-            series = (values > 0).astype(float).groupby(keys, observed=True).mean()
-        elif family in {n.preemptions for n in NAMES.values()}:
-            series = grouped.max() - grouped.min()
+        series_keys = _series_keys(frame, family)
+        if family in WAITING:
+            series = (values > 0).astype(float).groupby(series_keys, observed=True).mean()
+        elif family in PREEMPTIONS:
+            series = _increase(frame, family)
         else:
-            series = grouped.max()
-        reduced[family] = {(str(ns), str(pod)): float(v) for (ns, pod), v in series.items()}
+            series = values.groupby(series_keys, observed=True).max()
+        reduced[family] = _per_pod(series)
+    mean = _mean_request_s(families)
+    if mean:
+        reduced[TRITON_DURATION] = mean
     return _assemble(reduced, info, latency)
 
 
@@ -247,21 +371,41 @@ def _quantiles(frame: pd.DataFrame, keys: list[pd.Series]) -> dict[tuple[str, st
     return {pod: histogram_quantile(QUANTILE, b) for pod, b in buckets.items()}
 
 
+def _selector(family: str, **labels: str) -> str:
+    extra = "".join(f',{k}="{v}"' for k, v in labels.items())
+    return f'{{__name__="{family}"{extra},namespace!="",pod!=""}}'
+
+
 def queries(window_s: float, step_s: float) -> dict[str, str]:
     """The PromQL path: one query per family, by namespace and pod (the same reductions)."""
-    window = f"{int(window_s)}s"
+    window, step = f"{int(window_s)}s", f"{int(step_s)}s"
+
+    def increase(family: str) -> str:
+        sel = _selector(family)
+        return f"(max_over_time({sel}[{window}]) - min_over_time({sel}[{window}]))"
+
     out = {}
     for family in FAMILIES:
-        if family == CACHE_INFO:
+        if family in (CACHE_INFO, TRITON_SUCCESS):
             continue
-        sel = f'{{__name__="{family}",namespace!="",pod!=""}}'
+        sel = _selector(family)
         if family in BUCKETS.values():
-            increase = f"max_over_time({sel}[{window}]) - min_over_time({sel}[{window}])"
-            out[family] = f"histogram_quantile({QUANTILE}, sum by (namespace, pod, le) ({increase}))"
+            increase_expr = f"max_over_time({sel}[{window}]) - min_over_time({sel}[{window}])"
+            out[family] = f"histogram_quantile({QUANTILE}, sum by (namespace, pod, le) ({increase_expr}))"
             continue
-        if family in {n.waiting for n in NAMES.values()}:
-            expr = f"avg_over_time(({sel} > bool 0)[{window}:{int(step_s)}s])"
-        elif family in {n.preemptions for n in NAMES.values()}:
+        if family == TRT_KV:
+            used = _selector(family, **{TRT_KV_LABEL: "used"})
+            pool = _selector(family, **{TRT_KV_LABEL: "max"})
+            ratio = f"{used} / ignoring({TRT_KV_LABEL}) ({pool} > 0)"
+            out[family] = f"max by (namespace, pod) (max_over_time(({ratio})[{window}:{step}]))"
+            continue
+        if family == TRITON_DURATION:
+            mean = f"{increase(family)} / ({increase(TRITON_SUCCESS)} > 0)"
+            out[family] = f"max by (namespace, pod) ({mean}) / 1e6"
+            continue
+        if family in WAITING:
+            expr = f"avg_over_time(({sel} > bool 0)[{window}:{step}])"
+        elif family in PREEMPTIONS:
             expr = f"max_over_time({sel}[{window}]) - min_over_time({sel}[{window}])"
         else:
             expr = f"max_over_time({sel}[{window}])"
@@ -281,7 +425,7 @@ def from_prometheus(
             (item["metric"].get("namespace", ""), item["metric"].get("pod", "")): float(item["value"][1])
             for item in result
         }
-    info_expr = f'last_over_time({{__name__="{CACHE_INFO}",namespace!="",pod!=""}}[{int(window_s)}s])'
+    info_expr = f"last_over_time({_selector(CACHE_INFO)}[{int(window_s)}s])"
     info = {
         (item["metric"].get("namespace", ""), item["metric"].get("pod", "")): dict(item["metric"])
         for item in client.query(info_expr, end)
@@ -305,6 +449,7 @@ def join(profiles: pd.DataFrame, table: Table | None) -> pd.DataFrame:
         ("serving_memory_fraction", "memory_fraction"),
         ("serving_e2e_p95_s", "e2e_p95_s"),
         ("serving_ttft_p95_s", "ttft_p95_s"),
+        ("serving_e2e_mean_s", "e2e_mean_s"),
     ):
         out[column] = [float(getattr(s, attr)) if s else math.nan for s in found]
     return out
@@ -399,6 +544,23 @@ def kv_need(row: Mapping[str, Any], th: Thresholds) -> KvNeed | None:
         return None
     server = Server(str(row["serving_server"]))
     return KvNeed(server, peak - pool, pool, kv_peak, th.serving.kv_headroom_ratio)
+
+
+# why a server's KV use cannot size it: the figure each server leaves out (see the module docstring)
+UNSIZED = {
+    Server.VLLM: "its pool is sized by --gpu-memory-utilization: vllm:cache_config_info has no "
+    "kv_cache_memory_bytes",
+    Server.SGLANG: "SGLang publishes its KV pool in tokens (sglang:max_total_num_tokens), not in bytes",
+    Server.TRITON: f"TensorRT-LLM publishes its KV pool in blocks ({TRT_KV}), not in bytes",
+}
+
+
+def unsized(row: Mapping[str, Any], th: Thresholds) -> str:
+    """For a server that published its KV use but cannot be sized from it, why ("" otherwise)."""
+    if not serves(row) or math.isnan(_f(row, "serving_kv_peak")) or kv_need(row, th) is not None:
+        return ""
+    server = Server(str(row["serving_server"]))
+    return f"serving ({server.value}): sized from what it holds, not its KV use: {UNSIZED[server]}"
 
 
 def _gib(n: float) -> str:

@@ -200,12 +200,17 @@ def _warning(row: Any, told: dict[str, Any], th: Thresholds) -> str:
     return "; ".join(warnings)
 
 
-LATENCY = (("serving_e2e_p95_s", "e2e request latency"), ("serving_ttft_p95_s", "time to first token"))
+LATENCY = (
+    ("serving_e2e_p95_s", "p95 e2e request latency"),
+    ("serving_ttft_p95_s", "p95 time to first token"),
+    # Triton publishes no latency histogram by default: its counters give a mean (serving.py)
+    ("serving_e2e_mean_s", "mean request time (Triton's counters, not a p95)"),
+)
 
 
 def _slower(row: Any, told: dict[str, Any], th: Thresholds) -> list[str]:
-    """A server's p95 latencies that rose by more than `serving.max_latency_increase` since last
-    week (both weeks measured from its own histograms; nothing where either week has none)."""
+    """A server's latencies that rose by more than `serving.max_latency_increase` since last week
+    (both weeks measured from its own series; nothing where either week has none)."""
     limit = th.serving.max_latency_increase
     out = []
     for column, what in LATENCY:
@@ -214,7 +219,7 @@ def _slower(row: Any, told: dict[str, Any], th: Thresholds) -> list[str]:
             continue
         if now > then * (1 + limit):
             out.append(
-                f"serves slower: p95 {what} {now:.2f} s, was {then:.2f} s "
+                f"serves slower: {what} {now:.2f} s, was {then:.2f} s "
                 f"(+{now / then - 1:.0%} > serving.max_latency_increase {limit:.0%})"
             )
     return out

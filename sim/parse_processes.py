@@ -287,6 +287,14 @@ def parse_process(
     )
 
 
+# each server's pre-allocation flag (the `serving:` key) and its default
+FLAGS = {
+    Server.VLLM: ("gpu_memory_utilization", 0.9),
+    Server.SGLANG: ("mem_fraction_static", 0.88),
+    Server.TRITON: ("kv_cache_free_gpu_mem_fraction", 0.9),
+}
+
+
 def parse_serving(c: Check, path: str, raw: Any, job: Job | None, device_bytes: int) -> ServingSpec:
     """A process's `serving:` block: the server, its pre-allocation flags and its load."""
     if not isinstance(job, KubernetesJob):
@@ -298,17 +306,23 @@ def parse_serving(c: Check, path: str, raw: Any, job: Job | None, device_bytes: 
     if not isinstance(raw, dict):
         raise c.expected(path, "a mapping", raw)
     server = Server(c.choice(f"{path}.server", raw.get("server"), tuple(Server)))
-    flag = "gpu_memory_utilization" if server is Server.VLLM else "mem_fraction_static"
-    optional = ("model", "queue", "preemptions_per_hour", flag) + (
-        ("kv_cache_memory",) if server is Server.VLLM else ()
+    # each server's pre-allocation flag and its default; a Triton server runs TensorRT-LLM, whose
+    # model is conventionally named `tensorrt_llm`
+    flag, default = FLAGS[server]
+    optional = (
+        ("model", "queue", flag)
+        + (("kv_cache_memory",) if server is Server.VLLM else ())
+        + (() if server is Server.TRITON else ("preemptions_per_hour",))
     )
     m = c.mapping(path, raw, ("server", "weights", "kv_peak"), optional)
     weights = c.size(f"{path}.weights", m["weights"])
-    fraction = c.fraction(f"{path}.{flag}", m.get(flag, 0.9 if server is Server.VLLM else 0.88))
+    fraction = c.fraction(f"{path}.{flag}", m.get(flag, default))
     kv_set = c.size(f"{path}.kv_cache_memory", m["kv_cache_memory"]) if "kv_cache_memory" in m else None
     spec = ServingSpec(
         server=server,
-        model_name=c.string(f"{path}.model", m.get("model", "model")),
+        model_name=c.string(
+            f"{path}.model", m.get("model", "tensorrt_llm" if server is Server.TRITON else "model")
+        ),
         weights_bytes=weights,
         memory_fraction=fraction,
         kv_cache_memory_bytes=kv_set,

@@ -1,4 +1,4 @@
-"""Inference servers' own metrics for a scenario's serving processes (vLLM, SGLang).
+"""Inference servers' own metrics for a scenario's serving processes (vLLM, SGLang, Triton).
 
 A process with a `serving:` block is an LLM server: it holds what its server pre-allocates (the
 flag's fraction of the memory its device shows, or vLLM's `--kv-cache-memory-bytes` pool plus the
@@ -17,7 +17,14 @@ capped GPU records a slower week, as `gpulens report --previous` must notice.
 
 Names, labels and bucket bounds are the servers' own (vLLM `vllm/v1/metrics/loggers.py`:
 `model_name`, `engine`; `vllm:cache_config_info` carries `CacheConfig`'s fields as labels; SGLang
-`python/sglang/srt/metrics/collector.py`: `model_name`, its default buckets).
+`python/sglang/srt/metrics/collector.py`: `model_name`, its default buckets). A Triton server runs
+the TensorRT-LLM backend with Triton's default metrics config (triton-inference-server/server
+`docs/user_guide/metrics.md`; core `src/metric_model_reporter.cc`): per `model` and `version`, its
+pending request count, successful requests and cumulative request time in microseconds (no latency
+histogram: those are opt-in), and the backend's KV block gauges
+(`nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type}`: max, used, free, tokens_per, fraction;
+NVIDIA/TensorRT-LLM `triton_backend/inflight_batcher_llm/src/custom_metrics_reporter`). Its pool is
+`kv_cache_free_gpu_mem_fraction` of the memory left after the weights and non-KV memory.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ GIB = 1024**3
 # graphs, the CUDA context (vLLM reports 1-3 GiB of "non-KV" memory for 8B-70B models)
 NON_KV_BYTES = 2 * GIB
 VLLM_BLOCK_SIZE = 16  # tokens per KV block (vLLM's default)
+TRT_LLM_TOKENS_PER_BLOCK = 64  # TensorRT-LLM's default tokens_per_block
+# per-token KV bytes of a Llama-3-8B-like model in bf16 (32 layers x 8 KV heads x 128 x 2 x 2)
+KV_BYTES_PER_TOKEN = 131072
 
 # the servers' histogram bucket bounds in seconds (their defaults; +Inf is added)
 VLLM_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
@@ -56,6 +66,7 @@ BIN_S = 60.0  # latency is integrated minute by minute from the process's start
 class Server(StrEnum):
     VLLM = "vllm"
     SGLANG = "sglang"
+    TRITON = "triton"  # Triton Inference Server with the TensorRT-LLM backend
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,9 @@ class ServingSpec:
     server: Server
     model_name: str
     weights_bytes: int
-    memory_fraction: float  # vLLM --gpu-memory-utilization, SGLang --mem-fraction-static
+    # vLLM --gpu-memory-utilization, SGLang --mem-fraction-static (of the device's memory);
+    # TensorRT-LLM kv_cache_free_gpu_mem_fraction (of what the weights and non-KV memory leave)
+    memory_fraction: float
     kv_cache_memory_bytes: int | None  # vLLM --kv-cache-memory-bytes (then the fraction is ignored)
     kv_peak: float  # share of the KV pool in use at the load's daily peak
     queue: float  # requests waiting at the load's peak (0: never queues)
@@ -77,6 +90,8 @@ class ServingSpec:
         if self.kv_cache_memory_bytes is not None:
             return self.kv_cache_memory_bytes
         device_bytes = self.device_bytes if device_bytes is None else device_bytes
+        if self.server is Server.TRITON:
+            return int(self.memory_fraction * (device_bytes - self.weights_bytes - NON_KV_BYTES))
         return int(self.memory_fraction * device_bytes) - self.weights_bytes - NON_KV_BYTES
 
     def reserved_bytes(self, device_bytes: int | None = None) -> int:
@@ -146,6 +161,7 @@ HISTOGRAMS = {
         Histogram("sglang:e2e_request_latency_seconds", SGLANG_E2E_BUCKETS, E2E_MEDIAN_S),
         Histogram("sglang:time_to_first_token_seconds", SGLANG_TTFT_BUCKETS, TTFT_MEDIAN_S),
     ),
+    Server.TRITON: (),  # Triton's latency histogram is opt-in (histogram_latencies=true): none
 }
 
 
@@ -161,6 +177,7 @@ class Recorder:
         self._buckets = [[0.0] * len(h.bounds) for h in self.histograms]
         self._count = 0.0
         self._sums = [0.0] * len(self.histograms)
+        self._e2e_s = 0.0  # every request's e2e time, summed (Triton's request duration counter)
 
     def _integrate(self, r: float) -> None:
         proc = self.proc
@@ -174,6 +191,7 @@ class Recorder:
                 continue
             slow = proc.slowdown(proc.start + age)
             self._count += requests
+            self._e2e_s += requests * E2E_MEDIAN_S * slow * spread
             for i, h in enumerate(self.histograms):
                 log_median = math.log(h.median_s * slow)
                 cum = self._buckets[i]
@@ -190,16 +208,29 @@ class Recorder:
             return
         yield from samples(proc, r)
         self._integrate(r)
-        labels = {"namespace": proc.namespace, "pod": proc.pod, "model_name": proc.spec.model_name}
-        if proc.spec.server is Server.VLLM:
-            labels["engine"] = "0"
+        labels = _labels(proc)
         count = math.floor(self._count)
+        if proc.spec.server is Server.TRITON:
+            yield "nv_inference_request_success", float(count), labels
+            yield "nv_inference_count", float(count), labels  # batch 1: one inference a request
+            yield "nv_inference_request_duration_us", float(math.floor(self._e2e_s * 1e6)), labels
         for i, h in enumerate(self.histograms):
             for bound, value in zip(h.bounds, self._buckets[i], strict=True):
                 yield f"{h.family}_bucket", float(math.floor(value)), {**labels, "le": repr(bound)}
             yield f"{h.family}_bucket", float(count), {**labels, "le": "+Inf"}
             yield f"{h.family}_sum", self._sums[i], labels
             yield f"{h.family}_count", float(count), labels
+
+
+def _labels(proc: ServingProcess) -> dict[str, str]:
+    """A scrape's labels of the server's series: its pod's, and the server's own model labels."""
+    base = {"namespace": proc.namespace, "pod": proc.pod}
+    if proc.spec.server is Server.TRITON:
+        return {**base, "model": proc.spec.model_name, "version": "1"}
+    labels = {**base, "model_name": proc.spec.model_name}
+    if proc.spec.server is Server.VLLM:
+        labels["engine"] = "0"
+    return labels
 
 
 def samples(proc: ServingProcess, r: float) -> Iterator[tuple[str, float, dict[str, str]]]:
@@ -217,19 +248,31 @@ def samples(proc: ServingProcess, r: float) -> Iterator[tuple[str, float, dict[s
     waiting = float(round(spec.queue * at_peak))
     running = float(max(1, round(16 * rate * cycle)))
     preempted = spec.preemptions_per_hour * age / 3600.0
-    base = {"namespace": proc.namespace, "pod": proc.pod, "model_name": spec.model_name}
-    if spec.server is Server.VLLM:
-        labels = {**base, "engine": "0"}
+    base = _labels(proc)
+    if spec.server is Server.TRITON:
+        yield "nv_inference_pending_request_count", waiting, base
+        blocks = spec.pool_bytes() // (TRT_LLM_TOKENS_PER_BLOCK * KV_BYTES_PER_TOKEN)
+        used = min(blocks, round(usage * blocks))
+        kv = "nv_trt_llm_kv_cache_block_metrics"
+        for kind, value in (
+            ("max", blocks),
+            ("free", blocks - used),
+            ("used", used),
+            ("tokens_per", TRT_LLM_TOKENS_PER_BLOCK),
+            ("fraction", used / blocks if blocks else 0.0),
+        ):
+            yield kv, float(value), {**base, "kv_cache_block_type": kind}
+    elif spec.server is Server.VLLM:
+        labels = base
         pool = spec.pool_bytes()
         kv_set = spec.kv_cache_memory_bytes
         yield "vllm:num_requests_running", running, labels
         yield "vllm:num_requests_waiting", waiting, labels
         yield "vllm:kv_cache_usage_perc", usage, labels
         yield "vllm:num_preemptions_total", math.floor(preempted), labels
-        # per-token KV bytes of a Llama-3-8B-like model in bf16 (32 layers x 8 KV heads x 128 x 2 x 2)
-        blocks = pool // (VLLM_BLOCK_SIZE * 131072)
-        info = {
-            **base,
+        blocks = pool // (VLLM_BLOCK_SIZE * KV_BYTES_PER_TOKEN)
+        info = {  # the info series carries no engine label
+            **{k: v for k, v in base.items() if k != "engine"},
             "block_size": str(VLLM_BLOCK_SIZE),
             "gpu_memory_utilization": repr(spec.memory_fraction),
             "num_gpu_blocks": str(blocks),

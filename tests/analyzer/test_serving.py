@@ -104,6 +104,14 @@ def test_without_the_pools_bytes_a_server_is_sized_from_what_it_holds():
     assert serving.kv_need({**row, "serving_kv_pool_bytes": 50.0 * GIB}, th) is not None
 
 
+def test_an_sglang_server_is_sized_from_what_it_holds_as_it_publishes_no_pool_bytes(recs):
+    # SGLang publishes its KV pool in tokens (sglang:max_total_num_tokens), never in bytes
+    row = recs.loc[SGLANG]
+    assert row["memory_need_bytes"] >= row["memory_peak_bytes"]
+    assert "serving (sglang): sized from what it holds, not its KV use" in row["reason"]
+    assert "sglang:max_total_num_tokens" in row["reason"]
+
+
 def test_the_flag_value_gives_the_footprint_on_the_target():
     need = serving.KvNeed(serving.Server.VLLM, 18 * GIB, 50 * GIB, 0.12, 0.25)
     value = need.flag_value(40 * GIB)

@@ -347,3 +347,22 @@ def test_a_fraction_too_small_for_the_weights_is_refused() -> None:
     assert "processes[0].serving.gpu_memory_utilization: expected a fraction" in error_of(
         one_gpu(processes=[raw])
     )
+
+
+def test_a_triton_server_pre_allocates_its_fraction_of_what_the_weights_leave() -> None:
+    triton = {"server": "triton", "weights": "16GiB", "kv_peak": 0.2}
+    process = parse_scenario(one_gpu(processes=[serving_proc(serving=triton)]), "t.yaml").processes[0]
+    assert process.serving is not None
+    # TensorRT-LLM's kv_cache_free_gpu_mem_fraction 0.9 of the memory the weights and 2 GiB leave
+    total = get_model("H100-80GB").memory_bytes
+    pool = int(0.9 * (total - 18 * 1024**3))
+    assert process.workload.memory_bytes == process.serving.reserved_bytes() == 18 * 1024**3 + pool
+
+
+def test_a_triton_server_refuses_vllms_pool_flag() -> None:
+    raw = serving_proc(
+        serving={"server": "triton", "weights": "16GiB", "kv_peak": 0.2, "kv_cache_memory": "8GiB"}
+    )
+    assert "processes[0].serving.kv_cache_memory: expected one of the keys" in error_of(
+        one_gpu(processes=[raw])
+    )
