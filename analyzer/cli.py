@@ -20,12 +20,11 @@ from typing import Any
 
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.memlimit import usable_memory
-from gpulens.analyzer.sources.promclient import MAX_SECRET_BYTES, PromClient, PromConfig, answer_limits
+from gpulens.analyzer.sources.promclient import PromClient, PromConfig, answer_limits, read_secret
 from gpulens.analyzer.sources.promqueries import ask_first
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.analyzer.timeparse import parse_duration, parse_time
 from gpulens.catalog import CatalogError
-from gpulens.safeload import InputError, read_text
 
 # Only light modules above. The analysis (pandas, pyarrow, matplotlib, orjson: the `[analyzer]`
 # extra) is imported inside the commands, after their first Prometheus queries are on their way
@@ -235,14 +234,7 @@ def _prom_target(args: argparse.Namespace) -> _PromTarget:
     if args.basic_auth_user:
         password = ""
         if args.basic_auth_password_file:
-            try:
-                password = read_text(args.basic_auth_password_file, MAX_SECRET_BYTES).strip()
-            except OSError as exc:
-                raise AnalyzerError(
-                    f"{args.basic_auth_password_file}: cannot read password: {exc.strerror}"
-                ) from exc
-            except InputError as exc:  # not UTF-8, or not a password
-                raise AnalyzerError(str(exc)) from exc
+            password = read_secret(args.basic_auth_password_file, "password")
         basic = (args.basic_auth_user, password)
     if args.chunk_size < 1:
         raise AnalyzerError("--chunk-size must be at least 1")

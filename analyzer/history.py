@@ -35,6 +35,7 @@ from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.memlimit import usable_memory
 from gpulens.analyzer.serving import FAMILIES as SERVING_FAMILIES
 from gpulens.analyzer.serving import LABELS as SERVING_LABELS
+from gpulens.analyzer.units import gib_fixed
 from gpulens.safeload import InputError, load_json_file, read_text
 
 FORMAT = "gpulens-history"
@@ -434,7 +435,7 @@ TEXT_EXPANSION = 4  # pandas' frame of a numeric CSV is about 2-4x the text
 
 
 def _gib(n: float) -> str:
-    return f"{n / 1024**3:.2f} GiB" if n >= 1024**2 else f"{n:,.0f} bytes"
+    return gib_fixed(n, 2) if n >= 1024**2 else f"{n:,.0f} bytes"
 
 
 # ceilings no real sample reaches: the largest GPU holds well under 1 TiB, a ratio is 0..1 (a

@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
-import yaml
-
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.safeload import InputError, load_yaml_file
+from gpulens.safeload import InputError, read_yaml_file
 
 DEFAULTS_PATH = Path(__file__).with_name("thresholds.yaml")
 
@@ -212,13 +210,9 @@ def _sections() -> dict[str, type]:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = load_yaml_file(path)
-    except OSError as exc:
-        raise AnalyzerError(f"{path}: cannot read thresholds file: {exc.strerror}") from exc
-    except InputError as exc:  # not UTF-8, or over the YAML byte bound
+        data = read_yaml_file(path, unreadable="cannot read thresholds file")
+    except InputError as exc:  # unreadable, not UTF-8, over the YAML byte bound, or not YAML
         raise AnalyzerError(str(exc)) from exc
-    except yaml.YAMLError as exc:
-        raise AnalyzerError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -22,6 +22,12 @@ def gib(value: object) -> str:
     return f"{number / GIB:,.1f} GiB"
 
 
+def gib_fixed(value: float, digits: int) -> str:
+    """Bytes as GiB with exactly `digits` decimals and no MiB below 1 GiB ("0.50 GiB"): for a
+    reason or an error that sets a figure beside a limit, which must read in the same unit."""
+    return f"{value / GIB:.{digits}f} GiB"
+
+
 def pct(value: object, digits: int = 0) -> str:
     """A fraction as a percentage ("42 %"); below 1 % with one decimal so 0.2 % is not "0 %"."""
     if _missing(value):

@@ -21,6 +21,8 @@ from grafanalib.core import Dashboard
 
 from gpulens.dashboards import exporter, fleet, jobs, node, perses, sharing
 from gpulens.dashboards.common import CLUSTER, RUNBOOK_ALERT_FIELD, RUNBOOK_URL, SCRAPE_JOB
+from gpulens.generated import Outcome as Outcome  # what `build` returns, re-exported
+from gpulens.generated import sync
 from gpulens.promscope.config import DEFAULT, MixinConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -159,14 +161,6 @@ def render_configmap(rendered: list[Rendered]) -> str:
     return CONFIGMAP_HEADER + "---\n" + "---\n".join(docs)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What a build wrote (or, with check, what differs from a fresh build)."""
-
-    changed: list[Path]
-    removed: list[Path]
-
-
 def render_perses(rendered: list[Rendered]) -> list[perses.Converted]:
     return [perses.convert(json.loads(r.text)) for r in rendered]
 
@@ -190,25 +184,10 @@ def build(
             else configmap.parent / PERSES_RESOURCES
         )
         wanted[resources] = perses.render_resources(converted)
-    changed = [path for path, text in wanted.items() if _read(path) != text]
-    removed = sorted(
+    present = sorted(
         p
         for directory in (json_dir, perses_dir(json_dir))
         if directory.is_dir()
         for p in directory.glob("*.json")
-        if p not in wanted
     )
-    if not check:
-        for path in changed:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(wanted[path], encoding="utf-8")
-        for path in removed:
-            path.unlink()
-    return Outcome(changed=changed, removed=removed)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
+    return sync(wanted, present, check=check)

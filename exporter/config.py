@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,15 @@ from gpulens.serverflags import LOG_FORMATS as LOG_FORMATS
 from gpulens.serverflags import LOG_LEVELS as LOG_LEVELS
 from gpulens.serverflags import ConfigError as ConfigError
 from gpulens.serverflags import parse_listen as parse_listen
-from gpulens.settings import check, existing_directory, existing_file, setting
+from gpulens.settings import (
+    at_least,
+    check,
+    existing_directory,
+    existing_file,
+    http_url,
+    setting,
+    telemetry_path,
+)
 
 DEFAULT_PORT = 9842
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
@@ -31,17 +38,11 @@ DEFAULT_MAX_REQUESTS = 40  # exporter-toolkit's default; 0 means no limit
 DEFAULT_MAX_CONNECTIONS = 512  # also capped at half the open-files limit (gpulens.httpd)
 RESERVED_PATHS = ("/", "/-/healthy", "/-/ready")
 PROFILING_MODES = ("auto", "dcgm", "gpm", "off")
+MUST_BE = "must be >="  # the exporter's phrasing of a lower bound (the receiver's: "expected at least")
 
 # samples between reads of the slow tier (backends/nvml.py SLOW_FIELDS): 12 x the default 5 s = 1 min
 DEFAULT_SLOW_EVERY = 12
 DEFAULT_POD_LOGS = Path("/var/log/pods")
-
-
-def _at_least(low: float, what: str = "") -> Callable[[float], str | None]:
-    def problem(value: float) -> str | None:
-        return None if value >= low else f"must be >= {low:g}{what}, got {value:g}"
-
-    return problem
 
 
 def _positive(unit: str) -> Callable[[float], str | None]:
@@ -101,23 +102,6 @@ def _dcgm_address(value: str | None) -> str | None:
     return None
 
 
-def _telemetry_path(value: str) -> str | None:
-    try:
-        _check_telemetry_path(value)
-    except ConfigError as exc:
-        return str(exc).partition(": ")[2]
-    return None
-
-
-def _api_url(value: str) -> str | None:
-    if not value:
-        return None
-    parts = urllib.parse.urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"expected an http:// or https:// URL of the API server, got {value!r}"
-    return None
-
-
 SECONDS = {"metavar": "SECONDS", "parse": float, "expected": "a number of seconds"}
 COUNT = {"metavar": "N", "parse": int, "expected": "a whole number"}
 
@@ -144,7 +128,7 @@ class ExporterConfig:
             flag="--web.telemetry-path",
             metavar="PATH",
             help="where the metrics are served",
-            check=_telemetry_path,
+            check=telemetry_path(RESERVED_PATHS, "(landing page or health)"),
         ),
     )
     # concurrent scrapes served; more get 503 (0: no limit)
@@ -155,7 +139,7 @@ class ExporterConfig:
             **COUNT,
             help="most requests handled at once (an answer being sent holds no slot; `/-/healthy` and "
             "`/-/ready` take none); more are answered 503 at once instead of queueing (0: no limit)",
-            check=_at_least(0, " (0: no limit)"),
+            check=at_least(0, " (0: no limit)", wording=MUST_BE),
         ),
     )
     max_connections: int = field(
@@ -165,7 +149,7 @@ class ExporterConfig:
             **COUNT,
             help="open connections; beyond it the one idle the longest is closed (connections that "
             "never completed a request first); capped at half the open-files limit",
-            check=_at_least(1),
+            check=at_least(1, wording=MUST_BE),
         ),
     )
     web_config_file: Path | None = field(
@@ -230,7 +214,7 @@ class ExporterConfig:
             **COUNT,
             help="read the slow tier (below) on every Nth sample only, repeating its last values in "
             "between; 1 reads everything every sample",
-            check=_at_least(1, " (1: every sample)"),
+            check=at_least(1, " (1: every sample)", wording=MUST_BE),
         ),
     )
     simulate: str | None = field(
@@ -286,7 +270,7 @@ class ExporterConfig:
             **COUNT,
             help="most entries of the mapping directory read; past it one line is logged and the rest "
             "ignored (docs/attribution.md)",
-            check=_at_least(1),
+            check=at_least(1, wording=MUST_BE),
         ),
     )
     pod_resources_socket: Path | None = field(
@@ -331,7 +315,7 @@ class ExporterConfig:
             flag="--kubernetes.api-url",
             metavar="URL",
             default_doc="in-cluster, when a service-account token is mounted",
-            check=_api_url,
+            check=http_url(" of the API server"),
             help="API server whose ResourceSlices name DRA-allocated GPUs "
             "([docs/attribution.md](attribution.md#dynamic-resource-allocation-dra))",
         ),
@@ -414,7 +398,10 @@ class ExporterConfig:
     processes_max: int = field(
         default=100,
         metadata=setting(
-            flag="--collector.processes.max", **COUNT, help="most per-process series", check=_at_least(0)
+            flag="--collector.processes.max",
+            **COUNT,
+            help="most per-process series",
+            check=at_least(0, wording=MUST_BE),
         ),
     )
     # per-link NVLink counters instead of per-GPU sums
@@ -477,14 +464,6 @@ def validate(config: ExporterConfig, given_as: Mapping[str, str] | None = None) 
     naming the flag (or the alias or variable it was given as: `given_as`)."""
     check(config, given_as)
     return config
-
-
-def _check_telemetry_path(path: str) -> None:
-    """An absolute URL path of printable characters that no other endpoint uses."""
-    if not path.startswith("/") or not path.isprintable() or any(c in path for c in " ?#"):
-        raise ConfigError(f"--web.telemetry-path: expected an absolute URL path like /metrics, got {path!r}")
-    if path in RESERVED_PATHS:
-        raise ConfigError(f"--web.telemetry-path: {path} is already served (landing page or health)")
 
 
 def _check_dcgm_address(address: str) -> None:

@@ -98,6 +98,51 @@ class ClockEventReason(StrEnum):
     DISPLAY_CLOCK_SETTING = "display_clock_setting"
 
 
+class EccError(StrEnum):
+    """An ECC error counter's type (`nvmlMemoryErrorType_t`): single-bit corrected, double-bit not."""
+
+    CORRECTED = "corrected"
+    UNCORRECTED = "uncorrected"
+
+
+class EccScope(StrEnum):
+    """An ECC error counter's scope (`nvmlEccCounterType_t`): since driver load, or the GPU's life."""
+
+    VOLATILE = "volatile"
+    AGGREGATE = "aggregate"
+
+
+class RemappedRowKind(StrEnum):
+    """The kind of error that made a row be remapped (`nvmlDeviceGetRemappedRows`: corr, unc)."""
+
+    CORRECTABLE = "correctable"
+    UNCORRECTABLE = "uncorrectable"
+
+
+class RetiredPageCause(StrEnum):
+    """Why a framebuffer page was retired (`nvmlPageRetirementCause_t`)."""
+
+    SINGLE_BIT_ECC = "single_bit_ecc"  # MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    DOUBLE_BIT_ECC = "double_bit_ecc"  # DOUBLE_BIT_ECC_ERROR
+
+
+class NvLinkErrorKind(StrEnum):
+    """An NVLink data-link error counter (`nvmlNvLinkErrorCounter_t`, in its order: 0 .. 4)."""
+
+    REPLAY = "replay"
+    RECOVERY = "recovery"
+    CRC_FLIT = "crc_flit"
+    CRC_DATA = "crc_data"
+    ECC_DATA = "ecc_data"
+
+
+class TemperatureThreshold(StrEnum):
+    """The temperature thresholds read (`nvmlTemperatureThresholds_t`: SLOWDOWN, SHUTDOWN)."""
+
+    SLOWDOWN = "slowdown"
+    SHUTDOWN = "shutdown"
+
+
 @dataclass(frozen=True)
 class ProcessSample:
     """One process with a context on a GPU or MIG instance (from NVML's process lists)."""
@@ -117,7 +162,7 @@ class NvLinkSample:
     up: bool
     tx_bytes: int | None = None
     rx_bytes: int | None = None
-    errors: tuple[tuple[str, int], ...] = ()  # (kind, count)
+    errors: tuple[tuple[NvLinkErrorKind, int], ...] = ()  # (kind, count)
 
 
 class Link(StrEnum):
@@ -214,7 +259,7 @@ class PowerThermalReading:
     energy_joules: float | None = None
     temperature_celsius: float | None = None
     memory_temperature_celsius: float | None = None
-    temperature_thresholds: tuple[tuple[str, float], ...] = ()  # (threshold, celsius)
+    temperature_thresholds: tuple[tuple[TemperatureThreshold, float], ...] = ()  # (threshold, celsius)
 
 
 @dataclass(frozen=True)
@@ -250,11 +295,11 @@ class HealthReading:
     """`Area.HEALTH`: ECC, remapped rows, retired pages."""
 
     ecc_enabled: bool | None = None
-    ecc_errors: tuple[tuple[str, str, int], ...] = ()  # (error, scope, count)
-    remapped_rows: tuple[tuple[str, int], ...] = ()  # (kind, rows)
+    ecc_errors: tuple[tuple[EccError, EccScope, int], ...] = ()  # (error, scope, count)
+    remapped_rows: tuple[tuple[RemappedRowKind, int], ...] = ()  # (kind, rows)
     row_remap_pending: bool | None = None
     row_remap_failed: bool | None = None
-    retired_pages: tuple[tuple[str, int], ...] = ()  # (cause, pages)
+    retired_pages: tuple[tuple[RetiredPageCause, int], ...] = ()  # (cause, pages)
     retired_pages_pending: bool | None = None
     # NVML enums nvidia-smi reports (nvmlGpuRecoveryAction_t, nvmlGpuFabricState_t); read only for
     # --compat nvidia_gpu_exporter

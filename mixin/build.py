@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from gpulens.generated import read, sync
 from gpulens.httpd.runbooks import shipped as shipped_runbooks
 from gpulens.mixin import rules
 from gpulens.promscope.config import DEFAULT, MixinConfig
@@ -34,20 +35,8 @@ class Outcome:
     dashboards_missing: bool = False  # grafanalib is not installed and the config is not the default
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-
-
 def _write(wanted: dict[Path, str], check: bool) -> Outcome:
-    changed = [path for path, text in wanted.items() if _read(path) != text]
-    if not check:
-        for path in changed:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(wanted[path], encoding="utf-8")
-    return Outcome(changed)
+    return Outcome(sync(wanted, check=check).changed)
 
 
 def default_files(alerts_dir: Path = ALERTS_DIR) -> dict[Path, str]:
@@ -57,7 +46,7 @@ def default_files(alerts_dir: Path = ALERTS_DIR) -> dict[Path, str]:
     runbooks = alerts_dir / "runbooks"
     for alert, expr in sorted(rules.alert_exprs(rendered).items()):
         path = runbooks / f"{alert}.md"
-        current = _read(path)
+        current = read(path)
         if current is not None:  # a missing runbook is the rule tests' finding, not the build's
             wanted[path] = rules.refresh_runbook(current, expr)
     return wanted

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -32,7 +31,16 @@ from gpulens.serverflags import (
     parse_duration,
     parse_listen,
 )
-from gpulens.settings import check, existing_directory, existing_file, resolve, setting
+from gpulens.settings import (
+    at_least,
+    check,
+    existing_directory,
+    existing_file,
+    http_url,
+    resolve,
+    setting,
+    telemetry_path,
+)
 
 DEFAULT_LISTEN = "127.0.0.1:9843"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -55,13 +63,6 @@ class BackendKind(StrEnum):
     SLURM = "slurm"
 
 
-def _at_least(low: int, what: str = "") -> Callable[[int], str | None]:
-    def problem(value: int) -> str | None:
-        return None if value >= low else f"expected at least {low}{what}, got {value}"
-
-    return problem
-
-
 def _positive(value: float) -> str | None:
     return None if value > 0 else f"expected a positive duration, got {value:g}s"
 
@@ -74,23 +75,6 @@ def _waited(value: float) -> str | None:
 
 def _required(value: object) -> str | None:
     return None if value is not None else "required (kubernetes or slurm)"
-
-
-def _telemetry_path(path: str) -> str | None:
-    if not path.startswith("/") or not path.isprintable() or any(c in path for c in " ?#"):
-        return f"expected an absolute URL path like /metrics, got {path!r}"
-    if path in RESERVED_PATHS:
-        return f"{path} is already served by the receiver"
-    return None
-
-
-def _url(value: str | None) -> str | None:
-    if not value:
-        return None
-    parts = urllib.parse.urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname or not value.isprintable():
-        return f"expected an http:// or https:// URL, got {value!r}"
-    return None
 
 
 def _configmap(value: str | None) -> str | None:
@@ -165,7 +149,7 @@ class ReceiverConfig:
             flag="--web.telemetry-path",
             metavar="PATH",
             help="path of the receiver's own metrics",
-            check=_telemetry_path,
+            check=telemetry_path(RESERVED_PATHS, "by the receiver"),
             group=WEB,
         ),
     )
@@ -255,7 +239,7 @@ class ReceiverConfig:
             flag="--breaker-max-nodes",
             **COUNT,
             help="isolate at most N distinct nodes per window, then stop",
-            check=_at_least(1),
+            check=at_least(1),
             group=BREAKER,
         ),
     )
@@ -313,7 +297,7 @@ class ReceiverConfig:
             metavar="URL",
             default_doc="the in-cluster service address",
             help="Kubernetes API server",
-            check=_url,
+            check=http_url(),
             group=KUBE,
         ),
     )
@@ -517,7 +501,7 @@ class ReceiverConfig:
             flag="--node-gpu-threshold",
             **COUNT,
             help="this many faulty GPUs on one node take the whole node out (drain and reboot); 0: never",
-            check=_at_least(0, " (0: never)"),
+            check=at_least(0, " (0: never)"),
             group=LOOP,
         ),
     )
@@ -527,7 +511,7 @@ class ReceiverConfig:
             flag="--recovery-attempts",
             **COUNT,
             help="recovery actions tried per episode before it is escalated",
-            check=_at_least(1),
+            check=at_least(1),
             group=LOOP,
         ),
     )
@@ -539,7 +523,7 @@ class ReceiverConfig:
             default_doc="none",
             help="Prometheus to check the GPU's health through the hold-down (`gpu_up`, Xids, pending "
             "remaps); without it only the alert's silence counts",
-            check=_url,
+            check=http_url(),
             group=LOOP,
         ),
     )

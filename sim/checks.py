@@ -14,6 +14,7 @@ import math
 import re
 from typing import Any
 
+from gpulens.analyzer.units import gib_fixed
 from gpulens.sim.scenario import FOREVER, ScenarioError
 
 _DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
@@ -177,4 +178,5 @@ def _range(what: str, lo: float | None, hi: float | None) -> str:
 
 
 def gib(n: int) -> str:
-    return f"{n / 1024**3:.2f} GiB"
+    """Bytes in a scenario error, two decimals: a total just over a limit reads as over it."""
+    return gib_fixed(n, 2)

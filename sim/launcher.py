@@ -201,7 +201,6 @@ def child_environment(
     """The environment of the launched program: the scenario, and our sitecustomize first."""
     env = dict(base)
     env[ENV_SCENARIO] = scenario
-    env[ENV_SITE_DIR] = site_dir
     env[ENV_SPEED] = repr(speed)
     if seed is not None:
         env[ENV_SEED] = str(seed)
@@ -211,6 +210,15 @@ def child_environment(
         env[ENV_PROCFS] = str(Path(procfs_dir).resolve())
     else:
         env.pop(ENV_PROCFS, None)
+    return _site_first(env, base, site_dir, procview_dir)
+
+
+def _site_first(
+    env: dict[str, str], base: Mapping[str, str], site_dir: str, procview_dir: str | None
+) -> dict[str, str]:
+    """`env` with what a program needs on either driver: our sitecustomize first on PYTHONPATH
+    (and where it finds the process view, or none), and a virtualenv's `python`/`nvitop` first."""
+    env[ENV_SITE_DIR] = site_dir
     if procview_dir:
         env[ENV_PROCVIEW] = procview_dir
     else:
@@ -299,16 +307,7 @@ def native_environment(
         env.pop(name, None)
     env["LD_LIBRARY_PATH"] = published["LD_LIBRARY_PATH"]
     env[ENV_SHM] = published[ENV_SHM]
-    env[ENV_SITE_DIR] = site_dir
-    if procview_dir:
-        env[ENV_PROCVIEW] = procview_dir
-    else:
-        env.pop(ENV_PROCVIEW, None)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir, base.get("PYTHONPATH", "")) if p)
-    if sys.prefix != sys.base_prefix:  # running from a virtualenv: its `python`/`nvitop` come first
-        bin_dir = str(Path(sys.executable).parent)
-        env["PATH"] = os.pathsep.join(p for p in (bin_dir, base.get("PATH", "")) if p)
-    return env
+    return _site_first(env, base, site_dir, procview_dir)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -54,6 +54,17 @@ def answer_limits(budget_bytes: int, in_flight: int = 1) -> tuple[int, int]:
     return size, series
 
 
+def read_secret(path: str, what: str) -> str:
+    """A bearer token or password file's text, stripped, for `--bearer-token-file` and
+    `--basic-auth-password-file` alike; a one-line error naming the file when it cannot be read."""
+    try:
+        return read_text(path, MAX_SECRET_BYTES).strip()
+    except OSError as exc:
+        raise AnalyzerError(f"{path}: cannot read {what}: {exc.strerror}") from exc
+    except InputError as exc:  # not UTF-8, or too large to be a secret
+        raise AnalyzerError(str(exc)) from exc
+
+
 def _shown(expr: str) -> str:
     """A query as named in one error line: whitespace folded, at most 100 characters."""
     text = " ".join(expr.split())
@@ -94,14 +105,7 @@ class PromClient:
         self.headers = {"Accept": "application/json", "User-Agent": "gpulens-analyzer"}
         token = config.bearer_token
         if config.bearer_token_file:
-            try:
-                token = read_text(config.bearer_token_file, MAX_SECRET_BYTES).strip()
-            except OSError as exc:
-                raise AnalyzerError(
-                    f"{config.bearer_token_file}: cannot read bearer token: {exc.strerror}"
-                ) from exc
-            except InputError as exc:  # not UTF-8, or not a token
-                raise AnalyzerError(str(exc)) from exc
+            token = read_secret(config.bearer_token_file, "bearer token")
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         elif config.basic_auth:

@@ -26,10 +26,11 @@ import importlib.util
 import json
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from gpulens import generated
+from gpulens.generated import Outcome
 from gpulens.mixin import rules
 from gpulens.promscope.config import MixinConfig  # the gpulens package (make rules runs .venv's python)
 
@@ -121,30 +122,12 @@ def render(alerts_dir: Path = ALERTS) -> dict[str, str]:
     return {**rule_files(alerts_dir), **dashboard_files()}
 
 
-@dataclass(frozen=True)
-class Outcome:
-    changed: list[Path]
-    removed: list[Path]
-
-
 def sync(files_dir: Path, wanted: dict[str, str], check: bool) -> Outcome:
     """Write (or with `check`, only compare) the wanted files; other files under rules/ and
     dashboards/ are stale (a deleted rule file or dashboard) and are removed."""
     targets = {files_dir / name: text for name, text in wanted.items()}
-    changed = [
-        path
-        for path, text in targets.items()
-        if not path.is_file() or path.read_text(encoding="utf-8") != text
-    ]
     present = [p for sub in ("rules", "dashboards") for p in sorted((files_dir / sub).glob("*"))]
-    removed = [p for p in present if p not in targets]
-    if not check:
-        for path in changed:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(targets[path], encoding="utf-8")
-        for path in removed:
-            path.unlink()
-    return Outcome(changed=changed, removed=removed)
+    return generated.sync(targets, present, check=check)
 
 
 def main(argv: list[str] | None = None) -> int:

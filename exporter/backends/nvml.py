@@ -34,6 +34,8 @@ from gpulens.exporter.snapshot import (
     ClocksReading,
     ComputeMode,
     DeviceReading,
+    EccError,
+    EccScope,
     GpuIdentity,
     GpuSample,
     HealthReading,
@@ -42,6 +44,7 @@ from gpulens.exporter.snapshot import (
     MigMode,
     MigReading,
     MigSample,
+    NvLinkErrorKind,
     NvLinkSample,
     PcieNvlinkReading,
     PeerLink,
@@ -51,6 +54,9 @@ from gpulens.exporter.snapshot import (
     ProcessSample,
     ProfilingReading,
     ProfilingSource,
+    RemappedRowKind,
+    RetiredPageCause,
+    TemperatureThreshold,
     TopologyReading,
 )
 
@@ -81,12 +87,13 @@ CLOCK_EVENT_REASONS: tuple[tuple[ClockEventReason, int], ...] = (
     (ClockEventReason.HW_POWER_BRAKE_SLOWDOWN, 0x80),
     (ClockEventReason.DISPLAY_CLOCK_SETTING, 0x100),
 )
-NVLINK_ERROR_KINDS: tuple[tuple[str, int], ...] = (
-    ("replay", 0),
-    ("recovery", 1),
-    ("crc_flit", 2),
-    ("crc_data", 3),
-    ("ecc_data", 4),
+# (kind, nvmlNvLinkErrorCounter_t)
+NVLINK_ERROR_KINDS: tuple[tuple[NvLinkErrorKind, int], ...] = (
+    (NvLinkErrorKind.REPLAY, 0),
+    (NvLinkErrorKind.RECOVERY, 1),
+    (NvLinkErrorKind.CRC_FLIT, 2),
+    (NvLinkErrorKind.CRC_DATA, 3),
+    (NvLinkErrorKind.ECC_DATA, 4),
 )
 # NVML_FI_DEV_CLOCKS_EVENT_REASON_* fields: cumulative nanoseconds clocks were held down, per reason
 CLOCK_EVENT_FIELDS: tuple[tuple[ClockEventReason, int], ...] = (
@@ -96,23 +103,29 @@ CLOCK_EVENT_FIELDS: tuple[tuple[ClockEventReason, int], ...] = (
     (ClockEventReason.HW_THERMAL_SLOWDOWN, 270),
     (ClockEventReason.HW_POWER_BRAKE_SLOWDOWN, 271),
 )
-TEMPERATURE_THRESHOLDS: tuple[tuple[str, int], ...] = (
-    ("slowdown", pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
-    ("shutdown", pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+TEMPERATURE_THRESHOLDS: tuple[tuple[TemperatureThreshold, int], ...] = (
+    (TemperatureThreshold.SLOWDOWN, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+    (TemperatureThreshold.SHUTDOWN, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
 )
-# per-link NVLink error count fields exist for links 0..11 (NVML_FI_DEV_NVLINK_<KIND>_ERROR_COUNT_L<n>)
-_NVLINK_ERROR_FIELD_PREFIX = {
-    "replay": "REPLAY",
-    "recovery": "RECOVERY",
-    "crc_flit": "CRC_FLIT",
-    "crc_data": "CRC_DATA",
-    "ecc_data": "ECC_DATA",
-}
-NVLINK_ERROR_FIELDS: dict[tuple[str, int], int] = {
-    (kind, link): getattr(pynvml, f"NVML_FI_DEV_NVLINK_{prefix}_ERROR_COUNT_L{link}")
-    for kind, prefix in _NVLINK_ERROR_FIELD_PREFIX.items()
+ECC_COUNTERS: tuple[tuple[EccError, int], ...] = (
+    (EccError.CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+    (EccError.UNCORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+)
+ECC_SCOPES: tuple[tuple[EccScope, int], ...] = (
+    (EccScope.VOLATILE, pynvml.NVML_VOLATILE_ECC),
+    (EccScope.AGGREGATE, pynvml.NVML_AGGREGATE_ECC),
+)
+RETIREMENT_CAUSES: tuple[tuple[RetiredPageCause, int], ...] = (
+    (RetiredPageCause.SINGLE_BIT_ECC, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+    (RetiredPageCause.DOUBLE_BIT_ECC, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+)
+# per-link NVLink error count fields exist for links 0..11 (NVML_FI_DEV_NVLINK_<KIND>_ERROR_COUNT_L<n>,
+# <KIND> the member's name: REPLAY, CRC_FLIT, ...)
+NVLINK_ERROR_FIELDS: dict[tuple[NvLinkErrorKind, int], int] = {
+    (kind, link): getattr(pynvml, f"NVML_FI_DEV_NVLINK_{kind.name}_ERROR_COUNT_L{link}")
+    for kind in NvLinkErrorKind
     for link in range(64)
-    if hasattr(pynvml, f"NVML_FI_DEV_NVLINK_{prefix}_ERROR_COUNT_L{link}")
+    if hasattr(pynvml, f"NVML_FI_DEV_NVLINK_{kind.name}_ERROR_COUNT_L{link}")
 }
 # NVML common-ancestor levels (nvmlGpuTopologyLevel_t) -> the `link` a pair without NVLink gets
 TOPOLOGY_LEVELS: dict[int, Link] = {
@@ -213,7 +226,7 @@ def _call(fn: Callable[..., Any], *args: Any) -> Any:
 _Reading = TypeVar("_Reading")
 
 # (kind, nvmlNvLinkErrorCounter_t, field request or None where the link has no error field)
-_ErrorKeys = tuple[tuple[str, int, tuple[int, int] | None], ...]
+_ErrorKeys = tuple[tuple[NvLinkErrorKind, int, tuple[int, int] | None], ...]
 
 
 @dataclass(frozen=True)
@@ -705,7 +718,7 @@ class NvmlBackend:
         values = _field_values(handle, plan.request)  # one call instead of 7 per link
         out: list[NvLinkSample] = []
         for link, tx_key, rx_key, error_keys in plan.per_link:
-            errors: list[tuple[str, int]] = []
+            errors: list[tuple[NvLinkErrorKind, int]] = []
             for kind, counter, key in error_keys:
                 count = values.get(key) if key is not None else None
                 if count is None:  # links above 11 have no field; older drivers may lack them
@@ -729,35 +742,29 @@ class NvmlBackend:
         handle, slow = state.handle, state.slow_value
         ecc_mode = slow("ecc_mode", lambda: _call(pynvml.nvmlDeviceGetEccMode, handle))
         ecc_enabled = None if ecc_mode is None else bool(ecc_mode[0])
-        errors: list[tuple[str, str, int]] = []
+        errors: list[tuple[EccError, EccScope, int]] = []
         if ecc_enabled:
-            for error, error_type in (
-                ("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-            ):
-                for scope, counter in (
-                    ("volatile", pynvml.NVML_VOLATILE_ECC),
-                    ("aggregate", pynvml.NVML_AGGREGATE_ECC),
-                ):
+            for error, error_type in ECC_COUNTERS:
+                for scope, counter in ECC_SCOPES:
                     read = functools.partial(
                         _call, pynvml.nvmlDeviceGetTotalEccErrors, handle, error_type, counter
                     )
                     # volatile counts are fault fields (every sample); aggregate ones are slow
-                    count = read() if scope == "volatile" else slow(f"ecc_aggregate_{error}", read)
+                    count = read() if scope is EccScope.VOLATILE else slow(f"ecc_aggregate_{error}", read)
                     if count is not None:
                         errors.append((error, scope, int(count)))
-        remapped_rows: tuple[tuple[str, int], ...] = ()
+        remapped_rows: tuple[tuple[RemappedRowKind, int], ...] = ()
         row_remap_pending = row_remap_failed = None
         remap = _call(pynvml.nvmlDeviceGetRemappedRows, handle)
         if remap is not None:
             corr, unc, pending, failure = remap
-            remapped_rows = (("correctable", int(corr)), ("uncorrectable", int(unc)))
+            remapped_rows = (
+                (RemappedRowKind.CORRECTABLE, int(corr)),
+                (RemappedRowKind.UNCORRECTABLE, int(unc)),
+            )
             row_remap_pending, row_remap_failed = bool(pending), bool(failure)
-        retired: list[tuple[str, int]] = []
-        for cause, code in (
-            ("single_bit_ecc", pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
-            ("double_bit_ecc", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
-        ):
+        retired: list[tuple[RetiredPageCause, int]] = []
+        for cause, code in RETIREMENT_CAUSES:
             pages = _call(pynvml.nvmlDeviceGetRetiredPages, handle, code)
             if pages is not None:
                 retired.append((cause, len(pages)))
@@ -1028,8 +1035,8 @@ def _smi_clocks(state: _GpuState) -> _SmiClocks:
     )
 
 
-def _thresholds(handle: Any) -> tuple[tuple[str, float], ...]:
-    thresholds: list[tuple[str, float]] = []
+def _thresholds(handle: Any) -> tuple[tuple[TemperatureThreshold, float], ...]:
+    thresholds: list[tuple[TemperatureThreshold, float]] = []
     for name, kind in TEMPERATURE_THRESHOLDS:
         celsius = _call(pynvml.nvmlDeviceGetTemperatureThreshold, handle, kind)
         if celsius is not None:

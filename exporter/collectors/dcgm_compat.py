@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from prometheus_client.core import Metric
@@ -52,12 +53,17 @@ from gpulens.exporter.snapshot import (
     Area,
     ClockEventReason,
     ClocksReading,
+    EccError,
+    EccScope,
     HealthReading,
     MigMode,
     MigSample,
     NodeSnapshot,
+    NvLinkErrorKind,
     PcieNvlinkReading,
     ProfilingReading,
+    RemappedRowKind,
+    RetiredPageCause,
     XidCount,
 )
 
@@ -142,15 +148,15 @@ def _flag(value: bool | None) -> Value:
     return None if value is None else (1.0 if value else 0.0)
 
 
-def _ecc(health: HealthReading, error: str, scope: str) -> Value:
+def _ecc(health: HealthReading, error: EccError, scope: EccScope) -> Value:
     return next((float(c) for e, s, c in health.ecc_errors if e == error and s == scope), None)
 
 
-def _pair(pairs: tuple[tuple[str, int], ...], key: str) -> Value:
+def _pair(pairs: tuple[tuple[StrEnum, int], ...], key: StrEnum) -> Value:
     return next((float(v) for k, v in pairs if k == key), None)
 
 
-def _nvlink_errors(pcie: PcieNvlinkReading, kind: str) -> Value:
+def _nvlink_errors(pcie: PcieNvlinkReading, kind: NvLinkErrorKind) -> Value:
     counts = [c for link in pcie.nvlinks for k, c in link.errors if k == kind]
     return float(sum(counts)) if counts else None
 
@@ -251,44 +257,44 @@ FIELDS: tuple[Field[Any], ...] = (
     Field("DCGM_FI_DEV_BAR1_USED", 92, "gauge", "BAR1 memory used (in MB).", MEMORY,
           lambda m: _mib(m.bar1_used_bytes)),
     Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", 310, "counter", "Total number of single-bit volatile ECC errors.",
-          HEALTH, lambda h: _ecc(h, "corrected", "volatile")),
+          HEALTH, lambda h: _ecc(h, EccError.CORRECTED, EccScope.VOLATILE)),
     Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 311, "counter", "Total number of double-bit volatile ECC errors.",
-          HEALTH, lambda h: _ecc(h, "uncorrected", "volatile")),
+          HEALTH, lambda h: _ecc(h, EccError.UNCORRECTED, EccScope.VOLATILE)),
     Field("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", 312, "counter",
           "Total number of single-bit persistent ECC errors.", HEALTH,
-          lambda h: _ecc(h, "corrected", "aggregate")),
+          lambda h: _ecc(h, EccError.CORRECTED, EccScope.AGGREGATE)),
     Field("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 313, "counter",
           "Total number of double-bit persistent ECC errors.", HEALTH,
-          lambda h: _ecc(h, "uncorrected", "aggregate")),
+          lambda h: _ecc(h, EccError.UNCORRECTED, EccScope.AGGREGATE)),
     Field("DCGM_FI_DEV_RETIRED_SBE", 390, "counter",
           "Total number of retired pages due to single-bit errors.", HEALTH,
-          lambda h: _pair(h.retired_pages, "single_bit_ecc")),
+          lambda h: _pair(h.retired_pages, RetiredPageCause.SINGLE_BIT_ECC)),
     Field("DCGM_FI_DEV_RETIRED_DBE", 391, "counter",
           "Total number of retired pages due to double-bit errors.", HEALTH,
-          lambda h: _pair(h.retired_pages, "double_bit_ecc")),
+          lambda h: _pair(h.retired_pages, RetiredPageCause.DOUBLE_BIT_ECC)),
     Field("DCGM_FI_DEV_RETIRED_PENDING", 392, "counter", "Total number of pages pending retirement.",
           HEALTH, lambda h: _flag(h.retired_pages_pending)),
     Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 393, "counter",
           "Number of remapped rows for uncorrectable errors", HEALTH,
-          lambda h: _pair(h.remapped_rows, "uncorrectable")),
+          lambda h: _pair(h.remapped_rows, RemappedRowKind.UNCORRECTABLE)),
     Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", 394, "counter",
           "Number of remapped rows for correctable errors", HEALTH,
-          lambda h: _pair(h.remapped_rows, "correctable")),
+          lambda h: _pair(h.remapped_rows, RemappedRowKind.CORRECTABLE)),
     Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", 395, "gauge", "Whether remapping of rows has failed", HEALTH,
           lambda h: _flag(h.row_remap_failed)),
     Field("DCGM_FI_DEV_ROW_REMAP_PENDING", 396, "gauge", "Whether remapping of rows is pending", HEALTH,
           lambda h: _flag(h.row_remap_pending)),
     Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 409, "counter",
           "Total number of NVLink flow-control CRC errors.", PCIE_NVLINK,
-          lambda p: _nvlink_errors(p, "crc_flit")),
+          lambda p: _nvlink_errors(p, NvLinkErrorKind.CRC_FLIT)),
     Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", 419, "counter",
           "Total number of NVLink data CRC errors.",
-          PCIE_NVLINK, lambda p: _nvlink_errors(p, "crc_data")),
+          PCIE_NVLINK, lambda p: _nvlink_errors(p, NvLinkErrorKind.CRC_DATA)),
     Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 429, "counter", "Total number of NVLink retries.",
-          PCIE_NVLINK, lambda p: _nvlink_errors(p, "replay")),
+          PCIE_NVLINK, lambda p: _nvlink_errors(p, NvLinkErrorKind.REPLAY)),
     Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 439, "counter",
           "Total number of NVLink recovery errors.",
-          PCIE_NVLINK, lambda p: _nvlink_errors(p, "recovery")),
+          PCIE_NVLINK, lambda p: _nvlink_errors(p, NvLinkErrorKind.RECOVERY)),
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 449, "counter",
           "Total number of NVLink bandwidth counters for all lanes.", PROFILING, _nvlink_mbps,
           on_mig=False),

@@ -36,11 +36,15 @@ from gpulens.exporter.snapshot import (
     Area,
     ClockEventReason,
     ClocksReading,
+    EccError,
+    EccScope,
     GpuSample,
     HealthReading,
     NodeSnapshot,
     PcieNvlinkReading,
     PowerThermalReading,
+    RetiredPageCause,
+    TemperatureThreshold,
     XidCount,
 )
 
@@ -134,10 +138,10 @@ def _memory(gpu: GpuSample) -> list[Finding]:
     found: list[Finding] = []
     if health.row_remap_failed:
         found.append(Finding(Status.FAIL, "DCGM_FR_ROW_REMAP_FAILURE"))
-    if any(e == "uncorrected" and s == "volatile" and c > 0 for e, s, c in health.ecc_errors):
+    if any(e == EccError.UNCORRECTED and s == EccScope.VOLATILE and c > 0 for e, s, c in health.ecc_errors):
         found.append(Finding(Status.FAIL, "DCGM_FR_VOLATILE_DBE_DETECTED"))
     pages = dict(health.retired_pages)
-    if pages.get("double_bit_ecc", 0) > RETIRED_DBE_PAGES_LIMIT:
+    if pages.get(RetiredPageCause.DOUBLE_BIT_ECC, 0) > RETIRED_DBE_PAGES_LIMIT:
         found.append(Finding(Status.FAIL, "DCGM_FR_RETIRED_PAGES_DBE_LIMIT"))
     elif sum(pages.values()) >= RETIRED_PAGES_LIMIT:
         found.append(Finding(Status.FAIL, "DCGM_FR_RETIRED_PAGES_LIMIT"))
@@ -153,7 +157,7 @@ def _thermal(gpu: GpuSample) -> list[Finding]:
     found: list[Finding] = []
     limits = dict(power.temperature_thresholds)
     temperature = power.temperature_celsius
-    shutdown = limits.get("shutdown")
+    shutdown = limits.get(TemperatureThreshold.SHUTDOWN)
     if temperature is not None and shutdown is not None and temperature >= shutdown:
         found.append(Finding(Status.FAIL, "DCGM_FR_THERMAL_VIOLATIONS"))
     active = {reason for reason, on in (gpu.clocks or _NO_CLOCKS).clock_events if on}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -46,12 +47,16 @@ from gpulens.exporter.snapshot import (
     ClockEventReason,
     ClocksReading,
     ComputeMode,
+    EccError,
+    EccScope,
     GpuSample,
     HealthReading,
     MigMode,
     MigSample,
     NodeSnapshot,
     ProcessKind,
+    RemappedRowKind,
+    RetiredPageCause,
 )
 
 PREFIX = "nvidia_smi_"
@@ -134,12 +139,12 @@ def _mib(value: int | None) -> Value:
     return None if value is None else (int(value) // MIB) * MIB
 
 
-def _ecc(error: str, scope: str) -> Callable[[HealthReading], Value]:
+def _ecc(error: EccError, scope: EccScope) -> Callable[[HealthReading], Value]:
     return lambda h: next((c for e, s, c in h.ecc_errors if e == error and s == scope), None)
 
 
 def _pair(
-    pairs: Callable[[HealthReading], tuple[tuple[str, int], ...]], key: str
+    pairs: Callable[[HealthReading], tuple[tuple[StrEnum, int], ...]], key: StrEnum
 ) -> Callable[[HealthReading], Value]:
     return lambda h: next((v for k, v in pairs(h) if k == key), None)
 
@@ -208,18 +213,18 @@ FIELDS: tuple[Field[Any], ...] = (
     Field("ecc_mode_current", "ecc.mode.current", HEALTH, lambda h: h.ecc_enabled),
     *(
         Field(f"ecc_errors_{e}_{s}_total", f"ecc.errors.{e}.{s}.total", HEALTH, _ecc(e, s))
-        for e in ("corrected", "uncorrected")
-        for s in ("volatile", "aggregate")
+        for e in EccError
+        for s in EccScope
     ),
     Field("retired_pages_single_bit_ecc_count", "retired_pages.single_bit_ecc.count", HEALTH,
-          _pair(lambda h: h.retired_pages, "single_bit_ecc")),
+          _pair(lambda h: h.retired_pages, RetiredPageCause.SINGLE_BIT_ECC)),
     Field("retired_pages_double_bit_count", "retired_pages.double_bit.count", HEALTH,
-          _pair(lambda h: h.retired_pages, "double_bit_ecc")),
+          _pair(lambda h: h.retired_pages, RetiredPageCause.DOUBLE_BIT_ECC)),
     Field("retired_pages_pending", "retired_pages.pending", HEALTH, lambda h: h.retired_pages_pending),
     Field("remapped_rows_correctable", "remapped_rows.correctable", HEALTH,
-          _pair(lambda h: h.remapped_rows, "correctable")),
+          _pair(lambda h: h.remapped_rows, RemappedRowKind.CORRECTABLE)),
     Field("remapped_rows_uncorrectable", "remapped_rows.uncorrectable", HEALTH,
-          _pair(lambda h: h.remapped_rows, "uncorrectable")),
+          _pair(lambda h: h.remapped_rows, RemappedRowKind.UNCORRECTABLE)),
     Field("remapped_rows_pending", "remapped_rows.pending", HEALTH, lambda h: h.row_remap_pending),
     Field("remapped_rows_failure", "remapped_rows.failure", HEALTH, lambda h: h.row_remap_failed),
     Field("gpu_recovery_action", "gpu_recovery_action", HEALTH, lambda h: h.recovery_action),

@@ -29,7 +29,7 @@ from gpulens.exporter.collectors.base import (
     per_gpu_record,
     readers,
 )
-from gpulens.exporter.snapshot import NodeSnapshot, PcieNvlinkReading
+from gpulens.exporter.snapshot import NodeSnapshot, NvLinkErrorKind, PcieNvlinkReading
 
 LINK_LABELS = (*GPU_LABELS, "link")
 _PER_LINK = "link with `--collector.pcie_nvlink.per-link`"
@@ -120,7 +120,7 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         if not per_link and pcie.nvlinks:
             add_optional(nv_tx, labels, _sum(link.tx_bytes for link in pcie.nvlinks))
             add_optional(nv_rx, labels, _sum(link.rx_bytes for link in pcie.nvlinks))
-            errors: dict[str, int] = {}
+            errors: dict[NvLinkErrorKind, int] = {}
             for link in pcie.nvlinks:
                 for kind, count in link.errors:
                     errors[kind] = errors.get(kind, 0) + count

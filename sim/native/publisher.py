@@ -47,6 +47,7 @@ from gpulens.sim.native.layout import (
     ShmHeader,
 )
 from gpulens.sim.nvml.mig import engine_counts
+from gpulens.sim.pci import parse_bus_id
 from gpulens.sim.state import GpuIdentity, GpuState, ProcessState, SimEvent, SimNode
 
 LOG = logging.getLogger("gpulens.sim.native")
@@ -73,18 +74,6 @@ def _clipped(cache: dict[str, bytes], text: str, size: int) -> bytes:
     if clipped is None:
         clipped = cache[text] = _clip(text, size)
     return clipped
-
-
-def _bus_id(text: str) -> tuple[int, int, int, int] | None:
-    try:
-        head, function = text.strip().rsplit(".", 1)
-        parts = head.split(":")
-        if len(parts) == 2:
-            parts.insert(0, "0")
-        domain, bus, device = (int(p, 16) for p in parts)
-        return domain, bus, device, int(function, 16)
-    except ValueError:
-        return None
 
 
 def _clock_speed(clock: object) -> float:
@@ -493,13 +482,13 @@ def _fill_identity(rec: GpuRec, identity: GpuIdentity) -> None:
     """What does not change while the node runs: written once."""
     model = identity.model
     rec.index, rec.minor_number = identity.index, identity.minor_number
-    parsed = _bus_id(identity.pci_bus_id)
-    rec.pci_ok = int(parsed is not None)
-    if parsed is not None:
-        domain, bus, device, function = parsed
-        rec.pci_domain, rec.pci_bus, rec.pci_device, rec.pci_function = domain, bus, device, function
-        rec.pci_bus_id_legacy = _clip(f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}".upper(), 16)
-        rec.pci_bus_id = _clip(f"{domain:08x}:{bus:02x}:{device:02x}.{function:x}".upper(), 32)
+    address = parse_bus_id(identity.pci_bus_id)
+    rec.pci_ok = int(address is not None)
+    if address is not None:
+        rec.pci_domain, rec.pci_bus = address.domain, address.bus
+        rec.pci_device, rec.pci_function = address.device, address.function
+        rec.pci_bus_id_legacy = _clip(address.legacy_bus_id, 16)
+        rec.pci_bus_id = _clip(address.bus_id, 32)
     rec.pci_device_id = model.pci_device_id
     rec.architecture = model.nvml_architecture
     rec.cc_major, rec.cc_minor = model.cuda_compute_capability

@@ -22,6 +22,7 @@ from gpulens.sim.nvml._core import (
     out_struct,
     out_uint,
 )
+from gpulens.sim.pci import parse_bus_id
 
 TABLE = SymbolTable()
 
@@ -131,26 +132,13 @@ def handle_by_uuid(ctx: Context, uuid: bytes | None, out: int) -> None:
     raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND)
 
 
-def _parse_bus_id(text: str) -> tuple[int, int, int, int] | None:
-    """(domain, bus, device, function) of "00000000:18:00.0", "0000:18:00.0" or "18:00.0"."""
-    try:
-        head, function = text.strip().rsplit(".", 1)
-        parts = head.split(":")
-        if len(parts) == 2:
-            parts.insert(0, "0")
-        domain, bus, device = (int(p, 16) for p in parts)
-        return domain, bus, device, int(function, 16)
-    except ValueError:
-        return None
-
-
 @TABLE.define("nvmlDeviceGetHandleByPciBusId_v2", STR_IN, PTR)
 def handle_by_pci_bus_id(ctx: Context, bus_id: bytes | None, out: int) -> None:
-    wanted = _parse_bus_id((bus_id or b"").decode(errors="replace"))
+    wanted = parse_bus_id((bus_id or b"").decode(errors="replace"))
     if wanted is None:
         raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     for identity in ctx.node.identities:
-        if _parse_bus_id(identity.pci_bus_id) == wanted:
+        if parse_bus_id(identity.pci_bus_id) == wanted:
             ctx.state(identity.index)
             out_ptr(out, ctx.gpu_handle(identity.index))
             return
@@ -225,18 +213,17 @@ def minor_number(ctx: Context, handle: int, out: int) -> None:
 def pci_info(ctx: Context, handle: int, out: int) -> None:
     """MIG devices report their parent's PCI location."""
     target = ctx.device(handle)
-    parsed = _parse_bus_id(target.identity.pci_bus_id)
-    if parsed is None:
+    address = parse_bus_id(target.identity.pci_bus_id)
+    if address is None:
         raise NvmlFail(pynvml.NVML_ERROR_UNKNOWN)
-    domain, bus, device, function = parsed
     info = out_struct(out, pynvml.nvmlPciInfo_t)
     ctypes.memset(out, 0, ctypes.sizeof(pynvml.nvmlPciInfo_t))
-    legacy = f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}".upper()
+    legacy = address.legacy_bus_id
     # write the raw fields (the _PrintableStructure setters would re-encode str)
     ctypes.memmove(out + type(info).busIdLegacy.offset, legacy.encode()[:15], min(len(legacy), 15))
-    busid = f"{domain:08x}:{bus:02x}:{device:02x}.{function:x}".upper()
+    busid = address.bus_id
     ctypes.memmove(out + type(info).busId.offset, busid.encode()[:31], min(len(busid), 31))
-    info.domain, info.bus, info.device = domain, bus, device
+    info.domain, info.bus, info.device = address.domain, address.bus, address.device
     info.pciDeviceId = target.identity.model.pci_device_id
     info.pciSubSystemId = (target.identity.model.pci_device_id & 0xFFFF0000) | 0x10DE
 

@@ -16,7 +16,9 @@ their one-line error:
   decoder's recursion limit (about 1,000 levels) or holds an integer longer than `MAX_NUMBER_CHARS`.
 - `read_text`: a user's file as text: `InputError` (a ValueError, one line: `FILE: not UTF-8 text
   (byte 0xff at offset 0, ...)`) for bytes that are not UTF-8 or a file over its byte bound.
-  `load_yaml_file` and `load_json_file` read through it.
+  `load_yaml_file` and `load_json_file` read through it; `read_yaml_file` words each way a YAML
+  file fails (unreadable, not text, not YAML) as that one `InputError` line, for the callers
+  that need nothing but the line.
 
 Pure-Python YAML costs about 25 µs and, composed, 0.5 to 1 KiB per node, so `MAX_NODES` (50,000,
 about seven times the largest scenario shipped) keeps the largest accepted document near a second
@@ -224,6 +226,24 @@ def read_text(path: str | os.PathLike[str], max_bytes: int | None = None, shown:
 def load_yaml_file(path: str | Path, shown: str | None = None, max_bytes: int = MAX_YAML_BYTES) -> Any:
     """`read_text` (at most `max_bytes`) then `load_yaml`: OSError, InputError or yaml.YAMLError."""
     return load_yaml(read_text(path, max_bytes, shown))
+
+
+def read_yaml_file(
+    path: str | Path,
+    shown: str | None = None,
+    max_bytes: int = MAX_YAML_BYTES,
+    unreadable: str = "cannot read",
+) -> Any:
+    """`load_yaml_file`, every failure one `InputError` line starting with `shown` (default the
+    path): `SHOWN: <unreadable>: <OS reason>`, the `read_text` line, or `SHOWN: not valid YAML: ...`
+    with the parser's first line."""
+    shown = str(path) if shown is None else shown
+    try:
+        return load_yaml_file(path, shown, max_bytes)
+    except OSError as exc:
+        raise InputError(f"{shown}: {unreadable}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise InputError(f"{shown}: not valid YAML: {str(exc).splitlines()[0]}") from exc
 
 
 def load_json_file(path: str | Path, shown: str | None = None, max_bytes: int | None = None) -> Any:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import urllib.parse
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpulens.serverflags import ConfigError
 
@@ -29,6 +30,7 @@ TRUE = frozenset({"1", "true", "yes", "on"})
 FALSE = frozenset({"0", "false", "no", "off", ""})
 KEY = "gpulens.setting"  # the field metadata key
 USED = "settings_used"  # the namespace attribute: option strings typed (`_Given`)
+Number = TypeVar("Number", int, float)  # a bound's type is its flag's: `at_least`
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,51 @@ def existing_file(value: Path | None) -> str | None:
 def existing_directory(value: Path | None) -> str | None:
     """A `check` for a directory flag: unset, or a directory that exists."""
     return None if value is None or value.is_dir() else f"{value} is not a directory"
+
+
+def at_least(
+    low: Number, note: str = "", *, wording: str = "expected at least"
+) -> Callable[[Number], str | None]:
+    """A `check` for a number flag: `low` or more. `note` says what the bound means
+    (`" (0: no limit)"`); `wording` keeps each server's phrasing (the exporter's "must be >=")."""
+
+    def problem(value: Number) -> str | None:
+        return None if value >= low else f"{wording} {_number(low)}{note}, got {_number(value)}"
+
+    return problem
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def http_url(what: str = "") -> Callable[[str | None], str | None]:
+    """A `check` for a URL flag: unset or empty, or an http(s) URL with a host and no control
+    characters (they would split the request line); `what` names the server (" of the API server")."""
+
+    def problem(value: str | None) -> str | None:
+        if not value:
+            return None
+        parts = urllib.parse.urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or not value.isprintable():
+            return f"expected an http:// or https:// URL{what}, got {value!r}"
+        return None
+
+    return problem
+
+
+def telemetry_path(reserved: Collection[str], served: str) -> Callable[[str], str | None]:
+    """A `check` for `--web.telemetry-path`: an absolute URL path of printable characters that no
+    other endpoint of the server uses (`reserved`; `served` says by what, in the error)."""
+
+    def problem(path: str) -> str | None:
+        if not path.startswith("/") or not path.isprintable() or any(c in path for c in " ?#"):
+            return f"expected an absolute URL path like /metrics, got {path!r}"
+        if path in reserved:
+            return f"{path} is already served {served}"
+        return None
+
+    return problem
 
 
 def setting(**kwargs: Any) -> dict[str, Setting]:

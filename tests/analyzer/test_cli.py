@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -140,6 +141,28 @@ def test_transient_errors_are_retried_and_auth_is_sent(capsys, tmp_path):
     job_info = [r for r in seen if b"last_over_time%28gpu_job_info" in r["body"]]
     assert len(job_info) == 2  # refused, sent again, answered
     assert all(r["headers"]["Authorization"] == "Bearer s3cret" for r in seen)
+
+
+def test_basic_auth_sends_the_password_file_without_its_newline(capsys, tmp_path):
+    password = tmp_path / "password"
+    password.write_text("pa55\n")
+    empty = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}}).encode()
+    with fake_prometheus([(200, empty)]) as (url, seen):
+        args = ["--basic-auth-user", "analyst", "--basic-auth-password-file", str(password)]
+        code, _, err = run(capsys, "profile", "--prometheus", url, "--window", "1h", *args)
+    assert code == 2 and "no gpu_job_info" in err
+    expected = "Basic " + base64.b64encode(b"analyst:pa55").decode()
+    assert seen and all(r["headers"]["Authorization"] == expected for r in seen)
+
+
+def test_an_unreadable_password_file_is_one_line_naming_it(capsys, tmp_path):
+    missing = tmp_path / "no-such-password"
+    args = ["--basic-auth-user", "analyst", "--basic-auth-password-file", str(missing)]
+    code, _, err = run(capsys, "profile", "--prometheus", "http://127.0.0.1:9", "--window", "1h", *args)
+    assert code == 2
+    assert (
+        one_error_line(err) == f"gpulens: error: {missing}: cannot read password: No such file or directory"
+    )
 
 
 def test_empty_window_from_a_history(capsys, seed_history):

@@ -55,6 +55,11 @@ def test_small_shares_are_not_rounded_to_zero():
     assert units.pct(0.42) == "42 %"
 
 
+def test_a_figure_beside_a_limit_stays_in_gib_with_the_decimals_asked_for():
+    assert units.gib_fixed(512 * 2**20, 2) == "0.50 GiB"  # units.gib would say "512 MiB"
+    assert units.gib_fixed(80 * 2**30, 1) == "80.0 GiB"
+
+
 def test_the_first_screen_has_the_window_the_reclaimable_gpus_and_where(dgx, page):
     text = visible_text(page)
     first = text[: text.index("Layout per host")]

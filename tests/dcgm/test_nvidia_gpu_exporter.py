@@ -19,6 +19,8 @@ from gpulens.exporter.snapshot import (
     ClocksReading,
     ComputeMode,
     DeviceReading,
+    EccError,
+    EccScope,
     GpuIdentity,
     GpuSample,
     HealthReading,
@@ -175,7 +177,11 @@ def test_ecc_totals_are_per_error_and_scope() -> None:
     families = scrape(
         gpu(
             health=HealthReading(
-                ecc_enabled=True, ecc_errors=(("uncorrected", "aggregate", 4), ("corrected", "volatile", 9))
+                ecc_enabled=True,
+                ecc_errors=(
+                    (EccError.UNCORRECTED, EccScope.AGGREGATE, 4),
+                    (EccError.CORRECTED, EccScope.VOLATILE, 9),
+                ),
             )
         )
     )
@@ -249,7 +255,9 @@ def test_the_exposition_keeps_the_peer_s_names_in_both_formats() -> None:
         scrape(
             gpu(
                 power_thermal=PowerThermalReading(energy_joules=12.5),
-                health=HealthReading(ecc_enabled=True, ecc_errors=(("corrected", "volatile", 1),)),
+                health=HealthReading(
+                    ecc_enabled=True, ecc_errors=((EccError.CORRECTED, EccScope.VOLATILE, 1),)
+                ),
             )
         )
     )

@@ -10,6 +10,8 @@ from gpulens.exporter.snapshot import (
     Area,
     ClockEventReason,
     ClocksReading,
+    EccError,
+    EccScope,
     GpuIdentity,
     GpuSample,
     HealthReading,
@@ -17,16 +19,19 @@ from gpulens.exporter.snapshot import (
     NvLinkSample,
     PcieNvlinkReading,
     PowerThermalReading,
+    RetiredPageCause,
+    TemperatureThreshold,
     XidCount,
 )
 
 NOW = 1_767_225_600.0
 UUID = "GPU-00000000-0000-0000-0000-000000000000"
 POWER = PowerThermalReading(
-    temperature_celsius=45.0, temperature_thresholds=(("slowdown", 87.0), ("shutdown", 92.0))
+    temperature_celsius=45.0,
+    temperature_thresholds=((TemperatureThreshold.SLOWDOWN, 87.0), (TemperatureThreshold.SHUTDOWN, 92.0)),
 )
 HEALTH = HealthReading(
-    ecc_errors=(("uncorrected", "volatile", 0), ("corrected", "volatile", 3)),
+    ecc_errors=((EccError.UNCORRECTED, EccScope.VOLATILE, 0), (EccError.CORRECTED, EccScope.VOLATILE, 3)),
     row_remap_pending=False,
     row_remap_failed=False,
 )
@@ -75,7 +80,7 @@ def test_a_healthy_gpu_passes_every_system() -> None:
 
 
 def test_a_volatile_uncorrectable_ecc_error_fails_memory() -> None:
-    gpu = with_health(ecc_errors=(("uncorrected", "volatile", 1),))
+    gpu = with_health(ecc_errors=((EccError.UNCORRECTED, EccScope.VOLATILE, 1),))
     assert verdicts(gpu)["memory"] == 2.0
 
 
@@ -88,8 +93,12 @@ def test_a_failed_row_remap_fails_memory_even_with_a_remap_pending() -> None:
 
 
 def test_retired_pages_at_dcgms_limit_fail_memory() -> None:
-    below = with_health(retired_pages=(("single_bit_ecc", 50), ("double_bit_ecc", 12)))
-    at = with_health(retired_pages=(("single_bit_ecc", 50), ("double_bit_ecc", 13)))
+    below = with_health(
+        retired_pages=((RetiredPageCause.SINGLE_BIT_ECC, 50), (RetiredPageCause.DOUBLE_BIT_ECC, 12))
+    )
+    at = with_health(
+        retired_pages=((RetiredPageCause.SINGLE_BIT_ECC, 50), (RetiredPageCause.DOUBLE_BIT_ECC, 13))
+    )
     assert verdicts(below)["memory"] == 0.0
     assert verdicts(at)["memory"] == 2.0
 

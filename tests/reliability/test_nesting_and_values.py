@@ -35,7 +35,7 @@ from gpulens.exporter.config import ConfigError as WebConfigError
 from gpulens.httpd.webconfig import load_web_config
 from gpulens.promscope.config import ConfigError as MixinConfigError
 from gpulens.promscope.config import load as load_mixin_config
-from gpulens.safeload import MAX_DEPTH, load_json, load_yaml
+from gpulens.safeload import MAX_DEPTH, InputError, load_json, load_yaml, read_yaml_file
 from gpulens.sim.scenario import ScenarioError
 from gpulens.sim.scenariofile import load_scenario
 from tests.analyzer import synth
@@ -114,6 +114,22 @@ def test_ordinary_yaml_and_aliases_still_load() -> None:
     assert load_yaml("a: &x {b: [1, 2]}\nc: *x\n") == {"a": {"b": [1, 2]}, "c": {"b": [1, 2]}}
     nested = "v: " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)
     assert load_yaml(nested) is not None
+
+
+def test_an_unreadable_yaml_file_is_one_line_in_the_callers_words(tmp_path: Path) -> None:
+    missing = tmp_path / "absent.yaml"
+    with pytest.raises(InputError) as failed:
+        read_yaml_file(missing, "--config absent.yaml", unreadable="cannot read config")
+    assert str(failed.value) == "--config absent.yaml: cannot read config: No such file or directory"
+
+
+def test_a_file_that_is_not_yaml_is_one_line_with_the_parsers_first_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("a: [1, 2\nb: 3\n")
+    with pytest.raises(InputError) as failed:
+        read_yaml_file(path)
+    message = one_line(failed.value)
+    assert message.startswith(f"{path}: not valid YAML: ")
 
 
 def test_deep_json_is_a_decode_error_not_a_recursion_error() -> None:

@@ -44,9 +44,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from gpulens.safeload import InputError, load_yaml_file
+from gpulens.safeload import InputError, read_yaml_file
 from gpulens.serverflags import ConfigError
 
 CLIENT_AUTH = {
@@ -198,13 +196,9 @@ def load_web_config(path: Path) -> WebConfig:
     """Parse and check the file; the TLS context is built here, so bad certificates fail at load."""
     where = f"--web.config.file {path}"
     try:
-        raw = load_yaml_file(path, where)
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read: {exc.strerror}") from exc
-    except InputError as exc:  # not UTF-8, or over the YAML byte bound
+        raw = read_yaml_file(path, where)
+    except InputError as exc:  # unreadable, not UTF-8, over the YAML byte bound, or not YAML
         raise ConfigError(str(exc)) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     if raw is None:
         return WebConfig()
     if not isinstance(raw, dict):

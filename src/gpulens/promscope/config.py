@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpulens.promscope.promql import PromQLError, Scope, check_label, check_selector
-from gpulens.safeload import InputError, load_yaml_file
+from gpulens.safeload import InputError, read_yaml_file
 
 DEFAULT_SELECTOR = 'job=~".*gpulens.*"'
 # the remediation receiver (`gpulens remediate`) is scraped as its own job: docker compose names it
@@ -122,11 +120,7 @@ def from_mapping(data: Any, where: str) -> MixinConfig:
 def load(path: Path) -> MixinConfig:
     """Read a YAML config; absent keys keep their defaults."""
     try:
-        data = load_yaml_file(path, max_bytes=MAX_CONFIG_BYTES)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    except InputError as exc:  # not UTF-8, or larger than MAX_CONFIG_BYTES
+        data = read_yaml_file(path, max_bytes=MAX_CONFIG_BYTES)
+    except InputError as exc:  # unreadable, not UTF-8, larger than MAX_CONFIG_BYTES, or not YAML
         raise ConfigError(str(exc)) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     return from_mapping(data, str(path))
