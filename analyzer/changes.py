@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpulens.analyzer import frames
+from gpulens.analyzer import frames, serving
 from gpulens.analyzer.kinds import ACTIONS, WHOLE, Action, Kind
 from gpulens.analyzer.plan import Plan
 from gpulens.analyzer.recommend import LEAK_HINT, capability
@@ -143,11 +143,16 @@ def finding(row: Any, th: Thresholds) -> str:
         return "false saturation: " + _text(row.false_saturation_hint)
     peak, device = float(row.memory_peak_bytes), float(row.device_memory_bytes)
     mean = float(row.sm_active_mean)
+    fields = row._asdict()
+    if serving.needs_its_pool(fields, th):  # an inference server's full KV cache is memory in use
+        return ""
     if device > 0 and peak / device >= 0.5 and mean < th.false_saturation.max_mean_activity:
-        return (
+        held = (
             f"memory hog: holds {peak / GIB:.1f} GiB ({peak / device:.0%} of the GPU) at {mean:.0%} mean "
-            "activity; cap the framework's memory pool so it can share"
+            "activity"
         )
+        server = serving.preallocation_hint(fields)
+        return f"{held}; {server}" if server else f"{held}; cap the framework's memory pool so it can share"
     return ""
 
 

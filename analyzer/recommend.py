@@ -400,6 +400,7 @@ def _unknown_model(v: JobView) -> Recommendation | None:
         peak / total >= th.false_saturation.min_memory_fraction
         and v.f("sm_active_mean") < th.false_saturation.max_mean_activity
         and not restarting_leak(v.row, th)
+        and not serving.needs_its_pool(v.row, th)  # a busy server's memory is its KV cache in use
     )
     sized: dict[str, Any] = {
         "memory_need_bytes": need,
@@ -408,7 +409,7 @@ def _unknown_model(v: JobView) -> Recommendation | None:
         "cap_binds_at_most": basis.binds,
         "latency_sensitive": basis.latency_sensitive,
         "false_saturation": saturated,
-        "false_saturation_hint": ALLOCATOR_HINT if saturated else "",
+        "false_saturation_hint": (serving.preallocation_hint(v.row) or ALLOCATOR_HINT) if saturated else "",
     }
     v.numbers.update(memory_need_bytes=need, compute_demand=demand, mem_fraction=need / total)
     gpus, idle = int(v.row["gpus"]), v.f("idle_fraction")
@@ -538,6 +539,7 @@ def _sized(v: JobView, s: Sizing) -> dict[str, object]:
         peak / device_memory >= v.th.false_saturation.min_memory_fraction
         and v.f("sm_active_mean") < v.th.false_saturation.max_mean_activity
         and not restarting_leak(v.row, v.th)
+        and not serving.needs_its_pool(v.row, v.th)  # a busy server's memory is its KV cache in use
     )
     return {
         "memory_need_bytes": s.need,
@@ -547,7 +549,7 @@ def _sized(v: JobView, s: Sizing) -> dict[str, object]:
         "cap_binds_at_most": s.binds,
         "latency_sensitive": s.latency_sensitive,
         "false_saturation": saturated,
-        "false_saturation_hint": ALLOCATOR_HINT if saturated else "",
+        "false_saturation_hint": (serving.preallocation_hint(v.row) or ALLOCATOR_HINT) if saturated else "",
     }
 
 

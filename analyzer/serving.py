@@ -563,5 +563,38 @@ def unsized(row: Mapping[str, Any], th: Thresholds) -> str:
     return f"serving ({server.value}): sized from what it holds, not its KV use: {UNSIZED[server]}"
 
 
+# each server's own pre-allocation knob (a fraction of the device, or of what its weights leave)
+PREALLOCATION = {
+    Server.VLLM: "--gpu-memory-utilization (or --kv-cache-memory-bytes, which sizes the pool in bytes "
+    "and lets gpulens size it from its KV use)",
+    Server.SGLANG: "--mem-fraction-static",
+    Server.TRITON: "TensorRT-LLM's kv_cache_free_gpu_mem_fraction (or max_tokens_in_paged_kv_cache)",
+}
+
+
+def needs_its_pool(row: Mapping[str, Any], th: Thresholds) -> bool:
+    """Whether a server's full memory is real use, not pre-allocation to lower: it queues or
+    preempts, or its KV peak with `serving.kv_headroom_ratio` fills its pool."""
+    if not serves(row):
+        return False
+    kv = _f(row, "serving_kv_peak")
+    return bool(pressure(row, th)) or kv * (1 + th.serving.kv_headroom_ratio) >= 1
+
+
+def preallocation_hint(row: Mapping[str, Any]) -> str:
+    """For a server that looks memory-saturated, its own knob and how full its KV cache got ("" for
+    a job that is no server): a server pre-allocates by design, so framework allocator settings
+    are the wrong advice."""
+    if not serves(row):
+        return ""
+    server = Server(str(row["serving_server"]))
+    kv = _f(row, "serving_kv_peak")
+    used = f"; its KV cache peaked at {kv:.0%} of its pool" if 0 <= kv <= 1 else ""
+    return (
+        f"memory pre-allocated by its {server.value} server for the KV cache{used}: lower "
+        f"{PREALLOCATION[server]} to what it uses; memory, not compute, blocks sharing"
+    )
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"

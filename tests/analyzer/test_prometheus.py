@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import urllib.request
 
 import numpy as np
@@ -29,6 +28,7 @@ from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady
 from tests.support.procs import (
     PROMETHEUS_ENGINES,
+    backfill_openmetrics,
     find_binary,
     free_port,
     prometheus,
@@ -151,19 +151,7 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     promtool = find_binary("promtool")
     start = 1_767_225_600.0  # aligned to the step, as `gpulens simulate` aligns its histories
     write_history(tmp_path / "h", history_frame(start), {"step_s": synth.STEP})
-    subprocess.run(
-        [
-            promtool,
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            str(tmp_path / "h" / "metrics.om"),
-            str(tmp_path / "db"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    backfill_openmetrics(tmp_path / "h" / "metrics.om", tmp_path / "db", promtool)
     end = start + STEPS * synth.STEP
     window = 6 * 3600.0
     from_files = (

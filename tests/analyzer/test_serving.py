@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import subprocess
 
 import pytest
 
@@ -19,7 +18,12 @@ from gpulens.analyzer.sources import files
 from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.sim.history import simulate
-from tests.support.procs import PROMETHEUS_ENGINES, find_binary, prometheus, use_prometheus
+from tests.support.procs import (
+    PROMETHEUS_ENGINES,
+    backfill_openmetrics,
+    prometheus,
+    use_prometheus,
+)
 
 VLLM = "llm/chat-vllm-6f7b9c8d5-q4x2z"
 SGLANG = "llm/rag-sglang-0"
@@ -112,6 +116,14 @@ def test_an_sglang_server_is_sized_from_what_it_holds_as_it_publishes_no_pool_by
     assert "sglang:max_total_num_tokens" in row["reason"]
 
 
+def test_a_server_that_looks_memory_saturated_is_told_its_own_knob_not_allocator_settings():
+    hint = serving.preallocation_hint({"serving_server": "sglang", "serving_kv_peak": 0.08})
+    assert "--mem-fraction-static" in hint and "peaked at 8% of its pool" in hint
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in hint
+    assert "kv_cache_free_gpu_mem_fraction" in serving.preallocation_hint({"serving_server": "triton"})
+    assert serving.preallocation_hint({"serving_server": ""}) == ""  # no server: the general advice
+
+
 def test_the_flag_value_gives_the_footprint_on_the_target():
     need = serving.KvNeed(serving.Server.VLLM, 18 * GIB, 50 * GIB, 0.12, 0.25)
     value = need.flag_value(40 * GIB)
@@ -161,19 +173,7 @@ def aligned(tmp_path_factory):
 @pytest.mark.parametrize("engine", PROMETHEUS_ENGINES)
 def test_prometheus_path_gives_the_same_serving_figures(aligned, tmp_path, engine, monkeypatch):
     use_prometheus(engine, monkeypatch)
-    subprocess.run(
-        [
-            find_binary("promtool"),
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            str(aligned / "metrics.om"),
-            str(tmp_path / "db"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    backfill_openmetrics(aligned / "metrics.om", tmp_path / "db")
     end, window = START + 86400 - STEP, 25 * 3600.0  # the whole history on both paths
     via_files = serving.from_families(files.load(str(aligned), window, end).families or {})
     # backfilled blocks carry no staleness markers: a lookback shorter than the step stops a series

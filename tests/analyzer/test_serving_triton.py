@@ -9,20 +9,25 @@ with `model` and `version` as Triton labels them.
 from __future__ import annotations
 
 import math
-import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from gpulens.analyzer import serving
+from gpulens.analyzer import frames, serving
+from gpulens.analyzer.changes import finding
 from gpulens.analyzer.pipeline import analyze_history
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.analyzer.weekly import _slower
 from gpulens.sim.history import simulate
-from tests.support.procs import PROMETHEUS_ENGINES, find_binary, prometheus, use_prometheus
+from tests.support.procs import (
+    PROMETHEUS_ENGINES,
+    backfill_openmetrics,
+    prometheus,
+    use_prometheus,
+)
 
 SCENARIO = str(Path(__file__).resolve().parents[1] / "data" / "serving-triton.yaml")
 QUIET = ("llm", "chat-triton-5b9d7c6f4-r8t2w")
@@ -90,6 +95,19 @@ def test_a_triton_server_is_sized_from_what_it_holds_and_says_why(recs):
     assert "TensorRT-LLM publishes its KV pool in blocks" in row["reason"]
 
 
+def test_a_quiet_triton_holding_its_pre_allocated_pool_is_told_to_lower_its_own_fraction(recs):
+    row = recs.loc[_job(QUIET)]
+    assert row["false_saturation"]
+    assert "kv_cache_free_gpu_mem_fraction" in row["false_saturation_hint"]
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in row["false_saturation_hint"]
+
+
+def test_a_queueing_triton_whose_pool_is_full_is_neither_false_saturation_nor_a_memory_hog(recs):
+    row = recs.loc[[_job(QUEUEING)]]
+    assert not row["false_saturation"].iloc[0]
+    assert finding(next(frames.rows(row.reset_index())), load_thresholds()) == ""
+
+
 def test_tritons_latency_is_its_mean_request_time_not_a_p95(table):
     figures = table[QUIET]
     # log-normal latencies around a 1.6 s median: a mean a little above it
@@ -131,19 +149,7 @@ def test_a_moved_triton_whose_mean_request_time_rose_is_slower_and_says_it_is_a_
 @pytest.mark.parametrize("engine", PROMETHEUS_ENGINES)
 def test_prometheus_path_gives_the_same_triton_figures(aligned, tmp_path, engine, monkeypatch):
     use_prometheus(engine, monkeypatch)
-    subprocess.run(
-        [
-            find_binary("promtool"),
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            str(aligned / "metrics.om"),
-            str(tmp_path / "db"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    backfill_openmetrics(aligned / "metrics.om", tmp_path / "db")
     end, window = START + 86400 - STEP, 25 * 3600.0  # the whole history on both paths
     via_files = serving.from_families(files.load(str(aligned), window, end).families or {})
     # backfilled blocks carry no staleness markers: a lookback shorter than the step stops a series

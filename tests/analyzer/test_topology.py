@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,7 +20,12 @@ from gpulens.analyzer.topoadvice import Occupancy, advise
 from gpulens.analyzer.topology import Tier, Topology, best_set, from_rows
 from gpulens.cli import main
 from gpulens.sim.history import simulate
-from tests.support.procs import PROMETHEUS_ENGINES, find_binary, prometheus, use_prometheus
+from tests.support.procs import (
+    PROMETHEUS_ENGINES,
+    backfill_openmetrics,
+    prometheus,
+    use_prometheus,
+)
 
 STEP = 300.0
 START = 1_767_225_600.0  # aligned to the step
@@ -165,19 +169,7 @@ def _item(job: str, gpus: int, origin: tuple[str, ...]) -> Item:
 @pytest.mark.parametrize("engine", PROMETHEUS_ENGINES)
 def test_prometheus_path_gives_the_same_topology_findings(pcie_split, tmp_path, capsys, engine, monkeypatch):
     use_prometheus(engine, monkeypatch)
-    subprocess.run(
-        [
-            find_binary("promtool"),
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            str(pcie_split / "metrics.om"),
-            str(tmp_path / "db"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    backfill_openmetrics(pcie_split / "metrics.om", tmp_path / "db")
     end = START + 6 * 3600
     args = ["--window", "7h", "--end", str(end), "--format", "json"]  # the whole history on both paths
     with prometheus(tmp_path, [], storage=tmp_path / "db", extra_args=["--query.lookback-delta=30s"]) as api:

@@ -70,6 +70,14 @@ def use_prometheus(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", f"{built}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
+def backfill_openmetrics(openmetrics: Path, db: Path, promtool: str | None = None) -> Path:
+    """`promtool tsdb create-blocks-from openmetrics`: a history's `metrics.om` as TSDB blocks under
+    `db`, for a Prometheus started with `storage=db`; returns `db`."""
+    command = [promtool or find_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics"]
+    subprocess.run([*command, str(openmetrics), str(db)], check=True, capture_output=True, timeout=120)
+    return db
+
+
 def wait_http(
     url: str,
     timeout: float = 30.0,
