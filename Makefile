@@ -142,7 +142,7 @@ render: system-deps
 	cd $(RENDER) && node build.mjs
 
 test: venv system-deps tools native thanos prometheus3 render
-	GPULENS_HELM=$(HELM) GPULENS_MIGCHECK=$(MIGCHECK) GPULENS_CELCHECK=$(CELCHECK) GPULENS_THANOS=$(THANOS) GPULENS_PROMETHEUS3=$(PROMETHEUS3) $(BIN)/python -m pytest -q
+	GPULENS_HELM=$(HELM) GPULENS_MIGCHECK=$(MIGCHECK) GPULENS_CELCHECK=$(CELCHECK) GPULENS_THANOS=$(THANOS) GPULENS_PROMETHEUS3=$(PROMETHEUS3) $(BIN)/python -m pytest -q --durations=25
 
 test-fast: venv native
 	$(BIN)/python -m pytest -q -m "not slow"
