@@ -9,6 +9,9 @@ import pytest
 from gpulens.exporter.attribution import JobIdentity
 from gpulens.exporter.attribution.logonce import LogOnce
 from gpulens.exporter.attribution.procfs import ProcfsReader
+from gpulens.exporter.collectors import jobs
+from gpulens.exporter.collectors.base import CollectorOptions
+from gpulens.exporter.snapshot import NodeSnapshot
 from tests.attribution.fakes import (
     CID_A,
     CID_B,
@@ -291,3 +294,12 @@ def test_a_thread_percentage_outside_mps_is_not_published_as_a_cap(node):
     [usage] = node.attributor().attribute([proc(100, sm=1.0)], {(0, None): 0.9})
     assert usage.mps_thread_ratio is None
     assert usage.sm_utilization_ratio == 0.9
+
+
+def test_the_jobs_cap_is_published_beside_its_share_and_only_where_it_has_one(node):
+    usages = node.attributor().attribute(_two_clients(node), {(0, None): 0.5}, {0: 1.0}, {0})
+    snapshot = NodeSnapshot(timestamp=1.0, duration_seconds=0.0, nvml_up=True, jobs=tuple(usages))
+    [family] = [
+        m for m in jobs.collect(snapshot, CollectorOptions()) if m.name == "gpu_job_mps_active_thread_ratio"
+    ]
+    assert [(s.labels["job_id"], s.value) for s in family.samples] == [("1234", 0.3)]
