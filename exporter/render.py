@@ -230,6 +230,12 @@ class Renderer:
         self._shapes: dict[RowsKey, _Shape] = {}
         self._bodies: dict[RowsKey, tuple[list[Row], str]] = {}
 
+    @property
+    def cached_label_sets(self) -> int:
+        """How many label sets this renderer holds formatted: at most `prefix_limit`, reset to what
+        is current when the limit would be passed (what bounds its memory under churn)."""
+        return self._prefix_count
+
     def render(self, families: Iterable[Metric]) -> Rendered:
         family_list = list(families)
         fast = _fast_render(family_list, self._render_rows)

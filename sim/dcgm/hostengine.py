@@ -155,6 +155,16 @@ class SimHostEngine:
         with self._lock:
             self._connections.pop(handle, None)
 
+    def open_handles(self) -> int:
+        """Handles connected and not yet disconnected (a client that closes leaves none)."""
+        with self._lock:
+            return len(self._connections)
+
+    def watch_periods_us(self) -> set[int]:
+        """The update periods (µs) of the watches on every open handle."""
+        with self._lock:
+            return {w.update_freq_us for c in self._connections.values() for w in c.watches.values()}
+
     def _conn(self, handle: int) -> _Connection:
         conn = self._connections.get(handle)
         if conn is None or (not conn.embedded and not self.options.reachable):

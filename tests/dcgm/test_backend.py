@@ -170,16 +170,15 @@ def test_values_flagged_blank_by_the_bindings_are_absent() -> None:
 
 
 def test_stale_values_are_absent(a100: Sim) -> None:
-    prof = profiler(a100)
+    lag = [0.0]  # how far the host engine's newest values fall behind the exporter's clock
+    settings = DcgmSettings(bindings=BINDINGS_DIR)
+    prof = DcgmProfiler(settings, lambda: a100.clock.now() + lag[0], interval=STEP)
     try:
         a100.clock.advance(STEP)
         assert prof.read(2, a100.handle(2), [])[1]
-        conn = prof._conn
-        assert conn is not None
-        conn.values = {
-            key: {f: (ts - 60, v) for f, (ts, v) in fields.items()} for key, fields in conn.values.items()
-        }
-        assert prof._values(conn, (1, 2), a100.clock.now()) == ()
+        lag[0] = 60.0  # the engine's values stopped a minute ago
+        a100.clock.advance(STEP)
+        assert prof.read(2, a100.handle(2), []) == ("dcgm", (), {})
     finally:
         prof.close()
 
@@ -213,6 +212,7 @@ def test_library_not_found_is_one_line_and_never_retried(
         try:
             assert prof.read(0, sim.handle(0), []) == NOT_SERVED
             assert not prof.connected
+            # white-box: "never retried" has no outward sign short of waiting on the wall clock
             assert prof._retry is None  # permanent: no retry thread
         finally:
             prof.close()
@@ -316,13 +316,13 @@ def test_watches_use_the_sampling_interval_and_one_read_per_sample(a100: Sim) ->
         for index in range(4):
             prof.read(index, a100.handle(index), instances(a100, index))
         reads = engine.calls["latest"] - before
-        (connection,) = engine._connections.values()
-        periods = {w.update_freq_us for w in connection.watches.values()}
+        handles = engine.open_handles()
+        periods = engine.watch_periods_us()
     finally:
         prof.close()
     assert reads == 4  # one GetLatest per GPU group per sample, not per GPU instance or field
-    assert periods == {int(STEP * 1_000_000)}
-    assert engine._connections == {}  # closed: groups and handle released
+    assert (handles, periods) == (1, {int(STEP * 1_000_000)})
+    assert engine.open_handles() == 0  # closed: handle released
 
 
 def test_a_disconnect_and_the_failing_retries_after_it_make_one_line(

@@ -117,9 +117,9 @@ def test_renderers_share_no_cache() -> None:
     first, second = Renderer(), Renderer()
     ours, _ = _gauges([(("x", "y"), 1.0)])
     first.render([ours])
-    other, theirs = _gauges([(("x", "y"), 2.0)])
+    other, theirs = _gauges([(("x", "z"), 2.0)])
     assert second.render([other]).text == generate_latest(registry_for([theirs]))
-    assert first._bodies and len(second._bodies) == 1
+    assert (first.cached_label_sets, second.cached_label_sets) == (1, 1)  # shared caches would hold 2
 
 
 def test_a_renderer_drops_its_caches_past_its_limit_and_still_renders_correctly() -> None:
@@ -128,4 +128,4 @@ def test_a_renderer_drops_its_caches_past_its_limit_and_still_renders_correctly(
         data = [((f"{cycle}-{i}", "v"), float(i)) for i in range(3)]
         ours, theirs = _gauges(data)
         assert renderer.render([ours]).text == generate_latest(registry_for([theirs]))
-        assert renderer._prefix_count <= 3
+        assert renderer.cached_label_sets <= 3

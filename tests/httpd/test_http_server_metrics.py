@@ -35,6 +35,7 @@ class Gate:
 
     def __init__(self) -> None:
         self.event: asyncio.Event | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.arrived = threading.Semaphore(0)
 
     def check_head(self, head: Head) -> Response | None:
@@ -43,9 +44,15 @@ class Gate:
     async def handle(self, request: Request) -> Response:
         if self.event is None:
             self.event = asyncio.Event()
+            self.loop = asyncio.get_running_loop()  # the server's loop, for `release` from the test thread
         self.arrived.release()
         await self.event.wait()
         return text(200, "ok")
+
+    def release(self) -> None:
+        """Let every held request answer (called from the test's thread, so through the server's loop)."""
+        assert self.loop is not None and self.event is not None, "no request reached the gate"
+        self.loop.call_soon_threadsafe(self.event.set)
 
 
 @contextlib.contextmanager
@@ -114,8 +121,7 @@ def test_requests_over_max_requests_are_refused_and_those_in_flight_are_counted(
             b"HTTP/1.1 503"
         )
         assert metric(server, "gpulens_http_requests_rejected_total", code="503") == 1
-        assert server._loop is not None and gate.event is not None
-        server._loop.call_soon_threadsafe(gate.event.set)
+        gate.release()
         for sock in held:
             assert sock.recv(100).startswith(b"HTTP/1.1 200")
         wait_for(lambda: metric(server, "gpulens_http_requests_in_flight") == 0)
@@ -139,11 +145,6 @@ def held_in_the_handler(server: Server, gate: Gate, n: int, source: str | None =
     return socks
 
 
-def release(server: Server, gate: Gate) -> None:
-    assert server._loop is not None and gate.event is not None
-    server._loop.call_soon_threadsafe(gate.event.set)
-
-
 def test_one_address_gets_at_most_its_share_of_the_slots_and_others_are_served() -> None:
     gate = Gate()
     with serving(gate, Limits(max_requests=10, max_requests_per_client=2)) as server:
@@ -154,7 +155,7 @@ def test_one_address_gets_at_most_its_share_of_the_slots_and_others_are_served()
         other.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
         assert gate.arrived.acquire(timeout=5)  # another address still gets a slot
         assert server.requests_in_flight_of("127.0.0.2") == 2
-        release(server, gate)
+        gate.release()
         for sock in (*held, other):
             assert sock.recv(100).startswith(b"HTTP/1.1 200")
             sock.close()
@@ -168,7 +169,7 @@ def test_health_and_readiness_are_answered_when_every_slot_is_taken() -> None:
         probe = connect(server)
         probe.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
         assert gate.arrived.acquire(timeout=5)  # it reached the application, past the full slots
-        release(server, gate)
+        gate.release()
         assert probe.recv(100).startswith(b"HTTP/1.1 200")
         for sock in (*held, probe):
             sock.close()
@@ -195,8 +196,7 @@ def test_a_connection_at_the_cap_with_nothing_idle_is_refused_and_counted() -> N
         refused = connect(server)
         assert refused.recv(10) == b""
         assert metric(server, "gpulens_http_connections_closed_total", reason="refused_at_cap") == 1
-        assert server._loop is not None and gate.event is not None
-        server._loop.call_soon_threadsafe(gate.event.set)
+        gate.release()
 
 
 def test_at_the_cap_with_nothing_idle_an_answer_nobody_reads_is_closed_to_make_room() -> None:

@@ -39,6 +39,7 @@ def test_instance_activity_equals_the_full_snapshot(name: str) -> None:
         gpu, r = rnd.randrange(len(node.identities)), rnd.uniform(-5, 5000)
         snap = node._snapshot(gpu, r, smooth=False)
         for gi in [*snap.instances, 99]:
+            # white-box: the fast path is private and pinned to the general one it replaces
             assert node._instance_activity(gpu, gi, r) == snap.instances.get(gi)
 
 
@@ -48,6 +49,7 @@ def test_gpu_activity_equals_the_full_snapshot(name: str) -> None:
     rnd = random.Random(2)
     for _ in range(60):
         gpu, r = rnd.randrange(len(node.identities)), rnd.uniform(-5, 5000)
+        # white-box: the fast path is private and pinned to the general one it replaces
         assert node._gpu_activity(gpu, r) == node._snapshot(gpu, r, smooth=False).gpu
 
 

@@ -153,5 +153,6 @@ def test_a_long_run_keeps_a_bounded_window_of_counter_steps(dgx) -> None:
     before = node.gpu_state(3).energy_mj
     clock.advance(5)
     assert node.gpu_state(3).energy_mj > before
+    # white-box: the kept steps and an old time's integral are internal (the clock never goes back)
     assert len(node._counters[3].rates) <= 128  # a day would be 8640 ten-second steps
     assert node._integrals(3, 1234.5) == early  # an old time is integrated again, identically
