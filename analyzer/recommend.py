@@ -180,6 +180,18 @@ def cycle_leak(row: Mapping[str, Any], th: Thresholds) -> str:
     )
 
 
+def falsely_saturated(v: JobView, memory_fraction: float) -> bool:
+    """Memory held near the device's size at low activity, by neither a leak that restarts (its
+    peak comes just before each restart) nor a server whose KV cache is in use."""
+    th = v.th
+    return (
+        memory_fraction >= th.false_saturation.min_memory_fraction
+        and v.f("sm_active_mean") < th.false_saturation.max_mean_activity
+        and not restarting_leak(v.row, th)
+        and not serving.needs_its_pool(v.row, th)
+    )
+
+
 def restarting_leak(row: Mapping[str, Any], th: Thresholds) -> bool:
     """A leak that restarts: its peak before each restart is the leak, not memory it keeps."""
     return bool(cycle_leak(row, th))
@@ -396,12 +408,7 @@ def _unknown_model(v: JobView) -> Recommendation | None:
     basis = sizing_basis(v)
     demand = min(1.0, basis.demand)
     demand_text = f"{basis.basis_name} {_pct(demand)}"
-    saturated = (
-        peak / total >= th.false_saturation.min_memory_fraction
-        and v.f("sm_active_mean") < th.false_saturation.max_mean_activity
-        and not restarting_leak(v.row, th)
-        and not serving.needs_its_pool(v.row, th)  # a busy server's memory is its KV cache in use
-    )
+    saturated = falsely_saturated(v, peak / total)
     sized: dict[str, Any] = {
         "memory_need_bytes": need,
         "sm_fraction": demand,
@@ -534,13 +541,7 @@ def _sized(v: JobView, s: Sizing) -> dict[str, object]:
     device_memory = v.f("device_memory_bytes")
     if math.isnan(device_memory) or not device_memory:
         device_memory = float(s.model.memory_bytes)
-    # a leak that restarts reaches its peak just before each restart: not pre-allocation
-    saturated = (
-        peak / device_memory >= v.th.false_saturation.min_memory_fraction
-        and v.f("sm_active_mean") < v.th.false_saturation.max_mean_activity
-        and not restarting_leak(v.row, v.th)
-        and not serving.needs_its_pool(v.row, v.th)  # a busy server's memory is its KV cache in use
-    )
+    saturated = falsely_saturated(v, peak / device_memory)
     return {
         "memory_need_bytes": s.need,
         "sm_demand_sms": s.demand_sms,
