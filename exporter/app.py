@@ -178,6 +178,10 @@ class Exporter:
                 mapping_max_files=cfg.job_mapping_max_files,
                 # a quarter of the attribution deadline: procfs and the kubelet need the rest
                 mapping_budget_seconds=cfg.read_deadline() / 4,
+                mps_control=cfg.mps_control,
+                mps_pipe_dir=cfg.mps_pipe_dir or None,
+                # at most 1 s and half the deadline a sample, whatever the number of MPS daemons
+                mps_control_timeout_seconds=min(1.0, cfg.read_deadline() / 2),
             ),
             logger=logging.getLogger("gpulens.exporter.attribution"),
         )

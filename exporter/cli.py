@@ -32,7 +32,14 @@ from typing import Any, NoReturn
 from gpulens import __version__, exits
 from gpulens.exporter.app import Exporter
 from gpulens.exporter.collectors import DEFAULT_ENABLED, SWITCHABLE
-from gpulens.exporter.config import DEFAULT_POD_LOGS, ConfigError, ExporterConfig, parse_listen, validate
+from gpulens.exporter.config import (
+    DEFAULT_MPS_CONTROL,
+    DEFAULT_POD_LOGS,
+    ConfigError,
+    ExporterConfig,
+    parse_listen,
+    validate,
+)
 from gpulens.exporter.server import HttpServer
 from gpulens.httpd.webconfig import WebConfig, load_web_config
 from gpulens.logsetup import setup_logging
@@ -227,6 +234,10 @@ def run(config: ExporterConfig) -> int:
             config,
             procfs=config.procfs or paths.procfs,
             pod_logs_dir=config.pod_logs_dir if config.pod_logs_dir != DEFAULT_POD_LOGS else paths.pod_logs,
+            # the simulated node's daemons answer through the simulator's stand-in control client
+            mps_control=(
+                config.mps_control if config.mps_control != DEFAULT_MPS_CONTROL else paths.mps_control
+            ),
             job_mapping_dir=config.job_mapping_dir or paths.job_mapping,
             dcgm_bindings=config.dcgm_bindings or sim.dcgm_bindings,
         )

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulens.exporter.attribution.mps_control import DEFAULT_COMMAND
+from gpulens.exporter.attribution.procfs import parse_pipe_dir
 from gpulens.exporter.compat import HELP as COMPAT_HELP
 from gpulens.exporter.compat import CompatError, CompatSpec, parse_compat
 
@@ -43,6 +46,7 @@ MUST_BE = "must be >="  # the exporter's phrasing of a lower bound (the receiver
 # samples between reads of the slow tier (backends/nvml.py SLOW_FIELDS): 12 x the default 5 s = 1 min
 DEFAULT_SLOW_EVERY = 12
 DEFAULT_POD_LOGS = Path("/var/log/pods")
+DEFAULT_MPS_CONTROL: tuple[str, ...] = DEFAULT_COMMAND
 
 
 def _positive(unit: str) -> Callable[[float], str | None]:
@@ -71,6 +75,21 @@ def _not_a_file(value: Path | None) -> str | None:
     if value is None or not value.exists() or value.is_dir():
         return None
     return f"{value} is not a directory"
+
+
+def _pipe_dir(value: str) -> str | None:
+    """`--mps-pipe-dir`: unset, or an absolute path that may not exist yet (the node's MPS control
+    daemon creates it when it starts) but is not a file."""
+    if not value:
+        return None
+    if parse_pipe_dir(value) != value:
+        return f"expected an absolute path of at most 256 characters without `..`, got {value!r}"
+    return _not_a_file(Path(value))
+
+
+def _words(raw: str) -> tuple[str, ...]:
+    """A command line split as a shell would (no expansion); ValueError on an open quote."""
+    return tuple(shlex.split(raw))
 
 
 def _globs(raw: str) -> tuple[str, ...]:
@@ -305,6 +324,33 @@ class ExporterConfig:
         default=True,
         metadata=setting(
             flag="--no-attribution.kubernetes", negated=True, help="disable kubelet pod-resources attribution"
+        ),
+    )
+    # the control client asked for MPS clients' caps (exporter/attribution/mps_control.py)
+    mps_control: tuple[str, ...] = field(
+        default=DEFAULT_MPS_CONTROL,
+        metadata=setting(
+            flag="--mps-control",
+            metavar="COMMAND",
+            parse=_words,
+            expected="a command line (shell words, quotes closed)",
+            default_doc="`nvidia-cuda-mps-control` (simulated: the simulator's stand-in)",
+            help="MPS control client asked what active-thread percentage MPS clients' servers run "
+            "under; empty: not asked ([docs/attribution.md](attribution.md#mps-thread-caps))",
+        ),
+    )
+    # an MPS client whose own view the exporter cannot reach (its environ or /proc/<pid>/root
+    # refused) is asked through this daemon (exporter/attribution/mps_control.py)
+    mps_pipe_dir: str = field(
+        default="",
+        metadata=setting(
+            flag="--mps-pipe-dir",
+            metavar="DIR",
+            default_doc="unset (Helm: the device plugin's `<mps root>/nvidia.com/gpu/pipe`)",
+            check=_pipe_dir,
+            help="the node's MPS control daemon's pipe directory as the exporter sees it, asked for "
+            "MPS clients whose own environment or root cannot be read "
+            "([docs/attribution.md](attribution.md#mps-thread-caps))",
         ),
     )
     # DRA devices named only by (driver, pool, device) get their GPU UUID from the node's

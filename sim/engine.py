@@ -630,7 +630,7 @@ class ScenarioNode:
             for g, run, inst in running:
                 spec = run.spec
                 uuid = mig_uuid(self.scenario.hostname, g.index, inst) if inst else g.uuid
-                views.append(ProcView(spec, run.pid, uuid, self.scenario.hostname))
+                views.append(ProcView(spec, run.pid, uuid, self.scenario.hostname, g.mps))
                 job = job_id(spec)
                 if job is not None and (spec.instance is None or inst is not None):
                     device = str(g.index) if spec.instance is None else f"{g.index}.{spec.instance}"

@@ -93,6 +93,7 @@ def simulate(
     from gpulens.sim.engine import build_node
     from gpulens.sim.install import install as install_node
     from gpulens.sim.install import uninstall
+    from gpulens.sim.mpscontrol import client_argv
     from gpulens.sim.scenariofile import load_scenario
 
     if not step_s >= 1:
@@ -144,6 +145,7 @@ def simulate(
             pod_logs_dir=paths["pods"],
             job_mapping_dir=paths["job-mapping"],
             pod_resources_socket=None,
+            mps_control=client_argv(),  # the node's MPS daemons answer through the stand-in client
             collectors=COLLECTORS,
             slow_every=1,  # a history records every value at every step
         )

@@ -2,6 +2,7 @@
 
     with simulated_node("dgx-h100", seed=0, speed=1.0) as sim:
         ...  # pynvml now talks to the simulated driver; sim.paths has its fake /proc and job files
+             # and the MPS control client to run for its daemons (sim.paths.mps_control)
 
 It builds the scenario's node on a real (or scaled) clock, writes its fake procfs, pod-log and
 job-mapping trees into a temporary directory, installs the simulated NVML library under pynvml
@@ -16,24 +17,27 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpulens.sim.clock import RealClock, ScaledClock
 from gpulens.sim.dcgm import BINDINGS_DIR, hostengine
 from gpulens.sim.engine import ScenarioNode, build_node
 from gpulens.sim.install import install, uninstall
+from gpulens.sim.mpscontrol import client_argv
 from gpulens.sim.scenariofile import load_scenario
 
 
 @dataclass(frozen=True)
 class SimulatedPaths:
-    """Where the simulated node writes its fake /proc, /var/log/pods and job-mapping files."""
+    """Where the simulated node writes its fake /proc, /var/log/pods and job-mapping files, and
+    the MPS control client that answers for its daemons (the exporter's `--mps-control`)."""
 
     root: Path
     procfs: Path
     pod_logs: Path
     job_mapping: Path
+    mps_control: tuple[str, ...] = field(default_factory=client_argv)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,14 @@ from gpulens.catalog import CatalogError, GpuModel, get_model
 from gpulens.migplacement import place_mig_layout
 from gpulens.sim.checks import Check
 from gpulens.sim.defaults import default_gpu_instance_id, default_uid, make_uuid
+from gpulens.sim.mpscontrol import DEFAULT_PIPE_DIRECTORY
 from gpulens.sim.patterns import hash_unit
 from gpulens.sim.scenario import COMPUTE_MODES, GpuSpec, MigInstanceSpec, MpsSpec
 from gpulens.sim.state import DriverInfo
 
+# an absolute directory: non-empty components without control characters, no trailing slash, at
+# most 256 characters (what the exporter accepts from a client's CUDA_MPS_PIPE_DIRECTORY)
+_PIPE_DIR = r"(?=.{1,256}$)(/[^/\x00-\x1f\x7f]+)+"
 # PCI bus numbers of the eight GPUs of a DGX H100 / A100 (nvidia-smi on those systems)
 _DGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
@@ -43,6 +47,24 @@ def _mps_memory(c: Check, path: str, raw: Any) -> int:
     if size > 4 * 1024**3:
         raise c.expected(path, "at most 4GiB (the server's own context)", raw)
     return size
+
+
+def _thread_percentage(c: Check, path: str, raw: Any) -> float:
+    """The daemon's active thread percentage: above 0 (a server with no SMs runs nothing), at most 100."""
+    what = "a percentage above 0, at most 100"
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= 100:
+        raise c.expected(path, what, raw)
+    return float(raw)
+
+
+def _pipe_dir(c: Check, path: str, raw: Any) -> str:
+    """An absolute, normalized directory: the simulated node writes its daemon's state below it
+    (inside its procfs root), so `.`/`..` components, which could leave that root, are refused."""
+    what = "an absolute directory like /tmp/nvidia-mps (at most 256 characters, no . or ..)"
+    value = c.string(path, raw, _PIPE_DIR, what)
+    if any(part in (".", "..") for part in value.split("/")):
+        raise c.expected(path, what, raw)
+    return value
 
 
 def _parse_mig(c: Check, path: str, model: GpuModel, raw: Any) -> tuple[MigInstanceSpec, ...]:
@@ -103,7 +125,12 @@ def parse_gpus(c: Check, raw: Any, hostname: str, users: dict[str, int]) -> tupl
                 raise c.expected(f"{p}.mps", "no MPS server on a GPU in MIG mode", m["mps"])
             if count != 1:
                 raise c.expected(f"{p}.count", "1 on an entry with an MPS server (pids are per GPU)", count)
-            mm = c.mapping(f"{p}.mps", m["mps"], ("server_pid",), ("restart_pid", "user", "memory", "start"))
+            mm = c.mapping(
+                f"{p}.mps",
+                m["mps"],
+                ("server_pid",),
+                ("restart_pid", "user", "memory", "start", "active_thread_percentage", "pipe_dir"),
+            )
             server_pid = c.integer(f"{p}.mps.server_pid", mm["server_pid"], 2, 4194304)
             restart_pid = c.integer(f"{p}.mps.restart_pid", mm.get("restart_pid", server_pid + 1), 2, 4194304)
             if restart_pid == server_pid:
@@ -116,6 +143,10 @@ def parse_gpus(c: Check, raw: Any, hostname: str, users: dict[str, int]) -> tupl
                 users.get(user, default_uid(user)),
                 _mps_memory(c, f"{p}.mps.memory", mm.get("memory", "32MiB")),
                 c.duration(f"{p}.mps.start", mm.get("start", "-1h"), negative=True),
+                _thread_percentage(
+                    c, f"{p}.mps.active_thread_percentage", mm.get("active_thread_percentage", 100)
+                ),
+                _pipe_dir(c, f"{p}.mps.pipe_dir", mm.get("pipe_dir", DEFAULT_PIPE_DIRECTORY)),
             )
         ov = c.mapping(
             f"{p}.overrides",

@@ -14,6 +14,7 @@ from gpulens.sim.scenario import (
     FOREVER,
     MAX_UID,
     PINNED_MEM_LIMIT,
+    PIPE_DIRECTORY,
     THREAD_PERCENTAGE,
     GpuSpec,
     Job,
@@ -260,7 +261,7 @@ def parse_process(
                 )
             workload_raw = {**workload_raw, "memory": serving.reserved_bytes(limit)}
     workload = parse_workload(c, f"{path}.workload", workload_raw, limit, limit_what)
-    sm_cap, memory_limit = _limits(c, path, m, dict(environ), kind)
+    sm_cap, memory_limit = _limits(c, path, m, dict(environ), kind, gpu)
     if workload.nvlink_gbps and not gpu.nvlink:
         raise c.expected(
             f"{path}.workload.nvlink_gbps",
@@ -348,20 +349,30 @@ def parse_serving(c: Check, path: str, raw: Any, job: Job | None, device_bytes: 
 
 
 def _limits(
-    c: Check, path: str, m: dict[str, Any], env: dict[str, str], kind: str
+    c: Check, path: str, m: dict[str, Any], env: dict[str, str], kind: str, gpu: GpuSpec
 ) -> tuple[float | None, int | None]:
-    """(SM cap, memory limit) of a process: an MPS client reads both from its environment, as the
-    CUDA runtime does (a process without MPS ignores those variables); `memory_limit` is what a
-    framework sets (PyTorch's per-process memory fraction, TensorFlow's memory limit); with both,
-    the lower one holds."""
+    """(SM cap, memory limit) of a process: an MPS client runs under its server's active thread
+    percentage (the control daemon's, `gpus[].mps.active_thread_percentage`), which its own
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can only lower, and reads its memory limit from its
+    environment, as the CUDA runtime does (a process without MPS ignores those variables);
+    `memory_limit` is what a framework sets (PyTorch's per-process memory fraction, TensorFlow's
+    memory limit); with both, the lower one holds."""
     limit = None
     if "memory_limit" in m:
         limit = c.size(f"{path}.memory_limit", m["memory_limit"])
         if limit <= 0:
             raise c.expected(f"{path}.memory_limit", "a size above 0", m["memory_limit"])
-    if kind != "mps_client":
+    if kind != "mps_client" or gpu.mps is None:
         return None, limit
-    cap = None
+    daemon = gpu.mps.active_thread_percentage
+    if PIPE_DIRECTORY in env and env[PIPE_DIRECTORY] != gpu.mps.pipe_dir:
+        # a client behind another pipe directory would reach another daemon (or none), not this server
+        raise c.expected(
+            f"{path}.environ.{PIPE_DIRECTORY}",
+            f"{gpu.mps.pipe_dir} (GPU {gpu.index}'s mps.pipe_dir) or nothing",
+            env[PIPE_DIRECTORY],
+        )
+    cap = daemon / 100 if daemon < 100 else None  # the daemon's 100 %: the whole GPU, no cap
     if THREAD_PERCENTAGE in env:
         raw = env[THREAD_PERCENTAGE]
         try:
@@ -370,7 +381,7 @@ def _limits(
             pct = math.nan
         if not 0 < pct <= 100:
             raise c.expected(f"{path}.environ.{THREAD_PERCENTAGE}", "a percentage above 0, at most 100", raw)
-        cap = pct / 100
+        cap = min(pct, daemon) / 100
     if PINNED_MEM_LIMIT in env:
         pinned = parse_pinned_limit(env[PINNED_MEM_LIMIT])
         if pinned is None:

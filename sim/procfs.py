@@ -5,6 +5,12 @@ Attribution reads job identity from the OS, not from NVML: `/proc/<pid>/cgroup` 
 and a dcgm-exporter style job-mapping directory (files named `<gpu>` or `<gpu>.<gpu_instance>`
 holding job ids). This module renders those files in the real formats (pure functions, tested one
 by one) and keeps a directory tree in step with the set of running simulated processes.
+
+An MPS client's limits live in its control daemon, reached through the client's pipe directory
+as the client's mount namespace shows it (`/proc/<pid>/root<pipe dir>`). The tree therefore has a
+node filesystem root, `<procfs root>/.root`, that every `<pid>/root` links to, and below it each
+running daemon's answers (`<pipe dir>/gpulens-sim-mps.json`) for the control client stand-in
+(`mpscontrol.py`) to read.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulens.sim.scenario import KubernetesJob, MappingJob, ProcessSpec, SlurmJob
+from gpulens.sim.mpscontrol import DEFAULT_PIPE_DIRECTORY, STATE_FILE, DaemonState
+from gpulens.sim.scenario import KubernetesJob, MappingJob, MpsSpec, ProcessSpec, SlurmJob
+
+NODE_ROOT = ".root"  # the node's filesystem root inside the procfs root; `<pid>/root` links to it
 
 _V1_CONTROLLERS = (
     (12, "pids"),
@@ -40,6 +49,7 @@ class ProcView:
     pid: int  # differs from spec.pid only for a restarted MPS server
     device_uuid: str  # GPU or MIG UUID it was given (NVIDIA_VISIBLE_DEVICES)
     hostname: str
+    mps: MpsSpec | None = None  # its GPU's MPS daemon settings (MPS servers and clients)
 
 
 def comm(spec: ProcessSpec) -> str:
@@ -145,14 +155,18 @@ def environ(view: ProcView) -> bytes:
                 "NVIDIA_VISIBLE_DEVICES": view.device_uuid,
             }
         )
-    if spec.kind == "mps_client":
-        env["CUDA_MPS_PIPE_DIRECTORY"] = "/tmp/nvidia-mps"
+    if spec.kind == "mps_client":  # as the device plugin or the user's job script hands it over
+        env["CUDA_MPS_PIPE_DIRECTORY"] = view.mps.pipe_dir if view.mps else DEFAULT_PIPE_DIRECTORY
     env.update(dict(spec.environ))
     return b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
 
 
 def status(view: ProcView) -> str:
-    """`/proc/<pid>/status` (the lines attribution tools read: Name, Pid, PPid, Uid, Gid)."""
+    """`/proc/<pid>/status` (the lines attribution tools read: Name, Pid, PPid, Uid, Gid, NSpid).
+
+    Every simulated process runs in the host's pid namespace (hostPID daemons, Slurm), so `NSpid`
+    holds the one pid: the MPS daemon knows its servers by the pid it shows.
+    """
     spec = view.spec
     uid = spec.uid
     ppid = 1 if spec.job is None else max(2, view.pid - 1)
@@ -169,6 +183,8 @@ def status(view: ProcView) -> str:
         f"Gid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
         "FDSize:\t256\n"
         f"Groups:\t{uid}\n"
+        f"NStgid:\t{view.pid}\n"
+        f"NSpid:\t{view.pid}\n"
         "VmRSS:\t 2048000 kB\n"
         "Threads:\t24\n"
     )
@@ -186,6 +202,23 @@ def job_id(spec: ProcessSpec) -> str | None:
     return None
 
 
+def daemons(views: list[ProcView]) -> dict[str, DaemonState]:
+    """What each running MPS control daemon answers, by pipe directory: the servers of the GPUs
+    given that directory (by the pid the daemon shows), each at its GPU's percentage. The default
+    is theirs when they agree (one `set_default_active_thread_percentage` for the daemon's
+    devices, as the device plugin sets it), else MPS's own 100."""
+    servers: dict[str, dict[int, float]] = {}
+    for view in views:
+        if view.spec.kind == "mps_server" and view.mps is not None:
+            servers.setdefault(view.mps.pipe_dir, {})[view.pid] = view.mps.active_thread_percentage
+    out: dict[str, DaemonState] = {}
+    for pipe_dir, by_pid in servers.items():
+        percentages = set(by_pid.values())
+        default = percentages.pop() if len(percentages) == 1 else 100.0
+        out[pipe_dir] = DaemonState(default, by_pid)
+    return out
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
@@ -201,7 +234,8 @@ class NodeFiles:
     """Keeps procfs, pod-log and job-mapping trees equal to the running processes.
 
     Only entries this object wrote are ever removed, so pointing it at a shared directory is safe.
-    Any root may be None (that tree is not written).
+    Any root may be None (that tree is not written). The procfs tree includes the node filesystem
+    root (`.root`) with each running MPS daemon's state file below its pipe directory.
     """
 
     def __init__(self, procfs_root: Path | None, pods_root: Path | None, mapping_dir: Path | None) -> None:
@@ -211,9 +245,15 @@ class NodeFiles:
         for root in (procfs_root, pods_root, mapping_dir):
             if root is not None:
                 root.mkdir(parents=True, exist_ok=True)
+        self.node_root = procfs_root / NODE_ROOT if procfs_root is not None else None
+        self._made: set[Path] = set()  # directories made for state files (removed once empty)
+        if self.node_root is not None and not self.node_root.is_dir():
+            self.node_root.mkdir()
+            self._made.add(self.node_root)
         self._pids: set[int] = set()
         self._pods: set[str] = set()
         self._mapping: dict[str, str] = {}
+        self._daemons: dict[str, str] = {}  # pipe directory -> the state written there
 
     @property
     def enabled(self) -> bool:
@@ -228,6 +268,7 @@ class NodeFiles:
             for pid in set(wanted) - self._pids:
                 self._write_process(self.procfs_root, wanted[pid])
             self._pids = set(wanted)
+            self._sync_daemons({d: state.to_json() for d, state in daemons(views).items()})
         if self.pods_root is not None:
             pods = {
                 pod_log_dir(v.spec.job): v.spec.job for v in views if isinstance(v.spec.job, KubernetesJob)
@@ -254,9 +295,53 @@ class NodeFiles:
                     _write_atomic(self.mapping_dir / key, text.encode())
             self._mapping = wanted_files
 
+    def _sync_daemons(self, wanted: dict[str, str]) -> None:
+        """Write each running daemon's state file, remove those of daemons no server runs under."""
+        gone = set(self._daemons) - set(wanted)
+        for pipe_dir in gone:
+            (self._pipe_path(pipe_dir) / STATE_FILE).unlink(missing_ok=True)
+            del self._daemons[pipe_dir]
+        for pipe_dir, text in wanted.items():
+            if self._daemons.get(pipe_dir) != text:
+                directory = self._pipe_path(pipe_dir)
+                self._make_dirs(directory)
+                _write_atomic(directory / STATE_FILE, text.encode())
+                self._daemons[pipe_dir] = text
+        if gone:
+            self._prune()
+
+    def _pipe_path(self, pipe_dir: str) -> Path:
+        assert self.node_root is not None
+        if not os.path.isabs(pipe_dir) or os.path.normpath(pipe_dir) != pipe_dir or pipe_dir == "/":
+            # the scenario parser allows no other; a path leaving the node root is never written
+            raise ValueError(f"MPS pipe directory {pipe_dir!r}: expected an absolute, normalized directory")
+        return self.node_root / pipe_dir.lstrip("/")
+
+    def _make_dirs(self, directory: Path) -> None:
+        missing = []
+        while not directory.is_dir():
+            missing.append(directory)
+            directory = directory.parent
+        for path in reversed(missing):
+            path.mkdir()
+            self._made.add(path)
+
+    def _prune(self) -> None:
+        """Remove the directories made for state files that hold nothing now (deepest first); the
+        node root stays while the node's files do (`clear`)."""
+        for path in sorted(self._made, key=lambda p: len(p.parts), reverse=True):
+            if path == self.node_root:
+                continue
+            try:
+                path.rmdir()
+            except OSError:  # not empty: a live state file, or someone else's files
+                continue
+            self._made.discard(path)
+
     @staticmethod
     def _write_process(root: Path, view: ProcView) -> None:
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+        os.symlink(f"../{NODE_ROOT}", tmp / "root")  # the process sees the node's filesystem
         (tmp / "cgroup").write_text(cgroup(view.spec))
         (tmp / "environ").write_bytes(environ(view))
         (tmp / "comm").write_text(comm(view.spec))
@@ -269,3 +354,9 @@ class NodeFiles:
     def clear(self) -> None:
         """Remove everything this object wrote."""
         self.sync([], {})
+        if self.node_root is not None and self.node_root in self._made:
+            try:
+                self.node_root.rmdir()
+                self._made.discard(self.node_root)
+            except OSError:  # someone else's files are in it
+                pass

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import ClassVar, Literal
 
 from gpulens.catalog import GpuModel, MigProfile
+from gpulens.sim.mpscontrol import DEFAULT_PIPE_DIRECTORY
 from gpulens.sim.patterns import WorkloadSpec
 from gpulens.sim.serving import ServingSpec
 from gpulens.sim.state import DriverInfo
@@ -26,6 +27,7 @@ RESTART_PID_SLOT = 4096  # pids per restarting process (reused after that many r
 MAX_RESTARTING = (2**22 - RESTART_PID_BASE) // RESTART_PID_SLOT
 THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
 MAX_SEED = 2**64 - 1
 
 
@@ -57,6 +59,13 @@ class MpsSpec:
     uid: int
     memory_bytes: int
     start: float
+    # the daemon's active thread percentage for this server (`set_default_active_thread_percentage`,
+    # as the Kubernetes device plugin sets 100/replicas): every client's cap, which a client's own
+    # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can only lower. 100 (MPS's default): no cap
+    active_thread_percentage: float = 100.0
+    # the daemon's pipe directory, which its clients get as CUDA_MPS_PIPE_DIRECTORY; servers of GPUs
+    # with the same one belong to one daemon
+    pipe_dir: str = DEFAULT_PIPE_DIRECTORY
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ and tested on their own:
   remainder add up to the device; None when no process of the job has a per-process figure; on a
   MIG instance owned by a single job, the instance's own SM activity; without a device figure, the
   sum of its processes' per-process SM ratios, capped at 1;
-* under MPS, where any client's own thread cap is known (its environment), the shares weigh each
-  job by the SM activity its processes could add (time x cap, shares.capped_shares), so a client
-  held to its cap is never measured above it; the job's cap is published with it;
+* under MPS, where any client's thread cap is known (its environment, its control daemon), the
+  shares weigh each job by the SM activity its processes could add (time x cap,
+  shares.capped_shares), so a client held to its cap is never measured above it; the job's cap is
+  published with it;
 * sharing per GPU / instance: `mig` on an instance, `mps` when MPS clients run, `time_slicing` when
   more than one job runs, else `exclusive` (the MPS server pseudo-job is not a job here);
 * more than `max_jobs` jobs on one device: the smallest (by memory) are summed into `job_id="other"`.
@@ -165,7 +166,7 @@ def aggregate(
     `instance_sm_active[(gpu, gi)]` is the device's SM figure (a GPU's SM activity, else its
     utilization; an instance's SM activity) that the jobs' SM shares divide; `device_duty[gpu]` the
     GPU's NVML utilization, the scale of the per-process figures (shares.py); `thread_caps[pid]` an
-    MPS client's own active-thread limit (a ratio), where its environment sets one; `sm_activity`
+    MPS client's active-thread limit (a ratio), where it is known; `sm_activity`
     the GPUs whose figure is SM activity (GPM / DCGM) rather than NVML utilization: only that
     figure is on the scale a thread cap limits (shares.py)."""
     duty = device_duty or {}

@@ -52,8 +52,9 @@ from gpulens.exporter.attribution.model import (
     ProcessKind,
     ProcessRef,
 )
+from gpulens.exporter.attribution.mps_control import DEFAULT_PIPE_DIRECTORY, MpsControl
 from gpulens.exporter.attribution.pod_resources import PodContainer, PodResourcesClient
-from gpulens.exporter.attribution.procfs import ProcessInfo, ProcfsReader
+from gpulens.exporter.attribution.procfs import EnvironRead, ProcessInfo, ProcfsReader
 from gpulens.exporter.attribution.resourceslices import ResourceSlices
 from gpulens.exporter.attribution.slurm import SOURCE_SLURM, UserNames, slurm_identity
 
@@ -145,6 +146,17 @@ class Attributor:
         self._slurm_jobs: dict[int, tuple[ProcessInfo, JobIdentity]] = {}
         self._procfs = ProcfsReader(config.procfs_root, self._log) if config.enable_procfs else None
         self._pods = PodDirectory(config.pod_logs_dir) if config.enable_procfs else None
+        self._mps = (
+            MpsControl(
+                config.mps_control,
+                config.procfs_root,
+                self._log,
+                timeout_s=config.mps_control_timeout_seconds,
+                fallback_pipe_dir=config.mps_pipe_dir,
+            )
+            if config.enable_procfs and config.mps_control
+            else None
+        )
         slices = (
             ResourceSlices(config.kube_api, config.node_name, self._log)
             if config.kube_api is not None and config.node_name
@@ -245,6 +257,19 @@ class Attributor:
                 return entries[key]
         return ()
 
+    def _thread_cap(self, proc: ProcessRef, info: ProcessInfo, servers: Sequence[int]) -> float | None:
+        """An MPS client's active-thread limit: the lower of its own environment's and its server's
+        (the daemon's), either where only one is known; None when neither is."""
+        daemon = None
+        if self._mps is not None and info.environ is not EnvironRead.NO_ENTRY:  # exited: none to ask
+            # the pipe directory in the client's own view; unknown (None) where environ was unreadable
+            pipe_dir = (
+                (info.mps_pipe_dir or DEFAULT_PIPE_DIRECTORY) if info.environ is EnvironRead.READ else None
+            )
+            daemon = self._mps.thread_ratio(proc.pid, pipe_dir, servers, info.uid)
+        known = [c for c in (info.mps_thread_ratio, daemon) if c is not None]
+        return min(known) if known else None
+
     # -- the sample ------------------------------------------------------------------------
 
     def attribute(
@@ -265,7 +290,13 @@ class Attributor:
             mapping = self._mapping.refresh()  # bounded (mapping_dir.py); bad files reported promptly
             self._mapping_fresh = True
         pairs: list[tuple[ProcessRef, JobIdentity]] = []
-        thread_caps: dict[int, float] = {}  # MPS clients' own active-thread limits, by pid
+        thread_caps: dict[int, float] = {}  # MPS clients' known active-thread limits, by pid
+        servers: dict[int, list[int]] = {}  # GPU -> its MPS servers' pids (to find a client's)
+        for proc in unique:
+            if proc.kind is ProcessKind.MPS_SERVER:
+                servers.setdefault(proc.gpu, []).append(proc.pid)
+        if self._mps is not None:
+            self._mps.start_sample({pid for pids in servers.values() for pid in pids})
         missing_memory: set[int] = set()
         # pids that left are forgotten (the procfs cache drops them too)
         alive = {p.pid for p in unique}
@@ -279,8 +310,10 @@ class Attributor:
                 pairs.append((proc, MPS_SERVER_JOB))
                 continue
             info = self._procfs.read(proc.pid) if self._procfs is not None else ProcessInfo()
-            if proc.kind is ProcessKind.MPS_CLIENT and info.mps_thread_ratio is not None:
-                thread_caps[proc.pid] = info.mps_thread_ratio
+            if proc.kind is ProcessKind.MPS_CLIENT:
+                cap = self._thread_cap(proc, info, servers.get(proc.gpu, ()))
+                if cap is not None:
+                    thread_caps[proc.pid] = cap
             known = slurm_jobs.get(proc.pid)
             if known is not None and known[0] is info:  # procfs gave the same facts as last sample
                 pairs.append((proc, known[1]))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from gpulens.exporter.attribution.mps_control import DEFAULT_COMMAND, DEFAULT_TIMEOUT_S
 from gpulens.exporter.attribution.resourceslices import KubeApi
 
 
@@ -85,8 +86,9 @@ class JobUsage:
     memory_used_bytes: int
     sm_utilization_ratio: float | None
     processes: int
-    # an MPS client job's own active-thread limit (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100), where
-    # its processes' environment sets one; None elsewhere (the control daemon's default is unseen)
+    # an MPS client job's active-thread limit: the lower of its processes' own
+    # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100 and what their control daemon runs their server under
+    # (mps_control.py), where either is known; None elsewhere
     mps_thread_ratio: float | None = None
 
 
@@ -134,3 +136,10 @@ class AttributionConfig:
     # ResourceSlices, resourceslices.py); None or no node name: not looked up
     kube_api: KubeApi | None = None
     node_name: str = ""
+    # the MPS control client program asked for MPS clients' caps (mps_control.py; needs procfs);
+    # empty: not asked. Its runs in one sample share one timeout.
+    mps_control: tuple[str, ...] = DEFAULT_COMMAND
+    mps_control_timeout_seconds: float = DEFAULT_TIMEOUT_S
+    # the node's MPS control daemon's pipe directory as the exporter sees it (`--mps-pipe-dir`),
+    # asked for clients whose own view cannot be reached; None: their caps stay unknown
+    mps_pipe_dir: str | None = None

@@ -1,4 +1,5 @@
-"""Read what `/proc/<pid>` says about a GPU process: its cgroup identity, Slurm env, uid and MPS cap.
+"""Read what `/proc/<pid>` says about a GPU process: its cgroup identity, Slurm env, uid, MPS cap
+and MPS pipe directory.
 
 Processes come and go between NVML listing them and us reading procfs, so every read tolerates
 the pid having vanished (the process then simply has no procfs identity). Results are cached per
@@ -18,6 +19,7 @@ really exited stops being listed and is forgotten.
 
 from __future__ import annotations
 
+import enum
 import errno
 import time
 from collections.abc import Callable, Iterable
@@ -34,10 +36,22 @@ SLURM_ENV_KEYS = frozenset(
 )
 #: An MPS client's own active-thread limit (Slurm sets it from the job's gres/mps share; gpulens'
 #: plans set it per client). The control daemon's default is not in the environment: NVML and
-#: procfs cannot see it, so a client without the variable has no known cap here.
+#: procfs cannot see it, so mps_control.py asks the daemon.
 MPS_THREAD_KEY = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-ENV_KEYS = SLURM_ENV_KEYS | {MPS_THREAD_KEY}
+#: Where an MPS client finds its control daemon (default `/tmp/nvidia-mps`, as the client sees its
+#: file system): mps_control.py asks that daemon for the cap the client runs under.
+MPS_PIPE_KEY = "CUDA_MPS_PIPE_DIRECTORY"
+MAX_PIPE_DIR_CHARS = 256  # a Unix socket path (the daemon's `control`) fits 108 bytes anyway
+ENV_KEYS = SLURM_ENV_KEYS | {MPS_THREAD_KEY, MPS_PIPE_KEY}
 _VANISHED = (errno.ENOENT, errno.ESRCH)
+
+
+class EnvironRead(enum.Enum):
+    """What became of reading a pid's environ."""
+
+    READ = "read"
+    UNREADABLE = "unreadable"  # the entry is there, its environ is not (refused: the ptrace check)
+    NO_ENTRY = "no entry"  # the process exited, or is in another pid namespace
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,11 @@ class ProcessInfo:
     uid: int | None = None
     # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100 where the environment sets a valid one (0 < p <= 100)
     mps_thread_ratio: float | None = None
+    # CUDA_MPS_PIPE_DIRECTORY where it is a sane absolute path (parse_pipe_dir); None: the default
+    mps_pipe_dir: str | None = None
+    # whether /proc/<pid>/environ was read: where it was not, the two fields above say nothing (an
+    # MPS client's pipe directory is then unknown, not the default)
+    environ: EnvironRead = EnvironRead.NO_ENTRY
 
 
 _NO_ENTRY = ProcessInfo()
@@ -81,6 +100,17 @@ def parse_thread_percentage(value: str | None) -> float | None:
     except ValueError:
         return None
     return pct / 100 if 0 < pct <= 100 else None
+
+
+def parse_pipe_dir(value: str | None) -> str | None:
+    """`CUDA_MPS_PIPE_DIRECTORY` when it is an absolute path of at most 256 characters without
+    control characters or `..` (it is resolved under the client's `/proc/<pid>/root`, and a process
+    must not steer the exporter elsewhere); None otherwise (then the client uses the default)."""
+    if not value or len(value) > MAX_PIPE_DIR_CHARS or not value.startswith("/"):
+        return None
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value) or ".." in value.split("/"):
+        return None
+    return value
 
 
 def parse_status_uid(text: str) -> int | None:
@@ -171,6 +201,7 @@ class ProcfsReader:
         self._missing.pop(pid, None)
         env = parse_environ(environ, ENV_KEYS) if environ else {}
         thread_pct = env.pop(MPS_THREAD_KEY, None)
+        pipe_dir = env.pop(MPS_PIPE_KEY, None)
         info = ProcessInfo(
             cgroup=parse_cgroup(cgroup_bytes.decode("utf-8", "replace"))
             if cgroup_bytes
@@ -178,6 +209,8 @@ class ProcfsReader:
             slurm_env=env,
             uid=parse_status_uid(status.decode("utf-8", "replace")) if status else None,
             mps_thread_ratio=parse_thread_percentage(thread_pct),
+            mps_pipe_dir=parse_pipe_dir(pipe_dir),
+            environ=EnvironRead.UNREADABLE if environ is None else EnvironRead.READ,
         )
         self._cache[pid] = (now, info, cgroup_bytes)
         return info

@@ -20,13 +20,17 @@ Under MPS, on a GPU whose figure is SM activity, a client held to an active-thre
 fraction of the SMs) that runs kernels all the time is busy for the whole interval yet adds at
 most `c_j` to SM activity: weighting by time alone would give it more than it could have used (a
 30 % client beside a lighter one read as 40 %, above its own cap). Where a client's cap is known
-(its `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), the device's clients are weighted by the SM activity
-they could have added, `w_j * c_j` (c = 1 without a cap of its own), on SM activity's own scale:
+(its `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, or what its control daemon runs its server under), the
+device's clients are weighted by the SM activity they could have added, `w_j * c_j` (c = 1 without
+a known cap), on SM activity's own scale:
 
     share_j = D * w_j * c_j / max(sum(w * c), D)
 
 so no client is given more than `w_j * c_j` (at most its cap), and a device busier than its listed
-clients could make it leaves the rest unattributed. A job measured under its cap thus reads on the
+clients could make it leaves the rest unattributed. With every cap 1 (clients known to run at
+100 %) this is the time split above wherever the listed clients account for the busy time
+(`U <= sum(w)`): SM activity is at most the union of busy times (`D <= U`), so both scales are
+`sum(w)`. A job measured under its cap thus reads on the
 same scale as when it ran whole, which is what keeps a plan's MPS caps from moving because they
 were applied. Where the figure is NVML utilization (no GPM / DCGM) it is a time, like `w`, which a
 thread cap does not bound: the time split above stays.

@@ -108,10 +108,12 @@ UNATTRIBUTED = FamilySpec[JobUsage](
 THREAD_CAP = FamilySpec[JobUsage](
     "gpu_job_mps_active_thread_ratio",
     Kind.GAUGE,
-    "An MPS client job's own active-thread limit (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100): the"
-    " share of the GPU's SMs its kernels may use; absent where its environment sets none.",
-    "`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` in the environment of the job's MPS client processes (the"
-    " largest of them); the control daemon's default is not visible to NVML or procfs",
+    "An MPS client job's effective active-thread limit: the share of the GPU's SMs its kernels may"
+    " use, the lower of its own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and its MPS server's; absent where"
+    " neither is known.",
+    "per MPS client process, the lower of `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` in its environment and"
+    " the percentage its MPS control daemon runs its server under (`--mps-control`); the largest of"
+    " the job's processes",
     labels=_USAGE,
     unit=Unit.RATIO,
     mig="not on MIG (MPS on whole GPUs)",

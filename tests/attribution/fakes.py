@@ -63,6 +63,43 @@ class FakeNode:
         (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in (env or {}).items()))
         (d / "status").write_text(f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
 
+    @property
+    def fs_root(self) -> Path:
+        """The node's file system as its processes see it (`/proc/<pid>/root`)."""
+        return self.root / "fsroot"
+
+    def mps_client(
+        self, pid: int, cgroup: str, pipe_dir: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        """An MPS client process seeing the node's file system, with the pipe directory its
+        environment names (none: the default `/tmp/nvidia-mps`)."""
+        extra = {"CUDA_MPS_PIPE_DIRECTORY": pipe_dir} if pipe_dir else {}
+        self.process(pid, cgroup, env={**extra, **(env or {})})
+        self.fs_root.mkdir(parents=True, exist_ok=True)
+        (self.procfs / str(pid) / "root").symlink_to(self.fs_root)
+
+    def refuse_environ(self, pid: int) -> None:
+        """`/proc/<pid>/environ` cannot be read, as the kernel's ptrace check refuses it (a
+        directory in its place: tests run as root, which no mode bits refuse)."""
+        environ = self.procfs / str(pid) / "environ"
+        environ.unlink()
+        environ.mkdir()
+
+    def mps_daemon(self, pipe_dir: str, state_json: str) -> Path:
+        """A control daemon behind `pipe_dir` answering as `state_json` says (the stand-in's file)."""
+        directory = self.fs_root / pipe_dir.lstrip("/")
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "gpulens-sim-mps.json").write_text(state_json)
+        return directory
+
+    def mps_server(self, pid: int, nspid: int, uid: int = 0) -> None:
+        """An MPS server process: host pid `pid`, `nspid` in the daemon's pid namespace."""
+        d = self.procfs / str(pid)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "status").write_text(
+            f"Name:\tnvidia-cuda-mps\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nNSpid:\t{pid}\t{nspid}\n"
+        )
+
     def pod(self, namespace: str, name: str, uid: str, containers: dict[str, str]) -> None:
         """A pod's kubelet log dirs; `containers` maps container name -> container id."""
         for container, cid in containers.items():
@@ -86,6 +123,8 @@ class FakeNode:
             "job_mapping_dir": self.mapping_dir,
             "pod_resources_socket": None,
             "pod_logs_dir": self.pod_logs,
+            # not the node's own MPS control program: a test asks only the daemons it stands in
+            "mps_control": (),
         }
         values.update(overrides)
         return AttributionConfig(**values)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ import pytest
 
 from gpulens.exporter.attribution import JobIdentity
 from gpulens.exporter.attribution.logonce import LogOnce
-from gpulens.exporter.attribution.procfs import ProcfsReader
+from gpulens.exporter.attribution.procfs import EnvironRead, ProcfsReader
 from gpulens.exporter.collectors import jobs
 from gpulens.exporter.collectors.base import CollectorOptions
 from gpulens.exporter.snapshot import NodeSnapshot
@@ -304,3 +304,36 @@ def test_the_jobs_cap_is_published_beside_its_share_and_only_where_it_has_one(no
         m for m in jobs.collect(snapshot, CollectorOptions()) if m.name == "gpu_job_mps_active_thread_ratio"
     ]
     assert [(s.labels["job_id"], s.value) for s in family.samples] == [("1234", 0.3)]
+
+
+def test_an_mps_clients_pipe_directory_is_kept(node):
+    node.process(100, env={"CUDA_MPS_PIPE_DIRECTORY": "/mps/nvidia.com/gpu/pipe"})
+    reader = ProcfsReader(node.procfs, LogOnce(logging.getLogger("t")))
+    assert reader.read(100).mps_pipe_dir == "/mps/nvidia.com/gpu/pipe"
+
+
+@pytest.mark.parametrize("value", ["relative/pipe", "/mps/../../etc", "/tmp/a\nb", "/" + "p" * 256, ""])
+def test_a_pipe_directory_that_is_not_a_sane_absolute_path_is_the_default(node, value):
+    node.process(100, env={"CUDA_MPS_PIPE_DIRECTORY": value})
+    reader = ProcfsReader(node.procfs, LogOnce(logging.getLogger("t")))
+    assert reader.read(100).mps_pipe_dir is None
+
+
+@pytest.mark.parametrize(
+    ("env", "refused", "read"),
+    [({}, False, EnvironRead.READ), ({"CUDA_MPS_PIPE_DIRECTORY": "/p"}, True, EnvironRead.UNREADABLE)],
+)
+def test_an_unreadable_environment_is_told_apart_from_one_without_a_pipe_directory(node, env, refused, read):
+    # an MPS client's pipe directory is then unknown rather than the default (mps_control.py)
+    node.process(100, env=env)
+    if refused:
+        node.refuse_environ(100)
+    info = ProcfsReader(node.procfs, LogOnce(logging.getLogger("t"))).read(100)
+    assert (info.environ, info.mps_pipe_dir) == (read, None)
+
+
+def test_a_pid_without_an_entry_is_neither_read_nor_unreadable(node):
+    node.procfs.mkdir(parents=True, exist_ok=True)
+    assert (
+        ProcfsReader(node.procfs, LogOnce(logging.getLogger("t"))).read(999).environ is EnvironRead.NO_ENTRY
+    )

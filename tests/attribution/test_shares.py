@@ -79,3 +79,18 @@ def test_a_device_busier_than_its_capped_clients_could_make_it_keeps_the_rest_un
     shares = capped_shares({"a": 0.3, "b": 0.3}, device=0.8)
     assert shares == {"a": pytest.approx(0.3), "b": pytest.approx(0.3)}
     assert remainder(0.8, shares) == pytest.approx(0.2)
+
+
+@given(
+    st.dictionaries(st.sampled_from("abcdef"), st.floats(0, 1), min_size=1, max_size=6),
+    st.floats(0, 1),
+    st.floats(0, 1),
+)
+def test_with_every_cap_at_one_the_capped_split_is_the_time_split(weights, busy, active) -> None:
+    # clients known to run at 100 % (a daemon's cap of 1): on SM activity D, which is at most the
+    # union of busy times U, itself at most the clients' summed times when they account for it
+    duty = busy * min(sum(weights.values()), 1.0)
+    device = active * duty
+    capped = capped_shares(dict(weights), device)
+    timed = sm_shares(dict(weights), device, duty)
+    assert capped == pytest.approx(timed, abs=1e-12)

@@ -96,3 +96,35 @@ def test_disable_defaults_runs_only_the_collectors_named() -> None:
     config = parse_config(["--collector.disable-defaults", "--collector.device", "--collector.xid"], env={})
     assert config.collectors == frozenset({"device", "xid"})
     assert parse_config([], env={"GPULENS_COLLECTOR_DISABLE_DEFAULTS": "1"}).collectors == frozenset()
+
+
+def test_the_mps_control_command_is_split_as_a_shell_would() -> None:
+    config = parse_config(["--mps-control", "/opt/nvidia/nvidia-cuda-mps-control --x 'a b'"], env={})
+    assert config.mps_control == ("/opt/nvidia/nvidia-cuda-mps-control", "--x", "a b")
+
+
+def test_an_empty_mps_control_command_turns_the_query_off() -> None:
+    assert parse_config(["--mps-control="], env={}).mps_control == ()
+
+
+def test_an_mps_control_command_with_an_open_quote_is_one_line_naming_the_flag() -> None:
+    with pytest.raises(ConfigError, match=r"^--mps-control: expected a command line"):
+        parse_config(["--mps-control", "nvidia-cuda-mps-control 'x"], env={})
+
+
+def test_an_mps_pipe_dir_that_does_not_exist_yet_is_accepted() -> None:
+    # the node's MPS control daemon creates it when it starts, possibly after the exporter
+    config = parse_config(["--mps-pipe-dir", "/run/nvidia/mps/nvidia.com/gpu/pipe"], env={})
+    assert config.mps_pipe_dir == "/run/nvidia/mps/nvidia.com/gpu/pipe"
+
+
+@pytest.mark.parametrize("value", ["run/nvidia/mps", "/run/../etc", "/" + "p" * 256])
+def test_an_mps_pipe_dir_that_is_not_a_sane_absolute_path_is_one_line_naming_the_flag(value) -> None:
+    with pytest.raises(ConfigError, match=r"^--mps-pipe-dir: expected an absolute path"):
+        parse_config(["--mps-pipe-dir", value], env={})
+
+
+def test_an_mps_pipe_dir_that_is_a_file_is_one_line_naming_the_flag(tmp_path) -> None:
+    (tmp_path / "pipe").write_text("")
+    with pytest.raises(ConfigError, match=r"^--mps-pipe-dir: .*pipe is not a directory$"):
+        parse_config(["--mps-pipe-dir", str(tmp_path / "pipe")], env={})

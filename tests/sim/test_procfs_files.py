@@ -148,11 +148,11 @@ def test_node_files_add_and_remove_only_their_own_entries(tmp_path) -> None:
     a = procfs.ProcView(spec(pod()), 10, "GPU-x", "n")
     b = procfs.ProcView(spec(slurm(), pid=11), 11, "GPU-x", "n")
     files.sync([a, b], {"0": ["5101"], "1.9": ["7", "6"]})
-    assert sorted(p.name for p in (tmp_path / "proc").iterdir()) == ["1", "10", "11"]
+    assert sorted(p.name for p in (tmp_path / "proc").iterdir()) == [".root", "1", "10", "11"]
     assert (tmp_path / "pods" / f"ml_trainer-0_{UID}" / "main" / "0.log").is_file()
     assert (tmp_path / "map" / "1.9").read_text() == "6\n7\n"
     files.sync([b], {"0": ["5101"]})
-    assert sorted(p.name for p in (tmp_path / "proc").iterdir()) == ["1", "11"]
+    assert sorted(p.name for p in (tmp_path / "proc").iterdir()) == [".root", "1", "11"]
     assert list((tmp_path / "pods").iterdir()) == []
     assert sorted(p.name for p in (tmp_path / "map").iterdir()) == ["0"]
     files.clear()

@@ -115,7 +115,12 @@ def test_gpu_profile_runs_the_exporter_on_real_gpus_through_the_nvidia_runtime()
     assert gpu["profiles"] == ["gpu"]
     assert gpu["runtime"] == "nvidia"
     assert gpu["pid"] == "host"
-    assert gpu["environment"] == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    # utility mounts NVML; compute also nvidia-cuda-mps-control (MPS clients' thread caps), as in
+    # the Kubernetes DaemonSet
+    assert gpu["environment"] == {
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    }
     assert not any(arg.startswith("--simulate") for arg in args_of(gpu))
 
 

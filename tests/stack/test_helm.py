@@ -563,6 +563,51 @@ def test_without_pod_resources_the_socket_is_not_mounted_and_attribution_says_so
     assert container["securityContext"]["runAsUser"] == 10001
 
 
+def mps_root_volume_and_mount(objects: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """The exporter's `mps-root` hostPath volume and its mount (None where not rendered)."""
+    spec = only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    volume = next((v for v in spec["volumes"] if v["name"] == "mps-root"), None)
+    mount = next((m for m in exporter_container(objects)["volumeMounts"] if m["name"] == "mps-root"), None)
+    return volume, mount
+
+
+def test_the_device_plugins_mps_root_is_mounted_read_only_at_its_host_path(helm):
+    volume, mount = mps_root_volume_and_mount(rendered(helm, "default"))
+    # the device plugin's own MPS control daemon DaemonSet declares its root this way
+    assert volume["hostPath"] == {"path": "/run/nvidia/mps", "type": "DirectoryOrCreate"}
+    assert mount == {"name": "mps-root", "mountPath": "/run/nvidia/mps", "readOnly": True}
+
+
+def test_the_exporter_is_given_the_device_plugins_mps_pipe_directory_under_that_mount(helm):
+    from gpulens.exporter.cli import parse_config
+
+    objects = rendered(helm, "default")
+    _, mount = mps_root_volume_and_mount(objects)
+    [flag] = [a for a in exporter_container(objects)["args"] if a.startswith("--mps-pipe-dir=")]
+    config = parse_config([flag], env={})
+    assert config.mps_pipe_dir == f"{mount['mountPath']}/nvidia.com/gpu/pipe"
+
+
+def test_the_mps_root_and_resource_values_reach_the_mount_and_the_flag(helm):
+    objects = template(
+        helm, "--set", "exporter.mps.root=/var/run/mps/,exporter.mps.resource=nvidia.com/gpu.shared"
+    )
+    volume, mount = mps_root_volume_and_mount(objects)
+    assert volume["hostPath"]["path"] == mount["mountPath"] == "/var/run/mps/"
+    assert "--mps-pipe-dir=/var/run/mps/nvidia.com/gpu.shared/pipe" in exporter_container(objects)["args"]
+
+
+def test_with_mps_off_neither_the_mps_root_nor_the_flag_is_rendered(helm):
+    objects = template(helm, "--set", "exporter.mps.enabled=false")
+    assert mps_root_volume_and_mount(objects) == (None, None)
+    assert not [a for a in exporter_container(objects)["args"] if a.startswith("--mps-pipe-dir")]
+
+
+def test_values_schema_rejects_a_relative_mps_root(helm):
+    error = template_error(helm, "--set", "exporter.mps.root=run/nvidia/mps")
+    assert "/exporter/mps/root" in error
+
+
 def test_runtime_class_can_be_left_to_the_node_default(helm):
     objects = template(helm, "--set", "exporter.runtimeClassName=")
     assert "runtimeClassName" not in only(objects, "DaemonSet")["spec"]["template"]["spec"]

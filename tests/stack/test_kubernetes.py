@@ -103,22 +103,31 @@ def test_daemonset_sees_host_processes_through_the_nvidia_runtime_without_reques
     assert spec["runtimeClassName"] == "nvidia"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
-    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    # utility mounts NVML; compute also nvidia-cuda-mps-control (MPS clients' thread caps)
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
     for section in ("requests", "limits"):
         assert not any("nvidia.com" in key for key in container["resources"][section])
         assert {"cpu", "memory"} <= set(container["resources"][section])
 
 
-def test_daemonset_mounts_procfs_pod_resources_and_pod_logs_read_only():
+def test_daemonset_mounts_procfs_pod_resources_pod_logs_and_the_mps_root_read_only():
     spec = daemonset()["spec"]["template"]["spec"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     mounts = {m["name"]: m for m in exporter_container()["volumeMounts"]}
-    wanted = {"/proc", "/var/lib/kubelet/pod-resources", "/var/log/pods"}
+    wanted = {"/proc", "/var/lib/kubelet/pod-resources", "/var/log/pods", "/run/nvidia/mps"}
     assert set(host_paths.values()) == wanted
     for name in host_paths:
         assert mounts[name]["readOnly"] is True, f"hostPath {host_paths[name]} must be mounted read-only"
     proc_mount = next(m["mountPath"] for n, m in mounts.items() if host_paths.get(n) == "/proc")
     assert f"--path.procfs={proc_mount}" in exporter_container()["args"]
+
+
+def test_daemonset_asks_the_device_plugins_mps_daemon_under_the_mps_root_it_mounts():
+    spec = daemonset()["spec"]["template"]["spec"]
+    root = next(v["hostPath"]["path"] for v in spec["volumes"] if v["name"] == "mps-root")
+    mount = next(m for m in exporter_container()["volumeMounts"] if m["name"] == "mps-root")
+    assert mount["mountPath"] == root  # the same path as on the host
+    assert f"--mps-pipe-dir={root}/nvidia.com/gpu/pipe" in exporter_container()["args"]
 
 
 def test_exporter_container_is_locked_down_and_says_why_it_runs_as_root():
