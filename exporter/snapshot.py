@@ -228,7 +228,11 @@ class GpuIdentity:
 class DeviceReading:
     """`Area.DEVICE`: whole-GPU utilization and state."""
 
+    # the GPU's utilization over the exporter's interval: the time-weighted mean of the driver's
+    # samples since the last read (GetSamples), else its last sample period (GetUtilizationRates)
     utilization_ratio: float | None = None
+    # GetUtilizationRates alone: the driver's last sample period (1/6 s to 1 s), None when unread
+    utilization_last_period_ratio: float | None = None
     memory_utilization_ratio: float | None = None
     performance_state: int | None = None
     compute_mode: ComputeMode | None = None

@@ -76,6 +76,10 @@ QUANTUM = 0.1  # seconds: states are cached per GPU and quantum (NVML refreshes 
 BUCKET = 10.0  # seconds: counter integration step
 TEMP_WINDOW = 120.0  # seconds of average power the temperature follows
 ACTIVITY_READINGS = 16  # most readings averaged by activity_between
+# GPU utilization samples the driver keeps (nvmlDeviceGetSamples): one per one-second reading, the
+# readings' own period; a real driver's buffer is longer, but each sample costs one activity
+# evaluation, and 16 cover the exporter's usual intervals (older ones are simply not returned)
+UTILIZATION_SAMPLES = 16
 
 _IDLE_BUSY = 0.05
 _NO_SAMPLE = Sample()  # placeholder for processes not sampled yet (never mutated)
@@ -361,6 +365,8 @@ class ScenarioNode:
         self._runtime_mig: dict[int, list[MigInstanceSpec]] = {}
         self._cache: dict[int, tuple[int, GpuState]] = {}
         self._snapshots: dict[tuple[int, float], _Snapshot] = {}
+        # GPU -> {whole simulated second -> utilization percent}: the driver's sample buffer
+        self._util_samples: dict[int, dict[int, int]] = {}
         self._counters = [_Counters() for _ in scenario.gpus]
         self._counter_lock = threading.Lock()
         self._files = NodeFiles(procfs_root, pods_root, job_mapping_dir)
@@ -441,6 +447,22 @@ class ScenarioNode:
             nvlink_rx_bytes_per_second=total.nvlink_rx * k,
         )
 
+    def utilization_samples(self, index: int, end: float) -> tuple[tuple[float, int], ...]:
+        # One sample per whole simulated second, each the one-second reading ending then (what
+        # GetUtilizationRates answers at that second): the period the engine's readings have. The
+        # last UTILIZATION_SAMPLES seconds since the node started; each computed once.
+        last = math.floor(end)
+        first = max(last - UTILIZATION_SAMPLES + 1, math.ceil(self.start_time))
+        with self._lock:
+            kept = self._util_samples.setdefault(index, {})
+            known = {t: kept[t] for t in range(first, last + 1) if t in kept}
+        for t in range(first, last + 1):
+            if t not in known:
+                known[t] = round(self._gpu_activity(index, t - self.start_time).busy * 100)
+        with self._lock:
+            self._util_samples[index] = known  # older seconds are dropped from the buffer
+        return tuple((float(t), known[t]) for t in range(first, last + 1))
+
     # -- runtime changes (tests, demos) -----------------------------------------------------------
     def _now_rel(self) -> float:
         return self.clock.now() - self.start_time
@@ -449,6 +471,7 @@ class ScenarioNode:
         with self._lock:
             self._cache.clear()
             self._snapshots.clear()
+            self._util_samples.clear()
         self.sync_files()
 
     def _check_gpu(self, gpu: int) -> GpuSpec:

@@ -256,3 +256,8 @@ class SimNode(Protocol):
     ) -> ActivityState:
         """Average activity of a GPU (or one of its GPU instances) over [start, end]."""
         ...
+
+    def utilization_samples(self, index: int, end: float) -> tuple[tuple[float, int], ...]:
+        """The GPU utilization samples the driver keeps at `end` (`nvmlDeviceGetSamples`), oldest
+        first: (simulated time the sample period ended, percent busy in it)."""
+        ...

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpulens.exporter.backends.rawcalls import FieldRequest, RawProcess, process_lists
+from gpulens.exporter.backends.utilsamples import interval_mean, sample_value
 from gpulens.exporter.snapshot import (
     Area,
     ClockEventReason,
@@ -264,6 +265,8 @@ class _GpuState:
     handle: Any
     identity: GpuIdentity | None = None
     last_util_timestamp_us: int = 0
+    # the newest GPU utilization sample read (GetSamples' lastSeen), 0 before the first
+    last_sample_us: int = 0
     mig_handles: dict[int, Any] = field(default_factory=dict)  # GPU instance id -> MIG device handle
     mps_server_pids: dict[int, bool] = field(default_factory=dict)  # pid -> is the MPS server
     process_names: dict[int, str] = field(default_factory=dict)  # pid -> name (`smi` only), while it runs
@@ -463,7 +466,9 @@ class NvmlBackend:
                 timings[area] = timings.get(area, 0.0) + time.perf_counter() - start
 
         # the areas in a fixed order (the order their NVML calls are made in)
-        device = run(Area.DEVICE, lambda: self._read_device(state)) if Area.DEVICE in areas else None
+        device = (
+            run(Area.DEVICE, lambda: self._read_device(state, interval)) if Area.DEVICE in areas else None
+        )
         memory = run(Area.MEMORY, lambda: self._read_memory(handle)) if Area.MEMORY in areas else None
         power_thermal = (
             run(Area.POWER_THERMAL, lambda: self._read_power_thermal(state))
@@ -552,9 +557,11 @@ class NvmlBackend:
             minor_number=int(minor) if minor is not None else None,
         )
 
-    def _read_device(self, state: _GpuState) -> DeviceReading:
+    def _read_device(self, state: _GpuState, interval: float) -> DeviceReading:
         handle, slow = state.handle, state.slow_value
         util = _call(pynvml.nvmlDeviceGetUtilizationRates, handle)
+        last_period = None if util is None else util.gpu / 100.0
+        mean = self._utilization_mean(state, interval) if util is not None else None
         performance_state = _call(pynvml.nvmlDeviceGetPerformanceState, handle)
         mode = slow("compute_mode", lambda: _call(pynvml.nvmlDeviceGetComputeMode, handle))
         fan = _call(pynvml.nvmlDeviceGetFanSpeed, handle)
@@ -562,7 +569,8 @@ class NvmlBackend:
         decoder = _call(pynvml.nvmlDeviceGetDecoderUtilization, handle)
         persistence = slow("persistence_mode", lambda: _call(pynvml.nvmlDeviceGetPersistenceMode, handle))
         return DeviceReading(
-            utilization_ratio=None if util is None else util.gpu / 100.0,
+            utilization_ratio=last_period if mean is None else mean,
+            utilization_last_period_ratio=last_period,
             memory_utilization_ratio=None if util is None else util.memory / 100.0,
             performance_state=performance_state,
             compute_mode=None if mode is None else COMPUTE_MODES.get(int(mode)),
@@ -571,6 +579,24 @@ class NvmlBackend:
             decoder_utilization_ratio=None if decoder is None else decoder[0] / 100.0,
             persistence_mode=None if persistence is None else bool(persistence),
         )
+
+    def _utilization_mean(self, state: _GpuState, interval: float) -> float | None:
+        """The GPU's utilization over the samples since the last read (`nvmlDeviceGetSamples`),
+        on the same window as the processes' figures (`_process_utilization`: the first read looks
+        back one interval); None where there is none (NOT_SUPPORTED: MIG, older drivers;
+        NOT_FOUND: no sample since): the caller keeps GetUtilizationRates' last period."""
+        previous = state.last_sample_us or None
+        since = previous or int(self.clock() * 1e6) - int(max(interval, 1.0) * 1e6)
+        answer = _call(pynvml.nvmlDeviceGetSamples, state.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, since)
+        if answer is None:
+            return None
+        kind, samples = answer
+        points = [(int(s.timeStamp), sample_value(kind, s.sampleValue)) for s in samples]
+        kept = sorted((t, v) for t, v in points if t > since and v is not None)
+        if not kept:
+            return None
+        state.last_sample_us = kept[-1][0]
+        return interval_mean(kept, previous)
 
     def _read_memory(self, handle: Any) -> MemoryReading:
         total = used = free = reserved = None

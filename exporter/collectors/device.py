@@ -63,8 +63,10 @@ _NOT_ON_MIG = "absent (NOT_SUPPORTED on MIG)"
 # families read only from GPUs whose device reads succeeded, in render order around MODE
 READ: tuple[FamilySpec[DeviceReading], ...] = (
     FamilySpec("gpu_utilization_ratio", Kind.GAUGE,
-               "Fraction of the last sample period a kernel ran (NVML utilization.gpu); absent on MIG.",
-               "`GetUtilizationRates().gpu` / 100", lambda d: d.utilization_ratio, unit=Unit.RATIO,
+               "Fraction of the exporter's interval a kernel ran (NVML's utilization samples since the"
+               " last read; the last sample period where there are none); absent on MIG.",
+               "`GetSamples(GPU_UTILIZATION_SAMPLES)` since the last read, time-weighted mean, else"
+               " `GetUtilizationRates().gpu`; / 100", lambda d: d.utilization_ratio, unit=Unit.RATIO,
                mig=_NOT_ON_MIG),
     FamilySpec("gpu_memory_utilization_ratio", Kind.GAUGE,
                "Fraction of the last sample period device memory was read or written"

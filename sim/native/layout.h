@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #define LAYOUT_MAGIC "GLSNVML"
-#define LAYOUT_VERSION 1u
+#define LAYOUT_VERSION 2u
 
 #define MAX_GPUS 64
 #define MAX_MIG 8           /* MIG devices per GPU (7 compute slices at most) */
@@ -27,6 +27,7 @@
 #define N_REASON_BITS 16    /* clock event reason bit -> cumulative ns */
 #define N_NVLINK_COUNTERS 5 /* NVML_NVLINK_ERROR_DL_REPLAY .. ECC_DATA */
 #define N_ACTIVITY 13       /* see ACT_* */
+#define UTIL_SAMPLES 16     /* GPU utilization samples kept (engine.UTILIZATION_SAMPLES) */
 
 /* activity integrals (fraction-seconds, or bytes for the rates) */
 enum {
@@ -129,6 +130,11 @@ typedef struct {
     double activity[N_ACTIVITY];
     double activity_time;
     double hang_until;      /* simulated time until which a call on this GPU blocks */
+    /* the GPU utilization samples the driver keeps (nvmlDeviceGetSamples), oldest first */
+    uint64_t util_sample_us[UTIL_SAMPLES];   /* end of each sample's period, simulated epoch µs */
+    uint32_t util_sample_pct[UTIL_SAMPLES];
+    uint32_t util_sample_count;
+    uint32_t util_sample_pad;
     /* identity and model */
     uint32_t index;
     uint32_t minor_number;

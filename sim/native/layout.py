@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 
 LAYOUT_MAGIC = b"GLSNVML\0"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 
 MAX_GPUS = 64
 MAX_MIG = 8
@@ -38,6 +38,7 @@ ACTIVITY_FIELDS = (
     "nvlink_rx_bytes_per_second",
 )
 N_ACTIVITY = len(ACTIVITY_FIELDS)
+UTIL_SAMPLES = 16  # GPU utilization samples kept per GPU (engine.UTILIZATION_SAMPLES)
 
 PROC_KIND = {"compute": 0, "graphics": 1, "mps_server": 2, "mps_client": 3}
 
@@ -172,6 +173,10 @@ class GpuRec(ctypes.Structure):
         ("activity", f64 * N_ACTIVITY),
         ("activity_time", f64),
         ("hang_until", f64),
+        ("util_sample_us", u64 * UTIL_SAMPLES),
+        ("util_sample_pct", u32 * UTIL_SAMPLES),
+        ("util_sample_count", u32),
+        ("util_sample_pad", u32),
         *[(name, u32) for name in _GPU_U32],
         ("cc_major", i32),
         ("cc_minor", i32),

@@ -41,6 +41,7 @@ from gpulens.sim.native.layout import (
     N_NVLINK_COUNTERS,
     N_REASON_BITS,
     PROC_KIND,
+    UTIL_SAMPLES,
     EventRec,
     GpuRec,
     ProcRec,
@@ -280,6 +281,14 @@ class Publisher:
         rec.hang_until = now + state.hang_seconds if state.hang_seconds > 0 else 0.0
         rec.lost = int(state.lost)
         rec.util_gpu, rec.util_mem = state.utilization_gpu_percent, state.utilization_memory_percent
+        # the samples the driver keeps at this publish (none on a MIG GPU: the library answers
+        # NOT_SUPPORTED there without reading them)
+        kept = () if state.mig_mode_current == 1 else self.node.utilization_samples(index, now)
+        kept = kept[-UTIL_SAMPLES:]
+        rec.util_sample_count = len(kept)
+        for k, (stamp, percent) in enumerate(kept):
+            rec.util_sample_us[k] = round(stamp * 1_000_000)
+            rec.util_sample_pct[k] = percent
         rec.temperature = state.temperature_c
         rec.memory_temperature = -1 if state.memory_temperature_c is None else state.memory_temperature_c
         rec.power_mw, rec.power_limit_mw = state.power_mw, state.power_limit_mw

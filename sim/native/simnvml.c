@@ -773,6 +773,39 @@ API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t handle, Utilization 
     return SUCCESS;
 }
 
+typedef union { double d; unsigned ui; unsigned long ul; unsigned long long ull; long long sll; int si; } SampleValue;
+typedef struct { unsigned long long timeStamp; SampleValue sampleValue; } Sample;
+
+/* The GPU utilization samples newer than `last_seen` (0: all kept), oldest first; NULL `samples`:
+ * the count that can be queried; else at most `*count`, the oldest first. NOT_FOUND when none is
+ * newer; NOT_SUPPORTED on MIG and for sampling types the node does not keep (as sim/nvml). */
+API nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t handle, unsigned type, unsigned long long last_seen,
+                                      unsigned *value_type, unsigned *count, Sample *samples) {
+    NEED_INIT();
+    if (!count || !value_type) return E_INVALID_ARGUMENT;
+    Target t;
+    TRY(utilization_target(handle, &t));
+    if (type != 1u) return E_NOT_SUPPORTED; /* NVML_GPU_UTILIZATION_SAMPLES */
+    unsigned kept = t.g->util_sample_count < UTIL_SAMPLES ? t.g->util_sample_count : UTIL_SAMPLES, first = 0;
+    while (first < kept && t.g->util_sample_us[first] <= last_seen) first++;
+    if (first == kept) return E_NOT_FOUND;
+    *value_type = 1u; /* NVML_VALUE_TYPE_UNSIGNED_INT */
+    unsigned n = kept - first;
+    if (!samples) {
+        *count = n;
+        return SUCCESS;
+    }
+    if (*count == 0) return E_INVALID_ARGUMENT;
+    if (n > *count) n = *count;
+    for (unsigned i = 0; i < n; i++) {
+        samples[i].timeStamp = t.g->util_sample_us[first + i];
+        samples[i].sampleValue.ull = 0;
+        samples[i].sampleValue.ui = t.g->util_sample_pct[first + i];
+    }
+    *count = n;
+    return SUCCESS;
+}
+
 /* Encoder/decoder engines: idle on the simulated node (datacenter training and inference). */
 static nvmlReturn_t codec(nvmlDevice_t handle, unsigned *util, unsigned *period) {
     NEED_INIT();

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pynvml
 
 from gpulens.sim.nvml._core import (
     DEV,
     PTR,
+    UINT,
+    ULL,
     Context,
     NvmlFail,
     SymbolTable,
@@ -70,6 +74,40 @@ def utilization_rates(ctx: Context, handle: int, out: int) -> None:
     util = out_struct(out, pynvml.c_nvmlUtilization_t)
     util.gpu = target.state.utilization_gpu_percent
     util.memory = target.state.utilization_memory_percent
+
+
+@TABLE.define("nvmlDeviceGetSamples", DEV, UINT, ULL, PTR, PTR, PTR)
+def samples(
+    ctx: Context, handle: int, kind: int, last_seen_us: int, type_out: int, count_ptr: int, out: int
+) -> None:
+    """The driver's GPU utilization samples newer than `last_seen_us` (0: all it keeps), oldest
+    first, as `nvmlSample_t` (timeStamp µs, sampleValue.uiVal percent). NULL `samples`: the count
+    that can be queried; else at most `*count`, the oldest first, so that the caller's next
+    lastSeen (the newest it got) picks up the rest. NOT_FOUND when none is newer; NOT_SUPPORTED on
+    MIG and for the sampling types the simulated node does not keep."""
+    if not count_ptr or not type_out:
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    target = ctx.device(handle)
+    require_utilization(target)
+    if kind != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    kept = ctx.node.utilization_samples(target.index, ctx.now())
+    newer = [(round(t * 1_000_000), pct) for t, pct in kept if round(t * 1_000_000) > last_seen_us]
+    if not newer:
+        raise NvmlFail(pynvml.NVML_ERROR_NOT_FOUND)
+    out_uint(type_out, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT)
+    if not out:
+        out_uint(count_ptr, len(newer))
+        return
+    capacity = ctypes.c_uint.from_address(count_ptr).value
+    if capacity == 0:
+        raise NvmlFail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    chosen = newer[:capacity]
+    entries = (pynvml.c_nvmlSample_t * len(chosen)).from_address(out)
+    for entry, (stamp, pct) in zip(entries, chosen, strict=True):
+        entry.timeStamp = stamp
+        entry.sampleValue.uiVal = pct
+    out_uint(count_ptr, len(chosen))
 
 
 def _codec(ctx: Context, handle: int, util_out: int, period_out: int) -> None:

@@ -8,6 +8,7 @@ a MIG GPU with a hole in its slots, an MPS GPU, a plain GPU with a busy process,
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -52,6 +53,9 @@ class StaticNode:
         self._events: list[SimEvent] = []
         self._lock = threading.Lock()
         self.state_calls = 0
+        # GPU -> the utilization samples its driver keeps ((time, percent), oldest first); a GPU
+        # not set here keeps one per second of the last 16 at its state's utilization
+        self.samples: dict[int, tuple[tuple[float, int], ...]] = {}
 
     def init_error(self) -> int | None:
         return self.init_code
@@ -76,6 +80,12 @@ class StaticNode:
     def events_between(self, start: float, end: float) -> list[SimEvent]:
         with self._lock:
             return [e for e in self._events if start < e.time <= end]
+
+    def utilization_samples(self, index: int, end: float) -> tuple[tuple[float, int], ...]:
+        if index in self.samples:
+            return tuple(s for s in self.samples[index] if s[0] <= end)
+        percent = self.gpu_state(index).utilization_gpu_percent
+        return tuple((float(t), percent) for t in range(math.floor(end) - 15, math.floor(end) + 1))
 
     def activity_between(
         self, index: int, gpu_instance_id: int | None, start: float, end: float

@@ -50,6 +50,7 @@ COVERED_WRAPPERS = [
     "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetBAR1MemoryInfo",
     "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetSamples",
     "nvmlDeviceGetEncoderUtilization",
     "nvmlDeviceGetDecoderUtilization",
     "nvmlDeviceGetTemperature",
