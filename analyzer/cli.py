@@ -297,9 +297,11 @@ def _analysis(
     with_archetypes: bool = True,
     early: _PromTarget | None = None,
     told: Sequence[Any] = (),
+    served: frozenset[str] = frozenset(),
 ) -> Any:
     """Run the pipeline on the chosen source (`early`: what `_early_source` gave, if called;
-    `told`: last week's MPS settings, `hysteresis.told_of`)."""
+    `told`: last week's MPS settings, `hysteresis.told_of`; `served`: last week's servers,
+    `recommend.servers_of`)."""
     prometheus = early if early is not None else _early_source(args)
 
     # deferred: the analyzer extra (see the note below the imports)
@@ -338,11 +340,12 @@ def _analysis(
                 source.end,
             ),
             told=told,
+            served=served,
         )
     window = parse_duration(args.window, "--window") if args.window else None
     end = parse_time(args.end) if args.end else None
     history = files.load(args.history, window, end, sys.stderr if args.progress else None, _limits(args))
-    return pipeline.analyze_history(history, th, model, with_archetypes, told)
+    return pipeline.analyze_history(history, th, model, with_archetypes, told, served)
 
 
 def _print_frame(frame: Any, columns: tuple[str, ...], fmt: str) -> None:
@@ -424,6 +427,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     # deferred: the analyzer extra (see the note below the imports)
     from gpulens.analyzer.hysteresis import told_of
+    from gpulens.analyzer.recommend import servers_of
     from gpulens.analyzer.report import write_report
     from gpulens.analyzer.report_model import parse_prices
     from gpulens.analyzer.weekly import compare, load_previous
@@ -434,7 +438,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise AnalyzerError(str(exc)) from exc
     # last week's report is read first: what it gave each job is what the job runs under now
     jobs, plan = load_previous(args.previous) if args.previous else ([], {})
-    analysis = _analysis(args, early=early, told=told_of(jobs))
+    analysis = _analysis(args, early=early, told=told_of(jobs), served=servers_of(jobs))
     previous = None
     if args.previous:
         previous = compare(analysis, jobs, plan, args.previous, load_thresholds(args.thresholds))

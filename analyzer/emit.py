@@ -16,8 +16,9 @@ files of a host that does change. Then, per changed host:
 
 What a tool cannot express is changed, never emitted invalid, and each change is an `Adjustment`:
 a lone sharer becomes a whole GPU; MPS clients planned above the device plugin's equal split
-(`100 // replicas` percent each) make that node time-sliced; Slurm MPS shares on one GPU that
-sum past 100 make that GPU a shard GPU. Every file is then checked by `gpulens.analyzer.validate`
+(`100 // replicas` percent each) make that node time-sliced (`pluginsharing.node_sharing`, the
+decision the analysis makes the plan itself say first: `planasrun.py`); Slurm MPS shares on one
+GPU that sum past 100 make that GPU a shard GPU. Every file is then checked by `gpulens.analyzer.validate`
 and `emit` raises `InvalidConfig` rather than return a file a validator rejects.
 """
 
@@ -35,15 +36,15 @@ import yaml
 from gpulens.analyzer import applyplan
 from gpulens.analyzer import hosts as fleet
 from gpulens.analyzer.hosts import Adjustment, Family, Inventory, Orchestrator, PlacedGpu, Placement
-from gpulens.analyzer.nodestate import Changes, GpuChange, GpuNow, Mode, changes, gpus_now
+from gpulens.analyzer.nodestate import Changes, GpuChange, GpuNow, changes, gpus_now
 from gpulens.analyzer.plan import Plan
+from gpulens.analyzer.pluginsharing import DEFAULT_CONFIG, family_after, is_mig, mig_after, plugin_nodes
 from gpulens.analyzer.validate import InvalidConfig, Problem, mig_parted, slurm
 from gpulens.analyzer.validate import device_plugin as dp
 from gpulens.catalog import MIB, GpuModel, model_for_nvml_name
 
 CONFIGMAP_NAME = "gpulens-device-plugin-configs"
 CONFIGMAP_NAMESPACE = "nvidia-device-plugin"
-DEFAULT_CONFIG = "gpulens-exclusive"
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 
 MIG_FILE = "mig-parted.yaml"
@@ -168,10 +169,6 @@ def _mig_counts(gpu: PlacedGpu) -> dict[str, int]:
     return dict(sorted(Counter(s["profile"] for s in gpu.entry.get("mig_layout", [])).items()))
 
 
-def _is_mig(gpu: PlacedGpu) -> bool:
-    return gpu.entry.get("sharing") == "mig" and bool(gpu.entry.get("mig_layout"))
-
-
 def mig_parted_spec(
     placement: Placement, mig_now: set[str], delta: Changes
 ) -> tuple[dict[str, Any], dict[str, str]]:
@@ -186,12 +183,12 @@ def mig_parted_spec(
     for host in placement.inventory.hosts():
         placed = [g for g in placement.on(host) if delta.changed(g.uuid)]
         freed = delta.freed_mig(host, placement)
-        if not freed and not any(_is_mig(g) or g.uuid in mig_now for g in placed):
+        if not freed and not any(is_mig(g) or g.uuid in mig_now for g in placed):
             continue
         geometries: dict[tuple[str, tuple[tuple[str, int], ...]], list[int]] = {}
         whole: list[int] = [s.index for s in freed]
         for gpu in placed:
-            if _is_mig(gpu):
+            if is_mig(gpu):
                 geometries.setdefault((gpu.model, tuple(_mig_counts(gpu).items())), []).append(gpu.index)
             elif gpu.uuid in mig_now or not delta.known:  # unknown: say it is no MIG GPU
                 whole.append(gpu.index)
@@ -214,130 +211,25 @@ def mig_parted_spec(
 # ---------------------------------------------------------------- device plugin
 
 
-def _concurrent(gpu: PlacedGpu, windows: Mapping[str, tuple[float, float]]) -> int:
-    return max(2, fleet.concurrent_jobs(gpu.entry, windows))
-
-
-def _plugin_config(kind: str, replicas: int, mig: bool) -> dict[str, Any]:
-    block = {
-        "failRequestsGreaterThanOne": True,
-        "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
-    }
-    sharing = {"mps": block} if kind == "mps" else {"timeSlicing": block}
-    return {"version": "v1", "flags": {"migStrategy": "mixed" if mig else "none"}, "sharing": sharing}
-
-
-def _family_now(gpu: PlacedGpu, delta: Changes, windows: Mapping[str, tuple[float, float]]) -> Family:
-    """The sharing family a placed GPU has after the plan: a GPU left as it is keeps its own."""
-    if gpu.family is not Family.UNCHANGED:
-        return gpu.family
-    now = delta.now.get(gpu.uuid)
-    if now is not None:
-        return now.family
-    return Family.TIME_SLICING if fleet.concurrent_jobs(gpu.entry, windows) > 1 else Family.WHOLE
-
-
-def _mig_after(gpu: PlacedGpu, delta: Changes) -> bool:
-    """Whether a placed GPU is in MIG mode after the plan."""
-    if gpu.family is Family.UNCHANGED:
-        now = delta.now.get(gpu.uuid)
-        return now is not None and now.mode is Mode.MIG
-    return _is_mig(gpu)
-
-
 def device_plugin_configs(
     placement: Placement, windows: Mapping[str, tuple[float, float]], delta: Changes
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str], list[Adjustment], list[str]]:
     """ConfigMap data (key -> config), host -> key, adjustments and notes for changed Kubernetes hosts.
 
-    A node's config follows what its GPUs need after the plan (a GPU left as it is keeps its own
-    mode): nothing shared -> exclusive (`migStrategy: mixed` when it has MIG GPUs); only MPS GPUs
-    -> MPS with replicas = most clients on one GPU, unless a client is planned above the equal
-    split; anything else shared (time-slicing, MPS beside MIG or whole GPUs) -> time-slicing.
+    Each node's setting is `pluginsharing.node_sharing`'s, the one the plan step
+    (`planasrun.py`) already made the plan say: nothing shared -> exclusive (`migStrategy: mixed`
+    when it has MIG GPUs); only MPS GPUs -> MPS with replicas = most clients on one GPU, unless a
+    client is planned above the equal split; anything else shared -> time-slicing.
     """
     data: dict[str, dict[str, Any]] = {DEFAULT_CONFIG: {"version": "v1", "flags": {"migStrategy": "none"}}}
     chosen: dict[str, str] = {}
     adjustments: list[Adjustment] = []
     notes: list[str] = []
-    for host in placement.inventory.hosts():
-        placed = placement.on(host)
-        if placement.inventory.orchestrator(host) is Orchestrator.SLURM or host not in delta.hosts:
-            continue
-        mig = any(_mig_after(g, delta) for g in placed)
-        shared = [g for g in placed if _family_now(g, delta, windows) in (Family.MPS, Family.TIME_SLICING)]
-        if not shared:
-            key = "gpulens-mig-mixed" if mig else DEFAULT_CONFIG
-            data.setdefault(key, {"version": "v1", "flags": {"migStrategy": "mixed" if mig else "none"}})
-            chosen[host] = key
-            continue
-        replicas = max(_concurrent(g, windows) for g in shared)
-        only_mps = all(_family_now(g, delta, windows) is Family.MPS for g in shared)
-        whole = [g for g in placed if _family_now(g, delta, windows) is Family.WHOLE]
-        kind = "mps" if only_mps and not whole else "time-slicing"
-        if only_mps and whole:
-            jobs = tuple(j for g in shared for j in g.jobs)
-            adjustments.append(
-                Adjustment(
-                    "mps-beside-whole",
-                    host,
-                    jobs,
-                    f"{host} also runs whole GPUs{' and MIG' if mig else ''}, and the device plugin's "
-                    "MPS shares every GPU of a node (and not beside MIG): its shared GPUs are "
-                    "time-sliced instead",
-                )
-            )
-        if kind == "mps":
-            model = _model(shared[0].model)
-            replicas = min(replicas, dp.mps_max_clients(model.cuda_compute_capability if model else None))
-            clients = [
-                (str(c["job_id"]), int(c["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] or 0))
-                for g in shared
-                for c in g.entry.get("mps_clients", [])
-            ]
-            over = tuple(j for j, pct in clients if pct > 100 // replicas)
-            if over:
-                kind = "time-slicing"
-                adjustments.append(
-                    Adjustment(
-                        "mps-equal-split",
-                        host,
-                        over,
-                        f"the device plugin gives each of {replicas} MPS clients {100 // replicas} % of the "
-                        f"threads, below the plan's share for {', '.join(over)}: {host} is time-sliced "
-                        "instead (no thread caps; under Slurm the per-job MPS shares stay)",
-                    )
-                )
-            elif model is not None:
-                per_replica = model.memory_bytes // replicas
-                largest = max(
-                    (
-                        int(c["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] or 0)
-                        for g in shared
-                        for c in g.entry.get("mps_clients", [])
-                    ),
-                    default=0,
-                )
-                if largest > per_replica:
-                    notes.append(
-                        f"{host}: the device plugin's MPS daemon limits each replica to "
-                        f"{per_replica // MIB} MiB by default, below the largest planned client limit "
-                        f"({largest // MIB} MiB); set CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per job as in the plan"
-                    )
-        if whole:
-            jobs = tuple(j for g in whole for j in g.jobs)
-            adjustments.append(
-                Adjustment(
-                    "shared-node",
-                    host,
-                    jobs,
-                    f"the device plugin shares every GPU of a node: on {host}, "
-                    f"{', '.join(jobs) or 'the whole GPUs'} keep a GPU to themselves only while nothing "
-                    "else is scheduled on it (a node of their own, or a taint, makes that certain)",
-                )
-            )
-        key = f"gpulens-{kind}-{replicas}" + ("-mig" if mig else "")
-        data.setdefault(key, _plugin_config(kind, replicas, mig))
-        chosen[host] = key
+    for node in plugin_nodes(placement, windows, delta):
+        data.setdefault(node.key, node.config())
+        chosen[node.host] = node.key
+        adjustments += node.adjustments
+        notes += node.notes
     return data, chosen, adjustments, notes
 
 
@@ -375,7 +267,7 @@ def _mps_pct(client: Mapping[str, object]) -> int:
 def _mig_instances_after(gpu: PlacedGpu, delta: Changes) -> dict[str, int]:
     """Profile -> instances a GPU has after the plan, as slurmd will find them ({} when not MIG,
     or MIG with instances the data does not show)."""
-    if not _mig_after(gpu, delta):
+    if not mig_after(gpu, delta):
         return {}
     if gpu.family is Family.UNCHANGED:
         now = delta.now.get(gpu.uuid)
@@ -434,7 +326,7 @@ def slurm_files(
         for gpu in placed:
             device = f"/dev/nvidia{gpu.index}"
             if gpu.family is Family.UNCHANGED:  # as it runs now: its jobs keep their requests
-                family = _family_now(gpu, delta, windows)
+                family = family_after(gpu, delta, windows)
                 if family is Family.MPS:
                     gres.append(f"NodeName={host} Name=mps Count={slurm.MPS_COUNT_PER_GPU} File={device}")
                     mps_total += slurm.MPS_COUNT_PER_GPU
@@ -471,7 +363,7 @@ def slurm_files(
                 gres.append(f"NodeName={host} Name=shard Count={count} File={device}")
                 shard_total += count
                 hints += [f"# job {j} on {host} {device}: --gres=shard:1" for j in gpu.jobs]
-            elif _is_mig(gpu):
+            elif is_mig(gpu):
                 hints += [
                     f"# job {s['job_id']} on {host} {device}: --gres=gpu:{s['profile']}:1"
                     for s in gpu.entry.get("mig_layout", [])
@@ -563,10 +455,12 @@ def _apply_steps(
     return steps
 
 
-def emit(plan: Plan, context: FleetContext | None = None) -> Emitted:
+def emit(plan: Plan, context: FleetContext | None = None, made: Sequence[Adjustment] = ()) -> Emitted:
     """All configuration files for a plan on the real hosts, changed where a tool needs it, validated.
 
     Without a context, the plan's own layout names the hosts and GPUs (`context_from_plan`).
+    `made`: the adjustments the plan step already made to the plan (`planasrun.as_run`), listed
+    first among the emitted ones.
     """
     if context is None:
         context = context_from_plan(plan)
@@ -582,7 +476,7 @@ def emit(plan: Plan, context: FleetContext | None = None) -> Emitted:
     if chosen:
         files[CONFIGMAP_FILE] = configmap_text(data)
         files[LABELS_FILE] = labels_text(chosen, mig_names)
-    adjustments = list(placement.adjustments) + plugin_adjustments
+    adjustments = [*made, *placement.adjustments, *plugin_adjustments]
     slurm_out = slurm_files(placement, context.windows, delta)
     if slurm_out is not None:
         files[GRES_FILE], files[SLURM_NODES_FILE], slurm_adjustments = slurm_out

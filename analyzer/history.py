@@ -91,6 +91,7 @@ FAMILIES: tuple[str, ...] = (
     "gpu_job_memory_used_bytes",
     "gpu_job_sm_utilization_ratio",
     "gpu_job_sm_unattributed_ratio",
+    "gpu_job_mps_active_thread_ratio",  # the thread cap an MPS client runs under, as measured
     "gpu_topology_info",
     *SERVING_FAMILIES,  # vLLM / SGLang series of a scraped pod (analyzer/serving.py)
     "gpulens_trace_job_requested_gpus",

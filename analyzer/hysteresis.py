@@ -16,10 +16,15 @@ re-sets every cap to the newly sized value never settles: Slurm's per-GPU MPS sh
   below the peak) and is at most `headroom.memory_limit_deadband_ratio` above it; a need above it
   raises it, a need far below it lowers it.
 
-What a job runs under now is what last week's report gave it (`Told`, read from its `jobs.json`,
-the cap `weekly.py` judges it against), followed by id and, after a rollout or a resubmission, by
-its workload; NVML does not report a client's active thread percentage. So the dead band applies
-on the file and the PromQL paths alike whenever `gpulens report` is given `--previous`, and the
+What a job runs under now (`Running`) is the thread cap the exporter measured
+(`gpu_job_mps_active_thread_ratio`, the profile's `mps_thread_cap_now_pct`) where it publishes one,
+else what last week's report gave it (`Told`, read from its `jobs.json`), followed by id and, after
+a rollout or a resubmission, by its workload. The plan is what was asked, the measured cap what
+runs: on Kubernetes the device plugin's MPS control daemon gives every client 100/replicas, so a
+client told 20 % runs at 33 % beside two others, and its dead band and "at its cap" (`weekly.py`)
+are judged against 33 %. Where they differ the job's reason says so (`cap_note`). The pinned
+memory limit is not measured: it is last week's. So the dead band applies on the file and the
+PromQL paths alike wherever the cap is measured or `gpulens report` is given `--previous`, and the
 plan packs, sums Slurm's per-GPU shares and emits with the kept values.
 """
 
@@ -33,12 +38,15 @@ from typing import Any
 import pandas as pd
 
 from gpulens.analyzer import demand, frames
+from gpulens.analyzer.hosts import Orchestrator
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.analyzer.workload import workload_of
 from gpulens.catalog import GIB, MIB
 
 AT_CAP = 0.95  # demand at its sizing percentile at 95 % of its cap or more: the cap binds
+MEASURED = "mps_thread_cap_now_pct"  # the profile's column: the cap the exporter measured (percent)
+MAX_REPLICAS = 48  # MPS clients per GPU (Volta and later): the most a device plugin shares it by
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,53 @@ class Told:
     workload: str
     thread_percentage: int
     pinned_memory_limit_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Running:
+    """What one MPS client runs under now: the thread cap measured where the exporter publishes
+    it, else the one last week's report gave it (`told`); the pinned limit is always last week's."""
+
+    job_id: str
+    told: Told | None  # last week's settings of the job or its workload (None: none given)
+    measured_percentage: float | None = None  # `mps_thread_cap_now_pct` (None: not measured)
+
+    @property
+    def thread_percentage(self) -> float:
+        """The cap in force, in percent: the measured one first."""
+        if self.measured_percentage is not None:
+            return self.measured_percentage
+        return float(self.told.thread_percentage) if self.told is not None else 100.0
+
+    @property
+    def pinned_memory_limit_bytes(self) -> int | None:
+        return self.told.pinned_memory_limit_bytes if self.told is not None else None
+
+    def note(self, kubernetes: bool) -> str:
+        """ "runs at 33 % (...), the plan asked 20 %" where the measured cap is not the one asked."""
+        asked = self.told.thread_percentage if self.told is not None else None
+        return cap_note(self.measured_percentage, asked, kubernetes)
+
+
+def measured_cap(row: Mapping[str, Any]) -> float | None:
+    """The thread cap (percent) a job's profile row measured it running under; None where the
+    exporter published none (older exporters, a client without a cap, not an MPS client)."""
+    pct = _number(row.get(MEASURED))
+    return pct if pct is not None and 0 < pct <= 100 else None
+
+
+def cap_note(measured: float | None, asked: float | None, kubernetes: bool = False) -> str:
+    """Where the cap measured is not the one last week's plan asked for, a sentence that says so;
+    on Kubernetes it names the device plugin's 100/replicas where the measured cap is one (its
+    control daemon's default reaches every client; a per-client cap the plan asked for does
+    not). Else ""."""
+    if measured is None or asked is None or abs(measured - asked) < 0.5:
+        return ""
+    replicas = min(range(2, MAX_REPLICAS + 1), key=lambda n: abs(100.0 / n - measured))
+    why = ""
+    if kubernetes and abs(100.0 / replicas - measured) < 0.5:
+        why = f" (the device plugin's 100/{replicas})"
+    return f"runs at {measured:.0f} %{why}, the plan asked {asked:.0f} %"
 
 
 @dataclass(frozen=True)
@@ -161,20 +216,30 @@ def told_of(jobs: Iterable[Mapping[str, Any]]) -> tuple[Told, ...]:
     return tuple(out)
 
 
-def running_settings(recs: pd.DataFrame, told: Sequence[Told]) -> dict[str, Told]:
-    """This week's job id -> what it runs under: for each job that shares its GPU under MPS now,
-    last week's settings of the same job id, else of a job of its workload (each once)."""
+def running_settings(recs: pd.DataFrame, told: Sequence[Told]) -> dict[str, Running]:
+    """This week's job id -> what it runs under, for each job that shares its GPU under MPS now:
+    the cap measured (`measured_cap`) where there is one, with last week's settings of the same job
+    id, else of a job of its workload (each once); a job with neither is left out."""
     by_id = {t.job_id: t for t in told}
     by_workload: dict[str, list[Told]] = {}
     for t in told:
         by_workload.setdefault(t.workload, []).append(t)
     columns = [
         c
-        for c in ("job_id", "sharing", "job_source", "job_namespace", "job_pod", "job_user", "job_name")
+        for c in (
+            "job_id",
+            "sharing",
+            "job_source",
+            "job_namespace",
+            "job_pod",
+            "job_user",
+            "job_name",
+            MEASURED,
+        )
         if c in recs
     ]
     rows = frames.records(recs[columns])
-    out: dict[str, Told] = {}
+    out: dict[str, Running] = {}
     taken = {str(r["job_id"]) for r in rows if str(r["job_id"]) in by_id}
     for row in rows:
         job = str(row["job_id"])
@@ -186,15 +251,17 @@ def running_settings(recs: pd.DataFrame, told: Sequence[Told]) -> dict[str, Told
             if free:
                 found = free[0]
                 taken.add(found.job_id)
-        if found is not None:
-            out[job] = found
+        measured = measured_cap(row)
+        if found is not None or measured is not None:
+            out[job] = Running(job, found, measured)
     return out
 
 
 def apply(recs: pd.DataFrame, told: Sequence[Told], th: Thresholds) -> pd.DataFrame:
     """Recommendations with the running MPS settings kept where the dead band says (module
-    docstring); the reason says which were kept and why. Jobs that are not MPS clients now and
-    still, or that last week's report gave nothing, are left as they are."""
+    docstring); the reason says which were kept and why, and where the cap measured is not the
+    one asked. Jobs that are not MPS clients now and still, or whose running cap is neither
+    measured nor given by last week's report, are left as they are."""
     running = running_settings(recs, told)
     if not running:
         return recs
@@ -208,13 +275,18 @@ def apply(recs: pd.DataFrame, told: Sequence[Told], th: Thresholds) -> pd.DataFr
         binding = at_cap(
             row, now.thread_percentage / 100.0, th, series.sm.get(str(row["job_id"])) if series else None
         )
-        threads = thread_cap(int(sized), now.thread_percentage, binding, th)
+        # the plan's caps are whole percents; whether the cap binds is judged on the measured one
+        threads = thread_cap(int(sized), round(now.thread_percentage), binding, th)
         need = _number(row.get("memory_need_bytes")) or 0.0
         sized_limit = int(_number(row.get("mps_pinned_memory_limit_bytes")) or math.ceil(need / MIB) * MIB)
         limit = memory_limit(need, sized_limit, now.pinned_memory_limit_bytes, th)
         whys = [k.why for k in (threads, limit) if k.why]
-        if not whys:
-            continue  # the newly sized values stand
+        note = now.note(str(row.get("job_source") or "") == Orchestrator.KUBERNETES)
+        if not whys:  # the newly sized values stand
+            if note:
+                recs.at[label, "reason"] = f"{row['reason']}; {note}"
+            continue
+        whys = [note, *whys] if note else whys
         mem_fraction = _number((row.get("numbers") or {}).get("mem_fraction")) or 0.0
         recs.at[label, "mps_active_thread_percentage"] = threads.value
         recs.at[label, "mps_pinned_memory_limit_bytes"] = limit.value

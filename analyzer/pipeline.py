@@ -20,6 +20,7 @@ from gpulens.analyzer.changes import annotate, ranked_actions
 from gpulens.analyzer.emit import Emitted, FleetContext, context_from_fleet, context_from_rows, emit
 from gpulens.analyzer.history import History
 from gpulens.analyzer.plan import Plan, build_plan
+from gpulens.analyzer.planasrun import SIZED_COLUMN, as_run
 from gpulens.analyzer.profile import FleetGpu, fleet_catalog_models
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.sources import files
@@ -64,7 +65,13 @@ EMIT_COLUMNS = (
 # what a job's workload (analyzer/workload.py) is read from
 WORKLOAD_COLUMNS = ("job_id", "job_source", "job_namespace", "job_pod", "job_user", "job_name")
 
-INTEGER_FIELDS = ("gpus", "samples", "mps_active_thread_percentage", "mps_pinned_memory_limit_bytes")
+INTEGER_FIELDS = (
+    "gpus",
+    "samples",
+    "mps_active_thread_percentage",
+    "mps_pinned_memory_limit_bytes",
+    SIZED_COLUMN,
+)
 
 
 @dataclass
@@ -177,6 +184,7 @@ def analyze_profiles(
     topology: Topology | None = None,
     serving_table: serving.Table | None = None,
     told: Sequence[hysteresis.Told] = (),
+    served: frozenset[str] = frozenset(),
 ) -> Analysis:
     """Recommendations, plan, configuration and archetypes for a profile table.
 
@@ -186,12 +194,22 @@ def analyze_profiles(
     finding and no topology preference in the plan. `serving_table`: inference servers' own
     metrics per pod (`serving.py`), joined to the jobs by namespace and pod. `told`: what last
     week's report gave each MPS client (`--previous`): settings within the dead band are kept
-    (`hysteresis.py`) before the plan packs.
+    (`hysteresis.py`; the thread cap measured, the profile's `mps_thread_cap_now_pct`, before the
+    one told) before the plan packs. `served`: job ids and workloads last week's report found
+    serving (`recommend.servers_of`): on a GPU they share, still servers (`recommend.py`, rule 2).
     """
     models = None if fleet is None else fleet_catalog_models(fleet)
     profiles = serving.join(profiles, serving_table)
+    if served:
+        rows = frames.records(profiles[[c for c in WORKLOAD_COLUMNS if c in profiles]])
+        profiles = profiles.assign(
+            served_last_week=[str(r["job_id"]) in served or workload_of(r) in served for r in rows]
+        )
     recs = hysteresis.apply(recommend(profiles, th, models), told, th)
-    plan = build_plan(recs, th, fleet, topology)
+    context = _emit_context(recs, gpus, fleet)
+    # the plan as the tools will run it (planasrun.py), before anything shows or writes it
+    run = as_run(build_plan(recs, th, fleet, topology), recs, context)
+    plan = run.plan
     recs = annotate(recs, plan, th, topology)
     recs["workload"] = [
         workload_of(r) for r in frames.records(recs[[c for c in WORKLOAD_COLUMNS if c in recs]])
@@ -202,7 +220,7 @@ def analyze_profiles(
         recs=recs,
         plan=plan,
         archetypes=cluster(profiles, th) if with_archetypes else None,
-        emitted=emit(plan, _emit_context(recs, gpus, fleet)),
+        emitted=emit(plan, context, run.adjustments),
         meta=meta or {},
     )
 
@@ -223,8 +241,9 @@ def analyze_history(
     gpu_model: GpuModel | None = None,
     with_archetypes: bool = True,
     told: Sequence[hysteresis.Told] = (),
+    served: frozenset[str] = frozenset(),
 ) -> Analysis:
-    """A history directory, usage or requests (`told`: see `analyze_profiles`)."""
+    """A history directory, usage or requests (`told`, `served`: see `analyze_profiles`)."""
     if history.kind == "requests":
         table = request_trace.request_table(history)
         recs = request_trace.recommend_requests(table)
@@ -242,6 +261,7 @@ def analyze_history(
         topology=files.topology(history),
         serving_table=serving.from_families(history.families or {}),
         told=told,
+        served=served,
     )
 
 

@@ -47,6 +47,8 @@ PROFILE_COLUMNS = (
     "uuids",
     "sharing",
     "mig_profile_now",
+    # the MPS thread cap it runs under now, in percent (`thread_caps_now`): NaN where not measured
+    "mps_thread_cap_now_pct",
     "device_sms",
     "device_memory_bytes",
     "gpu_share",
@@ -101,6 +103,8 @@ class JobStats:
     memory_restart_span: float = math.nan  # seconds from the first restart to the last
     dram_p95: float = math.nan
     tensor_mean: float = math.nan
+    # the MPS active-thread cap it runs under at the end of the window, a ratio (`thread_caps_now`)
+    thread_cap: float = math.nan
     # per-bin maxima of the per-step activity and DRAM activity (`demand`): what the packer sums
     sm_bins: demand.Series | None = None
     dram_bins: demand.Series | None = None
@@ -543,6 +547,22 @@ def _chain_steps(
     return out
 
 
+def thread_caps_now(frame: pd.DataFrame | None) -> dict[str, float]:
+    """job_id -> the MPS active-thread cap it runs under (`signals.THREAD_CAP`), as a ratio: each of
+    its series' last sample in the window, the largest of them (what the PromQL paths ask:
+    `promqueries.thread_caps`). A job without a positive one is left out.
+
+    The cap in force, not the one a plan asked for: on Kubernetes the device plugin's control
+    daemon gives every client 100/replicas whatever the client was told."""
+    if frame is None or frame.empty:
+        return {}
+    keys = [c for c in ("job_id", "instance", "uuid", "gpu_instance") if c in frame]
+    last = frame.sort_values("timestamp", kind="stable").drop_duplicates(keys, keep="last")
+    last = last[last["value"] > 0]
+    caps = last.groupby("job_id", observed=True)["value"].max()
+    return {str(job): float(cap) for job, cap in caps.items()}
+
+
 def family_columns() -> dict[str, list[str]]:
     """Family -> the label columns the file path reads from it (everything else is never loaded)."""
     signal_labels = ["job_id", "uuid", "gpu_instance"]
@@ -551,6 +571,7 @@ def family_columns() -> dict[str, list[str]]:
         "gpu_info": ["uuid", "model", "instance", "gpu"],  # gpu: the index emit's files name
         "gpu_mig_instance_info": ["uuid", "gpu_instance", "mig_profile"],
         "gpu_memory_total_bytes": ["uuid"],  # the memory of models the catalog does not know
+        signals.THREAD_CAP: signal_labels,
     }
     for table in (signals.ACTIVITY, signals.MEMORY, signals.DRAM, signals.TENSOR):
         for chain in table.values():
@@ -633,6 +654,9 @@ def stats_from_families(
         stats[job].dram_bins = demand.binned(times, values, bin_s)
     for job, (_, values, _) in _chain_steps(fams, info, signals.TENSOR, kinds, "mean").items():
         stats[job].tensor_mean = float(values.mean())
+    for job, cap in thread_caps_now(fams.get(signals.THREAD_CAP)).items():
+        if job in stats:
+            stats[job].thread_cap = cap
     return identity, stats
 
 
@@ -772,6 +796,7 @@ def build_profiles(
                 "uuids": ",".join(sorted(set(uuids))),
                 "sharing": sharing.replace("_", "-"),
                 "mig_profile_now": mig_now,
+                "mps_thread_cap_now_pct": 100.0 * st.thread_cap,
                 "device_sms": device_sms,
                 "device_memory_bytes": device_memory,
                 "gpu_share": share,

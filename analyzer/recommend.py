@@ -11,7 +11,8 @@ that decided it; thresholds come from `thresholds.yaml`.
    note that its compute limits and MIG profiles are unknown.
 2. `reclaim`: allocated and idle (p95 activity and idle fraction both say nothing ran), unless the
    job serves (`serving_note`: its pod's server metrics, activity in most samples, or activity in
-   most clock hours of its lifetime: a live, low-traffic server is sized and may share).
+   most clock hours of its lifetime: a live, low-traffic server is sized and may share; or, on a
+   GPU it now shares, last week's report found it serving: `served_last_week`).
    Then, for a sized job: an exclusive single-GPU job whose memory leaks (`memory_leak`: its
    least-squares memory trend adds up to `leak.min_growth_fraction` of its peak over a run of at
    least `leak.min_hours`; a job whose memory restarts is judged per cycle, `cycle_leak`) stays
@@ -46,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from typing import Any
 
 import pandas as pd
@@ -94,6 +96,8 @@ class Recommendation:
     # an inference server sized from its KV use: the most it used (non-KV + peak KV), below which
     # no slice or limit may go (NaN: sized from its observed peak as any job)
     serving_floor_bytes: float = math.nan
+    # why a job that looks idle is a server all the same ("" when it is not one): one of `Serves`
+    serves: str = ""
     numbers: dict[str, float] = field(default_factory=dict)
 
 
@@ -336,33 +340,75 @@ def _too_little_data(v: JobView) -> Recommendation | None:
     )
 
 
-def serving_note(v: JobView) -> str:
-    """Why a job that looks idle by the reclaim thresholds serves all the same (its reason says so;
-    it is sized and may share), or "" (it does not look idle, or it is reclaimed). Taking a live
-    server's GPU away is an outage, keeping a quiet one on a shared GPU costs little."""
+class Serves(StrEnum):
+    """The evidence that a job which looks idle serves (jobs.json `serves`; next week's carry-over
+    reads it)."""
+
+    METRICS = "server-metrics"
+    MEDIAN = "median-activity"
+    HOURS = "active-hours"
+    LAST_WEEK = "last-week"
+
+
+# sharing modes under which a quiet job's own activity can be invisible: NVML gives each process's
+# utilization in whole percent of time (a server at 0.3 % reads 0), and the device's finer figure
+# is split by those, so hours with its bursts show none of them
+SHARED_NOW = frozenset({"mps", "time_slicing", "time-slicing"})
+
+
+def servers_of(jobs: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+    """Job ids and workloads last week's report found serving though they looked idle (rows of its
+    `jobs.json` with `serves`): next week, on a GPU they share, that still holds."""
+    out: set[str] = set()
+    for row in jobs:
+        if isinstance(row, Mapping) and row.get("serves"):
+            out.update(str(row[k]) for k in ("job_id", "workload") if row.get(k))
+    return frozenset(out)
+
+
+def serving_evidence(v: JobView) -> tuple[Serves | None, str]:
+    """(evidence, why) a job that looks idle by the reclaim thresholds serves all the same, or
+    (None, "") when it does not look idle or nothing says it serves."""
     p95, idle = v.f("sm_active_p95"), v.f("idle_fraction")
     th = v.th.reclaim
     if p95 >= th.max_p95 or idle < th.min_idle_fraction:
-        return ""
+        return None, ""
     median = v.f("sm_active_p50")
     # rows of other sources (imported traces, older callers) may lack the hours: never spared by them
     active, hours = (float(v.row.get(c) or 0.0) for c in ("active_hours", "lifetime_hours"))
     share = active / hours if hours > 0 else math.nan
     if serving.serves(v.row):  # its pod's inference server published its metrics all along
-        why = f"its pod publishes {v.row['serving_server']} server metrics"
-    elif median > th.serving_min_median:
-        why = (
+        return Serves.METRICS, f"its pod publishes {v.row['serving_server']} server metrics"
+    if median > th.serving_min_median:
+        return Serves.MEDIAN, (
             f"median activity {100 * median:.1f} % > reclaim.serving_min_median "
             f"{100 * th.serving_min_median:.1f} %"
         )
-    elif share >= th.serving_min_active_hour_fraction and hours >= th.serving_min_hours:
-        why = (
+    if share >= th.serving_min_active_hour_fraction and hours >= th.serving_min_hours:
+        return Serves.HOURS, (
             f"active in {int(active)} of {int(hours)} hours (>= reclaim.serving_min_active_hour_fraction "
             f"{_pct(th.serving_min_active_hour_fraction)}, over at least reclaim.serving_min_hours "
             f"{th.serving_min_hours:g})"
         )
-    else:
+    served = v.row.get("served_last_week")
+    if pd.api.types.is_bool(served) and served and str(v.row.get("sharing") or "") in SHARED_NOW:
+        # a server moved onto a shared GPU cannot show its quiet hours there: last week's
+        # evidence holds while it shares (alone again, its own activity decides)
+        return Serves.LAST_WEEK, (
+            "last week's report found it serving (followed by its workload), and on the GPU it now "
+            "shares its quiet activity is below what NVML attributes per process"
+        )
+    return None, ""
+
+
+def serving_note(v: JobView) -> str:
+    """Why a job that looks idle by the reclaim thresholds serves all the same (its reason says so;
+    it is sized and may share), or "" (it does not look idle, or it is reclaimed). Taking a live
+    server's GPU away is an outage, keeping a quiet one on a shared GPU costs little."""
+    evidence, why = serving_evidence(v)
+    if evidence is None:
         return ""
+    p95, idle = v.f("sm_active_p95"), v.f("idle_fraction")
     return (
         f"looks idle (idle in {_pct(idle)} of samples, p95 activity {_pct(p95)}) but {why}: "
         "a server, not idle; never reclaimed, may share"
@@ -805,10 +851,12 @@ def _serving_advice(found: Recommendation, row: Mapping[str, Any], th: Threshold
 
 
 def _flag_serving(found: Recommendation, v: JobView) -> None:
-    """A job spared from `reclaim` because it serves says so in its reason."""
+    """A job spared from `reclaim` because it serves says so in its reason and in `serves`."""
     note = serving_note(v)
     if note:
         found.reason += f"; {note}"
+        evidence, _ = serving_evidence(v)
+        found.serves = str(evidence)
 
 
 def _flag_leak(found: Recommendation, leak: str) -> None:

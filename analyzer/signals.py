@@ -36,6 +36,10 @@ Kind = Literal["exclusive", "mig", "shared"]
 UNATTRIBUTED = "gpu_job_sm_unattributed_ratio"
 # the device's SM figure the shares divide when the GPU is profiled (else NVML utilization)
 PROFILED_FIGURE = "gpu_sm_active_ratio"
+# the active-thread cap an MPS client runs under, as the exporter measures it (a ratio per job and
+# GPU): not a signal of demand, but the share of the GPU the client may use, which the plan's
+# caps are judged against (`profile.thread_caps_now`); absent where it is not measured
+THREAD_CAP = "gpu_job_mps_active_thread_ratio"
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,12 @@ For each action last week recommended, on a job that still runs this week:
 - *not applied* when it still runs as it did, and this week's plan proposes the same again;
 - *superseded* when it was not applied and this week's plan proposes something else for the job
   (its demand moved): last week's action is void, this week's stands.
-A job at its cap is judged against the cap it runs under (the one last week's plan gave it), at
-the percentile it is sized at (`sizing_percentile`, from `compute.max_bind_fraction`): its demand
-there at 95 % of the cap or more means the cap binds more often than that fraction allows.
+A job at its cap is judged against the cap it runs under: the one the exporter measured
+(`mps_thread_cap_now_pct`) where it publishes one, else the one last week's plan gave it; where the
+two differ (a Kubernetes client gets the device plugin's 100/replicas, not the cap it was told),
+its line says so. It is judged at the percentile it is sized at (`sizing_percentile`, from
+`compute.max_bind_fraction`): its demand there at 95 % of the cap or more means the cap binds more
+often than that fraction allows.
 A job is followed by its id and, when that id is gone, by its workload (`analyzer/workload.py`):
 applying a recommendation rolls a Kubernetes pod, and its successor under the same Deployment,
 StatefulSet, Job or CronJob is the same job applied, not a job that ended. Jobs that ended are
@@ -35,11 +38,12 @@ from typing import Any
 from gpulens.analyzer import frames
 from gpulens.analyzer.applyplan import rollback_name
 from gpulens.analyzer.errors import AnalyzerError
-from gpulens.analyzer.hosts import host_of
-from gpulens.analyzer.hysteresis import at_cap
+from gpulens.analyzer.hosts import Orchestrator, host_of
+from gpulens.analyzer.hysteresis import at_cap, cap_note, measured_cap
 from gpulens.analyzer.pipeline import Analysis
 from gpulens.analyzer.thresholds import Thresholds, load_thresholds
 from gpulens.analyzer.workload import workload_of
+from gpulens.catalog import model_for_nvml_name
 from gpulens.safeload import load_json_file
 
 MEMORY_FULL = 0.98
@@ -58,6 +62,8 @@ class Outcome:
     p95_then: float | None = None  # its sizing signal last week and now, on the same scale
     p95_now: float | None = None
     superseded_by: str = ""  # not applied: what this week's plan proposes instead
+    cap_now_pct: float | None = None  # the MPS thread cap it runs under, as measured
+    cap_asked_pct: float | None = None  # ... and the one last week's plan asked for
 
     @property
     def status(self) -> str:
@@ -76,6 +82,8 @@ class Outcome:
             "rollback": self.rollback,
             "sm_active_p95_then": self.p95_then,
             "sm_active_p95_now": self.p95_now,
+            "mps_thread_cap_now_pct": self.cap_now_pct,
+            "mps_thread_cap_asked_pct": self.cap_asked_pct,
         }
 
 
@@ -154,14 +162,30 @@ def load_previous(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any
 
 
 def _cap(row: Any, told: dict[str, Any]) -> float:
-    """The share of the GPU a job may use now: the MPS thread cap last week's plan gave it (what
-    it runs under once applied; this week's proposal is not in force yet), else all of its GPU or
-    slice."""
+    """The share of the GPU a job may use now: the MPS thread cap the exporter measured it running
+    under, else the one last week's plan gave it (what it runs under once applied; this week's
+    proposal is not in force yet), else all of its GPU or slice."""
+    measured = measured_cap(row)
+    if measured is not None:
+        return measured / 100.0
     if _text(row.get("sharing")) == "mps":
         threads = _float(told.get("mps_active_thread_percentage"))
         if threads:
             return threads / 100.0
     return 1.0
+
+
+def on_whole_gpu(row: Any) -> float | None:
+    """A job's p95 SM activity as a share of its whole GPU. On a MIG slice the figure is of the
+    slice's own SMs (a job busy on 20 % of a 3g slice's 42 SMs holds 8.6 % of a 98-SM A100; on a 1g
+    slice of 14 SMs the same work reads 60 %), so a job moved between slices, or between a slice and
+    a whole GPU, is compared before and after on one scale, not on each slice's."""
+    p95 = _float(row.get("sm_active_p95"))
+    sms = _float(row.get("device_sms"))
+    model = model_for_nvml_name(_text(row.get("gpu_model")))
+    if p95 is None or not _text(row.get("mig_profile_now")) or not sms or model is None:
+        return p95
+    return p95 * sms / model.sm_count
 
 
 def _float(value: object) -> float | None:
@@ -292,11 +316,16 @@ def compare(
             continue
         is_mode = _text(row.get("sharing")) or "exclusive"
         is_mig, is_model = _text(row.get("mig_profile_now")), _text(row.get("gpu_model"))
+        cap_now = measured_cap(row)
+        cap_asked = _float(job.get("mps_active_thread_percentage")) if told_mode == "mps" else None
+        note = cap_note(cap_now, cap_asked, _text(row.get("job_source")) == Orchestrator.KUBERNETES)
         outcome_args = (
             job_id,
             _how(was_mode, was_mig, _text(job.get("gpu_model"))),
             _how(told_mode, told_mig, told_model),
-            _how(is_mode, is_mig, is_model) + (f" (now {followed})" if followed else ""),
+            _how(is_mode, is_mig, is_model)
+            + (f" (now {followed})" if followed else "")
+            + (f"; {note}" if note else ""),
         )
         reclaimed = told_mode == "reclaim"
         applied = (
@@ -312,13 +341,20 @@ def compare(
                     *outcome_args,
                     warning=warning,
                     rollback=_rollback(source, job) if warning else "",
-                    p95_then=_float(job.get("sm_active_p95")),
-                    p95_now=_float(row.get("sm_active_p95")),
+                    p95_then=on_whole_gpu(job),
+                    p95_now=on_whole_gpu(row),
+                    cap_now_pct=cap_now,
+                    cap_asked_pct=cap_asked,
                 )
             )
         else:
             out.not_applied.append(
-                Outcome(*outcome_args, superseded_by=_proposal_if_new(row, told_mode, told_mig))
+                Outcome(
+                    *outcome_args,
+                    superseded_by=_proposal_if_new(row, told_mode, told_mig),
+                    cap_now_pct=cap_now,
+                    cap_asked_pct=cap_asked,
+                )
             )
     return out
 

@@ -9,6 +9,10 @@ is read against the week-1 scenario's YAML, and the result is the same YAML with
   `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` in their environment), a MIG layout re-sliced as the plan
   places it (checked against the report's `config/mig-parted.yaml` when it has one), or a plain
   GPU (time-slicing, whole);
+- on Kubernetes, MPS as the device plugin runs it (`nodesharing.py`, from the report's
+  `config/device-plugin-configmap.yaml` and `node-labels.sh`): the pods get no thread percentage
+  of their own, the GPU's control daemon gives each client 100 / replicas (its pipe directory the
+  plugin's), and a node whose selected config time-slices gets plain GPUs instead;
 - freed GPUs empty (their MIG layout cleared where mig-parted.yaml disables MIG on them);
 - every moved job rolled out: on Kubernetes a Deployment's pod gets a new ReplicaSet hash and
   suffix, a Job's pod a new suffix, a StatefulSet's (or a bare) pod keeps its name, and every
@@ -42,8 +46,16 @@ from gpulens.catalog import CatalogError, GpuModel
 from gpulens.migplacement import place_mig_layout
 from gpulens.safeload import InputError, load_json_file, load_yaml_file
 from gpulens.sim.defaults import default_gpu_instance_id, make_container_id, make_uuid, stable_hex
+from gpulens.sim.nodesharing import (
+    DEVICE_PLUGIN_PIPE_DIR,
+    NodeSharing,
+    NodeSharingError,
+    Sharing,
+    read_node_sharing,
+)
 from gpulens.sim.scenario import (
     PINNED_MEM_LIMIT,
+    PIPE_DIRECTORY,
     THREAD_PERCENTAGE,
     KubernetesJob,
     MappingJob,
@@ -95,6 +107,8 @@ class ReportPlan:
     reclaimed: frozenset[str]  # jobs whose GPU is given back: they stop
     # a multi-GPU job -> its GPUs in the plan, whole or unchanged (one rank per GPU), lowest index first
     multi: dict[str, tuple[Slot, ...]] = field(default_factory=dict)
+    # the device-plugin config the report selects for the node (None: it keeps the one it runs)
+    sharing: NodeSharing | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +218,15 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
             jobs[name] = Slot(index, target, slices.get(name), cap, limit)
     if not gpus:
         raise ApplyPlanError(f"{plan_path}: layout: expected GPUs of node {scenario.hostname}, found none")
+    try:
+        sharing = read_node_sharing(report / "config", scenario.hostname)
+    except NodeSharingError as e:
+        raise ApplyPlanError(str(e)) from None
+    if sharing is not None and sharing.sharing is not Sharing.MPS:
+        # the config the node gets time-slices it (emit.py's adjustments): the plugin runs no MPS
+        # there, so a GPU the plan wanted on MPS is a plain GPU its jobs share by time
+        gpus = {i: GpuTarget("whole") if t.mode == "mps" else t for i, t in gpus.items()}
+        jobs = {n: Slot(s.gpu, "whole") if s.mode == "mps" else s for n, s in jobs.items()}
     cleared = _mig_cleared(report / "config" / "mig-parted.yaml", scenario, gpus)
     for i, entry in enumerate(freed):
         where = f"{plan_path}: freed[{i}]"
@@ -216,7 +239,7 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
         gpus[index] = GpuTarget("freed", clear_mig=index in cleared)
     reclaimed = _check_jobs(str(jobs_path), rows, jobs, scenario)
     spread = {name: tuple(sorted(slots, key=lambda s: s.gpu)) for name, slots in multi.items()}
-    return ReportPlan(gpus, jobs, reclaimed, spread)
+    return ReportPlan(gpus, jobs, reclaimed, spread, sharing)
 
 
 def _node_gpu(
@@ -483,9 +506,10 @@ def apply_plan(
         if slot.gpu in changed or not _stays(scenario, spec, slot) or key in grow:
             moved.add(key)  # a multi-GPU job moves whole: every rank restarts
     applier = _Applier(data, scenario, plan)
+    daemon = daemon_percentage(scenario, plan)
     out = {k: copy.deepcopy(v) for k, v in data.items() if k not in ("gpus", "processes", "faults")}
     out["name"] = f"{scenario.name}-applied"
-    out["gpus"] = _gpus(data["gpus"], scenario, plan, changed, applier)
+    out["gpus"] = _gpus(data["gpus"], scenario, plan, changed, applier, daemon)
     processes = []
     for i, (raw, spec) in enumerate(zip(raw_procs, scenario.processes, strict=True)):
         key = job_key(spec)
@@ -499,12 +523,24 @@ def apply_plan(
                 )
             processes.append(copy.deepcopy(raw))
             continue
-        processes.append(_moved(raw, spec, slots[i], scenario, applier, grow.get(key)))
+        processes.append(_moved(raw, spec, slots[i], scenario, applier, grow.get(key), daemon is None))
     out["processes"] = processes
     faults = _kept_faults(data.get("faults"), scenario, changed)
     if faults is not None:
         out["faults"] = faults
     return out
+
+
+def daemon_percentage(scenario: Scenario, plan: ReportPlan) -> int | None:
+    """The thread share the device plugin's MPS control daemon gives every client on a Kubernetes
+    node after the plan (`nodesharing.py`); None on other nodes, whose clients are given the plan's
+    own percentage (Slurm's gres/mps share, or the job's environment)."""
+    if not any(isinstance(p.job, KubernetesJob) for p in scenario.processes):
+        return None
+    if plan.sharing is not None:
+        return plan.sharing.thread_percentage
+    running = [g.mps.active_thread_percentage for g in scenario.gpus if g.mps is not None]
+    return int(min(running)) if running else 100  # the node keeps its config (MPS's own default: 100)
 
 
 def _process_slots(scenario: Scenario, plan: ReportPlan) -> dict[int, Slot]:
@@ -540,7 +576,11 @@ def _moved(
     scenario: Scenario,
     applier: _Applier,
     factor: float | None,
+    own_caps: bool = True,
 ) -> dict[str, Any]:
+    """A process of a job the plan moves, restarted where it goes; `own_caps`: an MPS client is
+    given the plan's thread percentage in its environment (not on a device-plugin node, where the
+    control daemon's share holds)."""
     entry: dict[str, Any] = {"pid": applier.pid(), "gpu": slot.gpu}
     skip = ("pid", "gpu", "instance", "kind", "start", "end")
     entry.update((k, copy.deepcopy(v)) for k, v in raw.items() if k not in skip)
@@ -549,11 +589,13 @@ def _moved(
         profile = scenario.gpus[slot.gpu].model.mig_profile(slot.mig[0])
         entry["instance"] = default_gpu_instance_id(scenario.gpus[slot.gpu].model, profile, slot.mig[1])
     environ = {
-        k: v for k, v in (raw.get("environ") or {}).items() if k not in (THREAD_PERCENTAGE, PINNED_MEM_LIMIT)
+        k: v
+        for k, v in (raw.get("environ") or {}).items()
+        if k not in (THREAD_PERCENTAGE, PINNED_MEM_LIMIT, PIPE_DIRECTORY)  # what the new GPU's MPS sets
     }
     if slot.mode == "mps":
         entry["kind"] = "mps_client"
-        if slot.sm_cap is not None:
+        if slot.sm_cap is not None and own_caps:
             environ[THREAD_PERCENTAGE] = f"{slot.sm_cap * 100:g}"
         if slot.memory_limit is not None:
             environ[PINNED_MEM_LIMIT] = f"0={slot.memory_limit // MIB}M"
@@ -576,7 +618,12 @@ def _moved(
 
 
 def _gpus(
-    raw_gpus: list[Any], scenario: Scenario, plan: ReportPlan, changed: set[int], applier: _Applier
+    raw_gpus: list[Any],
+    scenario: Scenario,
+    plan: ReportPlan,
+    changed: set[int],
+    applier: _Applier,
+    daemon: int | None = None,
 ) -> list[Any]:
     """The `gpus` entries: unchanged entries as written; an entry with a changed GPU split into one
     entry per GPU (indices, so UUIDs, stay), each changed one in its new mode."""
@@ -593,15 +640,27 @@ def _gpus(
             entry = {k: copy.deepcopy(v) for k, v in raw.items() if k != "count"}
             if i in changed:
                 _reconfigure(
-                    entry, scenario.gpus[i].model, plan.gpus[i], applier, scenario.gpus[i].mps is not None
+                    entry,
+                    scenario.gpus[i].model,
+                    plan.gpus[i],
+                    applier,
+                    scenario.gpus[i].mps is not None,
+                    daemon,
                 )
             out.append(entry)
     return out
 
 
 def _reconfigure(
-    entry: dict[str, Any], model: GpuModel, target: GpuTarget, applier: _Applier, had_mps: bool
+    entry: dict[str, Any],
+    model: GpuModel,
+    target: GpuTarget,
+    applier: _Applier,
+    had_mps: bool,
+    daemon: int | None = None,
 ) -> None:
+    """A GPU entry in the plan's mode; `daemon`: the device plugin's thread share for its MPS
+    server's clients (None: not a device-plugin node)."""
     overrides = entry.get("overrides") or {}
     if target.mode == "mig":
         try:
@@ -615,6 +674,12 @@ def _reconfigure(
         if not had_mps:
             server = applier.pid()
             entry["mps"] = {"server_pid": server, "restart_pid": applier.pid()}
+        if daemon is not None:  # the plugin's control daemon, its pipe directory given to the pods
+            entry["mps"] = {
+                **entry["mps"],
+                "active_thread_percentage": daemon,
+                "pipe_dir": DEVICE_PLUGIN_PIPE_DIR,
+            }
         if overrides.get("compute_mode") not in (None, "exclusive_process"):
             overrides["compute_mode"] = "exclusive_process"
     else:  # whole GPU, or freed

@@ -12,6 +12,9 @@ evaluate exactly on the samples (see docs/analyzer.md, "Checking the PromQL path
 read at a seeded random instant within the first half of each step (like a scrape's phase) and
 the sample is stamped with the step time: reading exactly on the step would alias with periodic
 workloads (a 2.5 s training step read every 60 s always lands on the same phase).
+
+Several scenarios, one node each, make one history of a fleet: the nodes are simulated one after
+another over the same span into the same writer, as Prometheus scrapes a fleet's exporters.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import math
 import random
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import FAMILIES, HistoryWriter
+from gpulens.sim.defaults import stable_hex
 from gpulens.sim.patterns import Workload
 from gpulens.sim.scenario import KubernetesJob, Scenario
 from gpulens.sim.serving import Neighbour, Recorder, ServingProcess
@@ -71,8 +76,40 @@ def aligned_start(duration_s: float, step_s: float, now: float | None = None) ->
     return math.floor(t / step_s) * step_s
 
 
+def node_seed(seed: int, position: int, hostname: str) -> int:
+    """The seed node `position` of a run with `seed` is simulated under: the first node the run's
+    own (so one scenario simulates as it always did), every other one derived from the run's seed
+    and its hostname (its noise differs from the first's, and does not hang on the others' order)."""
+    return seed if position == 0 else int(stable_hex(seed, "simulate-node", hostname, digits=16), 16)
+
+
+def _load(scenarios: str | Sequence[str]) -> list[Scenario]:
+    """The scenarios of a run, one node each with a hostname of its own."""
+    from gpulens.sim.scenariofile import load_scenario
+
+    names = [scenarios] if isinstance(scenarios, str) else list(scenarios)
+    if not names:
+        raise AnalyzerError("scenario: expected at least one scenario, found none")
+    specs: list[Scenario] = []
+    seen: dict[str, Scenario] = {}
+    for name in names:
+        try:
+            spec = load_scenario(name)
+        except (OSError, ValueError) as exc:
+            raise AnalyzerError(f"scenario: {str(exc).splitlines()[0]}") from exc
+        other = seen.get(spec.hostname)
+        if other is not None:
+            raise AnalyzerError(
+                f"scenario {spec.source}: node.hostname: expected a hostname no other scenario of "
+                f"the run has, found {spec.hostname!r}, the node of {other.source} too"
+            )
+        seen[spec.hostname] = spec
+        specs.append(spec)
+    return specs
+
+
 def simulate(
-    scenario: str,
+    scenario: str | Sequence[str],
     duration_s: float,
     out: str | Path,
     step_s: float = 300.0,
@@ -81,11 +118,60 @@ def simulate(
     progress: TextIO | None = None,
     dcgm: bool = True,
 ) -> dict[str, Any]:
-    """Run `scenario` for `duration_s` of simulated time, sampling every `step_s`; returns meta.
+    """Run `scenario` (or several, one node each) for `duration_s` of simulated time, sampling every
+    `step_s`, into one history; returns its meta.
 
-    `dcgm`: serve the node through the simulated DCGM host engine too, as a monitored fleet runs
+    Several scenarios make a fleet: each node is simulated over the same time span, one after the
+    other (the simulated driver serves one node at a time), under its own seed (`node_seed`).
+    `dcgm`: serve each node through the simulated DCGM host engine too, as a monitored fleet runs
     dcgm-exporter's profiling fields: SM and DRAM activity on GPUs without NVML GPM (Ampere).
     """
+    if not step_s >= 1:
+        raise AnalyzerError(f"--step: must be at least 1 s, got {step_s:g}")
+    if not duration_s >= step_s:
+        raise AnalyzerError(f"--duration: must be at least one step ({step_s:g} s)")
+    specs = _load(scenario)
+    begin = aligned_start(duration_s, step_s) if start is None else start
+    steps = int(duration_s // step_s) + 1
+    seeds = [node_seed(seed, k, spec.hostname) for k, spec in enumerate(specs)]
+    meta: dict[str, Any] = {
+        "kind": "usage",
+        "source": "simulate",
+        "scenarios": [spec.name for spec in specs],
+        "nodes": [spec.hostname for spec in specs],
+        "node_seeds": seeds,
+        "seed": seed,
+        "step_s": float(step_s),
+        "steps": steps,
+    }
+    if len(specs) == 1:  # the keys a one-node history has always had
+        meta.update(scenario=specs[0].name, node=specs[0].hostname)
+    # the nodes' /proc, pod-log and job-mapping directories, gone on every way out (`gpulens.exits`)
+    with tempfile.TemporaryDirectory(prefix="gpulens-simulate-") as tmp, HistoryWriter(out, meta) as writer:
+        for k, (spec, node_seed_k) in enumerate(zip(specs, seeds, strict=True)):
+            if progress is not None and len(specs) > 1:
+                print(f"gpulens: simulate: node {spec.hostname} ({k + 1}/{len(specs)})", file=progress)
+            root = Path(tmp) / f"node-{k}"
+            _sample_node(spec, node_seed_k, begin, steps, step_s, writer, dcgm, progress, root)
+        meta_out = {**writer.meta}
+    meta_out.update(samples=writer.rows)
+    return meta_out
+
+
+def _sample_node(
+    spec: Scenario,
+    seed: int,
+    begin: float,
+    steps: int,
+    step_s: float,
+    writer: HistoryWriter,
+    dcgm: bool,
+    progress: TextIO | None,
+    root: Path,
+) -> None:
+    """Simulate one node over the run's steps into `writer`, its files under `root`: the simulated
+    driver (and DCGM host engine) installed for it alone, and uninstalled after, so the next node
+    starts from none."""
     from gpulens.exporter.app import Exporter
     from gpulens.exporter.config import ExporterConfig
     from gpulens.sim.clock import ManualClock
@@ -94,90 +180,65 @@ def simulate(
     from gpulens.sim.install import install as install_node
     from gpulens.sim.install import uninstall
     from gpulens.sim.mpscontrol import client_argv
-    from gpulens.sim.scenariofile import load_scenario
 
-    if not step_s >= 1:
-        raise AnalyzerError(f"--step: must be at least 1 s, got {step_s:g}")
-    if not duration_s >= step_s:
-        raise AnalyzerError(f"--duration: must be at least one step ({step_s:g} s)")
-    try:
-        spec = load_scenario(scenario)
-    except (OSError, ValueError) as exc:
-        raise AnalyzerError(f"scenario: {str(exc).splitlines()[0]}") from exc
-    begin = aligned_start(duration_s, step_s) if start is None else start
     clock = ManualClock(begin)
     rng = random.Random(seed)
-    steps = int(duration_s // step_s) + 1
     hostname = spec.hostname
-    meta = {
-        "kind": "usage",
-        "source": "simulate",
-        "scenario": spec.name,
-        "seed": seed,
-        "step_s": float(step_s),
-        "steps": steps,
-        "node": hostname,
-    }
-    with tempfile.TemporaryDirectory(prefix="gpulens-simulate-") as tmp:
-        root = Path(tmp)
-        paths = {name: root / name for name in ("proc", "pods", "job-mapping")}
-        for path in paths.values():
-            path.mkdir()
-        try:
-            node = build_node(
-                spec,
-                seed=seed,
-                clock=clock,
-                procfs_root=paths["proc"],
-                pods_root=paths["pods"],
-                job_mapping_dir=paths["job-mapping"],
-            )
-        except (OSError, ValueError) as exc:
-            raise AnalyzerError(f"scenario {spec.name}: {str(exc).splitlines()[0]}") from exc
-        scraped = [Recorder(proc) for proc in serving_processes(spec, node.seed)]
-        install_node(node)
+    paths = {name: root / name for name in ("proc", "pods", "job-mapping")}
+    for path in paths.values():
+        path.mkdir(parents=True)
+    try:
+        node = build_node(
+            spec,
+            seed=seed,
+            clock=clock,
+            procfs_root=paths["proc"],
+            pods_root=paths["pods"],
+            job_mapping_dir=paths["job-mapping"],
+        )
+    except (OSError, ValueError) as exc:
+        raise AnalyzerError(f"scenario {spec.name}: {str(exc).splitlines()[0]}") from exc
+    scraped = [Recorder(proc) for proc in serving_processes(spec, node.seed)]
+    config = ExporterConfig(
+        dcgm_bindings=BINDINGS_DIR if dcgm else None,
+        interval=step_s,
+        procfs=paths["proc"],
+        pod_logs_dir=paths["pods"],
+        job_mapping_dir=paths["job-mapping"],
+        pod_resources_socket=None,
+        mps_control=client_argv(),  # the node's MPS daemons answer through the stand-in client
+        collectors=COLLECTORS,
+        slow_every=1,  # a history records every value at every step
+    )
+    quiet = logging.getLogger("gpulens.simulate")
+    quiet.setLevel(logging.CRITICAL)
+    install_node(node)
+    try:
         if dcgm:
             hostengine.install(node)
-        config = ExporterConfig(
-            dcgm_bindings=BINDINGS_DIR if dcgm else None,
-            interval=step_s,
-            procfs=paths["proc"],
-            pod_logs_dir=paths["pods"],
-            job_mapping_dir=paths["job-mapping"],
-            pod_resources_socket=None,
-            mps_control=client_argv(),  # the node's MPS daemons answer through the stand-in client
-            collectors=COLLECTORS,
-            slow_every=1,  # a history records every value at every step
-        )
-        quiet = logging.getLogger("gpulens.simulate")
-        quiet.setLevel(logging.CRITICAL)
         exporter = Exporter(config, node=node, logger=quiet)
         try:
-            with HistoryWriter(out, meta) as writer:
-                for k in range(steps):
-                    now = begin + k * step_s
-                    clock.set(now + rng.uniform(0.0, step_s / 2))
-                    snapshot = exporter.sample_once()
-                    for family in exporter.families(snapshot):
-                        if family.name not in KEEP:
-                            continue
-                        for sample in family.samples:
-                            if sample.name in KEEP:
-                                writer.add(
-                                    now, sample.name, sample.value, {**sample.labels, "instance": hostname}
-                                )
-                    r = clock.now() - node.start_time
-                    for recorder in scraped:
-                        for name, value, labels in recorder.samples(r):
-                            if name in KEEP:
-                                writer.add(now, name, value, labels)
-                    if progress is not None and k % 1000 == 0:
-                        print(f"gpulens: simulate: step {k}/{steps}", file=progress, flush=True)
-                meta_out = {**writer.meta}
+            for k in range(steps):
+                now = begin + k * step_s
+                clock.set(now + rng.uniform(0.0, step_s / 2))
+                snapshot = exporter.sample_once()
+                for family in exporter.families(snapshot):
+                    if family.name not in KEEP:
+                        continue
+                    for sample in family.samples:
+                        if sample.name in KEEP:
+                            labels = {**sample.labels, "instance": hostname}
+                            writer.add(now, sample.name, sample.value, labels)
+                r = clock.now() - node.start_time
+                for recorder in scraped:
+                    for name, value, labels in recorder.samples(r):
+                        if name in KEEP:
+                            writer.add(now, name, value, labels)
+                if progress is not None and k % 1000 == 0:
+                    print(f"gpulens: simulate: step {k}/{steps}", file=progress, flush=True)
         finally:
             exporter.close()
-            uninstall()
-            if dcgm:
-                hostengine.uninstall()
-    meta_out.update(samples=writer.rows)
-    return meta_out
+    finally:  # the next node (or the caller) starts with no simulated driver installed
+        uninstall()
+        if dcgm:
+            hostengine.uninstall()

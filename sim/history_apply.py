@@ -20,6 +20,9 @@ A usage history (`kind: usage`):
   unattributed remainder as the exporter publishes them (docs/attribution.md, "Usage values"),
   MPS clients with caps weighed by time x cap where the figure is SM activity. A MIG slice gets
   its `gpu_mig_instance_info` and the job's activity on the slice's scale (capped at 1);
+- on a node the report's device-plugin files relabel (`nodesharing.py`), MPS as the plugin runs
+  it: every client capped at the control daemon's 100 / replicas, not the plan's percentage, or,
+  where the selected config time-slices the node, its GPUs time-sliced;
 - a freed GPU keeps its `gpu_info` (and other identity rows) only; a reclaimed job stops;
 - jobs on GPUs the plan leaves as they are, and their GPUs, are copied unchanged.
 
@@ -50,6 +53,7 @@ from gpulens.analyzer.history import LABELS, History, HistoryWriter, read_histor
 from gpulens.catalog import CatalogError, GpuModel, MigProfile, model_for_nvml_name
 from gpulens.sim.applyplan import ApplyPlanError, load_report_json, report_field
 from gpulens.sim.defaults import default_gpu_instance_id
+from gpulens.sim.nodesharing import NodeSharing, NodeSharingError, Sharing, read_node_sharing
 from gpulens.sim.scenario import PINNED_MEM_LIMIT, THREAD_PERCENTAGE
 
 
@@ -137,6 +141,7 @@ def read_usage_plan(report: Path, now: Mapping[str, frozenset[str]]) -> HistoryP
         actions[job] = str(row.get("action") or "")
     targets: dict[str, Target] = {}
     rebuilt: set[str] = set()
+    plugin: dict[str, NodeSharing | None] = {}
     for i, entry in enumerate(layout):
         where = f"{plan_path}: layout[{i}]"
         sharing = report_field(where, entry, "sharing", str, "a sharing mode")
@@ -173,6 +178,21 @@ def read_usage_plan(report: Path, now: Mapping[str, frozenset[str]]) -> HistoryP
             pct = _number(f"{w}.{THREAD_PERCENTAGE}", client.get(THREAD_PERCENTAGE), 0, 100, "a percentage")
             limit = _number(f"{w}.{PINNED_MEM_LIMIT}", client.get(PINNED_MEM_LIMIT), 0, math.inf, "bytes")
             caps[job] = (None if pct is None else pct / 100, limit)
+        if node not in plugin:
+            try:
+                plugin[node] = read_node_sharing(report / "config", node)
+            except NodeSharingError as e:
+                raise ApplyPlanError(str(e)) from None
+        selected = plugin[node]
+        if selected is not None and mode is Mode.MPS:
+            # a device-plugin node (nodesharing.py): its config time-slices it, or its MPS daemon
+            # gives every client 100 / replicas of the threads, not the plan's percentage
+            if selected.sharing is Sharing.MPS:
+                share = selected.thread_percentage / 100
+                caps = {job: (share, limit) for job, (_, limit) in caps.items()}
+                caps.update({job: (share, None) for job in jobs if job not in caps})
+            else:
+                mode, caps = Mode.WHOLE, {}
         for job in jobs:
             if job in targets:
                 raise ApplyPlanError(f"{where}.jobs: expected each job on one GPU, found {job!r} again")

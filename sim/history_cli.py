@@ -1,4 +1,4 @@
-"""`gpulens simulate`: a simulator scenario run faster than real time into a history.
+"""`gpulens simulate`: simulator scenarios run faster than real time into a history.
 
 The command belongs to the simulator (`history.py` does the work, with the exporter's sampler and
 the analyzer's history writer): `gpulens.cli` maps `simulate` here, so the analyzer, which reads
@@ -38,7 +38,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "simulate", help="run a simulator scenario faster than real time into a history"
     )
-    p.add_argument("scenario", help="scenario name (e.g. seed-case, dgx-h100) or YAML file")
+    p.add_argument(
+        "scenario",
+        nargs="+",
+        help="scenario name (e.g. seed-case, dgx-h100) or YAML file; several (one node each) make one fleet",
+    )
     p.add_argument("--duration", default="7d", help="simulated time span (default 7d)")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument(

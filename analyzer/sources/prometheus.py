@@ -473,7 +473,16 @@ class PromSource:
             stats = self.stats(identity, thresholds)
             step = self.step_s
         self.used_step_s = step
+        self._thread_caps(stats)
         return build_profiles(identity, stats, step, thresholds, gpu_model)
+
+    def _thread_caps(self, stats: dict[str, JobStats]) -> None:
+        """Each job's MPS thread cap at the window's end (`promqueries.thread_caps`, asked ahead
+        with the identity): one query on either path."""
+        for item in self.client.query(promqueries.thread_caps(self.window_s), self.end):
+            job, cap = item["metric"].get("job_id", ""), sample_value(item)
+            if job in stats and cap > 0:
+                stats[job].thread_cap = cap
 
     def choose_path(self) -> RuleCoverage | None:
         """The recording rules' coverage when their path is taken, else None (raw); logs the choice."""

@@ -27,6 +27,13 @@ def memory_totals(window_s: float) -> str:
     return f"max by (uuid) (max_over_time(gpu_memory_total_bytes[{int(window_s)}s]))"
 
 
+def thread_caps(window_s: float) -> str:
+    """Each job's MPS thread cap at the window's end (`profile.thread_caps_now`): the last sample
+    of each of its series, the largest. One query over the family's few series (MPS clients only),
+    the same on the raw and the rule path: it needs no recording rule."""
+    return f"max by (job_id) (last_over_time({signals.THREAD_CAP}[{int(window_s)}s]) > 0)"
+
+
 def coverage(window_s: float) -> str:
     """The analyzer rules' heartbeat over the window, one `stat` per figure (`rule_coverage`)."""
     hb, idle, w = rules.HEARTBEAT, rules.IDLE_BELOW, f"{int(window_s)}s"
@@ -58,6 +65,7 @@ def first(window_s: float, with_coverage: bool) -> list[str]:
         labels(GPU_INFO, window_s),
         labels(MIG_INFO, window_s),
         memory_totals(window_s),
+        thread_caps(window_s),
     ]
 
 

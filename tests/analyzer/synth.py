@@ -36,6 +36,9 @@ class SynthJob:
     dram: np.ndarray | None = None  # DRAM activity per step (exclusive jobs: gpu_dram_active_ratio)
     source: str = "slurm"
     name: str = ""  # job_name (a Slurm job's name)
+    # an MPS client's active-thread cap per step as the exporter measures it (a ratio; NaN: none
+    # published at that step): gpu_job_mps_active_thread_ratio
+    thread_cap: np.ndarray | None = None
 
 
 def steady(n: int, level: float, jitter: float = 0.02, seed: int = 0) -> np.ndarray:
@@ -118,6 +121,16 @@ def frame(
                         "value": mem,
                     }
                 )
+                if job.thread_cap is not None and not np.isnan(job.thread_cap[k]):
+                    rows.append(
+                        {
+                            **base,
+                            "metric": "gpu_job_mps_active_thread_ratio",
+                            "gpu_instance": job.gpu_instance,
+                            "job_id": job.job_id,
+                            "value": float(job.thread_cap[k]),
+                        }
+                    )
     for uuid, (model, node, steps) in gpus_seen.items():
         for k in sorted(steps):
             rows.append(

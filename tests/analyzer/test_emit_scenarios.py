@@ -30,7 +30,9 @@ from tests.analyzer.test_traces import GENAI
 
 SCENARIOS = sorted(p.stem for p in Path(BUILTIN_DIR).glob("*.yaml"))
 HOURS = {"large": 0.5}  # the 1,000-job bench node: half an hour is plenty and keeps the test short
-WEEKPAIR = Path(__file__).resolve().parents[1] / "data" / "weekpair" / "week1.yaml"
+WEEKPAIR = Path(__file__).resolve().parents[1] / "data" / "weekpair"
+# the week pair's two Kubernetes nodes: a MIG re-slice and a kept trainer; pods packed on MPS
+WEEKPAIR_NODES = (WEEKPAIR / "week1.yaml", WEEKPAIR / "week1-shared.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ def analyses(tmp_path_factory) -> dict[str, Analysis]:
         simulate(name, duration_s=HOURS.get(name, 1.0) * 3600, out=path, step_s=120, seed=0)
         out[name] = analyze_history(read_history(path), th, with_archetypes=False)
     path = tmp_path_factory.mktemp("emit") / "weekpair-week1"
-    simulate(str(WEEKPAIR), duration_s=6 * 3600, out=path, step_s=120, seed=0)
+    simulate([str(p) for p in WEEKPAIR_NODES], duration_s=6 * 3600, out=path, step_s=120, seed=0)
     out["weekpair-week1"] = analyze_history(read_history(path), th, with_archetypes=False)
     if GENAI.is_dir():
         path = tmp_path_factory.mktemp("genai") / "history"

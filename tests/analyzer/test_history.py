@@ -149,3 +149,22 @@ def test_row_groups_of_one_family_read_like_mixed_ones(tmp_path, window):
     assert mixed is not None and split is not None and sorted(mixed) == sorted(split)
     for family, got in split.items():
         pd.testing.assert_frame_equal(got.astype(str), mixed[family].astype(str), obj=family)
+
+
+def test_the_file_path_reads_each_mps_clients_running_cap_from_a_written_history(tmp_path, th):
+    """The history keeps gpu_job_mps_active_thread_ratio, and the file path's window decides
+    which sample is the last: the cap in force at the window's end."""
+    from gpulens.analyzer.sources import files
+
+    caps = synth.flat(12, 0.2)
+    caps[6:] = 0.5
+    job = synth.SynthJob(
+        "a", "GPU-s", synth.flat(12, 0.2), synth.flat(12, 1e9), sharing="mps", thread_cap=caps
+    )
+    write_history(tmp_path / "h", synth.frame([job]), {"step_s": synth.STEP})
+    whole = files.profiles(files.load(str(tmp_path / "h")), th).set_index("job_id")
+    assert whole.loc["a", "mps_thread_cap_now_pct"] == pytest.approx(50.0)
+    early = files.load(str(tmp_path / "h"), window_s=6 * synth.STEP, end=synth.START + 5 * synth.STEP)
+    assert files.profiles(early, th).set_index("job_id").loc["a", "mps_thread_cap_now_pct"] == pytest.approx(
+        20.0
+    )

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpulens.analyzer import demand, hysteresis
-from gpulens.analyzer.hysteresis import Told, at_cap, memory_limit, thread_cap, told_of
+from gpulens.analyzer.hysteresis import Running, Told, at_cap, memory_limit, thread_cap, told_of
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.recommend import memory_need
@@ -113,7 +113,69 @@ def test_a_rolled_out_pod_is_followed_by_its_workload(th):
         Told("ml/other-0", "ml/other-0", 20, None),
     )
     found = hysteresis.running_settings(recs, told)
-    assert found == {"ml/ranker-7d9f8c6b5-x2x7q": told[0]}  # other-0 no longer runs under MPS
+    # other-0 no longer runs under MPS; no cap measured: the ranker runs under what it was told
+    assert found == {"ml/ranker-7d9f8c6b5-x2x7q": Running("ml/ranker-7d9f8c6b5-x2x7q", told[0])}
+    assert found["ml/ranker-7d9f8c6b5-x2x7q"].thread_percentage == 15
+
+
+# --- the cap measured (gpu_job_mps_active_thread_ratio) is the one in force ---------------------
+
+TOLD_20 = Told("ml/ranker-0", "ml/ranker-0", 20, 9 * GIB)
+
+
+def _client(measured: float | None, sized: int = 31, p95: float = 0.15) -> pd.DataFrame:
+    """One Kubernetes MPS client told 20 % last week, now sized `sized` %, measured running at
+    `measured` % (None: the exporter published no cap)."""
+    need = 8 * GIB
+    return pd.DataFrame(
+        [
+            {
+                "job_id": "ml/ranker-0",
+                "sharing": "mps",
+                "job_source": "kubernetes",
+                "job_namespace": "ml",
+                "job_pod": "ranker-0",
+                "mps_thread_cap_now_pct": np.nan if measured is None else measured,
+                "recommendation": "mps",
+                "mps_active_thread_percentage": sized,
+                "mps_pinned_memory_limit_bytes": 9 * GIB,
+                "memory_need_bytes": float(need),
+                "sizing_percentile": "p95",
+                "sm_active_p95": p95,
+                "numbers": {"mem_fraction": need / (80 * GIB)},
+                "gpu_fraction": sized / 100,
+                "reason": "light",
+            }
+        ]
+    )
+
+
+def test_the_running_cap_is_the_measured_one_before_last_weeks_plan():
+    (running,) = hysteresis.running_settings(_client(100 / 3), (TOLD_20,)).values()
+    assert running.thread_percentage == pytest.approx(100 / 3)
+    assert running.told == TOLD_20 and running.pinned_memory_limit_bytes == 9 * GIB  # not measured
+
+
+def test_a_measured_cap_is_the_running_cap_without_last_weeks_report():
+    assert hysteresis.running_settings(_client(25.0), ()) == {
+        "ml/ranker-0": Running("ml/ranker-0", None, 25.0)
+    }
+
+
+def test_the_dead_band_keeps_the_measured_running_cap(th):
+    """Told 20 %, it runs at the device plugin's 33 %: sized 31 % is within the dead band of the
+    cap in force, so 33 % is kept; measured against the plan's 20 % it would have moved to 31 %."""
+    kept = hysteresis.apply(_client(100 / 3), (TOLD_20,), th).iloc[0]
+    assert kept["mps_active_thread_percentage"] == 33
+    assert "keeps its 33 % cap: sized 31 %" in kept["reason"]
+    assert "runs at 33 % (the device plugin's 100/3), the plan asked 20 %" in kept["reason"]
+    unmeasured = hysteresis.apply(_client(None), (TOLD_20,), th).iloc[0]
+    assert unmeasured["mps_active_thread_percentage"] == 31 and unmeasured["reason"] == "light"
+
+
+def test_a_client_running_at_the_cap_it_was_told_gets_no_note(th):
+    out = hysteresis.apply(_client(20.0, sized=21, p95=0.15), (TOLD_20,), th).iloc[0]
+    assert out["mps_active_thread_percentage"] == 20 and "runs at" not in out["reason"]
 
 
 # --- through the analysis: the plan packs and sums Slurm's shares with the kept caps -------------

@@ -125,6 +125,29 @@ def test_shared_jobs_use_per_job_utilisation_and_split_the_gpu(th):
     assert p.loc["a", "sharing"] == "mps"
 
 
+def test_an_mps_clients_running_cap_is_the_last_one_measured_in_the_window(th):
+    """Told 20 % by last week's plan, it runs at the device plugin's 100/3 from step 10 on: the cap
+    in force at the window's end is the profile's, in percent."""
+    caps = np.concatenate([flat(10, 0.20), flat(10, 1 / 3)])
+    jobs = [
+        SynthJob("a", "GPU-s", flat(20, 0.2), flat(20, GIB), sharing="mps", thread_cap=caps),
+        SynthJob("b", "GPU-s", flat(20, 0.1), flat(20, GIB), sharing="mps"),
+    ]
+    p = one(synth.frame(jobs), th)
+    assert p.loc["a", "mps_thread_cap_now_pct"] == pytest.approx(100 / 3)
+    assert np.isnan(p.loc["b", "mps_thread_cap_now_pct"])  # no cap measured: none assumed
+
+
+def test_a_history_without_the_thread_cap_family_profiles_as_before(th):
+    jobs = [SynthJob("a", "GPU-s", steady(20, 0.2), flat(20, GIB), sharing="mps", thread_cap=flat(20, 0.25))]
+    measured = one(synth.frame(jobs), th)
+    frame = synth.frame(jobs)
+    unmeasured = one(frame[frame["metric"] != "gpu_job_mps_active_thread_ratio"], th)
+    assert np.isnan(unmeasured.loc["a", "mps_thread_cap_now_pct"])
+    others = [c for c in measured.columns if c != "mps_thread_cap_now_pct"]
+    pd.testing.assert_frame_equal(measured[others], unmeasured[others])
+
+
 def test_no_jobs_is_an_error(th):
     frame = synth.frame([SynthJob("a", "GPU-a", flat(3, 0.2), flat(3, GIB))])
     with pytest.raises(AnalyzerError, match="no gpu_job_info"):

@@ -72,6 +72,8 @@ def history_frame(start: float) -> pd.DataFrame:
             flat(40, 4 * GIB),
             sharing="mps",
             first_step=10,
+            # told 20 %, then the device plugin's 100/3: the cap in force is the last one measured
+            thread_cap=np.concatenate([flat(20, 0.2), flat(20, 1 / 3)]),
         ),
         SynthJob(
             "mps-2", "GPU-mps-0001", steady(STEPS, 0.1, 0.1, seed=4), flat(STEPS, 3 * GIB), sharing="mps"
@@ -225,6 +227,8 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     assert from_prom.loc["mig-1", "mig_profile_now"] == "1g.10gb"
     assert from_prom.loc["share-1", "activity_signal"] == "sm_active_equal_split"
     assert from_prom.loc["mps-1", "activity_signal"] == "sm_active_share"
+    assert from_prom.loc["mps-1", "mps_thread_cap_now_pct"] == pytest.approx(100 / 3)
+    assert np.isnan(from_prom.loc["mps-2", "mps_thread_cap_now_pct"])  # none measured
     assert from_prom.loc["old-mps-1", "activity_signal"] == "job_sm_utilization"
     assert from_prom.loc["odd-1", "device_memory_bytes"] == 24 * GIB
     assert from_prom.loc["share-1", "sm_active_max"] == pytest.approx(0.4)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpulens.analyzer.profile import profiles_from_samples
-from gpulens.analyzer.recommend import memory_need, mps_settings, recommend
+from gpulens.analyzer.recommend import memory_need, mps_settings, recommend, servers_of
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.catalog import MODELS, get_model
 from tests.analyzer import synth
@@ -406,3 +406,40 @@ def test_a_job_active_every_hour_of_a_life_too_short_to_tell_is_no_server(th):
     row = recs_at_5m([job], th).loc["short"]
     assert row["lifetime_hours"] < th.reclaim.serving_min_hours
     assert row["recommendation"] == "reclaim"
+
+
+def _quiet_profile(th, sharing: str, served: bool) -> pd.DataFrame:
+    """A job whose own activity reads 0 all day (a quiet server's bursts below NVML's 1 % per process
+    on a shared GPU), on a GPU shared as `sharing`, found serving last week or not."""
+    job = SynthJob("triton", "GPU-a", flat(288, 0.0), flat(288, 6 * GIB), first_step=1)
+    profiles = profiles_from_samples(synth.frame([job], step=300.0), 300.0, th)
+    return profiles.assign(sharing=sharing, served_last_week=served)
+
+
+@pytest.mark.parametrize("sharing", ["time_slicing", "mps"])
+def test_a_server_found_last_week_stays_one_on_the_gpu_it_now_shares(th, sharing):
+    row = recommend(_quiet_profile(th, sharing, served=True), th).set_index("job_id").loc["triton"]
+    assert row["recommendation"] != "reclaim" and row["serves"] == "last-week"
+    assert "last week's report found it serving" in row["reason"]
+
+
+def test_a_server_found_last_week_alone_on_its_gpu_again_is_judged_by_its_own_activity(th):
+    row = recommend(_quiet_profile(th, "exclusive", served=True), th).set_index("job_id").loc["triton"]
+    assert row["recommendation"] == "reclaim" and row["serves"] == ""
+
+
+def test_a_quiet_shared_job_nobody_found_serving_is_reclaimed(th):
+    row = recommend(_quiet_profile(th, "time_slicing", served=False), th).set_index("job_id").loc["triton"]
+    assert row["recommendation"] == "reclaim"
+
+
+def test_last_weeks_servers_are_the_rows_with_evidence_by_job_and_workload():
+    jobs = [
+        {
+            "job_id": "vision/detect-7c9d8b6f5-x7k2p",
+            "workload": "k8s vision/detect",
+            "serves": "active-hours",
+        },
+        {"job_id": "batch/embed-0", "workload": "k8s batch/embed-0", "serves": ""},
+    ]
+    assert servers_of(jobs) == {"vision/detect-7c9d8b6f5-x7k2p", "k8s vision/detect"}

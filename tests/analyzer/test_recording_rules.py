@@ -26,7 +26,7 @@ import pytest
 from gpulens.analyzer import demand, signals
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.profile import Identity, JobStats
-from gpulens.analyzer.sources import rules
+from gpulens.analyzer.sources import promqueries, rules
 from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 from gpulens.analyzer.sources.prometheus import (
     Aggregation,
@@ -291,6 +291,39 @@ def test_a_job_without_its_chains_first_signal_takes_the_next_one_with_samples(t
     assert "quantile_over_time(0.95, job_id:gpu_utilization_ratio:avg[604800s])" in asked
     # the signals after it in the chain are not asked
     assert not any("gpu_job_sm_utilization_ratio" in e for e in asked)
+
+
+def test_the_rule_path_reads_the_running_thread_caps_in_one_query(th):
+    """Each MPS client's running cap comes from one query over the raw family for every job (no
+    recording rule, no job matcher, no chunk): the rule path asks one query more than without it."""
+    week = 7 * 86400.0
+    client_labels = {
+        "job_id": "a",
+        "uuid": "GPU-0",
+        "gpu_instance": "",
+        "sharing": "mps",
+        "job_source": "kubernetes",
+    }
+    gpu = {"uuid": "GPU-0", "model": "NVIDIA A100-SXM4-40GB", "instance": "node-1", "gpu": "0"}
+    heartbeat = {"first": END - week + 300, "last": END, "interval": 300.0, "evaluations": 2016}
+
+    def answer(expr: str) -> list[dict[str, Any]]:
+        if signals.THREAD_CAP in expr:
+            return [{"metric": {"job_id": "a"}, "value": [END, repr(1 / 3)]}]
+        if rules.HEARTBEAT in expr:
+            return [{"metric": {"stat": k}, "value": [END, repr(v)]} for k, v in heartbeat.items()]
+        if expr.startswith("last_over_time(gpu_job_info"):
+            return [{"metric": client_labels, "value": [END, "1"]}]
+        if expr.startswith("last_over_time(gpu_info"):
+            return [{"metric": gpu, "value": [END, "1"]}]
+        return [{"metric": {"job_id": "a"}, "value": [END, "1"]}] if "job_id:" in expr else []
+
+    client = AnsweringClient(answer)
+    source = PromSource(as_client(client), week, END, 300.0, log=None, step_given=False)
+    profile = source.profiles(th).set_index("job_id")
+    assert source.used is Aggregation.RULES
+    assert [e for e in client.asked if signals.THREAD_CAP in e] == [promqueries.thread_caps(week)]
+    assert profile.loc["a", "mps_thread_cap_now_pct"] == pytest.approx(100 / 3)
 
 
 @dataclass

@@ -16,12 +16,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gpulens.analyzer.history import write_history
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.sources import rules
 from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 from gpulens.analyzer.sources.prometheus import Aggregation, PromSource
 from gpulens.devtools.bench import tsdb
-from gpulens.devtools.bench.analyzer_bench import backfill, make_cluster, write_openmetrics_blocks
+from gpulens.devtools.bench.analyzer_bench import (
+    Cluster,
+    backfill,
+    job_id,
+    make_cluster,
+    write_openmetrics_blocks,
+)
 from tests.support.procs import REPO_ROOT, find_binary, unavailable
 
 STEP = 300
@@ -33,6 +40,26 @@ RECOMMENDATION = (
     "mps_active_thread_percentage",
     "mps_pinned_memory_limit_bytes",
 )
+
+
+def with_thread_cap(cluster: Cluster, at: float, out: Path) -> str:
+    """The history of one MPS thread cap (`gpu_job_mps_active_thread_ratio`) for the job that runs
+    on the cluster's first GPU across `at`: 20 % before it, 100/3 % from then on. Returns the job."""
+    times = cluster.timestamps()
+    job = int(cluster.job_of[0, int(np.searchsorted(times, at))])
+    steps = times[cluster.job_of[0] == job]
+    labels = {"instance": "node-0000:9400", "gpu": "0", "uuid": "GPU-00000000-bench", "gpu_instance": ""}
+    frame = pd.DataFrame(
+        {
+            "timestamp": steps,
+            "metric": "gpu_job_mps_active_thread_ratio",
+            "value": np.where(steps < at, 0.2, 1 / 3),
+            "job_id": job_id(job),
+            **labels,
+        }
+    )
+    write_history(out, frame, {"step_s": float(cluster.step_s)})
+    return job_id(job)
 
 
 def thanos() -> str:
@@ -89,9 +116,12 @@ def test_thanos_over_two_shards_gives_the_answers_of_one_prometheus(tmp_path, th
     find_binary("promtool")
     cluster = make_cluster(JOBS, STEP, seed=3)
     backfill(write_openmetrics_blocks(cluster, tmp_path / "om"), tmp_path / "raw")
-    raw = sorted(p for p in (tmp_path / "raw").iterdir() if p.is_dir())
     start, end = cluster.start, cluster.end + STEP
     mid = int((start + end) / 2 // tsdb.BLOCK_S * tsdb.BLOCK_S)  # a block boundary inside the week
+    # one job's MPS thread cap, changed in the second shard's half: the cap in force is that one
+    capped = with_thread_cap(cluster, mid + 10 * STEP, tmp_path / "caps")
+    tsdb.backfill_openmetrics(tmp_path / "caps" / "metrics.om", tmp_path / "raw")
+    raw = sorted(p for p in (tmp_path / "raw").iterdir() if p.is_dir())
     first = [b for b in raw if tsdb.block_range_ms(b)[1] <= mid * 1000]
     second = [b for b in raw if tsdb.block_range_ms(b)[0] >= mid * 1000]
     assert len(first) + len(second) == len(raw) and first and second
@@ -116,6 +146,9 @@ def test_thanos_over_two_shards_gives_the_answers_of_one_prometheus(tmp_path, th
     assert len(straddling) > 0
     assert_same(single_rules, via_rules)
     assert_same(single_raw, via_raw)
+    for frame in (single_rules, via_rules, via_raw):
+        assert frame.loc[capped, "mps_thread_cap_now_pct"] == pytest.approx(100 / 3)
+        assert frame["mps_thread_cap_now_pct"].drop(capped).isna().all()
     expected = recommendations(single_raw, th)
     for frame in (single_rules, via_rules, via_raw):
         assert recommendations(frame, th).equals(expected)

@@ -1,9 +1,11 @@
 """Week 1 -> the plan applied the way each tool applies it -> week 2 with `--previous` (issue 30).
 
-tests/data/weekpair/week1.yaml runs four under-used pods on whole GPUs, two small pods on MIG
-3g.40gb slices and a busy trainer. `gpulens sim apply-plan` writes week 2 as an SRE who applied
-week 1's plan runs it (pods rolled out under new names, MPS clients with their caps, the MIG GPU
-re-sliced, GPUs left empty); week 2 is simulated and reported on against week 1's report.
+Week 1 is two Kubernetes nodes simulated together: tests/data/weekpair/week1.yaml runs two small
+pods on MIG 3g.40gb slices and a busy trainer, week1-shared.yaml four under-used pods on whole GPUs
+(its own node, where the device plugin's MPS applies). `gpulens sim apply-plan` writes each node's
+week 2 as an SRE who applied week 1's plan runs it (pods rolled out under new names, MPS clients
+under the device plugin's control daemon, the MIG GPU re-sliced, GPUs left empty); both are
+simulated together and reported on against week 1's report.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from typing import Any
 import pytest
 
 from gpulens.cli import main
-from gpulens.sim.applyplan import apply_plan_files
+from gpulens.sim.applyplan import apply_plan_files, job_key
 from gpulens.sim.history import simulate
 from gpulens.sim.scenario import Scenario
+from gpulens.sim.scenariofile import load_scenario
 
 pytestmark = pytest.mark.slow
 
 WEEK1 = Path(__file__).resolve().parents[1] / "data" / "weekpair" / "week1.yaml"
+PAIR = (WEEK1, WEEK1.parent / "week1-shared.yaml")  # k8s-weekpair-1 (MIG, trainer), -2 (the MPS pods)
 DAY, STEP, START = 86400.0, 300.0, 1_750_000_200.0
 GROWN = "ml-serving/embedder-0"
 
@@ -34,25 +38,38 @@ def _report(history: Path, out: Path, *extra: str) -> Path:
 @pytest.fixture(scope="module")
 def week1(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("week1")
-    simulate(str(WEEK1), duration_s=DAY, out=root / "history", step_s=STEP, start=START)
+    simulate([str(p) for p in PAIR], duration_s=DAY, out=root / "history", step_s=STEP, start=START)
     return _report(root / "history", root / "report")
 
 
-def _week2(week1: Path, root: Path, grow: dict[str, float] | None = None) -> tuple[Scenario, Path]:
-    scenario = apply_plan_files(str(WEEK1), week1, root / "week2.yaml", grow=grow or {})
+def _week2(week1: Path, root: Path, grow: dict[str, float] | None = None) -> tuple[list[Scenario], Path]:
+    """Each node's scenario with the plan applied (the one report: each takes its own node's part),
+    simulated together, reported on with week 1's report as --previous."""
+    paths = [root / f"{source.stem}-week2.yaml" for source in PAIR]
+    scenarios = [
+        apply_plan_files(
+            str(source), week1, path, grow={k: v for k, v in (grow or {}).items() if k in _jobs(source)}
+        )
+        for source, path in zip(PAIR, paths, strict=True)
+    ]
     simulate(
-        str(root / "week2.yaml"), duration_s=DAY, out=root / "history", step_s=STEP, start=START + 7 * DAY
+        [str(p) for p in paths], duration_s=DAY, out=root / "history", step_s=STEP, start=START + 7 * DAY
     )
-    return scenario, _report(root / "history", root / "report", "--previous", str(week1))
+    return scenarios, _report(root / "history", root / "report", "--previous", str(week1))
+
+
+def _jobs(source: Path) -> set[str]:
+    """The jobs of one node's scenario (apply-plan grows only jobs of the scenario it is given)."""
+    return {job_key(p) or "" for p in load_scenario(source).processes}
 
 
 @pytest.fixture(scope="module")
-def applied(week1, tmp_path_factory) -> tuple[Scenario, Path]:
+def applied(week1, tmp_path_factory) -> tuple[list[Scenario], Path]:
     return _week2(week1, tmp_path_factory.mktemp("week2"))
 
 
 @pytest.fixture(scope="module")
-def grown(week1, tmp_path_factory) -> tuple[Scenario, Path]:
+def grown(week1, tmp_path_factory) -> tuple[list[Scenario], Path]:
     return _week2(week1, tmp_path_factory.mktemp("week2-grown"), {GROWN: 3.0})
 
 
@@ -88,15 +105,20 @@ def test_every_applied_action_is_reported_applied_through_the_rollout(week1, app
 
 
 def test_gpus_released_are_the_gpus_the_applied_plan_left_empty(week1, applied):
-    scenario, report = applied
-    empty = {g.index for g in scenario.gpus} - {p.gpu for p in scenario.processes}
+    scenarios, report = applied
+    empty = {(s.hostname, g.index) for s in scenarios for g in s.gpus} - {
+        (s.hostname, p.gpu) for s in scenarios for p in s.processes
+    }
     week = _week(report)
     assert empty and week["gpus_released"] == len(empty)
     assert week["gpus_promised"] == json.loads((week1 / "plan.json").read_text())["gpus_freed"]
 
 
 def test_a_moved_job_that_binds_its_cap_gets_a_roll_back_with_its_command(week1, grown):
-    _, report = grown
+    scenarios, report = grown
+    # grown past the device plugin's share: 100 / 4 clients = 25 % of the threads
+    (client,) = [p for s in scenarios for p in s.processes if job_key(p) == GROWN]
+    assert client.sm_cap == pytest.approx(0.25) and client.workload.sm > client.sm_cap
     actions = {a["job_id"]: a for a in _week(report)["actions"]}
     moved = actions[GROWN]
     assert moved["status"] == "roll back" and "at its cap" in moved["regression"]

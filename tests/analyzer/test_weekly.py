@@ -12,7 +12,7 @@ from gpulens.analyzer.history import read_history
 from gpulens.analyzer.pipeline import analyze_history
 from gpulens.analyzer.report import html_report, markdown, write_report
 from gpulens.analyzer.thresholds import load_thresholds
-from gpulens.analyzer.weekly import compare, load_previous
+from gpulens.analyzer.weekly import compare, load_previous, on_whole_gpu
 from gpulens.sim.history import simulate
 
 
@@ -260,5 +260,75 @@ def test_the_report_writes_every_previous_actions_status_and_figures_to_week_jso
     doc = json.loads((tmp_path / "now" / "week.json").read_text())
     by_job = {a["job_id"]: a for a in doc["actions"]}
     assert by_job["5101"]["status"] == "roll back" and by_job["5101"]["rollback"].startswith("sh ")
-    assert by_job["5101"]["sm_active_p95_now"] == 0.99
+    # 5101 runs on a 3g.40gb slice of an H100 (60 of its 132 SMs): on the whole GPU's scale
+    assert by_job["5101"]["sm_active_p95_now"] == pytest.approx(0.99 * 60 / 132)
     assert doc["gpus_released"] == result.gpus_released
+
+
+# --- the cap an MPS client runs under, as measured (gpu_job_mps_active_thread_ratio) ------------
+
+# last week's plan told 5101 to run under MPS at 20 %; on Kubernetes it runs at the device
+# plugin's 100/3 (three replicas), which the exporter measures
+TOLD_20 = {
+    "recommendation": "mps",
+    "sharing": "exclusive",
+    "action": "change",
+    "mps_active_thread_percentage": 20,
+}
+RUNS_33 = {"sharing": "mps", "sizing_percentile": "p95", "mps_thread_cap_now_pct": 100 / 3}
+
+
+def _week_of(analysis, last, **now):
+    jobs, plan = previous(last, {"5101": TOLD_20})
+    return compare(_with(analysis, "5101", **now), jobs, plan, str(last))
+
+
+def _outcome_of(analysis, last, **now):
+    return next(o for o in _week_of(analysis, last, **now).applied if o.job_id == "5101")
+
+
+def test_a_client_told_20_that_runs_at_33_and_uses_30_is_not_at_its_cap(week):
+    outcome = _outcome_of(*week, sm_active_p95=0.30, **RUNS_33)
+    assert outcome.status == "applied" and "at its cap" not in outcome.warning
+
+
+def test_a_client_that_runs_at_33_and_uses_33_is_at_its_cap(week):
+    outcome = _outcome_of(*week, sm_active_p95=0.33, **RUNS_33)
+    assert outcome.status == "roll back" and "at its cap (p95 activity 33% of 33%" in outcome.warning
+
+
+def test_without_a_measured_cap_a_client_is_judged_against_the_cap_it_was_told(week):
+    outcome = _outcome_of(*week, sm_active_p95=0.30, sharing="mps", sizing_percentile="p95")
+    assert outcome.status == "roll back" and "at its cap (p95 activity 30% of 20%" in outcome.warning
+    assert "runs at" not in outcome.now and outcome.cap_now_pct is None
+
+
+def test_the_jobs_line_says_it_runs_at_another_cap_than_the_plan_asked(week, tmp_path):
+    analysis, last = week
+    jobs, plan = previous(last, {"5101": TOLD_20})
+    now = _with(analysis, "5101", sm_active_p95=0.10, job_source="kubernetes", **RUNS_33)
+    result = compare(now, jobs, plan, str(last))
+    (outcome,) = [o for o in result.applied if o.job_id == "5101"]
+    note = "runs at 33 % (the device plugin's 100/3), the plan asked 20 %"
+    assert outcome.now.endswith(note) and outcome.status == "applied"
+    assert note in markdown(now, previous=result)
+    write_report(now, tmp_path / "now", previous=result)
+    actions = json.loads((tmp_path / "now" / "week.json").read_text())["actions"]
+    action = next(a for a in actions if a["job_id"] == "5101")
+    assert (
+        action["mps_thread_cap_now_pct"] == pytest.approx(100 / 3)
+        and action["mps_thread_cap_asked_pct"] == 20
+    )
+    # jobs.json carries the cap each job runs under (null where none was measured: no MPS client)
+    rows = {j["job_id"]: j for j in json.loads((tmp_path / "now" / "jobs.json").read_text())["jobs"]}
+    assert rows["5101"]["mps_thread_cap_now_pct"] == pytest.approx(100 / 3)
+    assert all(r["mps_thread_cap_now_pct"] is None for r in rows.values() if r["sharing"] != "mps")
+
+
+def test_a_job_moved_between_mig_slices_is_compared_on_its_whole_gpus_scale():
+    # the same SMs' worth of work: 20 % of a 3g slice's 42 SMs, 60 % of a 1g slice's 14
+    then = {"sm_active_p95": 0.2, "device_sms": 42, "mig_profile_now": "3g.40gb", "gpu_model": "A100-80GB"}
+    now = {"sm_active_p95": 0.6, "device_sms": 14, "mig_profile_now": "1g.10gb", "gpu_model": "A100-80GB"}
+    whole = {"sm_active_p95": 0.0778, "device_sms": 108, "gpu_model": "A100-80GB"}
+    assert on_whole_gpu(then) == pytest.approx(on_whole_gpu(now)) == pytest.approx(8.4 / 108)
+    assert on_whole_gpu(whole) == 0.0778  # a whole GPU's figure is already on its scale

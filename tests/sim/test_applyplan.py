@@ -1,13 +1,16 @@
-"""`gpulens sim apply-plan`: week 1's scenario and report -> week 2 as an SRE who applied the plan runs it.
+"""`gpulens sim apply-plan`: week 1's scenarios and report -> week 2 as an SRE who applied the plan runs it.
 
-The week pair is tests/data/weekpair/week1.yaml: four under-used pods on GPUs 0-3 (the plan packs
-them as MPS clients onto GPU 3), two small pods on MIG 2x 3g.40gb (re-sliced to 2x 1g.10gb on
-GPU 4) and a busy trainer on GPU 5 (kept).
+The week pair is two Kubernetes nodes simulated together (tests/data/weekpair/README.md):
+week1.yaml (k8s-weekpair-1) has two small pods on MIG 2x 3g.40gb (re-sliced to 2x 1g.10gb on GPU
+0) and a busy trainer on GPU 1 (kept); week1-shared.yaml (k8s-weekpair-2) has four under-used pods
+on GPUs 0-3, which the plan packs as MPS clients onto one GPU, shared the way the NVIDIA device
+plugin's MPS shares it. Each node's week 2 is `apply_plan_files` on its scenario with the one report.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +36,9 @@ from gpulens.sim.scenario import (
 )
 from gpulens.sim.scenariofile import BUILTIN_DIR, load_scenario
 
-WEEK1 = Path(__file__).resolve().parents[1] / "data" / "weekpair" / "week1.yaml"
+WEEK1 = Path(__file__).resolve().parents[1] / "data" / "weekpair" / "week1.yaml"  # MIG + a kept trainer
+SHARED = WEEK1.parent / "week1-shared.yaml"  # the four pods the plan packs on MPS
+PAIR = (WEEK1, SHARED)
 DAY, STEP = 86400.0, 300.0
 RANKER, EMBEDDER, FEATURIZE = (
     "ml-serving/ranker-6c9f7d8b5-k2x7q",
@@ -51,14 +56,23 @@ def _report(history: Path, out: Path, *extra: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def week1(tmp_path_factory) -> tuple[Path, dict[str, Any]]:
     root = tmp_path_factory.mktemp("week1")
-    simulate(str(WEEK1), duration_s=DAY, out=root / "history", step_s=STEP, start=1_750_000_200.0)
+    simulate([str(p) for p in PAIR], duration_s=DAY, out=root / "history", step_s=STEP, start=1_750_000_200.0)
     return root / "report", _report(root / "history", root / "report")
 
 
 @pytest.fixture(scope="module")
-def week2(week1, tmp_path_factory) -> tuple[Path, Scenario]:
-    out = tmp_path_factory.mktemp("week2") / "week2.yaml"
-    return out, apply_plan_files(str(WEEK1), week1[0], out)
+def week2(week1, tmp_path_factory) -> dict[Path, tuple[Path, Scenario]]:
+    """Per week-1 scenario file: its week 2 (the YAML written, and the scenario it reads back as)."""
+    root = tmp_path_factory.mktemp("week2")
+    out = {}
+    for source in PAIR:
+        path = root / f"{source.stem}-applied.yaml"
+        out[source] = (path, apply_plan_files(str(source), week1[0], path))
+    return out
+
+
+def _applied(week2: dict[Path, tuple[Path, Scenario]]) -> list[Scenario]:
+    return [scenario for _, scenario in week2.values()]
 
 
 # (GPU UUID, mode, MIG profile, MPS thread percentage)
@@ -75,38 +89,67 @@ def _slurm(job: object) -> SlurmJob:
     return job
 
 
-def _by_workload(scenario: Scenario) -> dict[str, list[ProcessSpec]]:
+def _by_workload(*scenarios: Scenario) -> dict[str, list[ProcessSpec]]:
     out: dict[str, list[ProcessSpec]] = {}
-    for p in scenario.processes:
-        assert isinstance(p.job, KubernetesJob)
-        out.setdefault(f"{p.job.namespace}/{pod_owner(p.job.pod)}", []).append(p)
+    for scenario in scenarios:
+        for p in scenario.processes:
+            assert isinstance(p.job, KubernetesJob)
+            out.setdefault(f"{p.job.namespace}/{pod_owner(p.job.pod)}", []).append(p)
     return out
+
+
+def _device_plugin_replicas(report: Path, host: str) -> int:
+    """The MPS replicas of the device-plugin config that the report's node-labels.sh selects for
+    `host`, read from its ConfigMap as the plugin reads it."""
+    config = report / "config"
+    (key,) = [
+        word.split("=", 1)[1]
+        for line in (config / "node-labels.sh").read_text().splitlines()
+        if line.startswith(f"kubectl label node {host} ")
+        for word in shlex.split(line)
+        if word.startswith("nvidia.com/device-plugin.config=")
+    ]
+    selected = yaml.safe_load(
+        yaml.safe_load((config / "device-plugin-configmap.yaml").read_text())["data"][key]
+    )
+    (resource,) = selected["sharing"]["mps"]["resources"]
+    replicas: int = resource["replicas"]
+    return replicas
 
 
 def test_the_week1_plan_has_mps_moves_a_mig_reslice_and_a_kept_job(week1):
     _, report = week1
-    modes = {e["sharing"] for e in report["plan"]["layout"]}
-    assert {"mps", "mig", "exclusive"} <= modes and len(report["plan"]["freed"]) >= 2
+    modes = {(e["node"], e["sharing"]) for e in report["plan"]["layout"]}
+    assert {("k8s-weekpair-2", "mps"), ("k8s-weekpair-1", "mig"), ("k8s-weekpair-1", "exclusive")} <= modes
+    assert len(report["plan"]["freed"]) >= 2
     assert report["jobs"]["research/pretrain-llm-0"]["action"] == "keep"
 
 
+def test_the_mps_node_gets_the_device_plugins_mps_with_a_replica_per_client(week1):
+    report, plan = week1
+    (mps,) = [e for e in plan["plan"]["layout"] if e["sharing"] == "mps"]
+    assert _device_plugin_replicas(report, "k8s-weekpair-2") == len(mps["jobs"]) == 4
+
+
 def test_every_job_runs_where_the_plan_puts_it_in_its_mode(week1, week2):
-    _, report = week1
-    _, applied = week2
-    uuids = {g.uuid: g for g in applied.gpus}
-    procs = _by_workload(applied)
+    report_dir, report = week1
+    applied = _applied(week2)
+    uuids = {g.uuid: g for scenario in applied for g in scenario.gpus}
+    procs = _by_workload(*applied)
+    daemon = 100 // _device_plugin_replicas(report_dir, "k8s-weekpair-2")
     for entry in report["plan"]["layout"]:
         gpu = uuids[entry["uuid"]]
         for job in entry["jobs"]:
             (proc,) = procs[report["jobs"][job]["workload"]]
             assert proc.gpu == gpu.index
             if entry["sharing"] == "mps":
+                # the device plugin's MPS: no thread share of the pod's own, the daemon's 100 / replicas
                 (client,) = [c for c in entry["mps_clients"] if c["job_id"] == job]
-                env = dict(proc.environ)
                 assert proc.kind == "mps_client" and gpu.mps is not None
-                assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(
-                    client["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]
-                )
+                assert THREAD_PERCENTAGE not in dict(proc.environ)
+                assert gpu.mps.active_thread_percentage == daemon
+                assert gpu.mps.pipe_dir == "/mps/nvidia.com/gpu/pipe"
+                assert proc.sm_cap == pytest.approx(daemon / 100)
                 assert proc.memory_limit_bytes == client["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]
             elif entry["sharing"] == "mig":
                 (placed,) = [s for s in entry["mig_layout"] if s["job_id"] == job]
@@ -120,48 +163,45 @@ def test_the_mig_gpu_is_resliced_as_mig_parted_says(week1, week2):
     config = yaml.safe_load((week1[0] / "config" / "mig-parted.yaml").read_text())
     (entry,) = config["mig-configs"]["gpulens-k8s-weekpair-1"]
     (index,) = entry["devices"]
-    layout = week2[1].gpus[index].mig
+    layout = week2[WEEK1][1].gpus[index].mig
     assert layout is not None and sorted(i.profile.name for i in layout) == sorted(
         p for p, n in entry["mig-devices"].items() for _ in range(n)
     )
 
 
 def test_freed_gpus_are_left_empty(week1, week2):
-    _, applied = week2
     freed = {g["uuid"] for g in week1[1]["plan"]["freed"]}
-    empty = [g for g in applied.gpus if g.uuid in freed]
+    empty = [(a, g) for a in _applied(week2) for g in a.gpus if g.uuid in freed]
     assert len(empty) == len(freed)
-    assert all(g.mps is None and not any(p.gpu == g.index for p in applied.processes) for g in empty)
+    assert all(g.mps is None and not any(p.gpu == g.index for p in a.processes) for a, g in empty)
 
 
 def test_rolled_out_pods_are_renamed_by_their_owner_kind(week2):
-    jobs = [_kubernetes(p.job) for p in week2[1].processes]
+    jobs = [_kubernetes(p.job) for p in week2[SHARED][1].processes]
     procs = {f"{j.namespace}/{pod_owner(j.pod)}": j for j in jobs}
     ranker = procs["ml-serving/ranker"]  # a Deployment's pod: new ReplicaSet hash and suffix
     assert ranker.pod.startswith("ranker-") and ranker.pod != "ranker-6c9f7d8b5-k2x7q"
     assert [len(p) for p in ranker.pod.split("-")[1:]] == [9, 5]
     assert set(ranker.pod.split("-")[1:]).isdisjoint({"6c9f7d8b5", "k2x7q"})
     embedder = procs["ml-serving/embedder-0"]  # a StatefulSet's pod keeps its name, not its UID
-    was = _kubernetes(load_scenario(WEEK1).processes[1].job)
+    was = _kubernetes(load_scenario(SHARED).processes[1].job)
     assert embedder.pod == "embedder-0" and embedder.pod_uid != was.pod_uid
     featurize = procs["batch/featurize"]  # a Job's pod: a new suffix
     assert featurize.pod.startswith("featurize-") and featurize.pod != "featurize-x7k2p"
 
 
 def test_moved_processes_get_new_pids_and_start_at_week2s_start(week2):
-    week1 = {p.pid for p in load_scenario(WEEK1).processes}
-    moved = [p for p in week2[1].processes if p.pid not in week1]
+    week1 = {p.pid for source in PAIR for p in load_scenario(source).processes}
+    moved = [p for applied in _applied(week2) for p in applied.processes if p.pid not in week1]
     assert len(moved) == 6 and all(p.start == 0 for p in moved)
 
 
 def test_the_kept_job_is_byte_for_byte_the_same(week2):
-    before = yaml.safe_load(WEEK1.read_text())["processes"]
-    after = yaml.safe_load(week2[0].read_text())["processes"]
-    (kept,) = [p for p in before if p["job"]["kubernetes"]["pod"] == "pretrain-llm-0"]
-    assert kept in after
-    assert [g for g in yaml.safe_load(week2[0].read_text())["gpus"]][-1] == yaml.safe_load(WEEK1.read_text())[
-        "gpus"
-    ][-1]
+    before = yaml.safe_load(WEEK1.read_text())
+    after = yaml.safe_load(week2[WEEK1][0].read_text())
+    (kept,) = [p for p in before["processes"] if p["job"]["kubernetes"]["pod"] == "pretrain-llm-0"]
+    assert kept in after["processes"]
+    assert after["gpus"][-1] == before["gpus"][-1]  # its GPU, as written
 
 
 def _sms(scenario: Scenario, p: ProcessSpec) -> int:
@@ -173,30 +213,33 @@ def _sms(scenario: Scenario, p: ProcessSpec) -> int:
 
 def test_moving_a_job_keeps_its_workload_in_sms(week2):
     # the same work is the same SMs: a share of a slice becomes a smaller share of a whole GPU
-    week1 = load_scenario(WEEK1)
-    before = {pod_owner(_kubernetes(p.job).pod): (p, _sms(week1, p)) for p in week1.processes}
     moved_across = 0
-    for p in week2[1].processes:
-        was, sms = before[pod_owner(_kubernetes(p.job).pod)]
-        assert p.workload.sm * _sms(week2[1], p) == pytest.approx(was.workload.sm * sms, abs=1e-4)
-        # the rest as it was, but a kernel never runs wider than all the time (busy >= sm)
-        assert replace(p.workload, sm=was.workload.sm, busy=was.workload.busy) == was.workload
-        assert p.workload.busy is None or p.workload.busy == max(was.workload.busy or 0.0, p.workload.sm)
-        moved_across += _sms(week2[1], p) != sms
+    for source, (_, applied) in week2.items():
+        week1 = load_scenario(source)
+        before = {pod_owner(_kubernetes(p.job).pod): (p, _sms(week1, p)) for p in week1.processes}
+        for p in applied.processes:
+            was, sms = before[pod_owner(_kubernetes(p.job).pod)]
+            assert p.workload.sm * _sms(applied, p) == pytest.approx(was.workload.sm * sms, abs=1e-4)
+            # the rest as it was, but a kernel never runs wider than all the time (busy >= sm)
+            assert replace(p.workload, sm=was.workload.sm, busy=was.workload.busy) == was.workload
+            assert p.workload.busy is None or p.workload.busy == max(was.workload.busy or 0.0, p.workload.sm)
+            moved_across += _sms(applied, p) != sms
     assert moved_across  # the week pair moves jobs between a slice and a whole GPU
 
 
 def test_the_output_validates_and_reads_back_equal(week2, capsys):
-    out, applied = week2
-    assert main(["sim", "validate", str(out)]) == 0
-    assert load_scenario(out) == applied
+    for out, applied in week2.values():
+        assert main(["sim", "validate", str(out)]) == 0
+        assert load_scenario(out) == applied
 
 
-def test_a_grown_job_binds_its_thread_cap_in_week2(week1, tmp_path):
+def test_a_grown_job_binds_its_device_plugin_thread_cap_in_week2(week1, tmp_path):
     out = tmp_path / "grown.yaml"
-    applied = apply_plan_files(str(WEEK1), week1[0], out, parse_grow([f"{RANKER}=3"]))
+    applied = apply_plan_files(str(SHARED), week1[0], out, parse_grow([f"{RANKER}=3"]))
     (ranker,) = _by_workload(applied)["ml-serving/ranker"]
-    assert ranker.workload.sm == pytest.approx(0.36) and ranker.sm_cap is not None and ranker.sm_cap < 0.36
+    daemon = 100 // _device_plugin_replicas(week1[0], "k8s-weekpair-2")  # 25 %: four clients
+    assert ranker.workload.sm == pytest.approx(0.36) and ranker.sm_cap == pytest.approx(daemon / 100)
+    assert ranker.sm_cap < 0.36
     alone = {**yaml.safe_load(out.read_text())}
     alone["processes"] = [p for p in alone["processes"] if p["pid"] == ranker.pid]
     path = tmp_path / "alone.yaml"
@@ -212,11 +255,11 @@ def test_a_grown_job_binds_its_thread_cap_in_week2(week1, tmp_path):
     [
         ("no-plan", "plan.json: expected a report file (gpulens report --out DIR), found none"),
         ("bad-json", "plan.json: expected valid JSON"),
-        ("foreign-gpu", "plan.json: layout[0].uuid: expected a GPU of k8s-weekpair-1, found 'GPU-nope'"),
-        ("bad-sharing", "plan.json: layout[0].sharing: expected one of mig, mps, unchanged"),
+        ("foreign-gpu", "plan.json: layout[{i}].uuid: expected a GPU of k8s-weekpair-1, found 'GPU-nope'"),
+        ("bad-sharing", "plan.json: layout[{i}].sharing: expected one of mig, mps, unchanged"),
         ("unknown-job", "'ns/ghost': expected a job of scenario weekpair-week1, found none"),
         ("jobs-disagree", ".proposed_gpu: expected GPU-"),
-        ("mig-parted-disagrees", "mig-devices: expected {'1g.10gb': 2} on GPU 4 as plan.json slices it"),
+        ("mig-parted-disagrees", "mig-devices: expected {{'1g.10gb': 2}} on GPU 0 as plan.json slices it"),
     ],
 )
 def test_bad_report_input_gets_one_line_errors(week1, tmp_path, breaks, message):
@@ -224,18 +267,21 @@ def test_bad_report_input_gets_one_line_errors(week1, tmp_path, breaks, message)
     shutil.copytree(week1[0], report, symlinks=False)
     plan_path, jobs_path = report / "plan.json", report / "jobs.json"
     plan, jobs = json.loads(plan_path.read_text()), json.loads(jobs_path.read_text())
+    # what is broken is on week1.yaml's node: the entries of the other node are not its to read
+    i = next(k for k, e in enumerate(plan["layout"]) if e["node"] == "k8s-weekpair-1")
+    ours = {job for e in plan["layout"] if e["node"] == "k8s-weekpair-1" for job in e["jobs"]}
     if breaks == "no-plan":
         plan_path.unlink()
     elif breaks == "bad-json":
         plan_path.write_text("{")
     elif breaks == "foreign-gpu":
-        plan["layout"][0]["uuid"] = "GPU-nope"
+        plan["layout"][i]["uuid"] = "GPU-nope"
     elif breaks == "bad-sharing":
-        plan["layout"][0]["sharing"] = "sliced"
+        plan["layout"][i]["sharing"] = "sliced"
     elif breaks == "unknown-job":
-        plan["layout"][0]["jobs"].append("ns/ghost")
+        plan["layout"][i]["jobs"].append("ns/ghost")
     elif breaks == "jobs-disagree":
-        jobs["jobs"][0]["proposed_gpu"] = "GPU-elsewhere"
+        next(j for j in jobs["jobs"] if j["job_id"] in ours)["proposed_gpu"] = "GPU-elsewhere"
     elif breaks == "mig-parted-disagrees":
         mig = report / "config" / "mig-parted.yaml"
         mig.write_text(mig.read_text().replace("1g.10gb: 2", "2g.20gb: 1"))
@@ -244,14 +290,14 @@ def test_bad_report_input_gets_one_line_errors(week1, tmp_path, breaks, message)
         jobs_path.write_text(json.dumps(jobs))
     with pytest.raises(ApplyPlanError) as error:
         apply_plan_files(str(WEEK1), report, tmp_path / "out.yaml")
-    assert message in str(error.value) and "\n" not in str(error.value)
+    assert message.format(i=i) in str(error.value) and "\n" not in str(error.value)
     assert not (tmp_path / "out.yaml").exists()
 
 
 def test_the_command_reports_bad_input_on_one_line(week1, tmp_path, capsys):
     out = str(tmp_path / "o.yaml")
     code = main(
-        ["sim", "apply-plan", str(WEEK1), "--report", str(week1[0]), "--out", out, "--grow", "ranker"]
+        ["sim", "apply-plan", str(SHARED), "--report", str(week1[0]), "--out", out, "--grow", "ranker"]
     )
     err = capsys.readouterr().err
     assert (
@@ -261,12 +307,17 @@ def test_the_command_reports_bad_input_on_one_line(week1, tmp_path, capsys):
 
 
 def _placed(report: dict[str, Any]) -> dict[str, Placed]:
-    """Per workload: (GPU UUID, mode, MIG profile, MPS thread percentage) as the plan places it. A
-    GPU the plan leaves `unchanged` runs as its jobs run now, each MPS client under the cap its
-    row keeps (the dead band: `analyzer/hysteresis.py`)."""
+    """Per workload: (GPU UUID, mode, MIG profile, MPS thread percentage) as the plan places it. An
+    MPS client's percentage is the share the plan sized it to (`sized_thread_percentage` where the
+    device plugin's equal split gives it more: `analyzer/planasrun.py`). A GPU the plan leaves
+    `unchanged` runs as its jobs run now, each MPS client at the share its row keeps (the dead
+    band: `analyzer/hysteresis.py`)."""
     by_job: dict[str, Placed] = {}
     for entry in report["plan"]["layout"]:
-        caps = {c["job_id"]: c["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for c in entry.get("mps_clients", [])}
+        caps = {
+            c["job_id"]: c.get("sized_thread_percentage", c["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
+            for c in entry.get("mps_clients", [])
+        }
         slices = {s["job_id"]: s["profile"] for s in entry.get("mig_layout", [])}
         for job in entry["jobs"]:
             row = report["jobs"][job]
@@ -275,7 +326,9 @@ def _placed(report: dict[str, Any]) -> dict[str, Placed]:
                 placed = (
                     mode,
                     row["mig_profile_now"] or None,
-                    row["mps_active_thread_percentage"] if mode == "mps" else None,
+                    (row.get("mps_sized_thread_percentage") or row["mps_active_thread_percentage"])
+                    if mode == "mps"
+                    else None,
                 )
             else:
                 placed = (entry["sharing"], slices.get(job), caps.get(job))
@@ -287,7 +340,11 @@ def _placed(report: dict[str, Any]) -> dict[str, Placed]:
 def week2_report(week1, week2, tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("week2-report")
     simulate(
-        str(week2[0]), duration_s=DAY, out=root / "history", step_s=STEP, start=1_750_000_200.0 + 7 * DAY
+        [str(path) for path, _ in week2.values()],
+        duration_s=DAY,
+        out=root / "history",
+        step_s=STEP,
+        start=1_750_000_200.0 + 7 * DAY,
     )
     # with last week's report, as an SRE runs it: the caps it gave are what the clients run under
     return _report(root / "history", root / "report", "--previous", str(week1[0]))

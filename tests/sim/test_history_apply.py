@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpulens.analyzer.emit import CONFIGMAP_FILE, LABELS_FILE, configmap_text, labels_text
 from gpulens.analyzer.history import HistoryWriter, read_history
 from gpulens.analyzer.importers import import_trace
 from gpulens.analyzer.pipeline import analyze_history
@@ -267,3 +268,34 @@ def test_requests_packed_as_planned_free_nothing_more(tmp_path, th):
     assert (week1.gpus_before, week1.gpus_after) == (4, 2)
     assert (week2.gpus_before, week2.gpus_after, week2.gpus_freed) == (2, 2, 0)
     assert "as they run now (3 fractional pods" in week2.notes[0]
+
+
+# --- a node the report's device-plugin files relabel (sim/nodesharing.py) -----------------------
+
+
+def _with_device_plugin(report: Path, sharing: str, replicas: int) -> Path:
+    """`report` with the device-plugin files emit writes: node n1 selects one shared config."""
+    block = {"resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}
+    config = {"version": "v1", "flags": {"migStrategy": "mixed"}, "sharing": {sharing: block}}
+    (report / "config").mkdir()
+    (report / "config" / CONFIGMAP_FILE).write_text(configmap_text({"shared": config}))
+    (report / "config" / LABELS_FILE).write_text(labels_text({"n1": "shared"}, {}))
+    return report
+
+
+def test_on_a_device_plugin_mps_node_every_client_runs_at_100_over_replicas(tmp_path):
+    before = _history(tmp_path / "before")
+    report = _with_device_plugin(_report(tmp_path / "report"), "mps", 4)
+    apply_plan_history(before, report, tmp_path / "after")
+    after = read_history(tmp_path / "after").samples
+    # b asks 30 % of the SMs: the plan's 20 % is not in force, the daemon's 25 % is (a: 20 % < 25 %)
+    assert _value(after, "gpu_sm_active_ratio", uuid=_uuid(0)) == pytest.approx(0.2 + 0.25)
+
+
+def test_on_a_node_whose_config_time_slices_planned_mps_jobs_share_the_gpu_by_time(tmp_path):
+    before = _history(tmp_path / "before")
+    report = _with_device_plugin(_report(tmp_path / "report"), "timeSlicing", 4)
+    apply_plan_history(before, report, tmp_path / "after")
+    after = read_history(tmp_path / "after").samples
+    assert set(_rows(after, "gpu_job_info", uuid=_uuid(0))["sharing"]) == {"time_slicing"}
+    assert _value(after, "gpu_sm_active_ratio", uuid=_uuid(0)) == pytest.approx(0.2 + 0.3)  # no caps

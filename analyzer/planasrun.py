@@ -1,0 +1,251 @@
+"""The plan after the tools' limits: what the device plugin will actually run, said by the plan itself.
+
+The packer plans MPS per GPU, with a thread percentage per client. On Kubernetes the NVIDIA device
+plugin cannot always run that (`pluginsharing.py`): a node that keeps whole or MIG GPUs, or
+time-sliced ones, or a client planned above the plugin's equal split is time-sliced; where it
+does run MPS, every client gets `100 // replicas` of the threads, not its own share. `emit` writes
+the files that way, so the plan must say the same, or the report promises caps that will not
+exist and a fleet that applied the files is proposed MPS again next week (no fixed point).
+
+`as_run` makes that one decision per Kubernetes node, before anything is written, and returns
+the plan as it will run:
+
+- a node time-sliced instead: its planned MPS GPUs become time-slicing GPUs in the layout (no
+  `mps_clients`; `planned_sharing` and `adjustment` say what was planned and why), and each of
+  their jobs is moved to time-slicing with the adjustment's message as its reason (`plan.moved`,
+  which `changes.annotate` applies to jobs.json, the job tables and the changes per node);
+- a node that runs MPS: each client's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` is the plugin's
+  `100 // replicas`; a smaller planned share stays as the client's `sized_thread_percentage`
+  (the job's `mps_sized_thread_percentage`): its sized demand, not its cap. This holds on a node
+  the plan leaves as it runs too (replicas counted as emit counted them when it set the node up),
+  so next week's plan and its dead band see the cap that runs; such a node is never time-sliced
+  here, since the plan changes nothing on it.
+
+Slurm nodes are left alone: Slurm's `--gres=mps:<n>` gives each job its own share. Data flows one
+way: plan -> this step -> `annotate` / `emit`, and emit, asking the same `node_sharing`, finds
+nothing left to change.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pandas as pd
+
+from gpulens.analyzer import frames
+from gpulens.analyzer import hosts as fleet
+from gpulens.analyzer.emit import FleetContext
+from gpulens.analyzer.hosts import Adjustment, Family, Orchestrator, PlacedGpu
+from gpulens.analyzer.kinds import Kind
+from gpulens.analyzer.nodestate import Changes, Mode, changes
+from gpulens.analyzer.plan import Plan
+from gpulens.analyzer.pluginsharing import (
+    THREAD_PERCENTAGE,
+    TO_TIME_SLICING,
+    NodeSharing,
+    PluginSharing,
+    plugin_nodes,
+)
+
+SIZED = "sized_thread_percentage"  # a client's planned share where the plugin gives it more
+SIZED_COLUMN = "mps_sized_thread_percentage"  # the same, as the job's column
+
+
+@dataclass(frozen=True)
+class PlanAsRun:
+    """The plan as the device plugin will run it, and the changes made to the plan for it (shown
+    with emit's own adjustments)."""
+
+    plan: Plan
+    adjustments: tuple[Adjustment, ...]
+
+
+def as_run(plan: Plan, recs: pd.DataFrame, context: FleetContext) -> PlanAsRun:
+    """The plan with each Kubernetes node's MPS as the device plugin runs it (module docstring);
+    `recs` gives the jobs' memory need (their GPU fraction in the mode they get) and, for jobs on
+    GPUs the plan keeps as they run, their sized thread percentage."""
+    placement = fleet.place(plan.layout, context.inventory, context.job_uuids, context.windows)
+    delta = changes(placement, context.now, context.now_known)
+    kubernetes = [
+        h for h in context.inventory.hosts() if context.inventory.orchestrator(h) is Orchestrator.KUBERNETES
+    ]
+    nodes = plugin_nodes(placement, context.windows, delta, kubernetes)
+    fractions = _memory_fractions(recs)
+    sized = _thread_percentages(recs)
+    entries: dict[int, dict[str, Any]] = {}  # id(layout entry) -> the entry as it will run
+    moved = dict(plan.moved)
+    made: list[Adjustment] = []
+    on_host: dict[str, list[PlacedGpu]] = {}
+    for gpu in placement.gpus:
+        on_host.setdefault(gpu.host, []).append(gpu)
+    for node in nodes:
+        placed = on_host.get(node.host, [])
+        mps = [g for g in placed if g.family is Family.MPS]
+        changed = node.host in delta.hosts
+        if node.sharing is PluginSharing.TIME_SLICING and mps:
+            why = next((a for a in node.adjustments if a.what in TO_TIME_SLICING), None)
+            if why is None or not changed:  # a node left as it runs keeps its mode
+                continue
+            made.append(why)
+            for gpu in mps:
+                entries[id(gpu.entry)] = _time_sliced(gpu, why, context.windows)
+                for job in gpu.jobs:
+                    moved[job] = _job_time_sliced(moved.get(job), why, fractions.get(job))
+        elif node.sharing is PluginSharing.MPS and node.thread_percentage is not None:
+            share = node.thread_percentage
+            raised: list[tuple[str, int]] = []  # (job, its planned share) where it differs
+            for gpu in mps:
+                entries[id(gpu.entry)] = _equal_share(gpu, share)
+                raised += [
+                    (str(c["job_id"]), int(c.get(THREAD_PERCENTAGE) or 0))
+                    for c in gpu.entry.get("mps_clients", [])
+                ]
+            # GPUs the plan keeps as they run MPS now: their jobs run under the same share
+            raised += [
+                (job, sized[job])
+                for gpu in placed
+                if gpu.family is Family.UNCHANGED and _runs_mps(gpu, delta)
+                for job in gpu.jobs
+                if job in sized
+            ]
+            raised = [(job, pct) for job, pct in raised if pct != share]
+            for job, pct in raised:
+                moved[job] = _job_equal_share(moved.get(job), node, pct, fractions.get(job))
+            if raised and changed:  # a node left as it runs: said on its jobs, not as a change
+                made.append(
+                    Adjustment(
+                        "mps-equal-share",
+                        node.host,
+                        tuple(job for job, _ in raised),
+                        f"the device plugin's MPS control daemon gives each of {node.replicas} clients on "
+                        f"{node.host} {share} % of the threads (100 // replicas): the plan's own shares "
+                        f"({', '.join(f'{job} {pct} %' for job, pct in raised)}) are those jobs' sized "
+                        "demand, not caps",
+                    )
+                )
+    if moved == plan.moved and not entries:
+        return PlanAsRun(plan, tuple(made))
+    layout = [entries.get(id(e), e) for e in plan.layout]
+    return PlanAsRun(
+        replace(plan, layout=layout, moved=moved, node_groups=_groups(plan.node_groups, layout)),
+        tuple(made),
+    )
+
+
+def _runs_mps(gpu: PlacedGpu, delta: Changes) -> bool:
+    now = delta.now.get(gpu.uuid)
+    return now is not None and now.mode is Mode.MPS
+
+
+def _thread_percentages(recs: pd.DataFrame) -> dict[str, int]:
+    """job -> the thread percentage recommend (and the dead band) sized it at, where it has one."""
+    if not {"job_id", "mps_active_thread_percentage"} <= set(recs.columns):
+        return {}
+    out: dict[str, int] = {}
+    for row in frames.rows(recs[["job_id", "mps_active_thread_percentage"]]):
+        pct = _number(row.mps_active_thread_percentage)
+        if pct is not None and pct > 0:
+            out[str(row.job_id)] = int(pct)
+    return out
+
+
+def _number(value: object) -> float | None:
+    """A finite number, or None (a column's None, NaN, or anything else)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's scalars are Real
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _memory_fractions(recs: pd.DataFrame) -> dict[str, float]:
+    """job -> its memory need as a fraction of its GPU (a time-sliced job's GPU fraction)."""
+    if not {"job_id", "memory_need_bytes", "device_memory_bytes"} <= set(recs.columns):
+        return {}
+    out: dict[str, float] = {}
+    for row in frames.rows(recs[["job_id", "memory_need_bytes", "device_memory_bytes"]]):
+        need, device = _number(row.memory_need_bytes), _number(row.device_memory_bytes)
+        if need is not None and device is not None and device > 0:
+            out[str(row.job_id)] = need / device
+    return out
+
+
+def _time_sliced(
+    gpu: PlacedGpu, why: Adjustment, windows: Mapping[str, tuple[float, float]]
+) -> dict[str, Any]:
+    """A planned MPS GPU's layout entry as the time-sliced GPU it will be."""
+    entry = {k: v for k, v in gpu.entry.items() if k != "mps_clients"}
+    entry.update(
+        sharing=Kind.TIME_SLICING.value,
+        replicas=fleet.concurrent_jobs(gpu.entry, windows),
+        planned_sharing=Kind.MPS.value,
+        adjustment=why.what,
+    )
+    return entry
+
+
+def _equal_share(gpu: PlacedGpu, share: int) -> dict[str, Any]:
+    """A planned MPS GPU's layout entry with each client at the plugin's share; a different planned
+    share kept as the client's sized demand."""
+    clients = []
+    for client in gpu.entry.get("mps_clients", []):
+        planned = int(client.get(THREAD_PERCENTAGE) or 0)
+        clients.append({**client, THREAD_PERCENTAGE: share, **({SIZED: planned} if planned != share else {})})
+    return {**gpu.entry, "mps_clients": clients}
+
+
+def _noted(before: Mapping[str, Any] | None, note: str) -> str:
+    earlier = str((before or {}).get("note") or "")
+    return f"{earlier}; {note}" if earlier else note
+
+
+def _job_time_sliced(
+    before: Mapping[str, Any] | None, why: Adjustment, memory: float | None
+) -> dict[str, Any]:
+    """A job's plan entry (`plan.moved`) once its planned MPS GPU is time-sliced."""
+    change = {k: v for k, v in (before or {}).items() if k != "kept"}
+    change.update(
+        recommendation=Kind.TIME_SLICING.value,
+        mps_active_thread_percentage=None,
+        mps_pinned_memory_limit_bytes=None,
+        note=_noted(before, f"time-sliced, not MPS: {why.message}"),
+    )
+    if memory is not None:
+        change["gpu_fraction"] = memory  # what recommend gives a time-sliced job: its memory need
+    return change
+
+
+def _job_equal_share(
+    before: Mapping[str, Any] | None, node: NodeSharing, planned: int, memory: float | None
+) -> dict[str, Any]:
+    """A job's plan entry (`plan.moved`) on a node whose MPS clients all get the plugin's share."""
+    share = node.thread_percentage or planned
+    change = dict(before or {})  # a job the plan keeps as it runs stays kept
+    change.update(
+        recommendation=Kind.MPS.value,
+        mps_active_thread_percentage=share,
+        note=_noted(
+            before,
+            f"the device plugin gives each of {node.replicas} MPS clients on {node.host} {share} % of the "
+            f"threads; {planned} % is its sized demand",
+        ),
+    )
+    change[SIZED_COLUMN] = planned
+    if memory is not None:
+        change["gpu_fraction"] = max(memory, share / 100)  # as recommend sizes an MPS job
+    return change
+
+
+def _groups(groups: Mapping[str, dict[str, Any]], layout: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Node groups whose every GPU the step time-sliced say so."""
+    sharing = {str(e.get("gpu")): e.get("sharing") for e in layout}
+    out = {}
+    for name, group in groups.items():
+        kinds = {sharing.get(str(g)) for g in group.get("gpus", [])}
+        if group.get("sharing") == Kind.MPS and kinds == {Kind.TIME_SLICING.value}:
+            group = {**group, "sharing": Kind.TIME_SLICING.value}
+        out[name] = group
+    return out

@@ -1,0 +1,225 @@
+"""The plan says what the device plugin will run (issue 30 items 1, 2 and 4): `planasrun.as_run`.
+
+A Kubernetes node's planned MPS that the device plugin cannot run is time-slicing in the plan
+itself, and where it does run MPS each client's share is the plugin's `100 // replicas`; Slurm
+nodes keep their per-job MPS shares. Two nodes are checked end to end (tests/data/planasrun/):
+one whose planned MPS sits beside MIG and a whole trainer, one of whole GPUs only; plan.json,
+jobs.json and the summary agree with the ConfigMap.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+from gpulens.analyzer import emit as em
+from gpulens.analyzer.planasrun import as_run
+from gpulens.cli import main
+from gpulens.sim.applyplan import apply_plan_files
+from gpulens.sim.history import simulate
+from tests.analyzer.test_emit import context, mps_gpu, plan, whole_gpu
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "planasrun"
+START = 1_750_000_200.0
+NO_RECS = pd.DataFrame({"job_id": []})
+THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+def _clients(entry):
+    return {c["job_id"]: c for c in entry.get("mps_clients", [])}
+
+
+# ---------------------------------------------------------------- one node at a time
+
+
+def test_a_kubernetes_node_of_mps_gpus_alone_keeps_mps_with_the_plugins_share_per_client():
+    ctx = context({"k8s-1": 1}, "kubernetes", "abc")
+    run = as_run(plan(mps_gpu("g", ("a", 10), ("b", 20), ("c", 30))), NO_RECS, ctx)
+    [entry] = run.plan.layout
+    assert entry["sharing"] == "mps"
+    assert {j: c[THREADS] for j, c in _clients(entry).items()} == {"a": 33, "b": 33, "c": 33}
+
+
+def test_a_planned_share_below_the_plugins_is_kept_as_the_clients_sized_demand():
+    ctx = context({"k8s-1": 1}, "kubernetes", "abc")
+    run = as_run(plan(mps_gpu("g", ("a", 10), ("b", 20), ("c", 30))), NO_RECS, ctx)
+    [entry] = run.plan.layout
+    assert {j: c.get("sized_thread_percentage") for j, c in _clients(entry).items()} == {
+        "a": 10,
+        "b": 20,
+        "c": 30,
+    }
+    moved = run.plan.moved["a"]
+    assert (moved["mps_active_thread_percentage"], moved["mps_sized_thread_percentage"]) == (33, 10)
+    assert "33 % of the threads; 10 % is its sized demand" in moved["note"]
+    assert [a.what for a in run.adjustments] == ["mps-equal-share"]
+
+
+def test_emit_writes_the_mps_node_the_plan_describes_and_changes_nothing_more():
+    ctx = context({"k8s-1": 1}, "kubernetes", "abc")
+    run = as_run(plan(mps_gpu("g", ("a", 10), ("b", 20), ("c", 30))), NO_RECS, ctx)
+    out = em.emit(run.plan, ctx, run.adjustments)
+    assert "k8s-1 nvidia.com/device-plugin.config=gpulens-mps-3 " in out.files["node-labels.sh"]
+    assert [a.what for a in out.adjustments] == ["mps-equal-share"]
+
+
+def test_mps_beside_a_whole_gpu_is_time_slicing_in_the_plan_with_the_reason_on_each_job():
+    ctx = context({"k8s-1": 2}, "kubernetes", "abx")
+    run = as_run(plan(mps_gpu("g", ("a", 30), ("b", 30)), whole_gpu("w", "x")), NO_RECS, ctx)
+    shared = next(e for e in run.plan.layout if e["gpu"] == "g")
+    assert (shared["sharing"], "mps_clients" in shared, shared["replicas"]) == ("time-slicing", False, 2)
+    assert (shared["planned_sharing"], shared["adjustment"]) == ("mps", "mps-beside-whole")
+    for job in "ab":
+        assert run.plan.moved[job]["recommendation"] == "time-slicing"
+        assert run.plan.moved[job]["mps_active_thread_percentage"] is None
+        assert "also runs whole GPUs" in run.plan.moved[job]["note"]
+
+
+def test_clients_planned_above_the_equal_split_make_the_plan_time_slice_their_node():
+    ctx = context({"k8s-1": 2}, "kubernetes", "abc")
+    run = as_run(plan(mps_gpu("g", ("a", 55), ("b", 20), ("c", 10))), NO_RECS, ctx)
+    assert [e["sharing"] for e in run.plan.layout] == ["time-slicing"]
+    assert {run.plan.moved[j]["recommendation"] for j in "abc"} == {"time-slicing"}
+    assert [a.what for a in run.adjustments] == ["mps-equal-split"]
+
+
+def test_mps_beside_a_time_sliced_gpu_is_time_sliced_too_and_says_so():
+    sliced = {"gpu": "t", "model": "A100-SXM4-40GB", "sharing": "time-slicing", "jobs": ["c", "d"]}
+    ctx = context({"k8s-1": 2}, "kubernetes", "abcd")
+    run = as_run(plan(mps_gpu("g", ("a", 30), ("b", 30)), sliced), NO_RECS, ctx)
+    assert [e["sharing"] for e in run.plan.layout] == ["time-slicing", "time-slicing"]
+    assert [a.what for a in run.adjustments] == ["mps-beside-time-slicing"]
+
+
+def test_emit_of_the_plan_as_run_finds_no_mps_left_to_downgrade():
+    ctx = context({"k8s-1": 2}, "kubernetes", "abx")
+    run = as_run(plan(mps_gpu("g", ("a", 30), ("b", 30)), whole_gpu("w", "x")), NO_RECS, ctx)
+    out = em.emit(run.plan, ctx, run.adjustments)
+    assert [a.what for a in out.adjustments] == ["mps-beside-whole", "shared-node"]
+    assert "nvidia.com/device-plugin.config=gpulens-time-slicing-2 " in out.files["node-labels.sh"]
+
+
+def test_a_time_sliced_job_gets_its_memory_need_as_its_gpu_fraction():
+    recs = pd.DataFrame(
+        {"job_id": ["a", "b"], "memory_need_bytes": [4e9, 8e9], "device_memory_bytes": [40e9, 40e9]}
+    )
+    ctx = context({"k8s-1": 2}, "kubernetes", "abx")
+    run = as_run(plan(mps_gpu("g", ("a", 30), ("b", 30)), whole_gpu("w", "x")), recs, ctx)
+    assert (run.plan.moved["a"]["gpu_fraction"], run.plan.moved["b"]["gpu_fraction"]) == (0.1, 0.2)
+
+
+def test_slurm_nodes_keep_their_per_job_mps_shares():
+    layout = plan(mps_gpu("g", ("a", 10), ("b", 20), ("c", 30)), whole_gpu("w", "x"))
+    run = as_run(layout, NO_RECS, context({"node-7": 2}, "slurm", "abcx"))
+    assert (run.plan, run.adjustments) == (layout, ())
+    assert {j: c[THREADS] for j, c in _clients(run.plan.layout[0]).items()} == {"a": 10, "b": 20, "c": 30}
+
+
+# ---------------------------------------------------------------- whole reports, end to end
+
+
+def _report(root: Path, scenario: Path) -> Path:
+    simulate(str(scenario), duration_s=86400.0, out=root / "history", step_s=300.0, start=START)
+    assert main(["report", "--history", str(root / "history"), "--out", str(root / "report")]) == 0
+    return root / "report"
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> Path:
+    """The report of a node whose planned MPS GPU sits beside MIG and a whole trainer."""
+    return _report(tmp_path_factory.mktemp("mixed"), DATA / "mps-beside-mig.yaml")
+
+
+@pytest.fixture(scope="module")
+def mps_only(tmp_path_factory) -> Path:
+    """The report of a node of whole GPUs whose plan packs four pods as MPS clients on one."""
+    return _report(tmp_path_factory.mktemp("mps"), DATA / "mps-only.yaml")
+
+
+def _node_config(report: Path, node: str) -> dict[str, Any]:
+    """The device-plugin config node-labels.sh selects for `node`."""
+    labels = (report / "config" / "node-labels.sh").read_text()
+    key = re.search(rf"kubectl label node {node} nvidia.com/device-plugin.config=(\S+)", labels)
+    assert key is not None, labels
+    configmap = yaml.safe_load((report / "config" / "device-plugin-configmap.yaml").read_text())
+    config: dict[str, Any] = yaml.safe_load(configmap["data"][key[1]])
+    return config
+
+
+def _shared(report: Path) -> list[dict[str, Any]]:
+    """The GPUs plan.json shares (MPS or time-slicing)."""
+    layout = json.loads((report / "plan.json").read_text())["layout"]
+    return [e for e in layout if e["sharing"] in ("mps", "time-slicing")]
+
+
+def _jobs(report: Path) -> dict[str, dict[str, Any]]:
+    return {j["job_id"]: j for j in json.loads((report / "jobs.json").read_text())["jobs"]}
+
+
+def test_a_node_with_mig_and_a_whole_gpu_is_time_sliced_in_plan_json_as_in_its_configmap(mixed):
+    assert list(_node_config(mixed, "k8s-mixed-1")["sharing"]) == ["timeSlicing"]
+    shared = _shared(mixed)
+    assert shared and {(e["sharing"], "mps_clients" in e) for e in shared} == {("time-slicing", False)}
+
+
+def test_its_sharers_are_time_slicing_in_jobs_json_with_the_reason(mixed):
+    jobs = _jobs(mixed)
+    sharers = [jobs[j] for e in _shared(mixed) for j in e["jobs"]]
+    assert len(sharers) == 4
+    assert {(j["recommendation"], j["proposed_mode"]) for j in sharers} == {("time-slicing", "time-slicing")}
+    assert {j["mps_active_thread_percentage"] for j in sharers} == {None}
+    assert all("time-sliced, not MPS" in j["reason"] for j in sharers)
+
+
+def test_its_summary_proposes_no_mps(mixed):
+    summary = (mixed / "summary.md").read_text()
+    table = summary.split("## Actions", 1)[1].split("\n## ", 1)[0]
+    assert "→ time-slicing" in table
+    assert "→ mps" not in table
+    nodes = summary.split("## Changes per node", 1)[1].split("\n## ", 1)[0]
+    assert "| time-slicing:" in nodes
+    assert "| mps:" not in nodes
+
+
+def test_a_node_of_mps_gpus_alone_gives_each_client_100_over_replicas_in_plan_json(mps_only):
+    replicas = _node_config(mps_only, "k8s-mps-1")["sharing"]["mps"]["resources"][0]["replicas"]
+    [entry] = _shared(mps_only)
+    assert (entry["sharing"], replicas) == ("mps", 4)
+    assert {c["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for c in entry["mps_clients"]} == {100 // replicas}
+
+
+def test_its_jobs_carry_the_plugins_share_as_cap_and_their_own_as_sized_demand(mps_only):
+    jobs = _jobs(mps_only)
+    [entry] = _shared(mps_only)
+    for client in entry["mps_clients"]:
+        job = jobs[client["job_id"]]
+        assert job["mps_active_thread_percentage"] == 25
+        assert job["mps_sized_thread_percentage"] == client["sized_thread_percentage"] < 25
+        assert "mps 25 % threads" in job["change"]
+
+
+@pytest.mark.slow
+def test_a_node_running_its_mps_plan_gets_no_change_and_still_shows_the_plugins_share(mps_only, tmp_path):
+    week2 = tmp_path / "week2.yaml"
+    apply_plan_files(str(DATA / "mps-only.yaml"), mps_only, week2)
+    simulate(str(week2), duration_s=86400.0, out=tmp_path / "history", step_s=300.0, start=START + 7 * 86400)
+    report = tmp_path / "report"
+    argv = [
+        "report",
+        "--history",
+        str(tmp_path / "history"),
+        "--out",
+        str(report),
+        "--previous",
+        str(mps_only),
+    ]
+    assert main(argv) == 0
+    jobs = _jobs(report).values()
+    assert ({j["action"] for j in jobs}, (report / "config").exists()) == ({"keep"}, False)
+    assert {j["mps_active_thread_percentage"] for j in jobs} == {25}
