@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from gpulens.analyzer.pluginsharing import PluginSharing
 from gpulens.analyzer.workload import pod_owner
 from gpulens.atomicfile import write_text
 from gpulens.catalog import CatalogError, GpuModel
@@ -48,9 +49,8 @@ from gpulens.safeload import InputError, load_json_file, load_yaml_file
 from gpulens.sim.defaults import default_gpu_instance_id, make_container_id, make_uuid, stable_hex
 from gpulens.sim.nodesharing import (
     DEVICE_PLUGIN_PIPE_DIR,
-    NodeSharing,
     NodeSharingError,
-    Sharing,
+    SelectedConfig,
     read_node_sharing,
 )
 from gpulens.sim.scenario import (
@@ -108,7 +108,7 @@ class ReportPlan:
     # a multi-GPU job -> its GPUs in the plan, whole or unchanged (one rank per GPU), lowest index first
     multi: dict[str, tuple[Slot, ...]] = field(default_factory=dict)
     # the device-plugin config the report selects for the node (None: it keeps the one it runs)
-    sharing: NodeSharing | None = None
+    sharing: SelectedConfig | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
         sharing = read_node_sharing(report / "config", scenario.hostname)
     except NodeSharingError as e:
         raise ApplyPlanError(str(e)) from None
-    if sharing is not None and sharing.sharing is not Sharing.MPS:
+    if sharing is not None and sharing.sharing is not PluginSharing.MPS:
         # the config the node gets time-slices it (emit.py's adjustments): the plugin runs no MPS
         # there, so a GPU the plan wanted on MPS is a plain GPU its jobs share by time
         gpus = {i: GpuTarget("whole") if t.mode == "mps" else t for i, t in gpus.items()}

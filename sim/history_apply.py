@@ -50,10 +50,11 @@ import pandas as pd
 
 from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import LABELS, History, HistoryWriter, read_history
+from gpulens.analyzer.pluginsharing import PluginSharing
 from gpulens.catalog import CatalogError, GpuModel, MigProfile, model_for_nvml_name
 from gpulens.sim.applyplan import ApplyPlanError, load_report_json, report_field
 from gpulens.sim.defaults import default_gpu_instance_id
-from gpulens.sim.nodesharing import NodeSharing, NodeSharingError, Sharing, read_node_sharing
+from gpulens.sim.nodesharing import NodeSharingError, SelectedConfig, read_node_sharing
 from gpulens.sim.scenario import PINNED_MEM_LIMIT, THREAD_PERCENTAGE
 
 
@@ -141,7 +142,7 @@ def read_usage_plan(report: Path, now: Mapping[str, frozenset[str]]) -> HistoryP
         actions[job] = str(row.get("action") or "")
     targets: dict[str, Target] = {}
     rebuilt: set[str] = set()
-    plugin: dict[str, NodeSharing | None] = {}
+    plugin: dict[str, SelectedConfig | None] = {}
     for i, entry in enumerate(layout):
         where = f"{plan_path}: layout[{i}]"
         sharing = report_field(where, entry, "sharing", str, "a sharing mode")
@@ -187,7 +188,7 @@ def read_usage_plan(report: Path, now: Mapping[str, frozenset[str]]) -> HistoryP
         if selected is not None and mode is Mode.MPS:
             # a device-plugin node (nodesharing.py): its config time-slices it, or its MPS daemon
             # gives every client 100 / replicas of the threads, not the plan's percentage
-            if selected.sharing is Sharing.MPS:
+            if selected.sharing is PluginSharing.MPS:
                 share = selected.thread_percentage / 100
                 caps = {job: (share, limit) for job, (_, limit) in caps.items()}
                 caps.update({job: (share, None) for job in jobs if job not in caps})

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gpulens.analyzer.emit import CONFIGMAP_FILE, LABELS_FILE
+from gpulens.analyzer.pluginsharing import PluginSharing
 from gpulens.analyzer.validate.device_plugin import CONFIG_LABEL
 from gpulens.safeload import InputError, load_yaml, load_yaml_file, read_text
 
@@ -34,20 +34,12 @@ DEVICE_PLUGIN_PIPE_DIR = "/mps/nvidia.com/gpu/pipe"
 MAX_LABEL_SCRIPT_BYTES = 4 * 1024 * 1024
 
 
-class Sharing(StrEnum):
-    """How the plugin shares a node's GPUs under its selected config."""
-
-    MPS = "mps"
-    TIME_SLICING = "time-slicing"
-    NONE = "none"
-
-
 @dataclass(frozen=True)
-class NodeSharing:
+class SelectedConfig:
     """The device-plugin config a report selects for one node."""
 
     config: str  # its key in the ConfigMap
-    sharing: Sharing
+    sharing: PluginSharing  # the analyzer's own vocabulary for the plugin's strategy
     replicas: int = 1
 
     @property
@@ -85,16 +77,22 @@ def selected_config(labels: Path, host: str) -> str | None:
     return chosen
 
 
-def _block(where: str, config: Any) -> tuple[Sharing, int]:
+def _block(where: str, config: Any) -> tuple[PluginSharing, int]:
     sharing = config.get("sharing") if isinstance(config, dict) else None
     if sharing is None:
-        return Sharing.NONE, 1
+        return PluginSharing.EXCLUSIVE, 1
     if not isinstance(sharing, dict):
         raise NodeSharingError(f"{where}.sharing: expected a mapping, found {sharing!r}")
-    kind = Sharing.MPS if "mps" in sharing else Sharing.TIME_SLICING if "timeSlicing" in sharing else None
+    kind = (
+        PluginSharing.MPS
+        if "mps" in sharing
+        else PluginSharing.TIME_SLICING
+        if "timeSlicing" in sharing
+        else None
+    )
     if kind is None:
-        return Sharing.NONE, 1
-    key = "mps" if kind is Sharing.MPS else "timeSlicing"
+        return PluginSharing.EXCLUSIVE, 1
+    key = "mps" if kind is PluginSharing.MPS else "timeSlicing"
     resources = sharing[key].get("resources") if isinstance(sharing[key], dict) else None
     found = [r.get("replicas") for r in resources or [] if isinstance(r, dict)]
     replicas = [r for r in found if isinstance(r, int) and not isinstance(r, bool) and r >= 1]
@@ -105,7 +103,7 @@ def _block(where: str, config: Any) -> tuple[Sharing, int]:
     return kind, max(replicas)
 
 
-def read_node_sharing(config_dir: Path, host: str) -> NodeSharing | None:
+def read_node_sharing(config_dir: Path, host: str) -> SelectedConfig | None:
     """What the report in `config_dir` makes of `host`'s sharing; None when it does not change it."""
     key = selected_config(config_dir / LABELS_FILE, host)
     if key is None:
@@ -128,4 +126,4 @@ def read_node_sharing(config_dir: Path, host: str) -> NodeSharing | None:
     except (InputError, yaml.YAMLError) as e:
         raise NodeSharingError(f"{path}: data.{key}: expected YAML, found {str(e).splitlines()[0]}") from None
     sharing, replicas = _block(f"{path}: data.{key}", config)
-    return NodeSharing(key, sharing, replicas)
+    return SelectedConfig(key, sharing, replicas)

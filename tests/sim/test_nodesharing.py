@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from gpulens.analyzer.emit import CONFIGMAP_FILE, LABELS_FILE, configmap_text, labels_text
-from gpulens.sim.nodesharing import NodeSharing, NodeSharingError, Sharing, read_node_sharing
+from gpulens.analyzer.pluginsharing import PluginSharing
+from gpulens.sim.nodesharing import NodeSharingError, SelectedConfig, read_node_sharing
 
 
 def _config(kind: str | None, replicas: int = 4) -> dict[str, Any]:
@@ -33,18 +34,20 @@ def _report(tmp_path: Path, configs: dict[str, dict[str, Any]], chosen: dict[str
 def test_an_mps_config_gives_each_client_100_over_replicas_percent_of_the_threads(tmp_path):
     config = _report(tmp_path, {"gpulens-mps-3": _config("mps", 3)}, {"node-a": "gpulens-mps-3"})
     found = read_node_sharing(config, "node-a")
-    assert found == NodeSharing("gpulens-mps-3", Sharing.MPS, 3)
+    assert found == SelectedConfig("gpulens-mps-3", PluginSharing.MPS, 3)
     assert found is not None and found.thread_percentage == 33  # the plugin's integer division
 
 
 def test_a_time_slicing_config_is_read_as_time_slicing(tmp_path):
     config = _report(tmp_path, {"gpulens-ts-2": _config("timeSlicing", 2)}, {"node-a": "gpulens-ts-2"})
-    assert read_node_sharing(config, "node-a") == NodeSharing("gpulens-ts-2", Sharing.TIME_SLICING, 2)
+    assert read_node_sharing(config, "node-a") == SelectedConfig(
+        "gpulens-ts-2", PluginSharing.TIME_SLICING, 2
+    )
 
 
 def test_a_config_without_sharing_shares_nothing(tmp_path):
     config = _report(tmp_path, {"gpulens-none": _config(None)}, {"node-a": "gpulens-none"})
-    assert read_node_sharing(config, "node-a") == NodeSharing("gpulens-none", Sharing.NONE, 1)
+    assert read_node_sharing(config, "node-a") == SelectedConfig("gpulens-none", PluginSharing.EXCLUSIVE, 1)
 
 
 def test_each_node_reads_the_config_its_own_label_selects(tmp_path):
@@ -52,8 +55,8 @@ def test_each_node_reads_the_config_its_own_label_selects(tmp_path):
     config = _report(tmp_path, configs, {"node-a": "gpulens-mps-2", "node-b": "gpulens-ts-4"})
     found = {host: read_node_sharing(config, host) for host in ("node-a", "node-b")}
     assert {h: (s.sharing, s.replicas) for h, s in found.items() if s} == {
-        "node-a": (Sharing.MPS, 2),
-        "node-b": (Sharing.TIME_SLICING, 4),
+        "node-a": (PluginSharing.MPS, 2),
+        "node-b": (PluginSharing.TIME_SLICING, 4),
     }
 
 
