@@ -182,11 +182,17 @@ def _room(model: ReportModel) -> str:
     return f"Room for new requests (free GPUs of one node), now → after the plan: {sizes}"
 
 
-def _where(model: ReportModel) -> str:
+def _where(model: ReportModel, previous: WeekOverWeek | None = None) -> str:
     parts = [
         f"{host}: GPU {', '.join(str(i) for i in idx)}" for host, idx in sorted(model.reclaimable.items())
     ]
-    return "; ".join(parts) if parts else "none"
+    where = "; ".join(parts) if parts else "none"
+    if previous is not None and previous.gpus_released and model.gpus_reclaimable:
+        # GPUs last week's plan freed stay reclaimable while they are in the fleet: said, so that
+        # a week after applying the plan the headline does not read as new savings
+        idle = min(previous.gpus_released, model.gpus_reclaimable)
+        where += f"; {idle} of them ran no job all window (Since last week)"
+    return where
 
 
 _UUID = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F-]{8,}")
@@ -272,7 +278,7 @@ def _why(action: dict[str, Any], names: dict[str, str]) -> str:
     return _short(todo or why, names)
 
 
-def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
+def _first_screen(analysis: Analysis, model: ReportModel, previous: WeekOverWeek | None = None) -> list[str]:
     h = analysis.headline()
     price = (
         f"at {model.prices.default:.2f} {model.prices.currency} per GPU-hour "
@@ -299,7 +305,7 @@ def _first_screen(analysis: Analysis, model: ReportModel) -> list[str]:
         return parts
     parts += [
         f"<div class='kpi'><b>{model.gpus_reclaimable} of {model.gpus_total} GPUs</b>reclaimable now"
-        f"<br><small>{_e(_where(model))}</small></div>",
+        f"<br><small>{_e(_where(model, previous))}</small></div>",
         f"<div class='kpi'><b>{units.hours(model.gpu_hours_recovered)}</b>GPU-hours recovered this window"
         f"<br><small>{_e(units.money(model.cost_recovered, model.prices.currency))} "
         f"{_e(price)}{_e(_if_fixed(model))}{_e(_reconciled(model))}</small></div>",
@@ -539,7 +545,7 @@ def html_report(
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
         f"<title>gpulens rightsizing report</title><style>{CSS}</style></head><body>",
     ]
-    parts += _first_screen(analysis, model)
+    parts += _first_screen(analysis, model, previous)
     parts += _since_last_week(previous)
     parts += _adjustments(model)
     parts += _layout(model)
@@ -580,7 +586,8 @@ def markdown(analysis: Analysis, prices: Prices | None = None, previous: WeekOve
         )
     else:
         lines.append(
-            f"- **GPUs reclaimable now**: {model.gpus_reclaimable} of {model.gpus_total} ({_where(model)})"
+            f"- **GPUs reclaimable now**: {model.gpus_reclaimable} of {model.gpus_total} "
+            f"({_where(model, previous)})"
         )
     if analysis.kind == "usage":
         lines += [

@@ -114,6 +114,17 @@ def test_gpus_released_are_the_gpus_the_applied_plan_left_empty(week1, applied):
     assert week["gpus_promised"] == json.loads((week1 / "plan.json").read_text())["gpus_freed"]
 
 
+def test_the_headline_says_how_many_reclaimable_gpus_ran_no_job_since_last_week(applied):
+    scenarios, report = applied
+    empty = {(s.hostname, g.index) for s in scenarios for g in s.gpus} - {
+        (s.hostname, p.gpu) for s in scenarios for p in s.processes
+    }
+    (head,) = [
+        line for line in (report / "summary.md").read_text().splitlines() if "GPUs reclaimable now" in line
+    ]
+    assert f"{len(empty)} of them ran no job all window (Since last week)" in head
+
+
 def test_a_moved_job_that_binds_its_cap_gets_a_roll_back_with_its_command(week1, grown):
     scenarios, report = grown
     # grown past the device plugin's share: 100 / 4 clients = 25 % of the threads
