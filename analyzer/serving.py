@@ -22,9 +22,12 @@ reclaim rule. Where Prometheus scrapes the server's pod, its own series say what
   `python/sglang/srt/mem_cache/memory_pool.py`): sizing it needs a series with the pool's bytes, or
   its KV bytes per token beside `max_total_num_tokens`; TensorRT-LLM, which publishes blocks
   (`max`, `used`, `tokens_per`) but not the bytes of a block.
-- pressure: a queue (`vllm:num_requests_waiting`, `sglang:num_queue_reqs`, Triton's per-model
-  `nv_inference_pending_request_count` above zero in more than `serving.max_waiting_fraction` of
-  samples) or preemptions (`vllm:num_preemptions_total`, SGLang's
+- pressure: a queue (`vllm:num_requests_waiting`, `sglang:num_queue_reqs`; for Triton, a sample
+  where any model's `nv_inference_pending_request_count` or the TensorRT-LLM backend's
+  `nv_trt_llm_request_metrics{request_type="waiting"}` is above zero: with decoupled, in-flight
+  batching the requests wait inside the backend and Triton's pending count stays 0; above zero in
+  more than `serving.max_waiting_fraction` of samples) or preemptions
+  (`vllm:num_preemptions_total`, SGLang's
   `sglang:num_retracted_requests_total`, more than `serving.max_preemptions` in the window; Triton
   counts none): its KV cache or its instances are short already, so it is never shrunk.
 - latency: the p95 (`QUANTILE`) of its e2e request latency and time to first token over the window,
@@ -111,6 +114,12 @@ NAMES = {
 CACHE_INFO = "vllm:cache_config_info"
 TRT_KV = "nv_trt_llm_kv_cache_block_metrics"
 TRT_KV_LABEL = "kv_cache_block_type"  # its blocks: "used" of "max" (also free, tokens_per, fraction)
+# the TensorRT-LLM backend's request gauges (same reporter as TRT_KV): its own queue is "waiting"
+# (also active, max, scheduled, context)
+TRT_REQUESTS = "nv_trt_llm_request_metrics"
+TRT_REQUESTS_LABEL = "request_type"
+TRITON_PENDING = NAMES[Server.TRITON].waiting
+TRITON_QUEUES = f'{TRITON_PENDING} or {TRT_REQUESTS}{{{TRT_REQUESTS_LABEL}="waiting"}}'
 # Triton's cumulative request time and successful requests: their increases give the mean
 TRITON_DURATION = "nv_inference_request_duration_us"
 TRITON_SUCCESS = "nv_inference_request_success"
@@ -133,11 +142,20 @@ FAMILIES: tuple[str, ...] = (
         if name
     ),
     CACHE_INFO,
+    TRT_REQUESTS,
     *BUCKETS.values(),
     TRITON_DURATION,
     TRITON_SUCCESS,
 )
-LABELS: tuple[str, ...] = (*POD, "model_name", *INFO_LABELS, "le", "version", TRT_KV_LABEL)
+LABELS: tuple[str, ...] = (
+    *POD,
+    "model_name",
+    *INFO_LABELS,
+    "le",
+    "version",
+    TRT_KV_LABEL,
+    TRT_REQUESTS_LABEL,
+)
 WAITING = frozenset(n.waiting for n in NAMES.values())
 PREEMPTIONS = frozenset(n.preemptions for n in NAMES.values() if n.preemptions)
 
@@ -149,6 +167,8 @@ def _columns(name: str) -> list[str]:
         return [*POD, "le"]
     if name == TRT_KV:
         return [*POD, *TRITON_MODEL, TRT_KV_LABEL]
+    if name == TRT_REQUESTS:
+        return [*POD, *TRITON_MODEL, TRT_REQUESTS_LABEL]
     if name.startswith(PREFIXES[Server.TRITON]):
         return [*POD, *TRITON_MODEL]
     return list(POD)
@@ -317,6 +337,29 @@ def _mean_request_s(families: Mapping[str, pd.DataFrame]) -> dict[tuple[str, str
     return _per_pod((spent / served).dropna() / 1e6)
 
 
+def _triton_waiting(families: Mapping[str, pd.DataFrame]) -> dict[tuple[str, str], float]:
+    """Per Triton pod, the share of samples where any model's pending count or the TensorRT-LLM
+    backend's waiting requests are above zero (`TRITON_QUEUES`)."""
+    frames = []
+    pending = families.get(TRITON_PENDING)
+    if pending is not None and not pending.empty:
+        frames.append(_scraped(pending)[[*POD, "timestamp", "value"]])
+    requests = families.get(TRT_REQUESTS)
+    if requests is not None and not requests.empty:
+        requests = _scraped(requests)
+        waiting = requests[requests[TRT_REQUESTS_LABEL].astype(str) == "waiting"]
+        frames.append(waiting[[*POD, "timestamp", "value"]])
+    if not frames:
+        return {}
+    samples = pd.concat(frames).astype({"namespace": str, "pod": str})
+    above = (
+        (samples["value"].astype(float) > 0)
+        .groupby([samples["namespace"], samples["pod"], samples["timestamp"]], observed=True)
+        .max()
+    )
+    return _per_pod(above.astype(float).groupby(level=[0, 1], observed=True).mean())
+
+
 def _scraped(frame: pd.DataFrame) -> pd.DataFrame:
     """The samples that carry a pod (a pod scrape's), the others dropped."""
     return frame[(frame["namespace"].astype(str) != "") & (frame["pod"].astype(str) != "")]
@@ -329,7 +372,9 @@ def from_families(families: Mapping[str, pd.DataFrame]) -> dict[tuple[str, str],
     latency: dict[str, dict[tuple[str, str], float]] = {}
     for family in FAMILIES:
         frame = families.get(family)
-        if frame is None or frame.empty or family in (TRITON_DURATION, TRITON_SUCCESS):
+        # Triton's queue reads two families at once (`_triton_waiting`)
+        skipped = (TRITON_DURATION, TRITON_SUCCESS, TRT_REQUESTS, TRITON_PENDING)
+        if frame is None or frame.empty or family in skipped:
             continue
         frame = _scraped(frame)
         keys = [frame["namespace"].astype(str), frame["pod"].astype(str)]
@@ -353,6 +398,9 @@ def from_families(families: Mapping[str, pd.DataFrame]) -> dict[tuple[str, str],
         else:
             series = values.groupby(series_keys, observed=True).max()
         reduced[family] = _per_pod(series)
+    triton_waiting = _triton_waiting(families)
+    if triton_waiting:
+        reduced[TRITON_PENDING] = triton_waiting
     mean = _mean_request_s(families)
     if mean:
         reduced[TRITON_DURATION] = mean
@@ -386,7 +434,7 @@ def queries(window_s: float, step_s: float) -> dict[str, str]:
 
     out = {}
     for family in FAMILIES:
-        if family in (CACHE_INFO, TRITON_SUCCESS):
+        if family in (CACHE_INFO, TRITON_SUCCESS, TRT_REQUESTS):
             continue
         sel = _selector(family)
         if family in BUCKETS.values():
@@ -402,6 +450,14 @@ def queries(window_s: float, step_s: float) -> dict[str, str]:
         if family == TRITON_DURATION:
             mean = f"{increase(family)} / ({increase(TRITON_SUCCESS)} > 0)"
             out[family] = f"max by (namespace, pod) ({mean}) / 1e6"
+            continue
+        if family == TRITON_PENDING:
+            # `TRITON_QUEUES` in one selector: the pending count has no request_type ("" matches)
+            either = (
+                f'{{__name__=~"{family}|{TRT_REQUESTS}",{TRT_REQUESTS_LABEL}=~"|waiting",'
+                f'namespace!="",pod!=""}}'
+            )
+            out[family] = f"avg_over_time((max by (namespace, pod) ({either}) > bool 0)[{window}:{step}])"
             continue
         if family in WAITING:
             expr = f"avg_over_time(({sel} > bool 0)[{window}:{step}])"
@@ -472,12 +528,14 @@ def pressure(row: Mapping[str, Any], th: Thresholds) -> str:
     """Why the server must not shrink (its queue or its preemptions), or ""."""
     if not serves(row):
         return ""
-    names = NAMES[Server(str(row["serving_server"]))]
+    server = Server(str(row["serving_server"]))
+    names = NAMES[server]
+    queues = TRITON_QUEUES if server is Server.TRITON else names.waiting
     waiting, preempted = _f(row, "serving_waiting_fraction"), _f(row, "serving_preemptions")
     limit = th.serving.max_waiting_fraction
     if waiting > limit:
         return (
-            f"it queues: {names.waiting} above 0 in {waiting:.0%} of samples "
+            f"it queues: {queues} above 0 in {waiting:.0%} of samples "
             f"(> serving.max_waiting_fraction {limit:.0%})"
         )
     if preempted > th.serving.max_preemptions:

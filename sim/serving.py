@@ -21,7 +21,9 @@ Names, labels and bucket bounds are the servers' own (vLLM `vllm/v1/metrics/logg
 the TensorRT-LLM backend with Triton's default metrics config (triton-inference-server/server
 `docs/user_guide/metrics.md`; core `src/metric_model_reporter.cc`): per `model` and `version`, its
 pending request count, successful requests and cumulative request time in microseconds (no latency
-histogram: those are opt-in), and the backend's KV block gauges
+histogram: those are opt-in), and the backend's request gauges
+(`nv_trt_llm_request_metrics{request_type}`: waiting and active; its queue follows the load as the
+pending count does) and KV block gauges
 (`nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type}`: max, used, free, tokens_per, fraction;
 NVIDIA/TensorRT-LLM `triton_backend/inflight_batcher_llm/src/custom_metrics_reporter`). Its pool is
 `kv_cache_free_gpu_mem_fraction` of the memory left after the weights and non-KV memory.
@@ -251,6 +253,9 @@ def samples(proc: ServingProcess, r: float) -> Iterator[tuple[str, float, dict[s
     base = _labels(proc)
     if spec.server is Server.TRITON:
         yield "nv_inference_pending_request_count", waiting, base
+        # the backend's own queue and running requests (in-flight batching queues there)
+        for kind, value in (("waiting", waiting), ("active", running)):
+            yield "nv_trt_llm_request_metrics", value, {**base, "request_type": kind}
         blocks = spec.pool_bytes() // (TRT_LLM_TOKENS_PER_BLOCK * KV_BYTES_PER_TOKEN)
         used = min(blocks, round(usage * blocks))
         kv = "nv_trt_llm_kv_cache_block_metrics"

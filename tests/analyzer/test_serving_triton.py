@@ -86,6 +86,7 @@ def test_a_triton_pod_whose_queue_is_non_empty_most_of_the_time_is_never_shrunk(
     assert row["recommendation"] == "exclusive"
     assert "never shrunk" in row["reason"]
     assert "nv_inference_pending_request_count" in row["reason"]
+    assert 'nv_trt_llm_request_metrics{request_type="waiting"}' in row["reason"]
     assert "serving.max_waiting_fraction" in row["reason"]
 
 
@@ -115,7 +116,7 @@ def test_tritons_latency_is_its_mean_request_time_not_a_p95(table):
     assert math.isnan(figures.e2e_p95_s) and math.isnan(figures.ttft_p95_s)  # no histogram by default
 
 
-def test_a_pods_queue_share_is_its_most_queued_models():
+def test_a_pods_queue_share_counts_the_samples_in_which_any_of_its_models_queues():
     def frame(model: str, values: list[float]) -> pd.DataFrame:
         return pd.DataFrame(
             {
@@ -130,7 +131,8 @@ def test_a_pods_queue_share_is_its_most_queued_models():
 
     pending = pd.concat([frame("ensemble", [0, 0, 0, 0]), frame("tensorrt_llm", [1, 1, 0, 1])])
     figures = serving.from_families({"nv_inference_pending_request_count": pending})
-    assert figures[("llm", "ensemble-0")].waiting_fraction == 0.75  # not the 3/8 of both mixed
+    # 3 of 4 samples have a model queueing (not the 3/8 of both models' samples mixed)
+    assert figures[("llm", "ensemble-0")].waiting_fraction == 0.75
 
 
 def test_a_moved_triton_whose_mean_request_time_rose_is_slower_and_says_it_is_a_mean():
@@ -140,6 +142,125 @@ def test_a_moved_triton_whose_mean_request_time_rose_is_slower_and_says_it_is_a_
     assert "mean request time" in warnings[0] and "not a p95" in warnings[0]
     assert "serving.max_latency_increase" in warnings[0]
     assert _slower({"serving_e2e_mean_s": 1.8}, {"serving_e2e_mean_s": 1.7}, th) == []
+
+
+# --- TensorRT-LLM's own queue: in-flight batching leaves Triton's pending count at 0 ---------------
+
+IN_FLIGHT = ("llm", "ifb-triton-0")  # pending always 0, the backend's waiting requests > 0 in 5 of 6
+CALM = ("llm", "calm-triton-0")  # neither queue above 0
+BACKEND_WAITING = {IN_FLIGHT: [2, 3, 0, 1, 4, 2], CALM: [0] * 6}
+MODEL = {"model": "tensorrt_llm", "version": "1"}
+
+
+def _in_flight_samples() -> list[tuple[str, dict[str, str], float, float]]:
+    """(family, labels, timestamp, value) of two pods' scrapes, a family's samples together."""
+    out = []
+    for family, extra, values in (
+        ("nv_inference_pending_request_count", {}, lambda waiting: [0] * len(waiting)),
+        ("nv_trt_llm_request_metrics", {"request_type": "waiting"}, lambda waiting: waiting),
+        ("nv_trt_llm_request_metrics", {"request_type": "active"}, lambda waiting: [8] * len(waiting)),
+    ):
+        for (ns, pod), waiting in BACKEND_WAITING.items():
+            labels = {"namespace": ns, "pod": pod, **MODEL, **extra}
+            out += [(family, labels, START + STEP * i, float(v)) for i, v in enumerate(values(waiting))]
+    return out
+
+
+def _in_flight_families() -> dict[str, pd.DataFrame]:
+    rows: dict[str, list[dict[str, object]]] = {}
+    for family, labels, timestamp, value in _in_flight_samples():
+        rows.setdefault(family, []).append({"timestamp": timestamp, "value": value, **labels})
+    return {family: pd.DataFrame(r).fillna("") for family, r in rows.items()}
+
+
+def _pressure(figures: serving.PodServing) -> str:
+    row = {
+        "serving_server": figures.server.value,
+        "serving_waiting_fraction": figures.waiting_fraction,
+        "serving_preemptions": figures.preemptions,
+    }
+    return serving.pressure(row, load_thresholds())
+
+
+def test_tensorrt_llm_waiting_requests_queue_a_triton_whose_pending_count_stays_zero():
+    figures = serving.from_families(_in_flight_families())[IN_FLIGHT]
+    assert figures.server is serving.Server.TRITON
+    assert figures.waiting_fraction == pytest.approx(5 / 6)
+    why = _pressure(figures)
+    assert 'nv_trt_llm_request_metrics{request_type="waiting"}' in why
+    assert "serving.max_waiting_fraction" in why
+
+
+def test_a_triton_whose_backend_queues_keeps_its_pool_never_shrunk():
+    figures = serving.from_families(_in_flight_families())[IN_FLIGHT]
+    row = {
+        "serving_server": "triton",
+        "serving_waiting_fraction": figures.waiting_fraction,
+        "serving_kv_peak": 0.2,  # a pool far from full: only its queue keeps it
+    }
+    assert serving.needs_its_pool(row, load_thresholds())
+
+
+def test_a_triton_with_neither_queue_above_zero_is_under_no_pressure():
+    figures = serving.from_families(_in_flight_families())[CALM]
+    assert figures.waiting_fraction == 0.0
+    assert _pressure(figures) == ""
+
+
+def test_a_triton_queues_in_a_sample_where_either_its_pending_count_or_its_backend_waits():
+    def frame(values: list[float], **extra: str) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "timestamp": [600.0 * i for i in range(len(values))],
+                "value": values,
+                "namespace": "llm",
+                "pod": "mixed-0",
+                **MODEL,
+                **extra,
+            }
+        )
+
+    figures = serving.from_families(
+        {
+            "nv_inference_pending_request_count": frame([1, 0, 0, 0]),
+            "nv_trt_llm_request_metrics": frame([0, 0, 2, 0], request_type="waiting"),
+        }
+    )
+    assert figures[("llm", "mixed-0")].waiting_fraction == 0.5  # samples 0 and 2, one each
+
+
+def test_the_simulated_triton_publishes_its_backends_waiting_and_active_requests(history):
+    requests = history.families["nv_trt_llm_request_metrics"]
+    kinds = set(requests["request_type"].astype(str))
+    assert kinds == {"waiting", "active"}
+    waiting = requests[requests["request_type"].astype(str) == "waiting"]
+    by_pod = waiting.groupby(waiting["pod"].astype(str))["value"].max()
+    assert by_pod[QUEUEING[1]] > 0  # its load queues
+    assert by_pod[QUIET[1]] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", PROMETHEUS_ENGINES)
+def test_prometheus_path_reads_tensorrt_llms_queue_as_the_file_path_does(tmp_path, engine, monkeypatch):
+    use_prometheus(engine, monkeypatch)
+    lines, typed = [], set()
+    for family, labels, timestamp, value in _in_flight_samples():
+        if family not in typed:
+            lines.append(f"# TYPE {family} gauge")
+            typed.add(family)
+        text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        lines.append(f"{family}{{{text}}} {value} {timestamp:.0f}")
+    om = tmp_path / "metrics.om"
+    om.write_text("\n".join([*lines, "# EOF", ""]))
+    backfill_openmetrics(om, tmp_path / "db")
+    end, window = START + 5 * STEP, 7 * STEP
+    with prometheus(tmp_path, [], storage=tmp_path / "db", extra_args=["--query.lookback-delta=30s"]) as api:
+        via_prom = serving.from_prometheus(PromClient(PromConfig(api.base_url)), window, STEP, end)
+    via_files = serving.from_families(_in_flight_families())
+    for pod in (IN_FLIGHT, CALM):
+        assert via_prom[pod].server is serving.Server.TRITON
+        assert via_prom[pod].waiting_fraction == pytest.approx(via_files[pod].waiting_fraction, rel=1e-9)
+    assert _pressure(via_prom[IN_FLIGHT]) and not _pressure(via_prom[CALM])
 
 
 # --- the PromQL path gives the same figures -----------------------------------------------------
