@@ -24,6 +24,7 @@ from gpulens.exporter.server import HttpServer
 from gpulens.sim.clock import RealClock
 from gpulens.sim.engine import ScenarioNode, build_node
 from gpulens.sim.install import install, uninstall
+from gpulens.sim.mpscontrol import client_argv
 from gpulens.sim.scenario import Scenario
 from gpulens.sim.scenariofile import BUILTIN_DIR, load_scenario
 from tests.reliability.expo import value
@@ -173,6 +174,9 @@ def live_exporter(
         "pod_resources_socket": None,
         "pod_logs_dir": roots["pods"],
         "job_mapping_dir": roots["job-mapping"],
+        # the node's MPS control daemons answer through the simulator's stand-in client, as under
+        # `--simulate` (sim/node.py): the real program is not installed here
+        "mps_control": client_argv(),
     }
     settings.update(config)
     with captured_logs() as logs:

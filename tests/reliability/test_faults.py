@@ -323,7 +323,9 @@ def test_procfs_entries_vanishing_between_listing_and_reading(tmp_path: Path) ->
             }
         )
         entry = tmp_path / "proc" / "88001"
-        saved = {child.name: child.read_bytes() for child in entry.iterdir()}
+        # its files, and `root`, the link to the node's filesystem (/proc/<pid>/root)
+        saved = {child.name: child.read_bytes() for child in entry.iterdir() if not child.is_symlink()}
+        links = {child.name: child.readlink() for child in entry.iterdir() if child.is_symlink()}
         for child in entry.iterdir():
             child.unlink()
         entry.rmdir()
@@ -340,6 +342,8 @@ def test_procfs_entries_vanishing_between_listing_and_reading(tmp_path: Path) ->
         entry.mkdir()  # the entry is readable again: its job is found on the next sample
         for name, data in saved.items():
             (entry / name).write_bytes(data)
+        for name, target in links.items():
+            (entry / name).symlink_to(target)
         live.wait_for(
             lambda b: any(
                 lab["gpu"] == "7" and lab["job_id"] == "8801" for lab, _ in series(b, "gpu_job_info")
