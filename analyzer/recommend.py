@@ -405,11 +405,16 @@ def serving_note(v: JobView) -> str:
     """Why a job that looks idle by the reclaim thresholds serves all the same (its reason says so;
     it is sized and may share), or "" (it does not look idle, or it is reclaimed). Taking a live
     server's GPU away is an outage, keeping a quiet one on a shared GPU costs little."""
+    return _serving(v)[1]
+
+
+def _serving(v: JobView) -> tuple[Serves | None, str]:
+    """(evidence, the reason's note) of `serving_evidence`, "" as the note when there is none."""
     evidence, why = serving_evidence(v)
     if evidence is None:
-        return ""
+        return None, ""
     p95, idle = v.f("sm_active_p95"), v.f("idle_fraction")
-    return (
+    return evidence, (
         f"looks idle (idle in {_pct(idle)} of samples, p95 activity {_pct(p95)}) but {why}: "
         "a server, not idle; never reclaimed, may share"
     )
@@ -852,10 +857,9 @@ def _serving_advice(found: Recommendation, row: Mapping[str, Any], th: Threshold
 
 def _flag_serving(found: Recommendation, v: JobView) -> None:
     """A job spared from `reclaim` because it serves says so in its reason and in `serves`."""
-    note = serving_note(v)
-    if note:
+    evidence, note = _serving(v)
+    if evidence is not None:
         found.reason += f"; {note}"
-        evidence, _ = serving_evidence(v)
         found.serves = str(evidence)
 
 
