@@ -15,6 +15,13 @@ A daemon whose handler only records the signal for its main loop (the exporter's
 `request(signum)` as well; work that can run long in the main thread (parsing a user's YAML file,
 `gpulens.safeload`) calls `check()` now and then, which raises `Terminated` once a stop was
 requested, so a SIGTERM is never held up until the work is done.
+
+Ctrl-C (SIGINT) raises `Interrupted`, a KeyboardInterrupt of our own, rather than the bare one
+Python's default handler raises. CPython 3.11 marks a bare KeyboardInterrupt that leaves code run
+from a string (every `@dataclass` builds its methods with `exec`, so lazy imports do) as unhandled
+even when the command catches it further up; `python -m` then kills itself with SIGINT on the way
+out instead of returning the 130 the command chose. The interpreter compares the exact type, so a
+subclass is never marked, and every `except KeyboardInterrupt` still catches it.
 """
 
 from __future__ import annotations
@@ -60,15 +67,27 @@ def clear() -> None:
     _requested = None
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT), raised by `install()`'s handler (why a subclass: the module docstring)."""
+
+
 def _raise(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted
+
+
 def install() -> None:
-    """Make SIGTERM and SIGHUP raise `Terminated` (main thread only; ignored signals stay so)."""
+    """Make SIGTERM and SIGHUP raise `Terminated` and SIGINT `Interrupted` (main thread only;
+    ignored signals, and handlers someone else installed, stay as they are)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in SIGNALS:
         with contextlib.suppress(OSError, ValueError):
             if signal.getsignal(signum) is signal.SIG_DFL:
                 signal.signal(signum, _raise)
+    with contextlib.suppress(OSError, ValueError):
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _interrupt)

@@ -157,3 +157,29 @@ def test_simulate_leaves_the_previous_history_and_nothing_else(tmp_path: Path, s
     assert sorted(p.name for p in out.parent.iterdir()) == ["history"]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert read_history(out).meta["source"] == "previous"
+
+
+# a command's shape: install the handlers, then Ctrl-C lands inside code run from a string (what
+# a lazy import's @dataclass does), is caught, and the command chooses its status
+CTRL_C_IN_EXEC = """\
+import sys
+from gpulens import exits
+exits.install()
+try:
+    exec("import os, signal\\nos.kill(os.getpid(), signal.SIGINT)\\nfor _ in range(1000):\\n    pass")
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_inside_code_run_from_a_string_still_exits_130_under_python_m(tmp_path: Path) -> None:
+    (tmp_path / "ctrl_c_probe.py").write_text(CTRL_C_IN_EXEC)
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctrl_c_probe"],
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": path},
+        preexec_fn=default_signals,
+        timeout=60,
+    )
+    assert proc.returncode == 130, proc.stderr
