@@ -19,8 +19,8 @@ from gpulens.analyzer.archetypes import Archetypes, cluster
 from gpulens.analyzer.changes import annotate, ranked_actions
 from gpulens.analyzer.emit import Emitted, FleetContext, context_from_fleet, context_from_rows, emit
 from gpulens.analyzer.history import History
-from gpulens.analyzer.plan import Plan, build_plan
-from gpulens.analyzer.planasrun import SIZED_COLUMN, as_run
+from gpulens.analyzer.plan import Plan
+from gpulens.analyzer.planasrun import SIZED_COLUMN, plan_as_run
 from gpulens.analyzer.profile import FleetGpu, fleet_catalog_models
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.sources import files
@@ -208,7 +208,7 @@ def analyze_profiles(
     recs = hysteresis.apply(recommend(profiles, th, models), told, th)
     context = _emit_context(recs, gpus, fleet)
     # the plan as the tools will run it (planasrun.py), before anything shows or writes it
-    run = as_run(build_plan(recs, th, fleet, topology), recs, context)
+    run = plan_as_run(recs, th, context, fleet, topology)
     plan = run.plan
     recs = annotate(recs, plan, th, topology)
     recs["workload"] = [

@@ -33,7 +33,7 @@ The steps' parts: the records and fit tests (`bins.py`), the items from the reco
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -48,6 +48,7 @@ from gpulens.analyzer.planinput import (
     items_of,
     known_lifetime,
     num,
+    time_sliced_fraction,
     uuids_of,
 )
 from gpulens.analyzer.planlayout import assign_gpus, gpu_entry, mig_layouts, node_groups_of
@@ -180,17 +181,25 @@ def _as_now(row: object) -> dict[str, Any]:
     change["mig_profile"] = (getattr(row, "mig_profile_now", "") or None) if sharing == Kind.MIG else None
     if sharing != Kind.MPS:
         change.update(mps_active_thread_percentage=None, mps_pinned_memory_limit_bytes=None)
+    fraction = time_sliced_fraction(row) if sharing == Kind.TIME_SLICING else None
+    if fraction is not None:  # what it takes time-sliced, not what a recommended MPS cap would
+        change["gpu_fraction"] = fraction
     return change
 
 
 def account(
-    movable: pd.DataFrame, held: list[GpuBin], fleet: list[FleetGpu], th: Thresholds
+    movable: pd.DataFrame,
+    held: list[GpuBin],
+    fleet: list[FleetGpu],
+    th: Thresholds,
+    time_sliced: frozenset[str] = frozenset(),
 ) -> tuple[list[GpuBin], dict[str, dict[str, Any]], list[str]]:
-    """Steps 2-3: pack, settle lone sharers and keep every model within the fleet's count."""
+    """Steps 2-3: pack, settle lone sharers and keep every model within the fleet's count (the
+    jobs in `time_sliced` packed time-sliced instead of MPS: `items_of`)."""
     capacity = _capacity(fleet)
     for gpu in held:
         capacity[gpu.model] = capacity.get(gpu.model, 0) - 1
-    items = items_of(movable, th)
+    items = items_of(movable, th, time_sliced)
     notes: list[str] = []
     kept_models: set[str] = set()
     why: dict[str, str] = {}  # kept model -> why its jobs stay, when packing it gains nothing
@@ -302,18 +311,26 @@ def _freed(fleet: list[FleetGpu], bins: list[GpuBin], recs: pd.DataFrame) -> lis
 
 
 def build_plan(
-    recs: pd.DataFrame, th: Thresholds, fleet: list[FleetGpu] | None = None, topology: Topology | None = None
+    recs: pd.DataFrame,
+    th: Thresholds,
+    fleet: list[FleetGpu] | None = None,
+    topology: Topology | None = None,
+    time_sliced: Mapping[str, str] | None = None,
 ) -> Plan:
     """Hold, pack and account, then lay the result out on the fleet's GPUs (module docstring);
-    `topology` keeps the multi-GPU jobs it moves topology-local (`_keep_local`)."""
+    `topology` keeps the multi-GPU jobs it moves topology-local (`_keep_local`). `time_sliced`:
+    job -> why MPS cannot run for it (its node's device plugin, `planasrun.plan_as_run`): packed
+    time-sliced instead, and a job recommended MPS that stays time-sliced says why."""
     fleet = fleet_from_recs(recs) if fleet is None else _with_job_gpus(fleet, recs)
     if recs.empty and not fleet:
         return Plan(0, 0, 0, {}, 0.0, 0.0, 0.0, [], {})
     window_hours = _window_hours(recs)
     movable, held = hold(recs) if len(recs) else (recs, [])
-    bins, moved, notes = account(movable, held, fleet, th) if len(recs) else ([], {}, [])
+    refused = dict(time_sliced or {})
+    bins, moved, notes = account(movable, held, fleet, th, frozenset(refused)) if len(recs) else ([], {}, [])
     if len(recs):
         moved.update(held_changes(recs))
+        _say_time_sliced(movable, moved, refused)
     mix = fragmentation.task_mix(int(num(g)) for g in recs["gpus"]) if len(recs) else {1: 1.0}
     assign_gpus(bins, fleet, topology, mix)
     mig_layouts(bins)
@@ -361,6 +378,33 @@ def build_plan(
         room=room,
         fragmented_gpus=fragmented,
     )
+
+
+def _say_time_sliced(
+    movable: pd.DataFrame, moved: dict[str, dict[str, Any]], refused: Mapping[str, str]
+) -> None:
+    """A job recommended MPS, packed time-sliced because MPS cannot run for it (`refused`), gets
+    that as its plan entry, unless the plan already gave it another mode."""
+    if not refused or movable.empty:
+        return
+    mps = movable[(movable["recommendation"] == Kind.MPS) & movable["job_id"].isin(list(refused))]
+    for row in frames.rows(mps):
+        job = str(row.job_id)
+        if "recommendation" in moved.get(job, {}):
+            continue
+        change = {
+            **moved.get(job, {}),
+            "recommendation": Kind.TIME_SLICING.value,
+            "mps_active_thread_percentage": None,
+            "mps_pinned_memory_limit_bytes": None,
+        }
+        earlier = str(change.get("note") or "")
+        note = f"time-sliced, not MPS: {refused[job]}"
+        change["note"] = f"{earlier}; {note}" if earlier else note
+        fraction = time_sliced_fraction(row)
+        if fraction is not None:
+            change["gpu_fraction"] = fraction
+        moved[job] = change
 
 
 def _room(

@@ -42,7 +42,8 @@ from gpulens.analyzer.emit import FleetContext
 from gpulens.analyzer.hosts import Adjustment, Family, Orchestrator, PlacedGpu
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.nodestate import Changes, Mode, changes
-from gpulens.analyzer.plan import Plan
+from gpulens.analyzer.plan import Plan, build_plan
+from gpulens.analyzer.planinput import time_sliced_fraction
 from gpulens.analyzer.pluginsharing import (
     THREAD_PERCENTAGE,
     TO_TIME_SLICING,
@@ -50,6 +51,9 @@ from gpulens.analyzer.pluginsharing import (
     PluginSharing,
     plugin_nodes,
 )
+from gpulens.analyzer.profile import FleetGpu
+from gpulens.analyzer.thresholds import Thresholds
+from gpulens.analyzer.topology import Topology
 
 SIZED = "sized_thread_percentage"  # a client's planned share where the plugin gives it more
 SIZED_COLUMN = "mps_sized_thread_percentage"  # the same, as the job's column
@@ -62,6 +66,54 @@ class PlanAsRun:
 
     plan: Plan
     adjustments: tuple[Adjustment, ...]
+
+
+# plans after the first: each one time-slices the jobs of the nodes the one before had to (a
+# node's jobs are added once, so it ends; two suffice unless the new plan moves MPS elsewhere)
+MAX_REPLANS = 3
+
+
+def plan_as_run(
+    recs: pd.DataFrame,
+    th: Thresholds,
+    context: FleetContext,
+    fleet: list[FleetGpu] | None = None,
+    topology: Topology | None = None,
+) -> PlanAsRun:
+    """The plan, packed knowing which Kubernetes nodes cannot run MPS, as it will run (`as_run`).
+
+    Converting a node's planned MPS to time-slicing after the packing (`as_run`) would leave jobs
+    on GPUs the time-slicing limits never judged (more replicas than `time_slicing.max_replicas`),
+    and next week, measured time-sliced, the packer would find another layout: no fixed point. So
+    where `as_run` time-slices a node, every job running on it now or planned onto it is packed
+    again time-sliced instead of MPS (`build_plan`'s `time_sliced`), with the node's reason."""
+    refused: dict[str, str] = {}
+    run = as_run(build_plan(recs, th, fleet, topology), recs, context)
+    for _ in range(MAX_REPLANS):
+        more = {job: why for job, why in _refused(run, context).items() if job not in refused}
+        if not more:
+            break
+        refused.update(more)
+        run = as_run(build_plan(recs, th, fleet, topology, refused), recs, context)
+    return run
+
+
+def _refused(run: PlanAsRun, context: FleetContext) -> dict[str, str]:
+    """job -> why MPS cannot run for it: the jobs on each node `as_run` time-sliced (running there
+    now, or planned there)."""
+    hosts = {a.where: a.message for a in run.adjustments if a.what in TO_TIME_SLICING}
+    if not hosts:
+        return {}
+    slots = context.inventory.by_uuid()
+    out: dict[str, str] = {}
+    for adjustment in run.adjustments:
+        if adjustment.where in hosts:
+            out.update(dict.fromkeys(adjustment.jobs, hosts[adjustment.where]))
+    for job, uuids in context.job_uuids.items():
+        host = next((slots[u].host for u in uuids if u in slots and slots[u].host in hosts), None)
+        if host is not None:
+            out.setdefault(job, hosts[host])
+    return out
 
 
 def as_run(plan: Plan, recs: pd.DataFrame, context: FleetContext) -> PlanAsRun:
@@ -162,14 +214,16 @@ def _number(value: object) -> float | None:
 
 
 def _memory_fractions(recs: pd.DataFrame) -> dict[str, float]:
-    """job -> its memory need as a fraction of its GPU (a time-sliced job's GPU fraction)."""
-    if not {"job_id", "memory_need_bytes", "device_memory_bytes"} <= set(recs.columns):
+    """job -> its memory need as a fraction of the whole GPU it shares (a time-sliced job's GPU
+    fraction; a job on a MIG slice now shares the whole GPU)."""
+    columns = [c for c in ("job_id", "memory_need_bytes", "gpu_model", "device_memory_bytes") if c in recs]
+    if not {"job_id", "memory_need_bytes"} <= set(columns):
         return {}
     out: dict[str, float] = {}
-    for row in frames.rows(recs[["job_id", "memory_need_bytes", "device_memory_bytes"]]):
-        need, device = _number(row.memory_need_bytes), _number(row.device_memory_bytes)
-        if need is not None and device is not None and device > 0:
-            out[str(row.job_id)] = need / device
+    for row in frames.rows(recs[columns]):
+        fraction = time_sliced_fraction(row)
+        if fraction is not None:
+            out[str(row.job_id)] = fraction
     return out
 
 

@@ -87,7 +87,10 @@ def _unsized(row: object, margin: float) -> Item:
     )
 
 
-def items_of(recs: pd.DataFrame, th: Thresholds) -> list[Item]:
+def items_of(recs: pd.DataFrame, th: Thresholds, time_sliced: frozenset[str] = frozenset()) -> list[Item]:
+    """The packer's items; the jobs in `time_sliced` (on Kubernetes nodes whose device plugin
+    cannot run MPS, `planasrun.plan_as_run`) are packed time-sliced wherever MPS was one of their
+    modes, so the time-slicing limits judge them, not MPS's."""
     items = []
     series = demand.of(recs) or demand.Demand(1.0)
     margin = float(th.plan.lifetime_margin_s)
@@ -98,6 +101,9 @@ def items_of(recs: pd.DataFrame, th: Thresholds) -> list[Item]:
             continue
         if kind == Kind.RECLAIM:
             continue
+        no_mps = str(row.job_id) in time_sliced
+        if no_mps and kind == Kind.MPS:
+            kind = Kind.TIME_SLICING
         start, end = lifetime(row, margin)
         model = row.target_gpu_model if kind == Kind.DOWNSIZE else row.gpu_model
         whole = kind in WHOLE
@@ -132,15 +138,34 @@ def items_of(recs: pd.DataFrame, th: Thresholds) -> list[Item]:
                 origin_uuids=tuple(uuids_of(row.uuids)),
                 mig_profile=row.mig_profile if kind == Kind.MIG else None,
                 mig_alternative=row.mig_alternative if isinstance(row.mig_alternative, str) else None,
-                thread_pct=_int_or_none(row.mps_active_thread_percentage),
-                memory_limit=_int_or_none(row.mps_pinned_memory_limit_bytes),
+                thread_pct=None if no_mps else _int_or_none(row.mps_active_thread_percentage),
+                memory_limit=None if no_mps else _int_or_none(row.mps_pinned_memory_limit_bytes),
                 device_memory=num(row.device_memory_bytes) or math.inf,
                 sm_series=_scaled(series.sm.get(str(row.job_id)), scale),
                 dram_series=_scaled(series.dram.get(str(row.job_id)), scale),
-                modes=modes.modes_of(row, th),
+                modes=_time_sliced(modes.modes_of(row, th)) if no_mps else modes.modes_of(row, th),
             )
         )
     return items
+
+
+def _time_sliced(options: tuple[modes.Mode, ...]) -> tuple[modes.Mode, ...]:
+    """A job's modes with MPS replaced by time-slicing (its recommended mode still first)."""
+    out: list[modes.Mode] = []
+    for mode in options:
+        mode = modes.Mode(Kind.TIME_SLICING) if mode.kind == Kind.MPS else mode
+        if mode not in out:
+            out.append(mode)
+    return tuple(out) if len(out) > 1 else ()
+
+
+def time_sliced_fraction(row: object) -> float | None:
+    """The share of its GPU a time-sliced job takes, as recommend counts it: its memory need over
+    the whole GPU's memory (a job on a MIG slice now is time-sliced on the whole GPU)."""
+    need = num(getattr(row, "memory_need_bytes", math.nan))
+    known = model_for_nvml_name(str(getattr(row, "gpu_model", "")))
+    total = known.memory_bytes if known else num(getattr(row, "device_memory_bytes", math.nan))
+    return need / total if need > 0 and total > 0 else None
 
 
 def _scaled(series: demand.Series | None, scale: float) -> demand.Series | None:

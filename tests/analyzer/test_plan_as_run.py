@@ -19,16 +19,22 @@ import pytest
 import yaml
 
 from gpulens.analyzer import emit as em
+from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.planasrun import as_run
+from gpulens.analyzer.profile import profiles_from_samples
+from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.cli import main
 from gpulens.sim.applyplan import apply_plan_files
 from gpulens.sim.history import simulate
+from tests.analyzer import synth
+from tests.analyzer.synth import SynthJob, flat, steady
 from tests.analyzer.test_emit import context, mps_gpu, plan, whole_gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "planasrun"
 START = 1_750_000_200.0
 NO_RECS = pd.DataFrame({"job_id": []})
 THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+GIB = 1024**3
 
 
 def _clients(entry):
@@ -119,6 +125,34 @@ def test_slurm_nodes_keep_their_per_job_mps_shares():
     run = as_run(layout, NO_RECS, context({"node-7": 2}, "slurm", "abcx"))
     assert (run.plan, run.adjustments) == (layout, ())
     assert {j: c[THREADS] for j, c in _clients(run.plan.layout[0]).items()} == {"a": 10, "b": 20, "c": 30}
+
+
+def _light_pods_beside_a_trainer(n: int) -> list[SynthJob]:
+    """`n` light pods on whole A100s and a busy trainer on another, all on one Kubernetes node."""
+    jobs = [
+        SynthJob(
+            f"pod-{i}", f"GPU-{i}", steady(60, 0.03, 0.005, seed=i), flat(60, 3 * GIB), source="kubernetes"
+        )
+        for i in range(n)
+    ]
+    trainer = SynthJob(
+        "trainer", "GPU-t", steady(60, 0.9, 0.01, seed=99), flat(60, 30 * GIB), source="kubernetes"
+    )
+    return [*jobs, trainer]
+
+
+def test_a_node_that_cannot_run_mps_is_packed_by_the_limits_of_what_it_runs():
+    # six light pods fit one GPU as MPS clients; beside the trainer's whole GPU the plugin would
+    # time-slice that GPU, six replicas where time-slicing allows four: the plan packs them as
+    # the node can run them (here, MIG slices of one GPU)
+    th = load_thresholds()
+    profiles = profiles_from_samples(synth.frame(_light_pods_beside_a_trainer(6)), synth.STEP, th)
+    plan = analyze_profiles(profiles, th, "test", with_archetypes=False).plan
+    sharing = {e["sharing"] for e in plan.layout}
+    time_sliced = [e for e in plan.layout if e["sharing"] == "time-slicing"]
+    assert "mps" not in sharing
+    assert all(len(e["jobs"]) <= th.time_slicing.max_replicas for e in time_sliced)
+    assert plan.gpus_after == 2
 
 
 # ---------------------------------------------------------------- whole reports, end to end
@@ -223,3 +257,17 @@ def test_a_node_running_its_mps_plan_gets_no_change_and_still_shows_the_plugins_
     jobs = _jobs(report).values()
     assert ({j["action"] for j in jobs}, (report / "config").exists()) == ({"keep"}, False)
     assert {j["mps_active_thread_percentage"] for j in jobs} == {25}
+
+
+@pytest.mark.slow
+def test_a_node_running_its_time_sliced_plan_beside_mig_gets_no_change(mixed, tmp_path):
+    # measured time-sliced, its jobs' MPS demand moves by a few points; the plan must not then
+    # fit the MIG pods onto the time-sliced GPU it would not have planned them on last week
+    week2 = tmp_path / "week2.yaml"
+    apply_plan_files(str(DATA / "mps-beside-mig.yaml"), mixed, week2)
+    simulate(str(week2), duration_s=86400.0, out=tmp_path / "history", step_s=300.0, start=START + 7 * 86400)
+    report = tmp_path / "report"
+    argv = ["report", "--history", str(tmp_path / "history"), "--out", str(report), "--previous", str(mixed)]
+    assert main(argv) == 0
+    jobs = _jobs(report).values()
+    assert ({j["action"] for j in jobs}, (report / "config").exists()) == ({"keep"}, False)
