@@ -49,6 +49,10 @@ class NodePlan:
     mig_config: str | None  # its mig-parted config name, when its MIG layout changes
     gres_lines: tuple[str, ...] = ()  # its gres.conf lines (Slurm)
     pods: Mapping[str, tuple[str, str]] | None = None  # job id -> (namespace, pod) of moved pods
+    # jobs on the node's changed GPUs now; None: not known (every moved job is taken to be here).
+    # A job the plan brings from another node is that node's to check and restart: here, its pod
+    # is on the other node, so a pre-check would always stop the script
+    here: frozenset[str] | None = None
 
 
 def apply_name(host: str) -> str:
@@ -115,9 +119,14 @@ def _moved_jobs(node: NodePlan) -> list[str]:
 
 def kubernetes_scripts(node: NodePlan) -> tuple[str, str]:
     pods = node.pods or {}
-    moved = [pods[job] for job in _moved_jobs(node) if job in pods]
+    jobs = [job for job in _moved_jobs(node) if job in pods]
+    moved = [pods[job] for job in jobs if node.here is None or job in node.here]
+    arriving = [pods[job] for job in jobs if node.here is not None and job not in node.here]
     rollback = rollback_name(node.host)
     apply = _header(node, "apply the plan's changes")
+    if arriving:
+        apply += ["", "# pods the plan brings from other nodes (their nodes' scripts restart them):"]
+        apply += [f"#   {ns}/{pod}" for ns, pod in arriving]
     apply += ["", "# the node still runs what the plan assumed"]
     for ns, pod in moved:
         where = f"kubectl get pod -n {_q(ns)} {_q(pod)} -o jsonpath='{{.spec.nodeName}}'"
@@ -191,7 +200,7 @@ def label_of(label: str) -> str:
 
 
 def slurm_scripts(node: NodePlan, mig_file: str, gres_fragment: str) -> tuple[str, str]:
-    jobs = _moved_jobs(node)
+    jobs = [job for job in _moved_jobs(node) if node.here is None or job in node.here]  # not arriving ones
     rollback = rollback_name(node.host)
     saved_gres = "$SAVED/slurm-gres.before"
     apply = _header(node, "apply the plan's changes (run on the node, as root)")

@@ -528,9 +528,20 @@ def _node_scripts(
                 mig_names.get(host),
                 gres,
                 context.pods,
+                _jobs_here(delta, host),
             )
         )
     return applyplan.node_files(nodes, MIG_FILE)
+
+
+def _jobs_here(delta: Changes, host: str) -> frozenset[str] | None:
+    """The jobs on the host's changed GPUs now (None where the state now is not known): a job
+    leaving the host leaves one of them, so it is among these; one arriving is not."""
+    if not delta.known:
+        return None
+    return frozenset(
+        j for c in delta.on(host) if (gpu := delta.now.get(c.uuid)) is not None for j in gpu.jobs
+    )
 
 
 def validate_files(

@@ -184,6 +184,8 @@ class Exporter:
                 mps_control_timeout_seconds=min(1.0, cfg.read_deadline() / 2),
             ),
             logger=logging.getLogger("gpulens.exporter.attribution"),
+            # a simulated node's pods come and go on its clock (Attributor's docstring)
+            pods_clock=self.clock if self.node is not None else time.monotonic,
         )
 
     def _kube_api(self) -> Any:

@@ -18,7 +18,8 @@ Identity precedence for one process (first that answers wins; see docs/attributi
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
 
 from gpulens.exporter.attribution.aggregate import (
@@ -133,8 +134,15 @@ class Attributor:
     """
 
     def __init__(
-        self, config: AttributionConfig, logger: logging.Logger | None = None, max_jobs_per_device: int = 64
+        self,
+        config: AttributionConfig,
+        logger: logging.Logger | None = None,
+        max_jobs_per_device: int = 64,
+        pods_clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`pods_clock` times the refreshes of the kubelet's pod directory listing: a simulated node's
+        clock under `gpulens simulate`, where a sample is minutes of node time but milliseconds of
+        real time, so a pod started mid-run is named at its next sample, not by its UID all run."""
         self._config = config
         self._logger = logger or logging.getLogger("gpulens.exporter.attribution")
         self._log = LogOnce(self._logger)
@@ -145,7 +153,7 @@ class Attributor:
         # keeps for its TTL, so ~200 processes per `large` sample skip the lookup and the sanitizing
         self._slurm_jobs: dict[int, tuple[ProcessInfo, JobIdentity]] = {}
         self._procfs = ProcfsReader(config.procfs_root, self._log) if config.enable_procfs else None
-        self._pods = PodDirectory(config.pod_logs_dir) if config.enable_procfs else None
+        self._pods = PodDirectory(config.pod_logs_dir, clock=pods_clock) if config.enable_procfs else None
         self._mps = (
             MpsControl(
                 config.mps_control,

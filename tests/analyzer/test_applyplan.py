@@ -17,7 +17,7 @@ import pytest
 
 from gpulens.analyzer import emit as em
 from gpulens.analyzer.applyplan import apply_name, rollback_name
-from tests.analyzer.test_emit import H100
+from tests.analyzer.test_emit import H100, whole_gpu
 from tests.analyzer.test_emit_changes import fleet, mig_gpu, mps_gpu, on, plan
 
 A100_80 = "A100-80GB"
@@ -207,3 +207,29 @@ def test_a_rerun_of_the_same_apply_keeps_the_state_saved_before_its_first_run(ku
     assert saved == "gpulens-exclusive"  # not the label the first run set
     assert run_script(tmp_path, files, rollback_name("n1"), env).returncode == 0
     assert (state / "labels").read_text() == "nvidia.com/device-plugin.config=gpulens-exclusive\n"
+
+
+def test_a_pod_moved_in_from_another_node_is_neither_checked_nor_restarted_by_this_nodes_script(
+    kube, tmp_path
+):
+    """The pre-check asks whether a moved pod is still on the node: a pod the plan brings from n1
+    to n2 is on n1 until n1's script restarts it, so n2's script must not ask (it would always stop)."""
+    state, env = kube
+    (state / "pods").write_text("team/a-5f6b8d9c47-q8wzt n1\nteam/b-0 n1\nteam/c-0 n2\n")
+    ctx = fleet({"n1": [("exclusive", "a"), ("exclusive", "b")], "n2": [("exclusive", "c")]})
+    pods = {"a": ("team", "a-5f6b8d9c47-q8wzt"), "b": ("team", "b-0"), "c": ("team", "c-0")}
+    ctx = em.FleetContext(
+        ctx.inventory, ctx.job_uuids, ctx.windows, ctx.mig_now, ctx.now, ctx.now_known, pods
+    )
+    layout = [
+        on(mps_gpu("s", ("a", 40), ("c", 40), model=A100_80), "n2", 0),
+        on(whole_gpu("g", "b", model=A100_80), "n1", 1),
+    ]
+    out = em.emit(plan(*layout), ctx)
+    applied = run_script(tmp_path, out.files, apply_name("n2"), env)
+    assert applied.returncode == 0, applied.stderr
+    assert (state / "deleted").read_text().split() == ["team/c-0"]
+    (state / "deleted").write_text("")
+    left = run_script(tmp_path, out.files, apply_name("n1"), env)  # a leaves n1: n1 restarts it
+    assert left.returncode == 0, left.stderr
+    assert (state / "deleted").read_text().split() == ["team/a-5f6b8d9c47-q8wzt"]

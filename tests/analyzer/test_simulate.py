@@ -207,3 +207,27 @@ def test_one_scenario_simulates_as_the_first_node_of_a_fleet_and_keeps_its_meta_
     assert "scenario" not in fleet.meta and "node" not in fleet.meta
     for metric in ("gpu_utilization_ratio", "gpu_job_sm_utilization_ratio", "gpu_job_memory_used_bytes"):
         assert _series(alone, metric, "gpu-a").equals(_series(fleet, metric, "gpu-a")), metric
+
+
+LATE_POD = """
+name: late-pod
+node: {hostname: k8s-late-1, kubernetes: {driver: systemd, runtime: containerd, cgroup: v2}}
+gpus: [{model: L40S}]
+processes:
+  - {pid: 400, gpu: 0, job: {kubernetes: {namespace: batch, pod: embed-0}}, start: -1h,
+     workload: {pattern: constant, memory: 6GiB, sm: 0.2}}
+  - {pid: 500, gpu: 0, job: {kubernetes: {namespace: batch, pod: transcode-x9z8c}}, start: 5m, end: 2h,
+     workload: {pattern: constant, memory: 6GiB, sm: 0.3}}
+"""
+
+
+def test_a_pod_started_during_the_run_is_named_from_its_first_sample(tmp_path):
+    """A run samples minutes of node time in milliseconds: the exporter must look for new pods on
+    the node's clock, not the wall clock, or a pod started after the first sample (here beside one
+    running from the start, whose lookup lists the pods) keeps its UID."""
+    scenario = tmp_path / "late.yaml"
+    scenario.write_text(LATE_POD)
+    simulate(str(scenario), duration_s=3 * 3600, out=tmp_path / "h", step_s=300, seed=0)
+    samples = read_history(tmp_path / "h").samples
+    jobs = samples[samples["metric"] == "gpu_job_info"]
+    assert set(jobs["job_id"]) == {"batch/embed-0", "batch/transcode-x9z8c"}
