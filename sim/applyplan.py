@@ -25,6 +25,11 @@ is read against the week-1 scenario's YAML, and the result is the same YAML with
 
 Moving a job never changes what it asks for (its workload): only what the GPU lets it have. For
 tests, `grow` scales one job's SM demand in week 2, so a moved job can be made to bind its cap.
+
+A fleet (several nodes' scenarios, simulated together) is applied at once, one output file a node:
+a job the plan moves to another node (a pod rolled onto it, a Slurm job requeued there) leaves its
+node's scenario and is added to the other's as a move within a node would be (`Crossing`); Slurm
+ids are handed out fleet-wide. One node's scenario alone refuses a plan that moves a job across.
 """
 
 from __future__ import annotations
@@ -33,20 +38,26 @@ import copy
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import yaml
 
 from gpulens.analyzer.pluginsharing import PluginSharing
 from gpulens.analyzer.workload import pod_owner
-from gpulens.atomicfile import write_text
+from gpulens.atomicfile import WriteFailed, create_text, is_temp, replace_directory, write_text
 from gpulens.catalog import CatalogError, GpuModel
 from gpulens.migplacement import place_mig_layout
 from gpulens.safeload import InputError, load_json_file, load_yaml_file
-from gpulens.sim.defaults import default_gpu_instance_id, make_container_id, make_uuid, stable_hex
+from gpulens.sim.defaults import (
+    default_gpu_instance_id,
+    default_uid,
+    make_container_id,
+    make_uuid,
+    stable_hex,
+)
 from gpulens.sim.nodesharing import (
     DEVICE_PLUGIN_PIPE_DIR,
     NodeSharingError,
@@ -109,6 +120,8 @@ class ReportPlan:
     multi: dict[str, tuple[Slot, ...]] = field(default_factory=dict)
     # the device-plugin config the report selects for the node (None: it keeps the one it runs)
     sharing: SelectedConfig | None = None
+    # jobs the layout places on other nodes' GPUs -> those nodes (a job moved across nodes)
+    elsewhere: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,10 +164,15 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
     jobs: dict[str, Slot] = {}
     multi: dict[str, list[Slot]] = {}
     mps_settings: dict[str, tuple[float | None, int | None]] = {}
+    elsewhere: dict[str, set[str]] = {}
     for i, entry in enumerate(layout):
         where = f"{plan_path}: layout[{i}]"
         found = _node_gpu(where, entry, scenario, by_uuid)
         if found is None:
+            for name in report_field(where, entry, "jobs", list, "a list of job ids"):
+                if not isinstance(name, str):
+                    raise ApplyPlanError(f"{where}.jobs: expected job ids, found {name!r}")
+                elsewhere.setdefault(name, set()).add(entry["node"])
             continue
         uuid, index = found
         mode = report_field(where, entry, "sharing", str, "a sharing mode")
@@ -239,7 +257,8 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
         gpus[index] = GpuTarget("freed", clear_mig=index in cleared)
     reclaimed = _check_jobs(str(jobs_path), rows, jobs, scenario)
     spread = {name: tuple(sorted(slots, key=lambda s: s.gpu)) for name, slots in multi.items()}
-    return ReportPlan(gpus, jobs, reclaimed, spread, sharing)
+    others = {name: frozenset(nodes) for name, nodes in elsewhere.items()}
+    return ReportPlan(gpus, jobs, reclaimed, spread, sharing, others)
 
 
 def _node_gpu(
@@ -408,19 +427,39 @@ def _renamed_pod(pod: str) -> str:
     return "-".join([owner, *fresh])
 
 
+class SlurmIds:
+    """The job ids resubmitted Slurm jobs take: after the highest id of the scenarios given (one
+    controller numbers the jobs of every node of a fleet), an array's moved tasks one new array id."""
+
+    def __init__(self, scenarios: Iterable[Scenario]) -> None:
+        ids = [
+            int(p.job.job_id.split("_")[0])
+            for scenario in scenarios
+            for p in scenario.processes
+            if isinstance(p.job, SlurmJob)
+        ]
+        self.next = max(ids, default=1000) + 1
+        self.renamed: dict[str, str] = {}  # job id (an array's: the array's) -> its new one
+
+    def resubmitted(self, job_id: str) -> str:
+        array, sep, task = job_id.partition("_")
+        if array not in self.renamed:
+            self.renamed[array] = str(self.next)
+            self.next += 1
+        return self.renamed[array] + sep + task
+
+
 class _Applier:
     """Rewrites the scenario's YAML: one instance per apply, holding the pids and ids handed out."""
 
-    def __init__(self, data: dict[str, Any], scenario: Scenario, plan: ReportPlan) -> None:
+    def __init__(
+        self, data: dict[str, Any], scenario: Scenario, plan: ReportPlan, slurm: SlurmIds | None = None
+    ) -> None:
         self.data, self.scenario, self.plan = data, scenario, plan
         pids = [p.pid for p in scenario.processes]
         pids += [pid for g in scenario.gpus if g.mps for pid in (g.mps.server_pid, g.mps.restart_pid)]
         self.next_pid = max(pids, default=1000) + 1
-        slurm_ids = [
-            int(p.job.job_id.split("_")[0]) for p in scenario.processes if isinstance(p.job, SlurmJob)
-        ]
-        self.next_slurm = max(slurm_ids, default=1000) + 1
-        self.slurm_renamed: dict[str, str] = {}  # job id (an array's: the array's) -> its new one
+        self.slurm = slurm or SlurmIds([scenario])
 
     def pid(self) -> int:
         self.next_pid += 1
@@ -438,12 +477,8 @@ class _Applier:
             )
             return {"kubernetes": k}
         if isinstance(job, SlurmJob):
-            array, sep, task = job.job_id.partition("_")
-            if array not in self.slurm_renamed:
-                self.slurm_renamed[array] = str(self.next_slurm)
-                self.next_slurm += 1
             s = dict(raw["slurm"])  # user, account and name as before: the same job resubmitted
-            s["id"] = self.slurm_renamed[array] + sep + task
+            s["id"] = self.slurm.resubmitted(job.job_id)
             return {"slurm": s}
         return copy.deepcopy(raw)
 
@@ -485,18 +520,48 @@ def _grown(
     return w
 
 
+@dataclass(frozen=True)
+class Arrival:
+    """A process of a job the plan moves onto this node from another node's scenario."""
+
+    raw: dict[str, Any]  # its entry in that scenario's YAML
+    spec: ProcessSpec
+    source: Scenario  # the node it runs on now
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """What a fleet's other nodes mean for one node's apply: the jobs the plan moves onto it from
+    them, and its jobs the plan moves to them (they leave its scenario)."""
+
+    arrivals: tuple[Arrival, ...] = ()
+    departures: frozenset[str] = frozenset()
+
+
 def apply_plan(
-    data: dict[str, Any], scenario: Scenario, plan: ReportPlan, grow: Mapping[str, float] | None = None
+    data: dict[str, Any],
+    scenario: Scenario,
+    plan: ReportPlan,
+    grow: Mapping[str, float] | None = None,
+    crossing: Crossing | None = None,
+    slurm: SlurmIds | None = None,
 ) -> dict[str, Any]:
-    """The scenario's YAML data after the plan (module docstring); `data` is not modified."""
+    """The scenario's YAML data after the plan (module docstring); `data` is not modified. Without
+    `crossing` (one node) a plan that moves a job across nodes is refused."""
     grow = dict(grow or {})
+    crossing = crossing or Crossing()
     changed = _gpu_changes(scenario, plan)
     raw_procs = data.get("processes") or []
     known = {job_key(p) for p in scenario.processes}
+    arriving = {job_key(a.spec) for a in crossing.arrivals}
     for name in (*plan.jobs, *grow):
-        if name not in known:
-            raise ApplyPlanError(f"{name!r}: expected a job of scenario {scenario.name}, found none")
-    slots = _process_slots(scenario, plan)
+        if name not in known | arriving:
+            hint = " (a job moved here from another node needs that node's scenario given too)"
+            raise ApplyPlanError(
+                f"{name!r}: expected a job of scenario {scenario.name}, found none"
+                + (hint if name in plan.jobs else "")
+            )
+    slots = _process_slots(scenario.processes, plan)
     moved: set[str] = set()
     for i, spec in enumerate(scenario.processes):
         key = job_key(spec)
@@ -505,16 +570,22 @@ def apply_plan(
             continue
         if slot.gpu in changed or not _stays(scenario, spec, slot) or key in grow:
             moved.add(key)  # a multi-GPU job moves whole: every rank restarts
-    applier = _Applier(data, scenario, plan)
-    daemon = daemon_percentage(scenario, plan)
+    applier = _Applier(data, scenario, plan, slurm)
+    daemon = daemon_percentage(scenario, plan, [a.spec for a in crossing.arrivals])
     out = {k: copy.deepcopy(v) for k, v in data.items() if k not in ("gpus", "processes", "faults")}
     out["name"] = f"{scenario.name}-applied"
     out["gpus"] = _gpus(data["gpus"], scenario, plan, changed, applier, daemon)
     processes = []
     for i, (raw, spec) in enumerate(zip(raw_procs, scenario.processes, strict=True)):
         key = job_key(spec)
-        if key in plan.reclaimed:
+        if key in plan.reclaimed or key in crossing.departures:
             continue
+        if key is not None and key not in plan.jobs and key in plan.elsewhere:
+            raise ApplyPlanError(
+                f"plan.json: layout: {key} moves from {scenario.hostname} ({scenario.source}) to "
+                f"{', '.join(sorted(plan.elsewhere[key]))}: expected that node's scenario given too "
+                f"(gpulens sim apply-plan A.yaml B.yaml ... --out DIR), found none"
+            )
         if key not in moved:
             if spec.gpu in changed or (plan.gpus.get(spec.gpu, GpuTarget("unchanged")).mode == "freed"):
                 raise ApplyPlanError(
@@ -524,6 +595,7 @@ def apply_plan(
             processes.append(copy.deepcopy(raw))
             continue
         processes.append(_moved(raw, spec, slots[i], scenario, applier, grow.get(key), daemon is None))
+    processes += _arrived(crossing.arrivals, scenario, plan, applier, grow, daemon is None)
     out["processes"] = processes
     faults = _kept_faults(data.get("faults"), scenario, changed)
     if faults is not None:
@@ -531,11 +603,42 @@ def apply_plan(
     return out
 
 
-def daemon_percentage(scenario: Scenario, plan: ReportPlan) -> int | None:
+def _arrived(
+    arrivals: Sequence[Arrival],
+    scenario: Scenario,
+    plan: ReportPlan,
+    applier: _Applier,
+    grow: Mapping[str, float],
+    own_caps: bool,
+) -> list[dict[str, Any]]:
+    """The entries of the processes the plan moves onto `scenario`'s node from other nodes: rolled
+    out as a move within a node is (`_moved`), the same user (uid) as where they ran."""
+    users = applier.data.get("users") or {}
+    slots = _process_slots([a.spec for a in arrivals], plan)
+    out = []
+    for k, arrival in enumerate(arrivals):
+        key, spec, slot = job_key(arrival.spec) or "", arrival.spec, slots[k]
+        if slot.mode == "unchanged":
+            raise ApplyPlanError(
+                f"plan.json: layout: expected GPU {slot.gpu} of {scenario.hostname}, which the plan "
+                f"keeps unchanged, to hold only the jobs that run on it now, found {key} from "
+                f"{arrival.source.hostname}"
+            )
+        entry = _moved(arrival.raw, spec, slot, scenario, applier, grow.get(key), own_caps, arrival.source)
+        if "uid" not in entry and users.get(spec.user, default_uid(spec.user)) != spec.uid:
+            entry["uid"] = spec.uid
+        out.append(entry)
+    return out
+
+
+def daemon_percentage(
+    scenario: Scenario, plan: ReportPlan, arriving: Sequence[ProcessSpec] = ()
+) -> int | None:
     """The thread share the device plugin's MPS control daemon gives every client on a Kubernetes
     node after the plan (`nodesharing.py`); None on other nodes, whose clients are given the plan's
-    own percentage (Slurm's gres/mps share, or the job's environment)."""
-    if not any(isinstance(p.job, KubernetesJob) for p in scenario.processes):
+    own percentage (Slurm's gres/mps share, or the job's environment). `arriving`: processes the
+    plan moves onto the node from other nodes (pods make a node a Kubernetes one too)."""
+    if not any(isinstance(p.job, KubernetesJob) for p in (*scenario.processes, *arriving)):
         return None
     if plan.sharing is not None:
         return plan.sharing.thread_percentage
@@ -543,16 +646,16 @@ def daemon_percentage(scenario: Scenario, plan: ReportPlan) -> int | None:
     return int(min(running)) if running else 100  # the node keeps its config (MPS's own default: 100)
 
 
-def _process_slots(scenario: Scenario, plan: ReportPlan) -> dict[int, Slot]:
-    """Process index -> where the plan runs it. A multi-GPU job's ranks keep their order: the
-    rank on its k-th lowest GPU now goes to the k-th lowest GPU the plan gives it."""
+def _process_slots(processes: Sequence[ProcessSpec], plan: ReportPlan) -> dict[int, Slot]:
+    """Index in `processes` (of one node) -> where the plan runs it. A multi-GPU job's ranks keep
+    their order: the rank on its k-th lowest GPU now goes to the k-th lowest GPU the plan gives it."""
     gpus_of: dict[str, list[int]] = {}
-    for spec in scenario.processes:
+    for spec in processes:
         key = job_key(spec)
         if key in plan.multi and spec.gpu not in gpus_of.setdefault(key, []):
             gpus_of[key].append(spec.gpu)
     out: dict[int, Slot] = {}
-    for i, spec in enumerate(scenario.processes):
+    for i, spec in enumerate(processes):
         key = job_key(spec)
         if key is None or key not in plan.jobs:
             continue
@@ -577,10 +680,12 @@ def _moved(
     applier: _Applier,
     factor: float | None,
     own_caps: bool = True,
+    source: Scenario | None = None,
 ) -> dict[str, Any]:
-    """A process of a job the plan moves, restarted where it goes; `own_caps`: an MPS client is
-    given the plan's thread percentage in its environment (not on a device-plugin node, where the
-    control daemon's share holds)."""
+    """A process of a job the plan moves, restarted where it goes (on `scenario`'s node; `source`:
+    the node it runs on now, when another); `own_caps`: an MPS client is given the plan's thread
+    percentage in its environment (not on a device-plugin node, where the control daemon's share
+    holds)."""
     entry: dict[str, Any] = {"pid": applier.pid(), "gpu": slot.gpu}
     skip = ("pid", "gpu", "instance", "kind", "start", "end")
     entry.update((k, copy.deepcopy(v)) for k, v in raw.items() if k not in skip)
@@ -611,7 +716,7 @@ def _moved(
         entry["end"] = f"{spec.end + start - spec.start:g}s"
     if spec.job is not None:
         entry["job"] = applier.job(raw["job"], spec)
-    rescale = _container_sms(scenario, spec.gpu, spec.instance) / _slot_sms(scenario, slot)
+    rescale = _container_sms(source or scenario, spec.gpu, spec.instance) / _slot_sms(scenario, slot)
     if factor is not None or rescale != 1:
         entry["workload"] = _grown(raw["workload"], spec, factor or 1.0, job_key(spec) or "", rescale)
     return entry
@@ -737,10 +842,8 @@ def render(data: dict[str, Any], scenario_source: str, report: str) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110)
 
 
-def apply_plan_files(
-    scenario_path: str, report: str | Path, out: str | Path, grow: Mapping[str, float] | None = None
-) -> Scenario:
-    """Read a scenario and a report directory, write the applied scenario to `out`; returns it."""
+def _load(scenario_path: str) -> tuple[Scenario, dict[str, Any]]:
+    """A scenario (a file or a built-in name) and its YAML data."""
     try:
         scenario = load_scenario(scenario_path)
         path = Path(scenario_path)
@@ -749,15 +852,166 @@ def apply_plan_files(
         data = load_yaml_file(path, scenario.source)
     except ScenarioError as e:
         raise ApplyPlanError(str(e)) from None
-    plan = read_report(Path(report), scenario)
-    applied = apply_plan(data, scenario, plan, grow)
-    text = render(applied, scenario.source, str(report))
+    return scenario, data
+
+
+def _checked(applied: dict[str, Any], source: str, report: str | Path, out: Path) -> tuple[str, Scenario]:
+    """The applied scenario's text and what it reads back as (it must validate)."""
+    text = render(applied, source, str(report))
     try:
-        result = parse_scenario(yaml.safe_load(text), str(out), name=Path(out).stem)
+        return text, parse_scenario(yaml.safe_load(text), str(out), name=out.stem)
     except ScenarioError as e:
         raise ApplyPlanError(f"the applied scenario does not validate: {e}") from None
+
+
+@overload
+def apply_plan_files(
+    scenario_path: str, report: str | Path, out: str | Path, grow: Mapping[str, float] | None = None
+) -> Scenario: ...
+
+
+@overload
+def apply_plan_files(
+    scenario_path: list[str] | tuple[str, ...],
+    report: str | Path,
+    out: str | Path,
+    grow: Mapping[str, float] | None = None,
+) -> list[Scenario]: ...
+
+
+def apply_plan_files(
+    scenario_path: str | list[str] | tuple[str, ...],
+    report: str | Path,
+    out: str | Path,
+    grow: Mapping[str, float] | None = None,
+) -> Scenario | list[Scenario]:
+    """Read a scenario and a report directory, write the applied scenario to `out`; returns it.
+    Given a list of scenarios (a fleet, one a node), `out` is a directory with one file a node
+    (`fleet_file_name`), jobs the plan moves across nodes move between them; returns the applied
+    scenarios in the order given."""
+    if not isinstance(scenario_path, str):
+        return _apply_fleet(list(scenario_path), report, Path(out), grow)
+    scenario, data = _load(scenario_path)
+    plan = read_report(Path(report), scenario)
+    text, result = _checked(apply_plan(data, scenario, plan, grow), scenario.source, report, Path(out))
     try:
         write_text(out, text)
     except OSError as e:
         raise ApplyPlanError(f"{out}: expected a writable file, found {e.strerror or e}") from None
     return result
+
+
+def fleet_file_name(scenario_path: str) -> str:
+    """The file a node's applied scenario gets in the fleet form's directory: its scenario's name."""
+    return f"{Path(scenario_path).stem}.yaml"
+
+
+def _apply_fleet(
+    paths: list[str], report: str | Path, out: Path, grow: Mapping[str, float] | None
+) -> list[Scenario]:
+    if not paths:
+        raise ApplyPlanError("SCENARIO: expected at least one scenario, found none")
+    nodes = [_load(p) for p in paths]
+    hosts: dict[str, str] = {}
+    names: dict[str, str] = {}
+    for (scenario, _), path in zip(nodes, paths, strict=True):
+        if scenario.hostname in hosts:
+            raise ApplyPlanError(
+                f"{scenario.source}: node.hostname: expected one scenario a node, found "
+                f"{scenario.hostname} again (also {hosts[scenario.hostname]})"
+            )
+        hosts[scenario.hostname] = scenario.source
+        name = fleet_file_name(path)
+        if name in names:
+            raise ApplyPlanError(
+                f"{scenario.source}: expected scenarios with different file names (--out gets one file "
+                f"a node, named after it), found {name} again (also {names[name]})"
+            )
+        names[name] = scenario.source
+    plans = [read_report(Path(report), scenario) for scenario, _ in nodes]
+    crossings = _crossings(nodes, plans)
+    grow = dict(grow or {})
+    jobs = {job_key(p) for scenario, _ in nodes for p in scenario.processes}
+    for job in grow:
+        if job not in jobs:
+            raise ApplyPlanError(f"--grow {job}: expected a job of the scenarios given, found none")
+    slurm = SlurmIds(scenario for scenario, _ in nodes)
+    texts: dict[str, str] = {}
+    results = []
+    for (scenario, data), plan, crossing, name in zip(nodes, plans, crossings, names, strict=True):
+        here = {job_key(p) for p in scenario.processes} - crossing.departures
+        here |= {job_key(a.spec) for a in crossing.arrivals}
+        applied = apply_plan(
+            data, scenario, plan, {j: f for j, f in grow.items() if j in here}, crossing, slurm
+        )
+        movers = sorted({a.source.source for a in crossing.arrivals})
+        source = scenario.source + (
+            f" (with the jobs the plan moves here from {', '.join(movers)})" if movers else ""
+        )
+        texts[name], result = _checked(applied, source, report, out / name)
+        results.append(result)
+    try:
+        with replace_directory(out, _not_applied_scenarios) as tmp:
+            for name, text in texts.items():
+                with create_text(tmp / name) as handle:
+                    handle.write(text)
+    except WriteFailed as e:
+        raise ApplyPlanError(str(e)) from None
+    except OSError as e:
+        raise ApplyPlanError(f"{out}: expected a writable directory, found {e.strerror or e}") from None
+    return results
+
+
+def _not_applied_scenarios(existing: Path) -> str | None:
+    """Why the fleet form must not replace `existing` (it is swapped whole): it holds anything but
+    scenario files (`--out ~`)."""
+    try:
+        others = sorted(p.name for p in existing.iterdir() if not is_temp(p) and p.suffix != ".yaml")
+    except OSError as e:
+        return e.strerror or str(e)
+    if not others:
+        return None
+    return (
+        f"holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}; expected a directory of scenarios"
+    )
+
+
+def _crossings(nodes: Sequence[tuple[Scenario, Any]], plans: Sequence[ReportPlan]) -> list[Crossing]:
+    """Per node (in order): the jobs the plan moves onto it from the other nodes given, and its jobs
+    it moves to them. A job moved to a node not given is left to `apply_plan`'s error."""
+    now: dict[str, set[str]] = {}
+    for scenario, _ in nodes:
+        for p in scenario.processes:
+            if (key := job_key(p)) is not None:
+                now.setdefault(key, set()).add(scenario.hostname)
+    hosts = {scenario.hostname for scenario, _ in nodes}
+    placed: dict[str, set[str]] = {}
+    for (scenario, _), plan in zip(nodes, plans, strict=True):
+        for key in plan.jobs:
+            placed.setdefault(key, set()).add(scenario.hostname)
+        for key, others in plan.elsewhere.items():
+            placed.setdefault(key, set()).update(others)
+    moves: dict[str, tuple[str, str]] = {}  # job -> (from, to)
+    for key, on in now.items():
+        to = placed.get(key)
+        if not to or to == on:
+            continue
+        if len(on) > 1 or len(to) > 1:
+            raise ApplyPlanError(
+                f"plan.json: layout: expected a job the plan moves across nodes to run on one node, "
+                f"found {key} on {', '.join(sorted(on))} now and on {', '.join(sorted(to))} in the plan"
+            )
+        (source,), (target,) = on, to
+        if target in hosts:
+            moves[key] = (source, target)
+    out = []
+    for scenario, _ in nodes:
+        arrivals = tuple(
+            Arrival(raw, spec, other)
+            for other, other_data in nodes
+            for raw, spec in zip(other_data.get("processes") or [], other.processes, strict=True)
+            if moves.get(job_key(spec) or "") == (other.hostname, scenario.hostname)
+        )
+        departures = frozenset(k for k, (source, _) in moves.items() if source == scenario.hostname)
+        out.append(Crossing(arrivals, departures))
+    return out

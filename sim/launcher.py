@@ -432,20 +432,24 @@ def apply_plan(args: argparse.Namespace) -> int:
     # deferred: imported at every child's start-up (see the note above the constants)
     from gpulens.sim.applyplan import ApplyPlanError, apply_plan_files, parse_grow
 
-    if (args.scenario is None) == (args.history is None):
+    if (not args.scenario) == (args.history is None):
         raise _CliError("apply-plan: expected a SCENARIO or --history DIR (one of them)")
     if args.history is not None:
         return _apply_plan_history(args)
     try:
-        result = apply_plan_files(args.scenario, args.report, args.out, parse_grow(args.grow))
+        if len(args.scenario) == 1:
+            results = [apply_plan_files(args.scenario[0], args.report, args.out, parse_grow(args.grow))]
+        else:  # a fleet: --out is a directory, one file a node
+            results = apply_plan_files(args.scenario, args.report, args.out, parse_grow(args.grow))
     except ApplyPlanError as error:
         raise _CliError(str(error)) from None
-    mps = sum(1 for g in result.gpus if g.mps is not None)
-    mig = sum(1 for g in result.gpus if g.mig is not None)
-    print(
-        f"{args.out}: the plan applied ({len(result.gpus)} GPUs, {mig} with MIG, {mps} with MPS, "
-        f"{len(result.processes)} processes)"
-    )
+    for result in results:
+        mps = sum(1 for g in result.gpus if g.mps is not None)
+        mig = sum(1 for g in result.gpus if g.mig is not None)
+        print(
+            f"{result.source}: the plan applied ({len(result.gpus)} GPUs, {mig} with MIG, {mps} with MPS, "
+            f"{len(result.processes)} processes)"
+        )
     return 0
 
 
@@ -518,11 +522,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "apply-plan",
         help="write the scenario as it runs after a report's plan was applied",
         description="Write SCENARIO as it runs after an SRE applied the plan of the report in DIR "
-        "(pods rolled out, GPUs re-sliced or shared, freed GPUs empty): next week's scenario. With "
-        "--history instead, rewrite a history (an imported trace) into its jobs running as planned.",
+        "(pods rolled out, GPUs re-sliced or shared, freed GPUs empty): next week's scenario. Given "
+        "several scenarios (a fleet, one a node, as `gpulens simulate A.yaml B.yaml` ran them), --out "
+        "is a directory with one file a node, named as its scenario, and jobs the plan moves from one "
+        "node to another move between them. With --history instead, rewrite a history (an imported "
+        "trace) into its jobs running as planned.",
     )
     apply_parser.add_argument(
-        "scenario", metavar="SCENARIO", nargs="?", help="the scenario the report was made from"
+        "scenario",
+        metavar="SCENARIO",
+        nargs="*",
+        help="the scenario the report was made from; several: each node's, of a fleet simulated together",
     )
     apply_parser.add_argument(
         "--history",
@@ -531,7 +541,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     apply_parser.add_argument("--report", required=True, metavar="DIR", help="gpulens report --out DIR")
     apply_parser.add_argument(
-        "--out", required=True, metavar="OUT", help="FILE.yaml, or a directory with --history"
+        "--out",
+        required=True,
+        metavar="OUT",
+        help="FILE.yaml for one SCENARIO; a directory for several (one file a node) or with --history",
     )
     apply_parser.add_argument(
         "--grow",

@@ -1,8 +1,9 @@
 """A fleet already running its plan gets no further change (issue 30 item 4), on fleets found by
 hunting for ones that did not reach it (tests/data/fixedpoint/, each file's header says what it
 exercises). The loop of test_fixed_point.py: week 1 simulated and reported, its plan applied by
-`gpulens sim apply-plan` (per node, from the one report), week 2 simulated and reported with
-`--previous`: no config file, no `change` or `reclaim`, no `roll back`.
+`gpulens sim apply-plan` over the fleet's scenarios at once (jobs the plan moves across nodes move
+between them), week 2 simulated and reported with `--previous`: no config file, no `change` or
+`reclaim`, no `roll back`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpulens.cli import main
-from gpulens.sim.applyplan import ApplyPlanError, apply_plan_files
+from gpulens.sim.applyplan import apply_plan_files
 from gpulens.sim.history import simulate
 
 pytestmark = pytest.mark.slow
@@ -33,14 +34,9 @@ _REMAINDER = (
     "the remainder of a capped MPS GPU is split in proportion to the shares: the client with the "
     "largest share, already at busy x cap, takes a bursty neighbour's part and reads as binding its cap"
 )
-_CROSS_NODE = (
-    "gpulens sim apply-plan applies one node's scenario at a time: a job the plan moves to another "
-    "node is refused, not added to that node's scenario"
-)
 NOT_YET: dict[str, tuple[str, type[Exception]]] = {
     "mig-to-mps-bursty-neighbour": (_REMAINDER, AssertionError),  # Slurm: the plan's own caps
     "mps-plugin-duty-cycled-trainer": (_REMAINDER, AssertionError),  # the device plugin's 25 %
-    "cross-node": (_CROSS_NODE, ApplyPlanError),
 }
 
 
@@ -69,10 +65,8 @@ def test_every_fixed_point_scenario_is_in_a_fleet():
 def test_a_fleet_running_its_plan_gets_no_further_change(name, tmp_path):
     nodes = [DATA / f for f in FLEETS[name]]
     week1 = _week([str(p) for p in nodes], tmp_path / "week1", START)
-    applied = [tmp_path / f"{p.stem}-week2.yaml" for p in nodes]
-    for source, out in zip(nodes, applied, strict=True):
-        apply_plan_files(str(source), week1, out)
-    week2 = _week([str(p) for p in applied], tmp_path / "week2", START + 7 * DAY, "--previous", str(week1))
+    applied = apply_plan_files([str(p) for p in nodes], week1, tmp_path / "week2-scenarios")
+    week2 = _week([s.source for s in applied], tmp_path / "week2", START + 7 * DAY, "--previous", str(week1))
     jobs = json.loads((week2 / "jobs.json").read_text())["jobs"]
     changed = {j["job_id"] for j in jobs if j["action"] in ("change", "reclaim")}
     actions = json.loads((week2 / "week.json").read_text())["actions"]
