@@ -285,6 +285,8 @@ def _share_rows(
     figure is `figure` (SM activity where the GPU has it at that step, else its utilization),
     on the scale of the whole GPU's figure: the job's share plus its part of the unattributed
     remainder, in proportion to its share (split equally where no job has a share that step).
+    Where the figure is SM activity and a client of the GPU publishes an MPS thread cap at that
+    step, the remainder goes by room under the caps instead (`_room_split`).
 
     So a job is measured the same way whole (it gets the whole figure) and shared (the jobs of a
     GPU add up to the figure): moving it onto a shared GPU does not read as a drop in demand, and
@@ -308,9 +310,45 @@ def _share_rows(
     remainder = rows["rest"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         scaled = np.where(total > 0, value * (total + remainder) / total, remainder / count)
+    if figure == signals.PROFILED_FIGURE:
+        capped, part = _room_split(samples, like, rows)
+        scaled = np.where(capped, value + part, scaled)
     return pd.DataFrame(
         {"job_id": rows["job_id"].to_numpy(), "timestamp": rows["timestamp"].to_numpy(), "value": scaled}
     )
+
+
+def _room_split(
+    samples: dict[str, pd.DataFrame], like: pd.DataFrame, rows: pd.DataFrame
+) -> tuple[np.ndarray, np.ndarray]:
+    """(whether the row's GPU has a capped MPS client at that step, the row's part of the
+    remainder there): each client's room under its cap (`signals.THREAD_CAP`; 1 where it
+    publishes none), cap - share and at least 0, takes the remainder in proportion to it, up to
+    the room; what no client has room for stays unattributed (`promexpr.capped_share_expr` mirrors it).
+
+    Under caps the exporter gives a client at most its busy time x its cap (docs/attribution.md),
+    so what the GPU did beyond its clients' bounds (a bursty neighbour read over one second) cannot
+    be the capped clients': split by share, a client already at its cap took most of it and read
+    as binding its cap. Only on SM activity: a cap bounds the SMs a client uses, not its time.
+    """
+    keys = ["uuid", "gpu_instance", "timestamp"]
+    caps = _family(samples, signals.THREAD_CAP, like)
+    caps = caps[caps["value"] > 0]
+    if caps.empty:  # no capped client anywhere (the common case): nothing to merge
+        return np.zeros(len(rows), dtype=bool), np.zeros(len(rows))
+    caps = caps.groupby(["job_id", *keys], observed=True, sort=False)["value"].max().rename("cap")
+    capped_steps = caps.reset_index()[keys].drop_duplicates()
+    ids = rows[["job_id", *keys]].reset_index(drop=True)
+    marked = ids.merge(capped_steps, on=keys, how="left", indicator=True)
+    capped = (marked["_merge"] == "both").to_numpy()
+    cap = ids.merge(caps.reset_index(), on=["job_id", *keys], how="left")["cap"].to_numpy(dtype=float)
+    room = np.maximum(np.where(np.isnan(cap), 1.0, cap) - rows["value"].to_numpy(dtype=float), 0.0)
+    room_total = pd.Series(room).groupby([ids[k] for k in keys], observed=True, sort=False).transform("sum")
+    room_total = room_total.to_numpy(dtype=float)
+    remainder = rows["rest"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        part = np.where(room_total > 0, room * np.minimum(1.0, remainder / room_total), 0.0)
+    return capped, part
 
 
 def slope(times: np.ndarray, values: np.ndarray) -> float:

@@ -9,7 +9,8 @@ table, so they pick the same signal for the same job and produce the same profil
   the device's SM figure (`gpu_job_sm_utilization_ratio`) and the part no job accounts for
   (`gpu_job_sm_unattributed_ratio`): per GPU they add up to the figure, SM activity where the GPU
   is profiled, else NVML utilization (docs/attribution.md). Where a GPU publishes the remainder,
-  the job's own share plus its part of the remainder (in proportion to its share) is used
+  the job's own share plus its part of the remainder (in proportion to its share; on a capped
+  MPS GPU by its room under its cap: `profile._room_split`) is used
   (`sm_active_share`, or `utilization_share` on an unprofiled GPU), so two jobs with different
   demand on one GPU get different sizes, and a job is measured on the same scale whole (it gets
   the whole figure) and shared (its GPU's jobs add up to the figure): a move is not a drop.

@@ -46,9 +46,12 @@ from gpulens.catalog import GpuModel
 
 # a stats query repeats the job matcher ~7 times; VictoriaMetrics rejects queries over 16 KiB by default
 MAX_REGEX_CHARS = 1800
-# a shared job's demand (`share_expr`) repeats the job matcher twice and the device matcher ten
-# times where other signals have them once and twice: its chunks get a fifth of the budget
-SHARED_REGEX_CHARS = MAX_REGEX_CHARS // 5
+# a longer stats query is asked in parts (`stats_queries`), with room left for the URL's other fields
+MAX_QUERY_CHARS = 15_000
+# a shared job's demand (`share_expr`) has the job matcher once and the device matcher up to 19
+# times (the split by room under MPS caps) where other signals have them once and twice: its
+# chunks get a tenth of the budget
+SHARED_REGEX_CHARS = MAX_REGEX_CHARS // 10
 
 
 def _regex(jobs: list[str]) -> str:
@@ -116,11 +119,31 @@ def cycle_reductions(
 
 def _stats_query(reductions: dict[str, str], inner: str, window: str) -> str:
     """One query returning several reductions of `inner`, told apart by a `stat` label."""
+    return " or ".join(_stat_parts(reductions, inner, window))
+
+
+def _stat_parts(reductions: dict[str, str], inner: str, window: str) -> list[str]:
     parts = []
     for stat, template in reductions.items():
         expr = template.format(sub=f"({inner})[{window}]", inner=inner, window=window)
         parts.append(f'label_replace({expr}, "stat", "{stat}", "", "")')
-    return " or ".join(parts)
+    return parts
+
+
+def stats_queries(reductions: dict[str, str], inner: str, window: str) -> list[str]:
+    """`_stats_query` cut into as few queries as keep each under `MAX_QUERY_CHARS` (a reduction
+    longer than that alone goes as it is): a shared job's demand (`share_expr`) is long enough
+    that its eight activity reductions together passed VictoriaMetrics' limit."""
+    queries: list[list[str]] = []
+    length = 0
+    for part in _stat_parts(reductions, inner, window):
+        if queries and length + len(" or ") + len(part) <= MAX_QUERY_CHARS:
+            queries[-1].append(part)
+            length += len(" or ") + len(part)
+        else:
+            queries.append([part])
+            length = len(part)
+    return [" or ".join(parts) for parts in queries]
 
 
 def demand_query(per_bin: str, bin_s: float, at: float, since: float) -> tuple[str, float]:
@@ -237,9 +260,7 @@ class PromSource:
                 break
             uuids = sorted({u for job in pending for u in gpus_of.get(job, [])})
             inner = signal_expr(signal, _regex(pending), how, _regex(uuids))
-            for job, values in _by_job(
-                self.client.query(_stats_query(reductions, inner, self.window), self.end)
-            ).items():
+            for job, values in self._ask_stats(reductions, inner).items():
                 if job in pending and values.get("count", 1) > 0:
                     out[job] = (signal.name, values)
             pending = [j for j in pending if j not in out]
@@ -274,12 +295,19 @@ class PromSource:
                     break
                 uuids = sorted({u for job in jobs for u in gpus_of.get(job, [])})
                 inner = signal_expr(signal, _regex(jobs), "max", _regex(uuids))
-                for job, values in _by_job(
-                    self.client.query(_stats_query(stage, inner, self.window), self.end)
-                ).items():
+                for job, values in self._ask_stats(stage, inner).items():
                     if job in jobs:
                         out.setdefault(job, {}).update(values)
                 jobs = [job for job in jobs if out.get(job, {}).get("restarts", 0.0) > 0]
+        return out
+
+    def _ask_stats(self, reductions: dict[str, str], inner: str) -> dict[str, dict[str, float]]:
+        """job_id -> stat -> value of `reductions` over `inner`, in one query or a few
+        (`stats_queries`)."""
+        out: dict[str, dict[str, float]] = {}
+        for query in stats_queries(reductions, inner, self.window):
+            for job, values in _by_job(self.client.query(query, self.end)).items():
+                out.setdefault(job, {}).update(values)
         return out
 
     def _chunk_stats(

@@ -38,10 +38,13 @@ def share_expr(signal: signals.Signal, regex: str | None, dev: str) -> str:
     """Each shared job's demand per device and step, on the scale of the whole GPU's figure
     (mirrors `profile._share_rows`): its share, at steps where the GPU publishes the remainder and
     whose figure is `signal.figure`, plus its part of the remainder in proportion to its share;
-    where no job on the device has a share, the remainder split equally among them.
+    where no job on the device has a share, the remainder split equally among them. On SM
+    activity, a device with a capped MPS client at that step splits the remainder by each
+    client's room under its cap instead (`capped_share_expr`).
 
-    The device sums are over every job on the device (`dev` selects the chunk's GPUs), never only
-    the jobs `regex` asks for: a GPU's jobs may fall in different chunks. They need not repeat the
+    Every share on the device is computed, then kept for the jobs `regex` asks for (`and own`):
+    the device sums are over every job on the device (`dev` selects the chunk's GPUs), never only
+    the asked ones, as a GPU's jobs may fall in different chunks. They need not repeat the
     remainder and figure conditions: those hold for a whole device at a step, and `own` has them.
     """
     on = "on(uuid, gpu_instance)"
@@ -52,8 +55,28 @@ def share_expr(signal: signals.Signal, regex: str | None, dev: str) -> str:
         f"(({signal.family}{selector} >= 0) and {on} {rest}"
         f" {profiled} on(uuid) ({signals.PROFILED_FIGURE}{dev} >= 0))"
     )
-    total = f"sum by (uuid, gpu_instance) ({signal.family}{dev} >= 0)"
-    count = f"count by (uuid, gpu_instance) ({signal.family}{dev} >= 0)"
-    scaled = f"{own} * {on} group_left() (({total} + {on} {rest}) / ({total} > 0))"
-    split = f"{own} * 0 + {on} group_left() ({rest} / {on} {count} unless {on} ({total} > 0))"
-    return f"({scaled}) or ({split})"
+    every = f"({signal.family}{dev} >= 0)"
+    total = f"sum by (uuid, gpu_instance) ({every})"
+    count = f"count by (uuid, gpu_instance) ({every})"
+    # `or` adds the equal split only where the scaled share is absent (no share on the device)
+    scaled = f"{every} * {on} group_left() (({total} + {on} {rest}) / ({total} > 0))"
+    split = f"{every} * 0 + {on} group_left() ({rest} / {on} {count})"
+    by_share = f"({scaled} or {split})"
+    if signal.figure != signals.PROFILED_FIGURE:
+        return f"({by_share} and {own})"
+    capped = f"({signals.THREAD_CAP}{dev} > 0)"
+    by_room = capped_share_expr(every, rest, dev)
+    return f"((({by_room} and {on} {capped}) or {by_share}) and {own})"
+
+
+def capped_share_expr(every: str, rest: str, dev: str) -> str:
+    """Each share (`every`) plus its part of the device's remainder (`rest`) by room under the MPS
+    thread caps (mirrors `profile._room_split`): room = cap - share, at least 0, with cap 1 for a
+    client that publishes none; each client gets room x min(1, remainder / the device's room), so
+    a client at its cap gets none and what no client has room for stays unattributed."""
+    on = "on(uuid, gpu_instance)"
+    ids = "job_id, uuid, gpu_instance"
+    cap = f"max by ({ids}) ({signals.THREAD_CAP}{dev} > 0)"
+    room = f"clamp_min(({cap} - on({ids}) group_right() {every}) or (1 - {every}), 0)"
+    fill = f"clamp_max({rest} / {on} (sum by (uuid, gpu_instance) ({room}) > 0), 1)"
+    return f"({every} + ({room} * {on} group_left() {fill} or {every} * 0))"

@@ -30,14 +30,7 @@ FLEETS: dict[str, tuple[str, ...]] = {
 }
 # fleets that cannot reach a fixed point yet, each with the reason and how it fails (strict: once
 # it passes, the entry must go)
-_REMAINDER = (
-    "the remainder of a capped MPS GPU is split in proportion to the shares: the client with the "
-    "largest share, already at busy x cap, takes a bursty neighbour's part and reads as binding its cap"
-)
-NOT_YET: dict[str, tuple[str, type[Exception]]] = {
-    "mig-to-mps-bursty-neighbour": (_REMAINDER, AssertionError),  # Slurm: the plan's own caps
-    "mps-plugin-duty-cycled-trainer": (_REMAINDER, AssertionError),  # the device plugin's 25 %
-}
+NOT_YET: dict[str, tuple[str, type[Exception]]] = {}
 
 
 def _fleets() -> list[object]:

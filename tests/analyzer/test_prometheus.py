@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import urllib.request
 
@@ -13,15 +14,18 @@ import pytest
 from gpulens.analyzer import demand
 from gpulens.analyzer.history import write_history
 from gpulens.analyzer.pipeline import gpu_info_rows
+from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.signals import ACTIVITY
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.sources.promclient import PromClient, PromConfig
 from gpulens.analyzer.sources.prometheus import (
+    MAX_QUERY_CHARS,
     PromSource,
     _regex,
     chunk_jobs,
     signal_expr,
+    stats_queries,
 )
 from gpulens.cli import main
 from tests.analyzer import synth
@@ -229,6 +233,13 @@ def test_prometheus_path_gives_the_same_profiles_as_the_file_path(tmp_path, th, 
     assert from_prom.loc["mps-1", "activity_signal"] == "sm_active_share"
     assert from_prom.loc["mps-1", "mps_thread_cap_now_pct"] == pytest.approx(100 / 3)
     assert np.isnan(from_prom.loc["mps-2", "mps_thread_cap_now_pct"])  # none measured
+    # mps-1's cap splits its GPU's remainder by room under it: its share often reaches its cap, so
+    # it takes less than by share, and uncapped mps-2 more (the same on both paths, above)
+    uncapped = history_frame(start)
+    uncapped = uncapped[uncapped["metric"] != "gpu_job_mps_active_thread_ratio"]
+    by_share = profiles_from_samples(uncapped, synth.STEP, th).set_index("job_id")
+    assert from_prom.loc["mps-1", "sm_active_mean"] < by_share.loc["mps-1", "sm_active_mean"]
+    assert from_prom.loc["mps-2", "sm_active_mean"] > by_share.loc["mps-2", "sm_active_mean"]
     assert from_prom.loc["old-mps-1", "activity_signal"] == "job_sm_utilization"
     assert from_prom.loc["odd-1", "device_memory_bytes"] == 24 * GIB
     assert from_prom.loc["share-1", "sm_active_max"] == pytest.approx(0.4)
@@ -246,6 +257,18 @@ def test_chunks_respect_both_the_job_count_and_the_matcher_length():
     assert [j for c in chunks for j in c] == jobs
     assert all(len(c) <= 200 and len(_regex(c)) <= 1800 for c in chunks)
     assert len(chunk_jobs(jobs[:10], 3)) == 4
+
+
+def test_a_stats_query_past_the_length_limit_is_asked_in_parts_each_under_it():
+    """A shared job's demand repeats the device matcher: its eight activity reductions of a full
+    chunk would pass VictoriaMetrics' 16 KiB; each reduction is still asked, once."""
+    uuids = _regex([f"GPU-{i:036d}" for i in range(4)])
+    inner = signal_expr(ACTIVITY["shared"][0], _regex(["job-1", "job-2"]), "avg", uuids)
+    reductions = {f"r{i}": "avg_over_time({sub})" for i in range(8)}
+    queries = stats_queries(reductions, inner, "1h")
+    assert len(" or ".join(queries)) > MAX_QUERY_CHARS and len(queries) > 1
+    assert all(len(q) <= MAX_QUERY_CHARS for q in queries)
+    assert sorted(s for q in queries for s in re.findall(r'"stat", "(r\d)"', q)) == sorted(reductions)
 
 
 def test_job_ids_are_escaped_in_the_matcher():
