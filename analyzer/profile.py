@@ -785,7 +785,13 @@ def build_profiles(
         if job_id not in stats:
             continue
         st = stats[job_id]
-        first = {c: values[a] for c, values in columns.items()}
+        # the series that shares most gives the job's mode (as `job_kinds` chooses its table): a
+        # job alone on a GPU until a neighbour arrived is labelled exclusive at its first steps
+        top = min(
+            range(a, b),
+            key=lambda k: _KIND_ORDER[signals.job_kind(columns["sharing"][k], columns["gpu_instance"][k])],
+        )
+        first = {c: values[top] for c, values in columns.items()}
         uuids = columns["uuid"][a:b]
         kind = signals.job_kind(first["sharing"], first["gpu_instance"])
         sharing = first["sharing"] or ("mig" if kind == "mig" else "exclusive")

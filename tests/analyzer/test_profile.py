@@ -238,3 +238,18 @@ def test_a_job_seen_alone_and_time_sliced_on_its_gpu_reads_the_shared_signals():
         }
     )
     assert job_kinds(series) == {"a": "shared", "b": "exclusive", "c": "mig"}
+
+
+def test_a_job_alone_on_its_gpu_until_a_neighbour_arrived_runs_time_sliced(th):
+    # the exporter labels the first job's steps before the neighbour exclusive: its mode is the
+    # one it shares in, not its first label (last week's time-slicing read "exclusive" otherwise)
+    jobs = [
+        SynthJob("a", "GPU-t", flat(40, 0.2), flat(40, GIB), sharing="time_slicing"),
+        SynthJob("b", "GPU-t", flat(20, 0.1), flat(20, GIB), sharing="time_slicing", first_step=20),
+    ]
+    frame = synth.frame(jobs)
+    alone = (frame["metric"] == "gpu_job_info") & (frame["job_id"] == "a")
+    alone &= frame["timestamp"] < synth.START + 20 * synth.STEP
+    frame.loc[alone, "sharing"] = "exclusive"
+    p = one(frame, th)
+    assert (p.loc["a", "sharing"], p.loc["b", "sharing"]) == ("time-slicing", "time-slicing")
