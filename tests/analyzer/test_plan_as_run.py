@@ -238,22 +238,20 @@ def test_its_jobs_carry_the_plugins_share_as_cap_and_their_own_as_sized_demand(m
         assert "mps 25 % threads" in job["change"]
 
 
+def _week2(scenario: str, week1: Path, root: Path) -> Path:
+    """Week 1's plan applied, the node simulated a week later, reported with `--previous`."""
+    applied = root / "week2.yaml"
+    apply_plan_files(str(DATA / scenario), week1, applied)
+    simulate(str(applied), duration_s=86400.0, out=root / "history", step_s=300.0, start=START + 7 * 86400)
+    report = root / "report"
+    argv = ["report", "--history", str(root / "history"), "--out", str(report), "--previous", str(week1)]
+    assert main(argv) == 0
+    return report
+
+
 @pytest.mark.slow
 def test_a_node_running_its_mps_plan_gets_no_change_and_still_shows_the_plugins_share(mps_only, tmp_path):
-    week2 = tmp_path / "week2.yaml"
-    apply_plan_files(str(DATA / "mps-only.yaml"), mps_only, week2)
-    simulate(str(week2), duration_s=86400.0, out=tmp_path / "history", step_s=300.0, start=START + 7 * 86400)
-    report = tmp_path / "report"
-    argv = [
-        "report",
-        "--history",
-        str(tmp_path / "history"),
-        "--out",
-        str(report),
-        "--previous",
-        str(mps_only),
-    ]
-    assert main(argv) == 0
+    report = _week2("mps-only.yaml", mps_only, tmp_path)
     jobs = _jobs(report).values()
     assert ({j["action"] for j in jobs}, (report / "config").exists()) == ({"keep"}, False)
     assert {j["mps_active_thread_percentage"] for j in jobs} == {25}
@@ -263,11 +261,6 @@ def test_a_node_running_its_mps_plan_gets_no_change_and_still_shows_the_plugins_
 def test_a_node_running_its_time_sliced_plan_beside_mig_gets_no_change(mixed, tmp_path):
     # measured time-sliced, its jobs' MPS demand moves by a few points; the plan must not then
     # fit the MIG pods onto the time-sliced GPU it would not have planned them on last week
-    week2 = tmp_path / "week2.yaml"
-    apply_plan_files(str(DATA / "mps-beside-mig.yaml"), mixed, week2)
-    simulate(str(week2), duration_s=86400.0, out=tmp_path / "history", step_s=300.0, start=START + 7 * 86400)
-    report = tmp_path / "report"
-    argv = ["report", "--history", str(tmp_path / "history"), "--out", str(report), "--previous", str(mixed)]
-    assert main(argv) == 0
+    report = _week2("mps-beside-mig.yaml", mixed, tmp_path)
     jobs = _jobs(report).values()
     assert ({j["action"] for j in jobs}, (report / "config").exists()) == ({"keep"}, False)
