@@ -12,43 +12,28 @@ once per sharing mode). The few panels that can only show something when a GPU i
 time-sliced GPU, are listed below with the reason, and must return a series on the node of that
 scenario instead.
 
-The whole stack runs twice: with Debian's Prometheus 2.42 and with Prometheus 3.16 (`make
-prometheus3`), whose left-open ranges leave one sample fewer in every range selector.
+Every query is asked twice: of Debian's Prometheus 2.42 and of Prometheus 3.16 (`make
+prometheus3`), whose left-open ranges leave one sample fewer in every range selector; both scrape
+the same exporters at once.
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import re
-import subprocess
-import sys
-import threading
-import time
 import urllib.error
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from gpulens.dashboards import queries
 from gpulens.dashboards.common import CRITICAL_XID_REGEX
-from tests.dashboards.model import REPO, PanelRef, dashboards, data_panels, metric_names
-from tests.support.procs import PROMETHEUS_ENGINES, PromAPI, exporter, prometheus, use_prometheus
+from tests.dashboards.live import CLUSTER, HEALTHY, SCENARIOS, Stack, engine_stack
+from tests.dashboards.model import PanelRef, dashboards, data_panels, metric_names
+from tests.support.procs import PROMETHEUS_ENGINES, PromAPI
 
-RULE_FILES = [REPO / "alerts" / "recording_rules.yml", REPO / "alerts" / "gpu_alerts.yml"]
 RATE_INTERVAL = "10s"  # Grafana: max(4 x scrape interval, $__interval + scrape interval); scrape is 1 s
 INTERVAL = "2s"
 
-CLUSTER = "e2e"
 SCOPE = {"cluster": CLUSTER, "job": "gpulens"}  # tests.support.procs.prometheus: job "gpulens"
-HEALTHY = "dgx-h100"  # 8x H100: MIG, MPS, exclusive and idle GPUs
-SCENARIOS = {
-    HEALTHY: "every panel must show data here unless listed below",
-    "faults": "lost GPU, Xids, ECC, row remaps, throttling (sim/scenarios/faults.yaml)",
-    "k8s-a100-mixed": "the built-in scenario with a time-sliced GPU",
-}
 # (dashboard uid, panel title) -> (scenario whose node must show it, why the healthy node cannot)
 ELSEWHERE: dict[tuple[str, str], tuple[str, str]] = {
     ("gpulens-fleet", "Faulty"): ("faults", "counts lost GPUs, pending/failed row remaps and critical Xids"),
@@ -105,97 +90,10 @@ EMPTY_TARGETS: dict[tuple[str, str, str], str] = {
 }
 
 
-class TextfileServer:
-    """node_exporter's textfile collector in miniature: serves one *.prom file as /metrics.
-
-    The analyzer writes its recommendations with `gpulens recommend --textfile FILE`; in production
-    node_exporter exposes that file. Before the file exists this serves an empty exposition.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        textfile = path
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = textfile.read_bytes() if textfile.exists() else b""
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        return f"127.0.0.1:{self.server.server_address[1]}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def publish_recommendations(prom: PromAPI, textfile: Path) -> None:
-    """Run the real analyzer against this Prometheus, as the weekly job would (short window)."""
-    cmd = [sys.executable, "-m", "gpulens.cli", "recommend", "--prometheus", prom.base_url,
-           "--window", "20s", "--step", "2s", "--format", "json", "--textfile", str(textfile)]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    if result.returncode != 0:
-        pytest.fail(f"gpulens recommend failed ({result.returncode}): {result.stderr[-2000:]}")
-    prom.wait_for("count(gpulens_recommendation_info)", timeout=30)
-
-
-@dataclass
-class Stack:
-    prom: PromAPI
-    nodes: dict[str, str]  # scenario -> instance label of its exporter
-    started: float
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def healthy(self) -> str:
-        return self.nodes[HEALTHY]
-
-    def range_s(self) -> int:
-        return max(30, int(time.time() - self.started))
-
-
-@pytest.fixture(scope="module", params=PROMETHEUS_ENGINES)
-def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    """The scenario nodes scraped by one Prometheus per version: every panel is asked of both."""
-    base = tmp_path_factory.mktemp("dashboards-e2e")
-    with contextlib.ExitStack() as stack_, pytest.MonkeyPatch.context() as monkeypatch:
-        use_prometheus(request.param, monkeypatch)
-        nodes = {}
-        for scenario in SCENARIOS:
-            (base / scenario).mkdir()
-            nodes[scenario] = stack_.enter_context(
-                exporter(base / scenario, "--simulate", scenario, "--interval", "1")
-            )
-        textfile = stack_.enter_context(TextfileServer(base / "recommendations.prom"))
-        targets = [*nodes.values(), textfile]
-        # a cluster label on every target, as a global view (Thanos, Mimir) or external labels give
-        cluster = {"relabel_configs": [{"target_label": "cluster", "replacement": CLUSTER}]}
-        prom = stack_.enter_context(prometheus(base, targets, rule_files=RULE_FILES, scrape_config=cluster))
-        started = time.time()
-        healthy, faulty = nodes[HEALTHY], nodes["faults"]
-
-        def has(expr: str) -> None:
-            prom.wait_for(expr, timeout=120)
-
-        has(f'count(instance_gpu_job:gpu_job_memory_used:ratio{{instance="{healthy}"}})')
-        has(f'count(gpu_mig_sm_active_ratio{{instance="{healthy}"}})')
-        has(f'count(gpu_xid_errors_total{{instance="{faulty}"}})')
-        has('count(ALERTS{alertstate="firing", severity="critical"})')
-        # rates over $__rate_interval need a few samples of every counter
-        time.sleep(max(0.0, 20 - (time.time() - started)))
-        publish_recommendations(prom, base / "recommendations.prom")
-        yield Stack(prom, nodes, started)
+@pytest.fixture(params=PROMETHEUS_ENGINES)
+def stack(live_stacks: dict[str, Stack | BaseException], request: pytest.FixtureRequest) -> Stack:
+    """Every panel is asked of both Prometheus versions."""
+    return engine_stack(live_stacks, request.param)
 
 
 def label_values(prom: PromAPI, query: str) -> list[str]:

@@ -30,15 +30,9 @@ from typing import Any
 
 import pytest
 
+from tests.dashboards import live
 from tests.dashboards.model import REPO
-from tests.dashboards.test_queries_e2e import (
-    CLUSTER,
-    RULE_FILES,
-    SCENARIOS,
-    TextfileServer,
-    publish_recommendations,
-)
-from tests.support.procs import PromAPI, exporter, find_binary, prometheus, unavailable
+from tests.support.procs import PromAPI, find_binary, unavailable
 
 RENDER_DIR = REPO / "tools" / "dashboard-render"
 DIST = RENDER_DIR / "dist"
@@ -149,31 +143,12 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, bundle: Path) -> Iterator[Stack]:
-    """The simulated nodes of the PromQL test, one Prometheus, the analyzer's output, the app."""
-    base = tmp_path_factory.mktemp("dashboards-render")
-    with contextlib.ExitStack() as stack_:
-        nodes = {}
-        for scenario in SCENARIOS:
-            (base / scenario).mkdir()
-            nodes[scenario] = stack_.enter_context(
-                exporter(base / scenario, "--simulate", scenario, "--interval", "1")
-            )
-        textfile = stack_.enter_context(TextfileServer(base / "recommendations.prom"))
-        cluster = {"relabel_configs": [{"target_label": "cluster", "replacement": CLUSTER}]}
-        prom = stack_.enter_context(
-            prometheus(base, [*nodes.values(), textfile], rule_files=RULE_FILES, scrape_config=cluster)
-        )
-        started = time.time()
-        prom.wait_for(
-            f'count(instance_gpu_job:gpu_job_memory_used:ratio{{instance="{nodes[HEALTHY]}"}})', 120
-        )
-        prom.wait_for(f'count(gpu_xid_errors_total{{instance="{nodes["faults"]}"}})', 120)
-        prom.wait_for('count(ALERTS{alertstate="firing", severity="critical"})', 120)
-        time.sleep(max(0.0, 20 - (time.time() - started)))  # a few samples for every rate()
-        publish_recommendations(prom, base / "recommendations.prom")
-        app = stack_.enter_context(serve(bundle))
-        yield Stack(prom, nodes, app)
+def stack(live_stacks: dict[str, live.Stack | BaseException], bundle: Path) -> Iterator[Stack]:
+    """The simulated nodes of the PromQL test and Debian's Prometheus with the analyzer's output
+    (tests/dashboards/live.py, started once for both tests), and the app."""
+    found = live.engine_stack(live_stacks, "prometheus-2")
+    with serve(bundle) as app:
+        yield Stack(found.prom, found.nodes, app)
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +172,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def render(browser: Any, stack: Stack, dashboard: dict[str, Any], screenshot: Path) -> list[PanelState]:
     """Open `dashboard` (on the healthy node where it shows one node, on all of them otherwise),
     wait until every query answered, and return each panel's state."""
-    variables = {"node": stack.nodes[HEALTHY], "cluster": CLUSTER, "job": "gpulens"}
+    variables = {"node": stack.nodes[HEALTHY], "cluster": live.CLUSTER, "job": "gpulens"}
     chosen = {v["spec"]["name"] for v in dashboard["spec"]["variables"] if not v["spec"]["allowMultiple"]}
     chosen |= {"cluster", "job"}
     query = "&".join(f"var-{k}={v}" for k, v in sorted(variables.items()) if k in chosen)

@@ -4,7 +4,9 @@ shipped config, webhook URL, token and group_wait adjusted) -> `gpulens remediat
 
 Scaled for tests that run in minutes: the alert rules' 10-minute Xid window and 30-minute
 keep_firing_for become 20 s and 5 s in a copy, so an alert resolves about 5 s after the GPU is back.
-Routing, inhibition and the rules' logic are the shipped ones.
+Routing, inhibition and the rules' logic are the shipped ones. The faults come early too (the
+first scrape need not precede them: a new Xid series fires the rules' `unless ... offset` arm),
+since until then the tests only wait.
 """
 
 from __future__ import annotations
@@ -53,14 +55,24 @@ def _wait(what: str, probe, timeout: float):
     raise AssertionError(f"{what} within {timeout:.0f}s")
 
 
-def xid79_only_scenario(tmp_path: Path) -> Path:
-    """The `faults` node with only its Xid 79 on GPU 2 (and the GPU lost after it): its other faults
-    never clear in the simulator (nothing resets a simulated GPU), so that node would rightly never
-    return."""
+# When the scaled scenarios' fault comes (the shipped `faults` has it at 15 s) and, for Xid 79, how
+# long the GPU stays lost after it (40 s there): shorter than the scaled Xid window, so the alert
+# resolves 25 s after the Xid instead of 46 s after it. Only the order of events is asserted; the
+# one test whose order rests on a receiver timeout sets its own length (HUNG_LOST_FOR_S).
+FAULT_AT_S = 5
+LOST_FOR_S = 10
+
+
+def xid79_only_scenario(tmp_path: Path, lost_for_s: int = LOST_FOR_S) -> Path:
+    """The `faults` node with only its Xid 79 on GPU 2 (and the GPU lost after it), at FAULT_AT_S
+    and for `lost_for_s`: its other faults never clear in the simulator (nothing resets a simulated
+    GPU), so that node would rightly never return."""
     doc = yaml.safe_load((BUILTIN_DIR / "faults.yaml").read_text())
     timeline = doc["faults"]["timeline"]
     kept = [e for e in timeline if e.get("xid") == 79 or (e.get("gpu") == 2 and "lost" in e)]
     assert [e["at"] for e in kept] == ["15s", "16s"], "the faults scenario's Xid 79 and lost GPU 2"
+    xid, lost = kept
+    xid["at"], lost["at"], lost["lost"] = f"{FAULT_AT_S}s", f"{FAULT_AT_S + 1}s", f"{lost_for_s}s"
     doc["faults"] = {"timeline": kept}
     doc["name"] = "faults-xid79"
     path = tmp_path / "faults-xid79.yaml"

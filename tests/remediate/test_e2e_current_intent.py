@@ -46,6 +46,12 @@ from tests.support.procs import free_port, running
 
 BY_HAND = 'gpulens_remediate_episodes_total{outcome="returned_by_hand",recovery="reboot_node"} 1.0'
 HUNG = "gpu-a-hung"  # sorts before NODE: a loop visiting nodes one at a time would meet it first
+# Each hung scontrol call of HUNG ends after the receiver's 30 s timeout (SlurmIsolator.timeout_s),
+# and HUNG acts on what came meanwhile: its alert must resolve after the first such end (about 30 s
+# after the isolation) and NODE be returned (about 8 s after the resolution) before the second
+# (about 60 s after it). GPU 2 lost this long puts the resolution about 41 s after the isolation,
+# 10 s from either edge.
+HUNG_LOST_FOR_S = 37
 SLURM_STEPS = [
     "isolated",
     "action_started",
@@ -134,7 +140,7 @@ def test_a_node_whose_calls_hang_does_not_delay_another_nodes_steps(tmp_path):
     token, _ = tokens(tmp_path)
     release = tmp_path / "release-the-hung-node"
     bin_dir, record = write_fake_scontrol(tmp_path, stateful=True, hang={HUNG: str(release)})
-    scenario = xid79_only_scenario(tmp_path)
+    scenario = xid79_only_scenario(tmp_path, lost_for_s=HUNG_LOST_FOR_S)
     sim_dcgmi(bin_dir, scenario)  # the diagnostic job's dcgmi: the simulated node's
     port = free_port()
     base, state = f"http://127.0.0.1:{port}", tmp_path / "slurm-state"

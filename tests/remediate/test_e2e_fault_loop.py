@@ -8,7 +8,8 @@ too: in a maintenance reservation of the node, as a batch job whose `dcgmi` is t
 node's (Kubernetes' has its own test, test_e2e_gpu_fence.py).
 
 Scaled for a test that runs in minutes (tests/remediate/e2e_stack.py): the scenario keeps only the
-Xid 79 fault of `faults`, and the rules' Xid window and keep_firing_for are 20 s and 5 s.
+Xid 79 fault of `faults` (earlier, and the GPU lost for less), and the rules' Xid window and
+keep_firing_for are 20 s and 5 s.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import yaml
 
 from gpulens.sim.scenariofile import BUILTIN_DIR
 from tests.remediate.e2e_stack import (
+    FAULT_AT_S,
     NODE,
     _text,
     _wait,
@@ -64,7 +65,7 @@ STEPS = [
 def xid46_scenario(tmp_path: Path) -> Path:
     """The `faults` node with one fault: Xid 46 (GPU stopped processing: reset the GPU) on GPU 4."""
     doc = yaml.safe_load((BUILTIN_DIR / "faults.yaml").read_text())
-    doc["faults"] = {"timeline": [{"at": "15s", "gpu": int(GPU), "xid": 46}]}
+    doc["faults"] = {"timeline": [{"at": f"{FAULT_AT_S}s", "gpu": int(GPU), "xid": 46}]}
     doc["name"] = "faults-xid46"
     path = tmp_path / "faults-xid46.yaml"
     path.write_text(yaml.safe_dump(doc))

@@ -1,7 +1,8 @@
 """End to end: simulated faults -> exporter -> Prometheus (shipped rules) -> Alertmanager (shipped
 config) -> `gpulens remediate` (dry-run).
 
-The `faults` scenario injects Xid 79 on GPU 2 at 15 s, after which the GPU is lost for 40 s. The
+The `faults` scenario injects Xid 79 on GPU 2 at 15 s (5 s in the copy run here, every later fault
+10 s sooner too: until the Xid the test only waits), after which the GPU is lost for 40 s. The
 critical GPUXidFallenOffBus alert must reach the webhook with the node and GPU labels, the webhook
 must name that node in its dry-run action, and GPULost (a symptom of the same GPU, which also asks
 for isolation) must be inhibited by Alertmanager and never reach the webhook.
@@ -13,10 +14,13 @@ import json
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from gpulens.sim.scenariofile import BUILTIN_DIR
 from tests.alerts import rulefiles
 from tests.alerts.test_alertmanager import shipped_config_copy
 from tests.support.procs import alertmanager, exporter, free_port, prometheus, running
@@ -40,6 +44,22 @@ def _wait(what: str, probe, timeout: float):
             return found
         time.sleep(0.25)
     raise AssertionError(f"{what} within {timeout:.0f}s")
+
+
+SOONER_S = 10
+
+
+def faults_sooner(tmp_path: Path) -> Path:
+    """The `faults` scenario with every fault from its Xid 79 (at 15 s) on SOONER_S earlier; the
+    driver-not-loaded start (0-2 s) stays first and the timeline's order is unchanged."""
+    doc = yaml.safe_load((BUILTIN_DIR / "faults.yaml").read_text())
+    for entry in doc["faults"]["timeline"]:
+        at = int(entry["at"].removesuffix("s"))
+        if at >= 15:
+            entry["at"] = f"{at - SOONER_S}s"
+    path = tmp_path / "faults-sooner.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 @pytest.mark.slow
@@ -76,7 +96,7 @@ def test_xid79_isolates_its_node_and_the_lost_gpu_symptom_is_inhibited(tmp_path)
         )
         with (
             alertmanager(tmp_path, am_config) as am,
-            exporter(tmp_path, "--simulate", "faults", "--interval", "1") as target,
+            exporter(tmp_path, "--simulate", str(faults_sooner(tmp_path)), "--interval", "1") as target,
         ):
             started = time.monotonic()
             rules = [rulefiles.RECORDING_RULES, rulefiles.ALERT_RULES]
