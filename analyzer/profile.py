@@ -323,8 +323,9 @@ def _room_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(whether the row's GPU has a capped MPS client at that step, the row's part of the
     remainder there): each client's room under its cap (`signals.THREAD_CAP`; 1 where it
-    publishes none), cap - share and at least 0, takes the remainder in proportion to it, up to
-    the room; what no client has room for stays unattributed (`promexpr.capped_share_expr` mirrors it).
+    publishes none, 0 for the MPS server's row), cap - share and at least 0, takes the remainder
+    in proportion to it, up to the room; what no client has room for stays unattributed
+    (`promexpr.capped_share_expr` mirrors it).
 
     Under caps the exporter gives a client at most its busy time x its cap (docs/attribution.md),
     so what the GPU did beyond its clients' bounds (a bursty neighbour read over one second) cannot
@@ -343,6 +344,7 @@ def _room_split(
     capped = (marked["_merge"] == "both").to_numpy()
     cap = ids.merge(caps.reset_index(), on=["job_id", *keys], how="left")["cap"].to_numpy(dtype=float)
     room = np.maximum(np.where(np.isnan(cap), 1.0, cap) - rows["value"].to_numpy(dtype=float), 0.0)
+    room[(ids["job_id"] == signals.MPS_SERVER_JOB).to_numpy()] = 0.0  # runs no kernels of its own
     room_total = pd.Series(room).groupby([ids[k] for k in keys], observed=True, sort=False).transform("sum")
     room_total = room_total.to_numpy(dtype=float)
     remainder = rows["rest"].to_numpy(dtype=float)

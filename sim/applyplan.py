@@ -234,8 +234,6 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
             cap, limit = mps_settings.get(name, (None, None))
             target = gpus[index].mode
             jobs[name] = Slot(index, target, slices.get(name), cap, limit)
-    if not gpus:
-        raise ApplyPlanError(f"{plan_path}: layout: expected GPUs of node {scenario.hostname}, found none")
     try:
         sharing = read_node_sharing(report / "config", scenario.hostname)
     except NodeSharingError as e:
@@ -255,6 +253,11 @@ def read_report(report: Path, scenario: Scenario) -> ReportPlan:
         if index in gpus:
             raise ApplyPlanError(f"{where}.uuid: expected a GPU the layout does not use, found {uuid}")
         gpus[index] = GpuTarget("freed", clear_mig=index in cleared)
+    if not gpus:
+        # a node the plan empties (every job moved to other nodes) has its GPUs all in `freed`
+        raise ApplyPlanError(
+            f"{plan_path}: layout: expected GPUs of node {scenario.hostname} (in use or freed), found none"
+        )
     reclaimed = _check_jobs(str(jobs_path), rows, jobs, scenario)
     spread = {name: tuple(sorted(slots, key=lambda s: s.gpu)) for name, slots in multi.items()}
     others = {name: frozenset(nodes) for name, nodes in elsewhere.items()}

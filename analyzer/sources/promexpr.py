@@ -77,6 +77,8 @@ def capped_share_expr(every: str, rest: str, dev: str) -> str:
     on = "on(uuid, gpu_instance)"
     ids = "job_id, uuid, gpu_instance"
     cap = f"max by ({ids}) ({signals.THREAD_CAP}{dev} > 0)"
-    room = f"clamp_min(({cap} - on({ids}) group_right() {every}) or (1 - {every}), 0)"
+    server = f'label_replace(vector(1), "job_id", "{signals.MPS_SERVER_JOB}", "", "")'
+    uncapped = f"(1 - {every}) unless on(job_id) {server}"  # the MPS server has no room
+    room = f"clamp_min(({cap} - on({ids}) group_right() {every}) or ({uncapped}), 0)"
     fill = f"clamp_max({rest} / {on} (sum by (uuid, gpu_instance) ({room}) > 0), 1)"
     return f"({every} + ({room} * {on} group_left() {fill} or {every} * 0))"

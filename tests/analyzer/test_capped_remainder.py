@@ -53,6 +53,15 @@ def test_the_remainder_is_split_in_proportion_to_each_clients_room_under_its_cap
     assert demand == {"capped": 0.125 + 0.25 * 0.25, "uncapped": 0.25 + 0.25 * 0.75}
 
 
+def test_the_mps_server_takes_none_of_the_remainder(th):
+    """The exporter lists the MPS server as the `mps_server` pseudo-job with a share of 0 and no
+    cap; it runs no kernels of its own, so the room it has under no cap is not room for the
+    clients' work (a bursty client alone under its cap read a quarter of what it did)."""
+    server = SynthJob("mps_server", "GPU-m", flat(STEPS, 0.0), flat(STEPS, GIB // 32), sharing="mps")
+    demand = _demand([_client("capped", 0.125, 0.375), server], th, remainder=0.25)
+    assert demand["capped"] == 0.375
+
+
 def test_what_no_client_has_room_for_stays_unattributed(th):
     demand = _demand([_client("full", 0.25, 0.25), _client("near", 0.25, 0.375)], th, remainder=0.5)
     assert demand == {"full": 0.25, "near": 0.375}
@@ -91,7 +100,7 @@ def test_only_steps_with_a_published_cap_split_by_room(th):
 
 def _mixed_fleet() -> list[SynthJob]:
     """A capped GPU whose caps change mid-window and whose one client has none, with shares that
-    cross a cap, and an uncapped MPS GPU beside it."""
+    cross a cap, and its MPS server's row; and an uncapped MPS GPU beside it."""
     tight = np.concatenate([flat(30, 0.2), flat(30, 0.3)])
     return [
         SynthJob(
@@ -106,6 +115,7 @@ def _mixed_fleet() -> list[SynthJob]:
             thread_cap=flat(60, 0.4),
         ),
         SynthJob("c-3", "GPU-c", steady(60, 0.15, 0.05, seed=3), flat(60, GIB), sharing="mps"),
+        SynthJob("mps_server", "GPU-c", flat(60, 0.0), flat(60, GIB // 32), sharing="mps"),
         SynthJob("u-1", "GPU-u", steady(60, 0.3, 0.05, seed=4), flat(60, GIB), sharing="mps"),
         SynthJob("u-2", "GPU-u", steady(60, 0.1, 0.05, seed=5), flat(60, GIB), sharing="mps"),
     ]
@@ -128,7 +138,7 @@ def test_the_prometheus_path_splits_a_capped_remainder_as_the_file_path_does(
         source = PromSource(PromClient(PromConfig(api.base_url)), window, end, synth.STEP, chunk_size=1)
         from_prom = source.profiles(th).set_index("job_id")
     columns = ["sm_active_mean", "sm_active_p50", "sm_active_p95", "sm_active_max", "idle_fraction"]
-    assert list(from_prom["activity_signal"]) == ["sm_active_share"] * 5
+    assert list(from_prom["activity_signal"]) == ["sm_active_share"] * 6
     got, want = from_prom.loc[from_files.index, columns], from_files[columns]
     assert np.allclose(got.to_numpy(float), want.to_numpy(float), rtol=1e-9), (got, want)
     # and the caps decided: without them, the client nearest its cap would read more

@@ -27,10 +27,18 @@ FLEETS: dict[str, tuple[str, ...]] = {
     "mig-to-mps-bursty-neighbour": ("mig-to-mps-bursty-neighbour.yaml",),
     "mps-plugin-duty-cycled-trainer": ("mps-plugin-duty-cycled-trainer.yaml",),
     "cross-node": ("cross-node-a.yaml", "cross-node-b.yaml"),
+    "notebook-under-mps": ("notebook-under-mps-a.yaml", "notebook-under-mps-b.yaml"),
 }
 # fleets that cannot reach a fixed point yet, each with the reason and how it fails (strict: once
 # it passes, the entry must go)
-NOT_YET: dict[str, tuple[str, type[Exception]]] = {}
+NOT_YET: dict[str, tuple[str, type[Exception]]] = {
+    "notebook-under-mps": (
+        "a bursty notebook's bursts held to its 30 % MPS cap read as p95 SM activity 13 % (22 % "
+        "whole): the cap binds every burst yet reads loose on step figures, is re-sized to 17 %, and "
+        "frees room for week 2 to move a MIG job onto MPS (a change); week 3 is a fixed point",
+        AssertionError,
+    ),
+}
 
 
 def _fleets() -> list[object]:

@@ -195,6 +195,30 @@ def test_a_slurm_job_moved_to_another_node_is_requeued_there_under_an_id_no_node
     assert [job_key(p) for p in node_a.processes] == ["7002"]
 
 
+def test_a_node_the_plan_empties_is_applied_with_its_gpus_freed_and_no_jobs(tmp_path):
+    # the plan moves node a's only job to node b: node a is in no layout entry, only in `freed`
+    a = _slurm_node(tmp_path, "slurm-a", {"erin": 2001}, [(71001, "7001", "erin")])
+    b = _slurm_node(tmp_path, "slurm-b", {}, [(81001, "8001", "frank")])
+    before_a, before_b = load_scenario(a), load_scenario(b)
+    report = tmp_path / "report"
+    report.mkdir()
+    layout = [
+        {
+            "node": "slurm-b",
+            "uuid": before_b.gpus[0].uuid,
+            "sharing": "time-slicing",
+            "jobs": ["8001", "7001"],
+        }
+    ]
+    freed = [{"node": "slurm-a", "uuid": g.uuid} for g in before_a.gpus]
+    (report / "plan.json").write_text(json.dumps({"layout": layout, "freed": freed}))
+    rows = [{"job_id": "7001", "action": "change"}, {"job_id": "8001", "action": "keep"}]
+    (report / "jobs.json").write_text(json.dumps({"jobs": rows}))
+    node_a, node_b = apply_plan_files([str(a), str(b)], report, tmp_path / "out")
+    assert (node_a.processes, len(node_a.gpus)) == ((), 2)
+    assert sorted(p.job.user for p in node_b.processes if isinstance(p.job, SlurmJob)) == ["erin", "frank"]
+
+
 def test_the_same_node_given_twice_is_a_one_line_error(tmp_path):
     a = _slurm_node(tmp_path, "slurm-a", {}, [(71001, "7001", "erin")])
     twin = tmp_path / "twin"
