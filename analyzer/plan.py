@@ -390,21 +390,25 @@ def _say_time_sliced(
     mps = movable[(movable["recommendation"] == Kind.MPS) & movable["job_id"].isin(list(refused))]
     for row in frames.rows(mps):
         job = str(row.job_id)
-        if "recommendation" in moved.get(job, {}):
-            continue
-        change = {
-            **moved.get(job, {}),
-            "recommendation": Kind.TIME_SLICING.value,
-            "mps_active_thread_percentage": None,
-            "mps_pinned_memory_limit_bytes": None,
-        }
-        earlier = str(change.get("note") or "")
-        note = f"time-sliced, not MPS: {refused[job]}"
-        change["note"] = f"{earlier}; {note}" if earlier else note
-        fraction = time_sliced_fraction(row)
-        if fraction is not None:
-            change["gpu_fraction"] = fraction
-        moved[job] = change
+        if "recommendation" not in moved.get(job, {}):
+            moved[job] = time_sliced_change(moved.get(job), refused[job], time_sliced_fraction(row))
+
+
+def time_sliced_change(before: Mapping[str, Any] | None, why: str, fraction: float | None) -> dict[str, Any]:
+    """A job's plan entry (`moved`) once MPS cannot run for it and it is time-sliced: `why` ends
+    its note, and its GPU fraction is its memory need (what recommend gives a time-sliced job)."""
+    change = {k: v for k, v in (before or {}).items() if k != "kept"}
+    earlier = str(change.get("note") or "")
+    note = f"time-sliced, not MPS: {why}"
+    change.update(
+        recommendation=Kind.TIME_SLICING.value,
+        mps_active_thread_percentage=None,
+        mps_pinned_memory_limit_bytes=None,
+        note=f"{earlier}; {note}" if earlier else note,
+    )
+    if fraction is not None:
+        change["gpu_fraction"] = fraction
+    return change
 
 
 def _room(

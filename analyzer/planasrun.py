@@ -42,7 +42,7 @@ from gpulens.analyzer.emit import FleetContext
 from gpulens.analyzer.hosts import Adjustment, Family, Orchestrator, PlacedGpu
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.nodestate import Changes, Mode, changes
-from gpulens.analyzer.plan import Plan, build_plan
+from gpulens.analyzer.plan import Plan, build_plan, time_sliced_change
 from gpulens.analyzer.planinput import time_sliced_fraction
 from gpulens.analyzer.pluginsharing import (
     THREAD_PERCENTAGE,
@@ -146,7 +146,7 @@ def as_run(plan: Plan, recs: pd.DataFrame, context: FleetContext) -> PlanAsRun:
             for gpu in mps:
                 entries[id(gpu.entry)] = _time_sliced(gpu, why, context.windows)
                 for job in gpu.jobs:
-                    moved[job] = _job_time_sliced(moved.get(job), why, fractions.get(job))
+                    moved[job] = time_sliced_change(moved.get(job), why.message, fractions.get(job))
         elif node.sharing is PluginSharing.MPS and node.thread_percentage is not None:
             share = node.thread_percentage
             raised: list[tuple[str, int]] = []  # (job, its planned share) where it differs
@@ -254,22 +254,6 @@ def _equal_share(gpu: PlacedGpu, share: int) -> dict[str, Any]:
 def _noted(before: Mapping[str, Any] | None, note: str) -> str:
     earlier = str((before or {}).get("note") or "")
     return f"{earlier}; {note}" if earlier else note
-
-
-def _job_time_sliced(
-    before: Mapping[str, Any] | None, why: Adjustment, memory: float | None
-) -> dict[str, Any]:
-    """A job's plan entry (`plan.moved`) once its planned MPS GPU is time-sliced."""
-    change = {k: v for k, v in (before or {}).items() if k != "kept"}
-    change.update(
-        recommendation=Kind.TIME_SLICING.value,
-        mps_active_thread_percentage=None,
-        mps_pinned_memory_limit_bytes=None,
-        note=_noted(before, f"time-sliced, not MPS: {why.message}"),
-    )
-    if memory is not None:
-        change["gpu_fraction"] = memory  # what recommend gives a time-sliced job: its memory need
-    return change
 
 
 def _job_equal_share(
