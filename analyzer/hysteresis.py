@@ -11,7 +11,12 @@ re-sets every cap to the newly sized value never settles: Slurm's per-GPU MPS sh
   sized cap is within `compute.cap_deadband_points` of it and the job does not bind it (`at_cap`:
   the rule week over week judges a moved job by, its demand at its sizing percentile under 95 % of
   the cap; where the job's per-step series is at hand, also above the cap in at most
-  `compute.max_bind_fraction` of its bins). A binding cap is raised, whatever the dead band;
+  `compute.max_bind_fraction` of its bins). A binding cap is raised, whatever the dead band. A
+  latency-sensitive client's cap (sized at its p99 or max for its bursts) is never lowered from
+  data measured under it: within a step the cap clips its bursts (a client held to its cap uses
+  at most cap x busy time), so its step figures read short of what it needs, and re-sized from
+  them it would be clipped harder each week. The plan then takes its demand as what its cap was
+  sized from (`CENSORED`: its demand and series scaled up to that);
 - **pinned memory limit**: kept while it holds the newly sized need (peak + headroom, so never
   below the peak) and is at most `headroom.memory_limit_deadband_ratio` above it; a need above it
   raises it, a need far below it lowers it.
@@ -25,7 +30,9 @@ client told 20 % runs at 33 % beside two others, and its dead band and "at its c
 are judged against 33 %. Where they differ the job's reason says so (`cap_note`). The pinned
 memory limit is not measured: it is last week's. So the dead band applies on the file and the
 PromQL paths alike wherever the cap is measured or `gpulens report` is given `--previous`, and the
-plan packs, sums Slurm's per-GPU shares and emits with the kept values.
+plan packs, sums Slurm's per-GPU shares and emits with the kept values. A client recommended MIG or
+time-slicing (an idle-dominated notebook) may still be planned under MPS, as it runs now: that MPS
+mode takes the settings kept by the same rules (`KEPT_*`, read by `modes.modes_of`).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import pandas as pd
 from gpulens.analyzer import demand, frames
 from gpulens.analyzer.hosts import Orchestrator
 from gpulens.analyzer.kinds import Kind
+from gpulens.analyzer.recommend import mps_settings
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.analyzer.workload import workload_of
 from gpulens.catalog import GIB, MIB
@@ -165,11 +173,20 @@ class Kept:
     why: str = ""
 
 
-def thread_cap(sized: int, running: int, binding: AtCap, th: Thresholds) -> Kept:
-    """The thread cap (percent) of a client that runs under `running` and is now sized `sized`."""
+def thread_cap(sized: int, running: int, binding: AtCap, th: Thresholds, bursty: bool = False) -> Kept:
+    """The thread cap (percent) of a client that runs under `running` and is now sized `sized`;
+    a latency-sensitive (`bursty`) client's cap is raised where it binds and never lowered."""
     band = th.compute.cap_deadband_points
     if binding.binds:
         return Kept(max(sized, running), f"its {running} % cap binds ({binding.text()}): raised")
+    if bursty and sized < running:
+        why = (
+            f"keeps its {running} % cap: sized {sized} % from data measured under it, and it is "
+            f"latency-sensitive (sized at its {binding.percentile} for its bursts): within a step the "
+            "cap clips its bursts, so step figures measured under it cannot show that it needs less "
+            f"({binding.text()}); measured whole or time-sliced, it may be lowered"
+        )
+        return Kept(running, why)
     if abs(sized - running) > band or sized == running:
         return Kept(sized)
     why = (
@@ -257,39 +274,94 @@ def running_settings(recs: pd.DataFrame, told: Sequence[Told]) -> dict[str, Runn
     return out
 
 
+# where a job that runs under MPS now is recommended another sharing mode, the MPS mode the plan
+# may still choose for it (`modes.modes_of`) takes these settings, kept by the same rules
+KEPT_THREADS = "mps_kept_thread_percentage"
+KEPT_LIMIT = "mps_kept_pinned_memory_limit_bytes"
+KEPT_NOTE = "mps_kept_note"
+ALTERNATIVES = frozenset({Kind.MIG, Kind.TIME_SLICING})  # modes.FLEXIBLE less MPS
+# a latency-sensitive client whose cap clips its bursts: the factor by which its demand measured
+# under the cap is short of the demand its kept cap was sized from (> 1; the plan scales its
+# demand and series by it, `planinput.items_of`), absent elsewhere
+CENSORED = "sm_demand_censored_scale"
+
+
+def censored_scale(row: Mapping[str, Any], now: Running, th: Thresholds) -> float:
+    """How far a bursty client's demand measured under its cap falls short of the demand its cap
+    was sized from (the cap last week's plan asked for, else the one it runs under, less the
+    headroom `mps_settings` adds): at least 1."""
+    asked = now.told.thread_percentage if now.told is not None else now.thread_percentage
+    sized_from = min(asked, now.thread_percentage) / 100.0 / (1 + th.headroom.compute_ratio)
+    measured = _number(row.get("sm_fraction"))
+    return sized_from / measured if measured and measured > 0 and sized_from > measured else 1.0
+
+
 def apply(recs: pd.DataFrame, told: Sequence[Told], th: Thresholds) -> pd.DataFrame:
     """Recommendations with the running MPS settings kept where the dead band says (module
     docstring); the reason says which were kept and why, and where the cap measured is not the
-    one asked. Jobs that are not MPS clients now and still, or whose running cap is neither
-    measured nor given by last week's report, are left as they are."""
+    one asked. A client recommended MIG or time-slicing keeps them for the MPS mode the plan may
+    choose for it instead (`KEPT_*`, read by `modes.modes_of`; the note joins its plan reason).
+    Jobs that are not MPS clients now, or whose running cap is neither measured nor given by
+    last week's report, are left as they are."""
     running = running_settings(recs, told)
     if not running:
         return recs
     series = demand.of(recs)
     recs = recs.copy()
+    kept: dict[str, dict[Any, object]] = {KEPT_THREADS: {}, KEPT_LIMIT: {}, KEPT_NOTE: {}, CENSORED: {}}
     for label, row in zip(recs.index, frames.records(recs), strict=True):
         now = running.get(str(row["job_id"]))
+        if now is None:
+            continue
+        kind = row.get("recommendation")
         sized = _number(row.get("mps_active_thread_percentage"))
-        if now is None or row.get("recommendation") != Kind.MPS or sized is None:
+        need = _number(row.get("memory_need_bytes")) or 0.0
+        if kind == Kind.MPS and sized is not None:
+            sized_limit = int(
+                _number(row.get("mps_pinned_memory_limit_bytes")) or math.ceil(need / MIB) * MIB
+            )
+        elif kind in ALTERNATIVES and _number(row.get("sm_fraction")) is not None:
+            settings = mps_settings(_number(row.get("sm_fraction")) or 0.0, need, th)
+            sized, sized_limit = float(settings.thread_percentage), settings.pinned_memory_limit_bytes
+        else:
             continue
         binding = at_cap(
             row, now.thread_percentage / 100.0, th, series.sm.get(str(row["job_id"])) if series else None
         )
         # the plan's caps are whole percents; whether the cap binds is judged on the measured one
-        threads = thread_cap(int(sized), round(now.thread_percentage), binding, th)
-        need = _number(row.get("memory_need_bytes")) or 0.0
-        sized_limit = int(_number(row.get("mps_pinned_memory_limit_bytes")) or math.ceil(need / MIB) * MIB)
+        bursty = bool(row.get("latency_sensitive"))
+        threads = thread_cap(int(sized), round(now.thread_percentage), binding, th, bursty)
         limit = memory_limit(need, sized_limit, now.pinned_memory_limit_bytes, th)
         whys = [k.why for k in (threads, limit) if k.why]
         note = now.note(str(row.get("job_source") or "") == Orchestrator.KUBERNETES)
+        whys = [note, *whys] if note and whys else whys
+        if bursty and not binding.binds and sized < threads.value:  # its demand read short under the cap
+            scale = censored_scale(row, now, th)
+            if scale > 1.0:
+                kept[CENSORED][label] = scale
+                for column in ("sm_fraction", "sm_demand_sms"):
+                    if _number(row.get(column)) is not None:
+                        recs.at[label, column] = (
+                            min(1.0, float(row[column]) * scale)
+                            if column == "sm_fraction"
+                            else float(row[column]) * scale
+                        )
+        if kind != Kind.MPS:
+            if whys:
+                kept[KEPT_THREADS][label] = threads.value
+                kept[KEPT_LIMIT][label] = limit.value
+                kept[KEPT_NOTE][label] = "; ".join(whys)
+            continue
         if not whys:  # the newly sized values stand
             if note:
                 recs.at[label, "reason"] = f"{row['reason']}; {note}"
             continue
-        whys = [note, *whys] if note else whys
         mem_fraction = _number((row.get("numbers") or {}).get("mem_fraction")) or 0.0
         recs.at[label, "mps_active_thread_percentage"] = threads.value
         recs.at[label, "mps_pinned_memory_limit_bytes"] = limit.value
         recs.at[label, "gpu_fraction"] = max(mem_fraction, threads.value / 100.0)
         recs.at[label, "reason"] = f"{row['reason']}; {'; '.join(whys)}"
+    for column, values in kept.items():  # columns only where some job has one
+        if values:
+            recs[column] = pd.Series(values, dtype=object if column == KEPT_NOTE else float)
     return recs

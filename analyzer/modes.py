@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpulens.analyzer import serving
+from gpulens.analyzer.hysteresis import KEPT_LIMIT, KEPT_NOTE, KEPT_THREADS
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.recommend import choose_mig_profile, mps_settings
 from gpulens.analyzer.thresholds import Thresholds
@@ -41,6 +42,7 @@ class Mode:
     mig_profile: str | None = None
     thread_pct: int | None = None
     memory_limit: int | None = None
+    note: str = field(default="", compare=False)  # why its settings are not the newly sized ones
 
 
 def _num(value: object) -> float:
@@ -97,9 +99,7 @@ def modes_of(row: Any, th: Thresholds) -> tuple[Mode, ...]:
     own = own_mode(row)
     out = [own]
     if kind != Kind.MPS and demand < th.exclusive.min_activity:  # as the busy rule would judge it
-        settings = mps_settings(demand, need, th)
-        if settings.thread_percentage < 100:
-            out.append(Mode(Kind.MPS, None, settings.thread_percentage, settings.pinned_memory_limit_bytes))
+        out.extend(_mps_mode(row, demand, need, th))
     model = model_for_nvml_name(str(row.gpu_model))
     profile = _mig_profile(row, kind, model, need)
     if profile and model is not None and not _bandwidth_fits(row, model, profile, th):
@@ -107,6 +107,20 @@ def modes_of(row: Any, th: Thresholds) -> tuple[Mode, ...]:
     if kind != Kind.MIG and profile:
         out.append(Mode(Kind.MIG, mig_profile=profile))
     return tuple(out) if len(out) > 1 else ()
+
+
+def _mps_mode(row: Any, demand: float, need: float, th: Thresholds) -> list[Mode]:
+    """The MPS mode of a job recommended another: the settings the dead band kept where it runs
+    under MPS now (`hysteresis.KEPT_*`), else newly sized; none at 100 % threads."""
+    kept = _num(getattr(row, KEPT_THREADS, None))
+    if not math.isnan(kept) and kept < 100:
+        limit = _num(getattr(row, KEPT_LIMIT, None))
+        note = _text(getattr(row, KEPT_NOTE, ""))
+        return [Mode(Kind.MPS, None, int(kept), None if math.isnan(limit) else int(limit), note)]
+    settings = mps_settings(demand, need, th)
+    if settings.thread_percentage >= 100:
+        return []
+    return [Mode(Kind.MPS, None, settings.thread_percentage, settings.pinned_memory_limit_bytes)]
 
 
 def _mig_profile(row: Any, kind: str, model: GpuModel | None, need: float) -> str | None:

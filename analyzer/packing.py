@@ -55,8 +55,14 @@ def _free_time(items: Iterable[Item]) -> FreeTime | None:
         return None
 
 
-def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuBin]:
+def pack(items: list[Item], th: Thresholds, in_place: bool = False, by_share: bool = False) -> list[GpuBin]:
     """First-fit decreasing among the GPUs an item can join at all (same mode and model).
+
+    Decreasing by `size_of` (the largest of memory, compute and load), or with `by_share` by the
+    MPS thread share first (`share_of`): on Slurm, where every client's share counts against its
+    GPU's 100 %, the shares are what fill an MPS GPU, and decreasing by another dimension can
+    leave a GPU's last few points unused where decreasing shares fill it (37+31+31 and 30+25+20+19
+    on two GPUs, where memory first took three).
 
     `in_place`: jobs that already run this way (`is_resident`) are packed first and onto the GPU
     they share now (a GPU's residents stay together, never on another resident group's GPU);
@@ -70,7 +76,8 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False) -> list[GpuB
     """
     bins: list[GpuBin] = []
     counters: dict[str, int] = {}
-    order = sorted(items, key=lambda i: (i.model, i.kind, -size_of(i), i.start, i.job_id))
+    size = share_of if by_share else size_of
+    order = sorted(items, key=lambda i: (i.model, i.kind, -size(i), i.start, i.job_id))
     if in_place:
         order.sort(key=lambda i: not (is_resident(i) and i.gpus == 1))  # stable: residents first
     # each pool's GPUs in creation order: a GPU's position there is its slot (its bit in the
@@ -458,6 +465,7 @@ def _joint_changes(bins: list[GpuBin], baseline: dict[str, int]) -> dict[str, di
             if not _mode_changed(item) or item.kind not in (Kind.MPS, Kind.MIG, Kind.TIME_SLICING):
                 continue
             own, now = item.modes[0], _mode_of(item)
+            now = next((m for m in item.modes if m == now), now)  # with its note
             change: dict[str, Any] = {"recommendation": now.kind.value}
             if now.kind == Kind.MPS:
                 change.update(
@@ -473,6 +481,8 @@ def _joint_changes(bins: list[GpuBin], baseline: dict[str, int]) -> dict[str, di
                 f"{gpu.model} jobs fit {count[gpu.model]} GPU(s), {baseline.get(gpu.model, 0)} "
                 "with each job's recommended mode"
             )
+            if now.note:  # the settings it runs under now, kept (hysteresis.py)
+                change["note"] += f"; {now.note}"
             out[item.job_id] = change
     return out
 
@@ -494,9 +504,18 @@ FORK_MIN_ITEMS = 2_000
 Packing = tuple[list[GpuBin], dict[str, dict[str, Any]]]
 
 
-def _packing(items: list[Item], th: Thresholds, in_place: bool) -> Packing:
+def share_of(item: Item) -> float:
+    """An MPS item's thread share (a fraction), then its `size_of` on a tie; others' `size_of`."""
+    if item.kind == Kind.MPS and item.thread_pct:
+        return item.thread_pct / 100.0 + size_of(item) * 1e-3
+    return size_of(item)
+
+
+def _packing(items: list[Item], th: Thresholds, in_place: bool, by_share: bool = False) -> Packing:
     """`pack` on copies of the items, lone sharers settled."""
-    return settle_lone_sharers(pack([replace(i) for i in items], th, in_place=in_place), th)
+    return settle_lone_sharers(
+        pack([replace(i) for i in items], th, in_place=in_place, by_share=by_share), th
+    )
 
 
 def fewest_moves(
@@ -526,7 +545,8 @@ def _joint_packings(
     """Packings of the models where another choice of the jobs' modes could need fewer GPUs:
     their lower bound (`modes.lower_bound`) below both the fewest GPUs the packings `done` need
     and the model's `ceiling`. Each such model is packed with every job that has an MPS mode in
-    it, then with every job that has a MIG slice on one (both from scratch and in place), and
+    it, then with every job that has a MIG slice on one (both from scratch and in place; MPS also
+    from scratch by decreasing thread share, `pack`'s `by_share`), and
     while it has at most `JOINT_MAX_ITEMS` jobs, with each job's mode chosen as it is placed
     (`pack_joint`). The fit tests judge every placement, so each packing is as safe as `pack`'s;
     `best_per_model` keeps a joint packing only for fewer GPUs (or as many with fewer moves)."""
@@ -552,8 +572,9 @@ def _joint_packings(
         chosen = [_choose(i, kind) for i in pool]
         if all(c is i for c, i in zip(chosen, pool, strict=True)):
             continue
-        for in_place in (True, False):
-            bins, moved = _packing(chosen, th, in_place)
+        ways = [(True, False), (False, False)] + ([(False, True)] if kind == Kind.MPS else [])
+        for in_place, by_share in ways:
+            bins, moved = _packing(chosen, th, in_place, by_share)
             out.append((bins, {**_joint_changes(bins, fewest), **moved}))
     small = [i for i in pool if len(by_model[i.model]) <= JOINT_MAX_ITEMS]
     if small:

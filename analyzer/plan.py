@@ -41,6 +41,7 @@ import pandas as pd
 
 from gpulens.analyzer import fragmentation, frames
 from gpulens.analyzer.bins import UNCHANGED, GpuBin, Item
+from gpulens.analyzer.hysteresis import KEPT_LIMIT, KEPT_THREADS, MEASURED
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.packing import fewest_moves
 from gpulens.analyzer.planinput import (
@@ -181,10 +182,39 @@ def _as_now(row: object) -> dict[str, Any]:
     change["mig_profile"] = (getattr(row, "mig_profile_now", "") or None) if sharing == Kind.MIG else None
     if sharing != Kind.MPS:
         change.update(mps_active_thread_percentage=None, mps_pinned_memory_limit_bytes=None)
+    else:
+        change.update(_mps_now(row))
     fraction = time_sliced_fraction(row) if sharing == Kind.TIME_SLICING else None
     if fraction is not None:  # what it takes time-sliced, not what a recommended MPS cap would
         change["gpu_fraction"] = fraction
     return change
+
+
+def _mps_now(row: object) -> dict[str, Any]:
+    """An MPS client's settings as it runs now: the thread cap measured (`hysteresis.MEASURED`),
+    else the one kept for it (`hysteresis.KEPT_*`, a client recommended another mode) or the
+    recommended one; the pinned limit is not measured: the kept or recommended one."""
+    out: dict[str, Any] = {}
+    recommended = getattr(row, "recommendation", None) == Kind.MPS
+    kept = _number(getattr(row, KEPT_THREADS, None))
+    measured = _number(getattr(row, MEASURED, None))
+    if measured is not None and 0 < measured <= 100:
+        out["mps_active_thread_percentage"] = round(measured)
+    elif kept is not None:
+        out["mps_active_thread_percentage"] = int(kept)
+    if not recommended:
+        limit = _number(getattr(row, KEPT_LIMIT, None))
+        out["mps_pinned_memory_limit_bytes"] = int(limit) if limit is not None else None
+        out.setdefault("mps_active_thread_percentage", None)
+    return out
+
+
+def _number(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if number != number else number  # NaN: none
 
 
 def account(

@@ -10,6 +10,7 @@ import pandas as pd
 
 from gpulens.analyzer import demand, frames, modes
 from gpulens.analyzer.bins import Item
+from gpulens.analyzer.hysteresis import CENSORED
 from gpulens.analyzer.kinds import WHOLE, Kind
 from gpulens.analyzer.profile import FleetGpu
 from gpulens.analyzer.recommend import memory_need
@@ -111,6 +112,9 @@ def items_of(recs: pd.DataFrame, th: Thresholds, time_sliced: frozenset[str] = f
         load = num(row.gpu_hours_used) / (row.duration_s / 3600.0) / max(gpus, 1) if row.duration_s else 0.0
         known = model_for_nvml_name(str(row.gpu_model))
         scale = num(row.device_sms) / known.sm_count if known and num(row.device_sms) else 1.0
+        # a bursty client's figures measured under a cap that clips its bursts, on the scale of the
+        # demand its cap was sized from (`sm_fraction` is already, hysteresis.censored_scale)
+        censored = num(getattr(row, CENSORED, 1.0)) or 1.0
         memory = num(row.memory_need_bytes)
         held = num(getattr(row, "memory_peak_bytes", math.nan))
         if kind == Kind.TIME_SLICING and not math.isnan(held):
@@ -130,7 +134,7 @@ def items_of(recs: pd.DataFrame, th: Thresholds, time_sliced: frozenset[str] = f
                 sm=min(num(row.sm_fraction), 1.0),
                 load=0.0 if math.isnan(load) else float(load),
                 used_hours=num(row.gpu_hours_used),
-                p95=min(1.0, num(row.sm_active_p95) * scale),
+                p95=min(1.0, num(row.sm_active_p95) * scale * censored),
                 dram=min(1.0, num(getattr(row, "dram_active_p95", 0.0)) * scale),
                 source=str(getattr(row, "job_source", "") or ""),
                 origin_model=str(row.gpu_model),
@@ -141,7 +145,7 @@ def items_of(recs: pd.DataFrame, th: Thresholds, time_sliced: frozenset[str] = f
                 thread_pct=None if no_mps else _int_or_none(row.mps_active_thread_percentage),
                 memory_limit=None if no_mps else _int_or_none(row.mps_pinned_memory_limit_bytes),
                 device_memory=num(row.device_memory_bytes) or math.inf,
-                sm_series=_scaled(series.sm.get(str(row.job_id)), scale),
+                sm_series=_scaled(series.sm.get(str(row.job_id)), scale * censored),
                 dram_series=_scaled(series.dram.get(str(row.job_id)), scale),
                 modes=_time_sliced(modes.modes_of(row, th)) if no_mps else modes.modes_of(row, th),
             )

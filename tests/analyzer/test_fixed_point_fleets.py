@@ -31,14 +31,7 @@ FLEETS: dict[str, tuple[str, ...]] = {
 }
 # fleets that cannot reach a fixed point yet, each with the reason and how it fails (strict: once
 # it passes, the entry must go)
-NOT_YET: dict[str, tuple[str, type[Exception]]] = {
-    "notebook-under-mps": (
-        "a bursty notebook's bursts held to its 30 % MPS cap read as p95 SM activity 13 % (22 % "
-        "whole): the cap binds every burst yet reads loose on step figures, is re-sized to 17 %, and "
-        "frees room for week 2 to move a MIG job onto MPS (a change); week 3 is a fixed point",
-        AssertionError,
-    ),
-}
+NOT_YET: dict[str, tuple[str, type[Exception]]] = {}
 
 
 def _fleets() -> list[object]:

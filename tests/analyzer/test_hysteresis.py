@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpulens.analyzer import demand, hysteresis
+from gpulens.analyzer import demand, frames, hysteresis, modes
 from gpulens.analyzer.hysteresis import Running, Told, at_cap, memory_limit, thread_cap, told_of
+from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.recommend import memory_need
@@ -59,6 +60,21 @@ def test_a_cap_its_series_exceeds_too_often_binds_even_under_its_percentile(th):
 def test_a_latency_sensitive_job_is_judged_at_its_p99(th):
     row = _row(0.10, "p99", sm_active_p99=0.22)
     assert at_cap(row, 0.23, th).binds and not at_cap(_row(0.10), 0.23, th).binds
+
+
+def test_a_latency_sensitive_clients_cap_is_not_lowered_from_data_measured_under_it(th):
+    """Its bursts, clipped by the cap within a step, read short of what it needs: 17 % sized under
+    a 30 % cap keeps 30 %; a batch client's is lowered."""
+    binding = at_cap(_row(0.14, "p99"), 0.30, th)
+    kept = thread_cap(17, 30, binding, th, bursty=True)
+    assert kept.value == 30
+    assert "keeps its 30 % cap: sized 17 % from data measured under it" in kept.why
+    assert "latency-sensitive (sized at its p99 for its bursts)" in kept.why
+    assert thread_cap(17, 30, binding, th).value == 17
+
+
+def test_a_latency_sensitive_clients_binding_cap_is_raised(th):
+    assert thread_cap(36, 30, at_cap(_row(0.29, "p99"), 0.30, th), th, bursty=True).value == 36
 
 
 def test_a_pinned_limit_that_holds_the_need_within_the_dead_band_is_kept(th):
@@ -272,3 +288,61 @@ def test_a_fleet_running_within_the_dead_band_without_binding_gets_no_change(job
     for t in told:
         assert out.loc[t.job_id, "mps_active_thread_percentage"] == t.thread_percentage
         assert out.loc[t.job_id, "mps_pinned_memory_limit_bytes"] == t.pinned_memory_limit_bytes
+
+
+# --- a client recommended another mode keeps its settings for the MPS mode the plan may choose --
+
+
+def _notebook(measured: float, p99: float = 0.135) -> pd.DataFrame:
+    """A latency-sensitive Slurm MPS client recommended time-slicing (idle-dominated), its demand
+    read under a `measured` % cap."""
+    need = 19 * GIB
+    return pd.DataFrame(
+        [
+            {
+                "job_id": "8003",
+                "gpu_model": "NVIDIA H100 80GB HBM3",
+                "gpus": 1,
+                "sharing": "mps",
+                "job_source": "slurm",
+                "job_user": "carol",
+                "job_name": "nb",
+                "mps_thread_cap_now_pct": measured,
+                "recommendation": "time-slicing",
+                "mps_active_thread_percentage": np.nan,
+                "mps_pinned_memory_limit_bytes": np.nan,
+                "memory_need_bytes": float(need),
+                "sm_fraction": p99,
+                "sm_demand_sms": p99 * 132 * 1.2,
+                "latency_sensitive": True,
+                "sizing_percentile": "p99",
+                "sm_active_p95": p99 / 2,
+                "sm_active_p99": p99,
+                "numbers": {"mem_fraction": need / (80 * GIB)},
+                "reason": "idle-dominated",
+            }
+        ]
+    )
+
+
+def test_a_client_recommended_another_mode_keeps_its_cap_for_its_mps_mode(th):
+    out = hysteresis.apply(_notebook(30.0), (), th)
+    row = out.iloc[0]
+    assert row["recommendation"] == "time-slicing" and row["reason"] == "idle-dominated"
+    assert row[hysteresis.KEPT_THREADS] == 30
+    assert "keeps its 30 % cap: sized 17 % from data measured under it" in row[hysteresis.KEPT_NOTE]
+    [mps] = [m for m in modes.modes_of(next(frames.rows(out)), th) if m.kind == Kind.MPS]
+    assert (mps.thread_pct, mps.note) == (30, row[hysteresis.KEPT_NOTE])
+
+
+def test_a_clients_demand_read_under_the_cap_that_clips_it_is_planned_at_what_its_cap_was_sized_from(th):
+    """30 % = 25 % demand + 20 % headroom: the plan packs it at 25 %, its series scaled alike."""
+    row = hysteresis.apply(_notebook(30.0), (), th).iloc[0]
+    assert row["sm_fraction"] == pytest.approx(0.30 / (1 + th.headroom.compute_ratio))
+    assert row[hysteresis.CENSORED] == pytest.approx(0.25 / 0.135)
+
+
+def test_a_clients_binding_cap_is_raised_for_its_mps_mode_and_its_demand_taken_as_read(th):
+    row = hysteresis.apply(_notebook(20.0, p99=0.25), (), th).iloc[0]
+    assert row[hysteresis.KEPT_THREADS] == 30 and "its 20 % cap binds" in row[hysteresis.KEPT_NOTE]
+    assert row["sm_fraction"] == 0.25 and hysteresis.CENSORED not in row

@@ -255,3 +255,45 @@ def test_the_gate_skips_a_model_whose_lower_bound_cannot_beat_the_packing():
     assert modes.lower_bound(H100, spans) == 1
     bins, moved = fewest_moves(items, th)
     assert len(bins) == 1 and moved == {}
+
+
+# (SM demand, memory GiB) that `mps_settings` sizes to caps 37, 31, 31, 30, 25, 19 % (a 20 % job
+# with the most memory is added as a MIG or MPS job): decreasing by size, its memory puts it first
+# and the caps fill three GPUs; decreasing by share, two (37+31+31, 30+25+20+19)
+_SHARES = {
+    "a": (0.308, 15),
+    "b": (0.258, 21),
+    "c": (0.251, 11),
+    "d": (0.248, 19),
+    "e": (0.201, 16),
+    "f": (0.151, 10),
+}
+
+
+def _clients(big_kind: str) -> list[Item]:
+    items = [
+        item_for(j, rec_row("mps", sm, gib), f"GPU-{j}", "exclusive") for j, (sm, gib) in _SHARES.items()
+    ]
+    return [*items, item_for("big", rec_row(big_kind, 0.162, 26.25), "GPU-big", big_kind)]
+
+
+def test_the_shares_are_the_ones_the_example_names():
+    shares = sorted(m.thread_pct for i in _clients("mps") for m in i.modes[:1])
+    assert shares == [19, 20, 25, 30, 31, 31, 37]
+
+
+def test_packing_by_decreasing_share_fills_mps_gpus_that_decreasing_size_leaves_short():
+    th = load_thresholds()
+    items = _clients("mps")
+    by_size, _ = _packing(items, th, False)
+    by_share, _ = _packing(items, th, False, by_share=True)
+    assert (len(by_size), len(by_share)) == (3, 2)
+    assert sorted(sum(i.thread_pct or 0 for i in b.items) for b in by_share) == [94, 99]
+    assert all(_fits_as_packed(b, th) for b in by_share)
+
+
+def test_the_joint_packing_moves_a_mig_job_onto_mps_where_decreasing_shares_free_a_gpu():
+    th = load_thresholds()
+    bins, moved = fewest_moves(_clients("mig"), th)
+    assert len(bins) == 2 and {b.mode for b in bins} == {Kind.MPS}
+    assert moved["big"]["recommendation"] == Kind.MPS and moved["big"]["mps_active_thread_percentage"] == 20
