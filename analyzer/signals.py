@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gpulens.jobids import MPS_SERVER_JOB_ID
+
 Scope = Literal["gpu", "mig", "job", "job_share", "gpu_share"]
 Kind = Literal["exclusive", "mig", "shared"]
 
@@ -41,9 +43,9 @@ PROFILED_FIGURE = "gpu_sm_active_ratio"
 # GPU): not a signal of demand, but the share of the GPU the client may use, which the plan's
 # caps are judged against (`profile.thread_caps_now`); absent where it is not measured
 THREAD_CAP = "gpu_job_mps_active_thread_ratio"
-# the exporter's row for an MPS server process (exporter/attribution/aggregate.py MPS_SERVER_JOB):
-# no kernels of its own, so never room for its clients' remainder (`profile._room_split`)
-MPS_SERVER_JOB = "mps_server"
+# the job id of the exporter's row for an MPS server process (`gpulens.jobids`, shared with the
+# exporter): no kernels of its own, so never room for its clients' remainder (`profile._room_split`)
+MPS_SERVER_JOB = MPS_SERVER_JOB_ID
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,9 @@ from gpulens.analyzer.errors import AnalyzerError
 from gpulens.analyzer.history import LABELS, History, HistoryWriter, read_history
 from gpulens.analyzer.pluginsharing import PluginSharing
 from gpulens.catalog import CatalogError, GpuModel, MigProfile, model_for_nvml_name
-from gpulens.sim.applyplan import ApplyPlanError, load_report_json, report_field
 from gpulens.sim.defaults import default_gpu_instance_id
 from gpulens.sim.nodesharing import NodeSharingError, SelectedConfig, read_node_sharing
+from gpulens.sim.reportplan import ApplyPlanError, load_report_json, report_field
 from gpulens.sim.scenario import PINNED_MEM_LIMIT, THREAD_PERCENTAGE
 
 

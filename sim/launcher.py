@@ -430,7 +430,8 @@ def validate(args: argparse.Namespace) -> int:
 
 def apply_plan(args: argparse.Namespace) -> int:
     # deferred: imported at every child's start-up (see the note above the constants)
-    from gpulens.sim.applyplan import ApplyPlanError, apply_plan_files, parse_grow
+    from gpulens.sim.applyfiles import apply_plan_files, parse_grow
+    from gpulens.sim.reportplan import ApplyPlanError
 
     if (not args.scenario) == (args.history is None):
         raise _CliError("apply-plan: expected a SCENARIO or --history DIR (one of them)")
@@ -455,8 +456,8 @@ def apply_plan(args: argparse.Namespace) -> int:
 
 def _apply_plan_history(args: argparse.Namespace) -> int:
     # deferred: imported at every child's start-up (see the note above the constants)
-    from gpulens.sim.applyplan import ApplyPlanError
     from gpulens.sim.history_apply import apply_plan_history
+    from gpulens.sim.reportplan import ApplyPlanError
 
     if args.grow:
         raise _CliError("apply-plan: --grow scales a scenario's workload; it does not apply to --history")

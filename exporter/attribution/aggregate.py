@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from gpulens.exporter.attribution.labels import sanitize_label_value
 from gpulens.exporter.attribution.model import JobIdentity, JobUsage, ProcessKind, ProcessRef, SharingMode
 from gpulens.exporter.attribution.shares import capped_shares, sm_shares
+from gpulens.jobids import MPS_SERVER_JOB_ID
 
 SOURCE_SYSTEM = "system"
 SOURCE_UNKNOWN = "unknown"
 SOURCE_OTHER = "other"
 UNKNOWN_JOB = JobIdentity(job_id="unknown", source=SOURCE_UNKNOWN)
-MPS_SERVER_JOB = JobIdentity(job_id="mps_server", source=SOURCE_SYSTEM)
+# its job id shared with the analyzer, which reads the row back (gpulens.jobids)
+MPS_SERVER_JOB = JobIdentity(job_id=MPS_SERVER_JOB_ID, source=SOURCE_SYSTEM)
 OTHER_JOB_ID = "other"
 
 #: When one job id was found by several sources, the identity shown comes from the strongest.

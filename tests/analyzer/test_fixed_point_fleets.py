@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpulens.cli import main
-from gpulens.sim.applyplan import apply_plan_files
+from gpulens.sim.applyfiles import apply_plan_files
 from gpulens.sim.history import simulate
 
 pytestmark = pytest.mark.slow

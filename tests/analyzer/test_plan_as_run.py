@@ -24,7 +24,7 @@ from gpulens.analyzer.planasrun import as_run
 from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.cli import main
-from gpulens.sim.applyplan import apply_plan_files
+from gpulens.sim.applyfiles import apply_plan_files
 from gpulens.sim.history import simulate
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from gpulens.cli import main
-from gpulens.sim.applyplan import apply_plan_files, job_key
+from gpulens.sim.applyfiles import apply_plan_files
+from gpulens.sim.applyplan import job_key
 from gpulens.sim.history import simulate
 from gpulens.sim.scenario import Scenario
 from gpulens.sim.scenariofile import load_scenario

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gpulens.cli import main
-from gpulens.sim.applyplan import apply_plan_files
+from gpulens.sim.applyfiles import apply_plan_files
 from gpulens.sim.history import simulate
 from gpulens.sim.scenario import Scenario, SlurmJob
 

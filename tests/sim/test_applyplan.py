@@ -21,10 +21,12 @@ import yaml
 
 from gpulens.analyzer.workload import pod_owner
 from gpulens.cli import main
-from gpulens.sim.applyplan import ApplyPlanError, apply_plan_files, job_key, parse_grow
+from gpulens.sim.applyfiles import apply_plan_files, parse_grow
+from gpulens.sim.applyplan import job_key
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.history import simulate
+from gpulens.sim.reportplan import ApplyPlanError
 from gpulens.sim.scenario import (
     PINNED_MEM_LIMIT,
     THREAD_PERCENTAGE,

@@ -17,8 +17,10 @@ import yaml
 
 from gpulens.analyzer.workload import pod_owner
 from gpulens.cli import main
-from gpulens.sim.applyplan import ApplyPlanError, apply_plan_files, job_key
+from gpulens.sim.applyfiles import apply_plan_files
+from gpulens.sim.applyplan import job_key
 from gpulens.sim.history import simulate
+from gpulens.sim.reportplan import ApplyPlanError
 from gpulens.sim.scenario import KubernetesJob, Scenario, SlurmJob
 from gpulens.sim.scenariofile import load_scenario
 

@@ -21,9 +21,9 @@ from gpulens.analyzer.pipeline import analyze_history
 from gpulens.analyzer.thresholds import Thresholds, load_thresholds
 from gpulens.catalog import get_model
 from gpulens.cli import main
-from gpulens.sim.applyplan import ApplyPlanError
 from gpulens.sim.defaults import default_gpu_instance_id
 from gpulens.sim.history_apply import apply_plan_history
+from gpulens.sim.reportplan import ApplyPlanError
 
 MODEL = get_model("A100-80GB")
 GIB = 1024**3
