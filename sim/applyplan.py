@@ -231,13 +231,22 @@ def _slot_sms(scenario: Scenario, slot: Slot) -> int:
     return model.mig_profile(slot.mig[0]).sm_count if slot.mode == "mig" and slot.mig else model.sm_count
 
 
+def _compute(scenario: Scenario, gpu: int, sms: int) -> float:
+    """What `sms` SMs of `gpu` do per second: SMs x the model's max SM clock, the clock the engine
+    runs a loaded GPU at (and the analyzer's `capability`, by which it downsizes a job to a smaller
+    model). Within one model it is the SMs; an A100 job moved to an L4 (58 SMs at 2040 MHz vs 108
+    at 1410) needs 1.29 x its share, not the 1.86 the SMs alone say."""
+    return float(sms * scenario.gpus[gpu].model.max_sm_clock_mhz)
+
+
 def _grown(
     raw: dict[str, Any], spec: ProcessSpec, factor: float, job: str, rescale: float = 1.0
 ) -> dict[str, Any]:
     """The workload with its SM demand scaled by `factor` (`--grow`: the busy time or duty it
-    implies grows with it) and put on its new container's scale (`rescale`: the SMs it had over
-    the SMs it now has; the same work is the same SMs, a larger share of a slice, a smaller one
-    of a whole GPU; its kernels run as long as before). A demand over a whole slice is held to it."""
+    implies grows with it) and put on its new container's scale (`rescale`: the compute it had
+    over the compute it now has, `_compute`; the same work is the same SM cycles, a larger share
+    of a slice or of a smaller, slower model, a smaller one of a whole GPU; its kernels run as long
+    as before). A demand over a whole slice is held to it."""
     w = copy.deepcopy(raw)
     sm = spec.workload.sm * factor
     if sm > 1:
@@ -450,7 +459,10 @@ def _moved(
         entry["end"] = f"{spec.end + start - spec.start:g}s"
     if spec.job is not None:
         entry["job"] = applier.job(raw["job"], spec)
-    rescale = _container_sms(source or scenario, spec.gpu, spec.instance) / _slot_sms(scenario, slot)
+    was = source or scenario
+    rescale = _compute(was, spec.gpu, _container_sms(was, spec.gpu, spec.instance)) / _compute(
+        scenario, slot.gpu, _slot_sms(scenario, slot)
+    )
     if factor is not None or rescale != 1:
         entry["workload"] = _grown(raw["workload"], spec, factor or 1.0, job_key(spec) or "", rescale)
     return entry

@@ -28,10 +28,22 @@ FLEETS: dict[str, tuple[str, ...]] = {
     "mps-plugin-duty-cycled-trainer": ("mps-plugin-duty-cycled-trainer.yaml",),
     "cross-node": ("cross-node-a.yaml", "cross-node-b.yaml"),
     "notebook-under-mps": ("notebook-under-mps-a.yaml", "notebook-under-mps-b.yaml"),
+    "downsize-a100-to-l4": ("downsize-a100-to-l4-a.yaml", "downsize-a100-to-l4-b.yaml"),
+    "mig-profiles-to-mps": ("mig-profiles-to-mps.yaml",),
+    "cronjob-runs": ("cronjob-runs.yaml",),
+    "vllm-onto-plugin-mps": ("vllm-onto-plugin-mps.yaml",),
 }
 # fleets that cannot reach a fixed point yet, each with the reason and how it fails (strict: once
 # it passes, the entry must go)
-NOT_YET: dict[str, tuple[str, type[Exception]]] = {}
+NOT_YET: dict[str, tuple[str, type[Exception]]] = {
+    "vllm-onto-plugin-mps": (
+        "a vLLM server holding 26 GiB (an 8 GiB --kv-cache-memory-bytes pool, 20 % used) is moved onto "
+        "the device plugin's MPS sized from its KV use, 21 GiB; nothing applies the smaller pool its "
+        "reason asks for, so it fails on start under the limit and is missing from week 2, whose plan "
+        "re-packs the other pods (a change)",
+        AssertionError,
+    ),
+}
 
 
 def _fleets() -> list[object]:

@@ -148,13 +148,15 @@ def test_the_command_refuses_to_replace_a_directory_holding_other_files(cross_re
 # --- Slurm: a job requeued onto another node --------------------------------------------------
 
 
-def _slurm_node(root: Path, host: str, users: dict[str, int], jobs: list[tuple[int, str, str]]) -> Path:
-    """A Slurm node with two A100s and a job (pid, id, user) on each of the first GPUs."""
+def _slurm_node(
+    root: Path, host: str, users: dict[str, int], jobs: list[tuple[int, str, str]], model: str = "A100-80GB"
+) -> Path:
+    """A Slurm node with two GPUs (A100s unless told) and a job (pid, id, user) on each of the first GPUs."""
     doc = {
         "name": host,
         "node": {"hostname": host},
         "users": users,
-        "gpus": [{"model": "A100-80GB", "count": 2}],
+        "gpus": [{"model": model, "count": 2}],
         "processes": [
             {
                 "pid": pid,
@@ -195,6 +197,28 @@ def test_a_slurm_job_moved_to_another_node_is_requeued_there_under_an_id_no_node
     assert moved.gpu == 0 and (moved.job.name, moved.job.account, moved.uid) == ("job-7001", "ml", 2001)
     assert moved.job.job_id not in {"7001", "7002", "8001"}
     assert [job_key(p) for p in node_a.processes] == ["7002"]
+
+
+def test_a_job_downsized_onto_a_smaller_model_keeps_its_work_in_sm_cycles(tmp_path):
+    # the analyzer downsizes by SMs x max SM clock (recommend.capability), the clock the engine runs
+    # a loaded GPU at: 20 % of an A100 (108 SMs at 1410 MHz) is 25.7 % of an L4 (58 at 2040), not
+    # the 37 % its SMs alone would make it (tests/data/fixedpoint/downsize-*.yaml)
+    a = _slurm_node(tmp_path, "slurm-a", {"erin": 2001}, [(71001, "7001", "erin")])
+    b = _slurm_node(tmp_path, "slurm-l4", {}, [], model="L4")
+    before_a, before_b = load_scenario(a), load_scenario(b)
+    report = tmp_path / "report"
+    report.mkdir()
+    layout = [{"node": "slurm-l4", "uuid": before_b.gpus[1].uuid, "sharing": "exclusive", "jobs": ["7001"]}]
+    freed = [{"node": "slurm-a", "uuid": g.uuid} for g in before_a.gpus]
+    (report / "plan.json").write_text(json.dumps({"layout": layout, "freed": freed}))
+    (report / "jobs.json").write_text(json.dumps({"jobs": [{"job_id": "7001", "action": "change"}]}))
+    _, node_b = apply_plan_files([str(a), str(b)], report, tmp_path / "out")
+    (moved,) = node_b.processes
+    l4, a100 = node_b.gpus[1].model, before_a.gpus[0].model
+    assert moved.gpu == 1 and moved.workload.sm * l4.sm_count * l4.max_sm_clock_mhz == pytest.approx(
+        0.2 * a100.sm_count * a100.max_sm_clock_mhz, rel=1e-5
+    )
+    assert moved.workload.busy == 0.3  # its kernels run as much of the time as before
 
 
 def test_a_node_the_plan_empties_is_applied_with_its_gpus_freed_and_no_jobs(tmp_path):
