@@ -93,6 +93,8 @@ def modes_of(row: Any, th: Thresholds) -> tuple[Mode, ...]:
         return ()
     if _text(getattr(row, "serving_server", "")) and serving.pressure(_row_dict(row), th):
         return ()
+    if _text(getattr(row, "serving_server", "")) and serving.pool_above_need(_row_dict(row)):
+        return ()  # no slice or limit below the pool it allocates as configured
     need, demand = _num(row.memory_need_bytes), _num(row.sm_fraction)
     if math.isnan(need) or math.isnan(demand):
         return ()

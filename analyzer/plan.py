@@ -39,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpulens.analyzer import fragmentation, frames
+from gpulens.analyzer import fragmentation, frames, serving
 from gpulens.analyzer.bins import UNCHANGED, GpuBin, Item
 from gpulens.analyzer.hysteresis import KEPT_LIMIT, KEPT_THREADS, MEASURED
 from gpulens.analyzer.kinds import Kind
@@ -117,9 +117,22 @@ def hold(recs: pd.DataFrame) -> tuple[pd.DataFrame, list[GpuBin]]:
     timeless = [not known_lifetime(row) for row in frames.rows(insufficient)]
     unknown = insufficient[pd.Series(timeless, index=insufficient.index, dtype=bool)]
     held = {u for uuids in unknown["uuids"] for u in uuids_of(uuids)}
+    held |= {u for row in frames.records(_pooled(recs)) for u in uuids_of(row["uuids"])}
     on_held = recs["uuids"].map(lambda v: bool(held & set(uuids_of(v))))
     pinned = recs[on_held & (recs["recommendation"] != Kind.RECLAIM)]
     return recs[~on_held], _kept_as_they_are(pinned)
+
+
+def _pooled(recs: pd.DataFrame) -> pd.DataFrame:
+    """Servers recommended a MIG slice or an MPS limit their pool, allocated in bytes as
+    configured, does not fit until its flag is lowered (`serving.pool_above_need`): their GPUs stay
+    as they are this week."""
+    if "serving_floor_bytes" not in recs or recs.empty:
+        return recs.iloc[0:0]
+    shrunk = recs["recommendation"].isin([Kind.MIG, Kind.MPS])
+    rows = recs[shrunk]
+    pooled = [bool(serving.pool_above_need(row)) for row in frames.records(rows)]
+    return rows[pd.Series(pooled, index=rows.index, dtype=bool)]
 
 
 def held_changes(recs: pd.DataFrame) -> dict[str, dict[str, Any]]:
@@ -127,10 +140,20 @@ def held_changes(recs: pd.DataFrame) -> dict[str, dict[str, Any]]:
     movable, _ = hold(recs)
     stay = recs[~recs["job_id"].isin(movable["job_id"])]
     stay = stay[~stay["recommendation"].isin([Kind.RECLAIM, Kind.INSUFFICIENT_DATA])]
-    return {
-        str(row.job_id): {**_as_now(row), "note": "shares a GPU with a job that has too little data"}
-        for row in frames.rows(stay)
-    }
+    pooled = {str(row["job_id"]): serving.pool_above_need(row) for row in frames.records(_pooled(recs))}
+    by_gpu = {u: job for job in pooled for u in uuids_of(recs.loc[recs["job_id"] == job, "uuids"].iloc[0])}
+    out = {}
+    for row in frames.rows(stay):
+        job = str(row.job_id)
+        server = next((by_gpu[u] for u in uuids_of(row.uuids) if u in by_gpu), None)
+        if job in pooled:
+            note = f"stays as it runs: {pooled[job]}"
+        elif server is not None:
+            note = f"shares a GPU with {server}, whose KV pool must be lowered before it moves"
+        else:
+            note = "shares a GPU with a job that has too little data"
+        out[job] = {**_as_now(row), "note": note}
+    return out
 
 
 def _kept_as_they_are(recs: pd.DataFrame) -> list[GpuBin]:

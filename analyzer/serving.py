@@ -604,6 +604,25 @@ def kv_need(row: Mapping[str, Any], th: Thresholds) -> KvNeed | None:
     return KvNeed(server, peak - pool, pool, kv_peak, th.serving.kv_headroom_ratio)
 
 
+def pool_above_need(row: Mapping[str, Any]) -> str:
+    """For a server sized from its KV use (`serving_floor_bytes`) that holds more than that need:
+    its pool is sized in bytes (`--kv-cache-memory-bytes`, the only pool whose bytes vLLM
+    publishes) and allocated as configured wherever it starts, so a MIG slice or an MPS pinned
+    limit sized from its KV use would not hold it until that flag is lowered: why, else ""."""
+    floor, need, held = (
+        _f(row, "serving_floor_bytes"),
+        _f(row, "memory_need_bytes"),
+        _f(row, "memory_peak_bytes"),
+    )
+    if not serves(row) or math.isnan(floor) or not need < held:
+        return ""
+    return (
+        f"its KV pool is allocated in bytes as configured, {held / 2**30:.1f} GiB held: a MIG slice or "
+        f"MPS limit sized from its KV use ({need / 2**30:.1f} GiB) would not hold it until the flag "
+        "its reason names is lowered; next week's report places it from what it holds then"
+    )
+
+
 # why a server's KV use cannot size it: the figure each server leaves out (see the module docstring)
 UNSIZED = {
     Server.VLLM: "its pool is sized by --gpu-memory-utilization: vllm:cache_config_info has no "
