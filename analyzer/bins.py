@@ -70,6 +70,9 @@ class Item:
     # the percentile sums decide for it (module docstring)
     sm_series: demand.Series | None = None
     dram_series: demand.Series | None = None
+    # per-bin duty cycle (time running kernels, `signals.BUSY`): what a time-sliced neighbour waits for
+    busy_series: demand.Series | None = None
+    serving: bool = False  # an inference server whose latency next week's report judges
     # its recommended mode first, then the others it fits (`modes.modes_of`); () = only its own
     modes: tuple[Mode, ...] = ()
 
@@ -181,6 +184,25 @@ def _series_within(series: list[demand.Series] | None, limit: float, th: Thresho
     return demand.colocated(series, limit).over_share <= th.compute.max_bind_fraction + 1e-12
 
 
+def _servers_wait_within(gpu: GpuBin, item: Item, th: Thresholds) -> bool:
+    """Whether each inference server among the GPU's time-sliced jobs waits little enough for its
+    neighbours: while their kernels run its requests wait, so their summed duty cycle is, at first
+    order, the latency they add; it may exceed `serving.max_latency_increase` (what next week's
+    report rolls a server back for) in at most `compute.max_bind_fraction` of the server's bins.
+    A job without a duty-cycle series leaves it to the other tests."""
+    sharers = [*gpu._overlapping(item), item]
+    for server in (s for s in sharers if s.serving):
+        others = [o.busy_series for o in sharers if o is not server]
+        if server.busy_series is None or any(o is None for o in others):
+            continue
+        share = demand.waits(
+            server.busy_series, [o for o in others if o is not None], th.serving.max_latency_increase
+        )
+        if share > th.compute.max_bind_fraction + 1e-12:
+            return False
+    return True
+
+
 def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> bool:
     """Whether `item` can join `gpu` (the fit tests of the module docstring)."""
     if gpu.mode != item.kind or gpu.model != item.model:
@@ -207,6 +229,7 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
             gpu.within(item, sliced_bounds(item, model, th, sm is not None, dram is not None))
             and _series_within(sm, th.time_slicing.max_interference, th)
             and _series_within(dram, th.plan.max_dram_load, th)
+            and _servers_wait_within(gpu, item, th)
         )
     # one pass over the GPU's items for every limit of MPS (the packer's hottest call)
     peak = gpu.peaks(item, ("memory", "dram", "count", "sm"))

@@ -145,6 +145,7 @@ class Demand:
     bin_s: float
     sm: Mapping[str, Series] = field(default_factory=dict)
     dram: Mapping[str, Series] = field(default_factory=dict)
+    busy: Mapping[str, Series] = field(default_factory=dict)  # duty cycle: time running kernels
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Demand:
         # immutable: pandas deep-copies `attrs` on most operations, which must not copy ~80 MB
@@ -192,3 +193,16 @@ def colocated(series: Sequence[Series], limit: float, quantile: float | None = N
             present[s.first - low : s.last - low] = True
         high = float(np.quantile(total[present], quantile)) if present.any() else 0.0
     return Colocated(float(share), high)
+
+
+def waits(own: Series, others: Sequence[Series], limit: float) -> float:
+    """The share of `own`'s bins in which the `others` summed exceed `limit`: how often a job
+    waits for more than that on a GPU it time-shares with them (0 with no others)."""
+    if not others or not len(own.values):
+        return 0.0
+    total = np.zeros(len(own.values), dtype=np.float32)
+    for s in others:
+        lo, hi = max(s.first, own.first), min(s.last, own.last)
+        if lo < hi:
+            total[lo - own.first : hi - own.first] += s.values[lo - s.first : hi - s.first]
+    return float(np.count_nonzero(total > limit + LIMIT_SLACK)) / len(own.values)

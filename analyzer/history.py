@@ -92,6 +92,7 @@ FAMILIES: tuple[str, ...] = (
     "gpu_job_sm_utilization_ratio",
     "gpu_job_sm_unattributed_ratio",
     "gpu_job_mps_active_thread_ratio",  # the thread cap an MPS client runs under, as measured
+    "gpu_job_duty_cycle_ratio",  # the time a job ran kernels: with its cap, whether the cap held it
     "gpu_topology_info",
     *SERVING_FAMILIES,  # vLLM / SGLang series of a scraped pod (analyzer/serving.py)
     "gpulens_trace_job_requested_gpus",

@@ -147,6 +147,8 @@ def items_of(recs: pd.DataFrame, th: Thresholds, time_sliced: frozenset[str] = f
                 device_memory=num(row.device_memory_bytes) or math.inf,
                 sm_series=_scaled(series.sm.get(str(row.job_id)), scale * censored),
                 dram_series=_scaled(series.dram.get(str(row.job_id)), scale),
+                busy_series=series.busy.get(str(row.job_id)),
+                serving=isinstance(getattr(row, "serving_server", None), str) and bool(row.serving_server),
                 modes=_time_sliced(modes.modes_of(row, th)) if no_mps else modes.modes_of(row, th),
             )
         )

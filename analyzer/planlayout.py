@@ -69,8 +69,18 @@ def assign_gpus(
         if pick is None:
             nodes = {by_uuid[u].node for u in wanted if u in by_uuid}
             pool = [g for g in free.get(gpu.model, []) if g.uuid not in taken]
+            # its jobs' own GPU before another where none is of its family (a Kubernetes node
+            # the plugin shares one way): moving a whole job to another GPU of it gains nothing
+            own = set(wanted)
             pool.sort(
-                key=lambda g: (not same_family(g.uuid), g.node not in nodes, cost[g.node], g.node, g.uuid)
+                key=lambda g: (
+                    not same_family(g.uuid),
+                    g.uuid not in own,
+                    g.node not in nodes,
+                    cost[g.node],
+                    g.node,
+                    g.uuid,
+                )
             )
             pick = pool[0].uuid if pool else None
         if pick is not None:

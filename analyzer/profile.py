@@ -75,6 +75,7 @@ PROFILE_COLUMNS = (
     "memory_cycle_slope_bytes_per_hour",
     "memory_period_s",
     "dram_active_p95",
+    "duty_cycle_p95",  # the time it runs kernels (`signals.BUSY`): what a time-sliced neighbour waits for
     "tensor_active_mean",
     "gpu_hours_allocated",
     "gpu_hours_used",
@@ -102,12 +103,15 @@ class JobStats:
     memory_cycle_slope: float = math.nan  # median slope of leak.cycle_window_steps windows, bytes per second
     memory_restart_span: float = math.nan  # seconds from the first restart to the last
     dram_p95: float = math.nan
+    busy_p95: float = math.nan  # p95 of its per-step duty cycle (`signals.BUSY`)
+    busy_signal: str = ""  # the BUSY signal it came from (the PromQL path asks its series by it)
     tensor_mean: float = math.nan
     # the MPS active-thread cap it runs under at the end of the window, a ratio (`thread_caps_now`)
     thread_cap: float = math.nan
     # per-bin maxima of the per-step activity and DRAM activity (`demand`): what the packer sums
     sm_bins: demand.Series | None = None
     dram_bins: demand.Series | None = None
+    busy_bins: demand.Series | None = None
 
 
 @dataclass(frozen=True)
@@ -613,7 +617,7 @@ def family_columns() -> dict[str, list[str]]:
         "gpu_memory_total_bytes": ["uuid"],  # the memory of models the catalog does not know
         signals.THREAD_CAP: signal_labels,
     }
-    for table in (signals.ACTIVITY, signals.MEMORY, signals.DRAM, signals.TENSOR):
+    for table in (signals.ACTIVITY, signals.MEMORY, signals.DRAM, signals.BUSY, signals.TENSOR):
         for chain in table.values():
             for signal in chain:
                 out.setdefault(signal.family, signal_labels)
@@ -692,6 +696,12 @@ def stats_from_families(
     for i, (job, (_, values, times)) in enumerate(dram.items()):
         stats[job].dram_p95 = float(p95[i])
         stats[job].dram_bins = demand.binned(times, values, bin_s)
+    busy = _chain_steps(fams, info, signals.BUSY, kinds, "mean")
+    p95 = segment_quantiles([values for _, values, _ in busy.values()], (0.95,))[0]
+    for i, (job, (name, values, times)) in enumerate(busy.items()):
+        stats[job].busy_signal = name
+        stats[job].busy_p95 = float(p95[i])
+        stats[job].busy_bins = demand.binned(times, values, bin_s)
     for job, (_, values, _) in _chain_steps(fams, info, signals.TENSOR, kinds, "mean").items():
         stats[job].tensor_mean = float(values.mean())
     for job, cap in thread_caps_now(fams.get(signals.THREAD_CAP)).items():
@@ -867,6 +877,7 @@ def build_profiles(
                 "memory_cycle_slope_bytes_per_hour": st.memory_cycle_slope * 3600.0,
                 "memory_period_s": period(st, duration),
                 "dram_active_p95": st.dram_p95,
+                "duty_cycle_p95": st.busy_p95,
                 "tensor_active_mean": st.tensor_mean,
                 "gpu_hours_allocated": hours_alloc,
                 "gpu_hours_used": hours_used,
@@ -891,6 +902,7 @@ def job_demand(stats: dict[str, JobStats], step_s: float) -> demand.Demand:
         demand.bin_seconds(step_s, (st.start for st in stats.values()), (st.end for st in stats.values())),
         sm={job: st.sm_bins for job, st in stats.items() if st.sm_bins is not None},
         dram={job: st.dram_bins for job, st in stats.items() if st.dram_bins is not None},
+        busy={job: st.busy_bins for job, st in stats.items() if st.busy_bins is not None},
     )
 
 

@@ -109,6 +109,18 @@ DRAM: dict[str, tuple[Signal, ...]] = {
     "shared": (),
 }
 
+# the time a job runs kernels (a fraction of the step): what a time-sliced neighbour waits for,
+# whatever share of the SMs those kernels use. The exporter's per-job duty cycle (per-process NVML
+# utilization summed) where published; a whole GPU's own duty cycle is its job's
+BUSY: dict[str, tuple[Signal, ...]] = {
+    "exclusive": (
+        Signal("job_duty_cycle", "gpu_job_duty_cycle_ratio", "job"),
+        Signal("utilization", "gpu_utilization_ratio", "gpu"),
+    ),
+    "mig": (Signal("job_duty_cycle", "gpu_job_duty_cycle_ratio", "job"),),
+    "shared": (Signal("job_duty_cycle", "gpu_job_duty_cycle_ratio", "job"),),
+}
+
 TENSOR: dict[str, tuple[Signal, ...]] = {
     "exclusive": (Signal("tensor_active", "gpu_tensor_active_ratio", "gpu"),),
     "mig": (Signal("tensor_active", "gpu_mig_tensor_active_ratio", "mig"),),

@@ -45,6 +45,8 @@ from gpulens.analyzer.topology import from_rows as topology_from_rows
 from gpulens.catalog import GpuModel
 
 # a stats query repeats the job matcher ~7 times; VictoriaMetrics rejects queries over 16 KiB by default
+# the per-job figures whose per-bin series the packer sums (`demand`): activity, DRAM, duty cycle
+DEMAND_TABLES = ("activity", "dram", "busy")
 MAX_REGEX_CHARS = 1800
 # a longer stats query is asked in parts (`stats_queries`), with room left for the URL's other fields
 MAX_QUERY_CHARS = 15_000
@@ -368,6 +370,9 @@ class PromSource:
         dram_red = {"p95": "quantile_over_time(0.95, {sub})", "count": "count_over_time({sub})"}
         for job, (_, values) in self._chain(signals.DRAM[kind], present, "avg", dram_red, gpus_of).items():
             stats[job].dram_p95 = values.get("p95", math.nan)
+        for job, (name, values) in self._chain(signals.BUSY[kind], present, "avg", dram_red, gpus_of).items():
+            stats[job].busy_p95 = values.get("p95", math.nan)
+            stats[job].busy_signal = name
         tensor_red = {"mean": "avg_over_time({sub})", "count": "count_over_time({sub})"}
         for job, (_, values) in self._chain(
             signals.TENSOR[kind], present, "avg", tensor_red, gpus_of
@@ -440,6 +445,7 @@ class PromSource:
         tables = (
             ("sm", signals.ACTIVITY[kind], lambda st, name: st.activity_signal == name),
             ("dram", signals.DRAM[kind], lambda st, name: not math.isnan(st.dram_p95)),
+            ("busy", signals.BUSY[kind], lambda st, name: st.busy_signal == name),
         )
         for figure, chain, uses in tables:
             for signal in chain:
@@ -457,8 +463,10 @@ class PromSource:
                     if job in wanted:
                         if figure == "sm":
                             stats[job].sm_bins = series
-                        else:
+                        elif figure == "dram":
                             stats[job].dram_bins = series
+                        else:
+                            stats[job].busy_bins = series
 
     def fleet(self, gpu_model: GpuModel | None = None) -> list[FleetGpu]:
         """Every GPU with a `gpu_info` series in the window, idle ones included."""
@@ -679,6 +687,7 @@ class RuleStats:
             ("activity", signals.ACTIVITY, "avg"),
             ("memory", signals.MEMORY, "max"),
             ("dram", signals.DRAM, "avg"),
+            ("busy", signals.BUSY, "avg"),
             ("tensor", signals.TENSOR, "avg"),
         )
         if self.coverage.idle_below == idle:
@@ -730,11 +739,12 @@ class RuleStats:
                 **restart_reductions,
             },
             "dram": {"p95": "quantile_over_time(0.95, {r}[{w}])"},
+            "busy": {"p95": "quantile_over_time(0.95, {r}[{w}])"},
             "tensor": {"mean": "avg_over_time({r}[{w}])"},
         }
         # a reduction every job with samples in the series has: *_over_time answers for a series
         # exactly when its range holds a sample, as count_over_time does
-        witness = {"activity": "count", "memory": "max", "dram": "p95", "tensor": "mean"}
+        witness = {"activity": "count", "memory": "max", "dram": "p95", "busy": "p95", "tensor": "mean"}
         step_ms = f"{int(self.step_s * 1000) - 1}ms"
 
         def reduce(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
@@ -781,7 +791,7 @@ class RuleStats:
         # Prometheus answers them beside the reductions instead of after them (`_demand` takes them)
         bin_s = self._bin_s(stats)
         for t, record in sorted(first):
-            if t in ("activity", "dram"):
+            if t in DEMAND_TABLES:
                 self.source.client.ask(*self._demand_query(record, bin_s), matrix=True)
         results.update(self._run(queries))
 
@@ -844,6 +854,8 @@ class RuleStats:
                     restarted.setdefault(record, []).append(job)
             elif table_name == "dram":
                 st.dram_p95 = get("p95")
+            elif table_name == "busy":
+                st.busy_signal, st.busy_p95 = signal_name, get("p95")
             else:
                 st.tensor_mean = get("mean")
         slopes = {
@@ -859,7 +871,7 @@ class RuleStats:
                     stats[job].memory_cycle_slope = value
         self._demand(
             stats,
-            {key: record for key, (_, record) in chosen.items() if key[0] in ("activity", "dram")},
+            {key: record for key, (_, record) in chosen.items() if key[0] in DEMAND_TABLES},
             bin_s,
         )
         return dict(sorted(stats.items()))
@@ -900,8 +912,10 @@ class RuleStats:
                     if job in found and job in stats:
                         if table == "activity":
                             stats[job].sm_bins = found[job]
-                        else:
+                        elif table == "dram":
                             stats[job].dram_bins = found[job]
+                        else:
+                            stats[job].busy_bins = found[job]
         self.source._say(f"prometheus: {len(asked)} demand-series queries done")
 
     def _run(self, queries: dict[tuple[str, str], str]) -> dict[tuple[str, str], dict[str, float]]:

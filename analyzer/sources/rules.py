@@ -72,6 +72,7 @@ TABLES: tuple[tuple[dict[str, tuple[signals.Signal, ...]], str], ...] = (
     (signals.ACTIVITY, "avg"),
     (signals.MEMORY, "max"),
     (signals.DRAM, "avg"),
+    (signals.BUSY, "avg"),
     (signals.TENSOR, "avg"),
 )
 

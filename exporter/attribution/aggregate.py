@@ -216,6 +216,7 @@ def aggregate(
                     sm_utilization_ratio=sm,
                     processes=acc.processes,
                     mps_thread_ratio=acc.thread_cap() if sharing is SharingMode.MPS else None,
+                    duty_cycle_ratio=acc.sm_ratio(),
                 )
             )
     return usages, overflows

@@ -90,6 +90,10 @@ class JobUsage:
     # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100 and what their control daemon runs their server under
     # (mps_control.py), where either is known; None elsewhere
     mps_thread_ratio: float | None = None
+    # the job's duty cycle: the fraction of the interval a kernel of its processes ran (their NVML
+    # per-process utilization, summed, at most 1; None without a per-process figure). Under an MPS
+    # thread cap, SM share / (duty cycle x cap) says how full of its cap the job ran while it ran
+    duty_cycle_ratio: float | None = None
 
 
 @dataclass(frozen=True)

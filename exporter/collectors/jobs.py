@@ -118,8 +118,20 @@ THREAD_CAP = FamilySpec[JobUsage](
     unit=Unit.RATIO,
     mig="not on MIG (MPS on whole GPUs)",
 )
+DUTY_CYCLE = FamilySpec[JobUsage](
+    "gpu_job_duty_cycle_ratio",
+    Kind.GAUGE,
+    "The fraction of the interval in which a kernel of the job's processes ran (NVML per-process"
+    " utilization, summed, at most 1): the job's own gpu_utilization_ratio.",
+    "per-process NVML utilization (`nvmlDeviceGetProcessUtilization` smUtil) summed per job, at"
+    " most 1; under an MPS thread cap, `gpu_job_sm_utilization_ratio` near this x"
+    " `gpu_job_mps_active_thread_ratio` says the cap held the job whenever it ran",
+    labels=_USAGE,
+    unit=Unit.RATIO,
+    mig=_PER_INSTANCE,
+)
 FAMILIES: tuple[FamilySpec[JobUsage], ...] = (
-    INFO, MEMORY, SM, PROCESSES, UNATTRIBUTED, THREAD_CAP,
+    INFO, MEMORY, SM, PROCESSES, UNATTRIBUTED, THREAD_CAP, DUTY_CYCLE,
 )  # fmt: skip
 
 
@@ -127,7 +139,8 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
     families = fresh(FAMILIES)
     info, mem, sm = families[INFO.name], families[MEMORY.name], families[SM.name]
     procs, unattributed = families[PROCESSES.name], families[UNATTRIBUTED.name]
-    thread_cap = families[THREAD_CAP.name]
+    thread_cap, duty = families[THREAD_CAP.name], families[DUTY_CYCLE.name]
+    duties: dict[tuple[str, ...], float] = {}
     usage: dict[tuple[str, ...], list[float | None]] = {}
     caps: dict[tuple[str, ...], float] = {}
     seen_info: set[tuple[str, ...]] = set()
@@ -158,6 +171,8 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         row[2] = float(row[2] or 0) + job.processes
         if job.mps_thread_ratio is not None:
             caps[key] = max(caps.get(key, 0.0), job.mps_thread_ratio)
+        if job.duty_cycle_ratio is not None:
+            duties[key] = min(1.0, duties.get(key, 0.0) + job.duty_cycle_ratio)
     for key, (memory, ratio, count) in usage.items():
         labels = list(key)
         mem.add_metric(labels, float(memory or 0))
@@ -166,6 +181,8 @@ def collect(snapshot: NodeSnapshot, options: CollectorOptions) -> Iterator[Metri
         procs.add_metric(labels, float(count or 0))
         if key in caps:
             thread_cap.add_metric(labels, caps[key])
+        if key in duties:
+            duty.add_metric(labels, duties[key])
     shared: dict[tuple[str, str], float] = {}
     for (gpu, _uuid, gi, _job), (_mem, ratio, _count) in usage.items():
         shared[(gpu, gi)] = shared.get((gpu, gi), 0.0) + float(ratio or 0.0)

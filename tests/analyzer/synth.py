@@ -39,6 +39,9 @@ class SynthJob:
     # an MPS client's active-thread cap per step as the exporter measures it (a ratio; NaN: none
     # published at that step): gpu_job_mps_active_thread_ratio
     thread_cap: np.ndarray | None = None
+    # its duty cycle per step (the time it ran kernels) as the exporter publishes it:
+    # gpu_job_duty_cycle_ratio
+    duty: np.ndarray | None = None
 
 
 def steady(n: int, level: float, jitter: float = 0.02, seed: int = 0) -> np.ndarray:
@@ -121,6 +124,16 @@ def frame(
                         "value": mem,
                     }
                 )
+                if job.duty is not None:
+                    rows.append(
+                        {
+                            **base,
+                            "metric": "gpu_job_duty_cycle_ratio",
+                            "gpu_instance": job.gpu_instance,
+                            "job_id": job.job_id,
+                            "value": float(job.duty[k]),
+                        }
+                    )
                 if job.thread_cap is not None and not np.isnan(job.thread_cap[k]):
                     rows.append(
                         {

@@ -35,14 +35,7 @@ FLEETS: dict[str, tuple[str, ...]] = {
 }
 # fleets that cannot reach a fixed point yet, each with the reason and how it fails (strict: once
 # it passes, the entry must go)
-NOT_YET: dict[str, tuple[str, type[Exception]]] = {
-    "vllm-onto-plugin-mps": (
-        "time-slicing is judged by SM activity, not by the time a neighbour holds the GPU: the vLLM "
-        "server time-sliced beside pods busy 50-60 % of the time at 7-10 % SM activity waits for "
-        "them, its p95 latency rises 30 % (> serving.max_latency_increase) and week 2 rolls it back",
-        AssertionError,
-    ),
-}
+NOT_YET: dict[str, tuple[str, type[Exception]]] = {}
 
 
 def _fleets() -> list[object]:

@@ -273,8 +273,12 @@ def test_the_per_cycle_growth_is_asked_for_the_jobs_that_restart_alone(th):
 
 
 def test_each_chains_first_signal_is_reduced_without_counting_its_samples_apart(th):
-    st, asked = rule_stats(th, ("gpu_sm_active_ratio:avg", "gpu_job_memory"))
-    assert (st.activity_signal, st.memory_signal) == ("sm_active", "job_memory")
+    st, asked = rule_stats(th, ("gpu_sm_active_ratio:avg", "gpu_job_memory", "gpu_job_duty_cycle_ratio:avg"))
+    assert (st.activity_signal, st.memory_signal, st.busy_signal) == (
+        "sm_active",
+        "job_memory",
+        "job_duty_cycle",
+    )
     assert st.activity["count"] == 1
     # the first signals' reductions tell which jobs have samples: no count of their own
     counted = sorted(e for e in asked if e.startswith("count_over_time(job_id:"))

@@ -306,6 +306,24 @@ def test_the_jobs_cap_is_published_beside_its_share_and_only_where_it_has_one(no
     assert [(s.labels["job_id"], s.value) for s in family.samples] == [("1234", 0.3)]
 
 
+def test_a_jobs_duty_cycle_is_its_processes_time_summed_and_at_most_one(node):
+    node.process(100, slurm_v2("1234"), SLURM_ENV)
+    node.process(101, slurm_v2("1234"), SLURM_ENV)
+    node.process(102, slurm_v2("1235"), SLURM_ENV | {"SLURM_JOB_ID": "1235"})
+    procs = [proc(100, sm=0.7, kind="mps_client"), proc(101, sm=0.6, kind="mps_client"), proc(102, sm=0.2)]
+    usages = by_job(node.attributor().attribute(procs, {(0, None): 0.5}, {0: 1.0}, {0}))
+    assert usages[(0, None, "1234")].duty_cycle_ratio == 1.0
+    assert usages[(0, None, "1235")].duty_cycle_ratio == pytest.approx(0.2)
+
+
+def test_a_capped_clients_duty_cycle_is_published_beside_its_share(node):
+    # share 0.3 = duty 1.0 x cap 0.3: the cap held the job whenever it ran
+    usages = node.attributor().attribute(_two_clients(node), {(0, None): 0.5}, {0: 1.0}, {0})
+    snapshot = NodeSnapshot(timestamp=1.0, duration_seconds=0.0, nvml_up=True, jobs=tuple(usages))
+    [family] = [m for m in jobs.collect(snapshot, CollectorOptions()) if m.name == "gpu_job_duty_cycle_ratio"]
+    assert sorted((s.labels["job_id"], s.value) for s in family.samples) == [("1234", 1.0), ("1235", 0.2)]
+
+
 def test_an_mps_clients_pipe_directory_is_kept(node):
     node.process(100, env={"CUDA_MPS_PIPE_DIRECTORY": "/mps/nvidia.com/gpu/pipe"})
     reader = ProcfsReader(node.procfs, LogOnce(logging.getLogger("t")))
