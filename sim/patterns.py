@@ -8,7 +8,8 @@ container (the whole GPU, or its MIG instance); the engine sums processes and sc
 Two views of the same pattern:
 - `sample(age)`: what a sampler sees now, i.e. the average over the last `WINDOW` second (NVML's
   utilization and power readings are short averages, not instants), with deterministic jitter;
-- `expected(age)`: the smooth envelope (jitter and step structure averaged out), which the engine
+- `expected(age)`: the smooth envelope (jitter and the seconds-long steps averaged out; a
+  notebook's minutes-long slots kept, as a reader's interval sees them), which the engine
   integrates into energy and PCIe/NVLink byte counters so counters agree with gauges on average.
 
 Noise is hash-based (splitmix64 of seed, pid, tag and time bucket) so a seed fully determines every
@@ -177,9 +178,10 @@ class Workload:
         return (splitmix64(h) >> 11) / float(1 << 53)
 
     def _is_stationary(self, age: float) -> bool:
-        """Whether the smooth envelope no longer changes with age (all but inference and warm-up)."""
+        """Whether the smooth envelope no longer changes with age (all but inference, notebooks'
+        slots and warm-up)."""
         p = self.spec.pattern
-        if p == "inference":
+        if p in ("inference", "notebook"):
             return False
         return p != "training" or age >= self.spec.warmup_seconds
 
@@ -233,13 +235,15 @@ class Workload:
             busy = min(1.0, load)
             return busy, busy * spec.sm, busy / max(spec.rate, 1e-9), 0.0
         if p == "notebook":
-            if smooth:
-                on = spec.active * 0.65
-            else:
-                slot = math.floor(age / spec.slot_seconds)
-                running = self._u(_SLOT_ON, slot) < spec.active
-                length = 0.3 + 0.7 * self._u(_SLOT_LEN, slot)
-                on = 1.0 if running and (age % spec.slot_seconds) < length * spec.slot_seconds else 0.0
+            # Cells run for minutes, not seconds: a reader averaging over its interval sees them
+            # running or not, so the smooth envelope keeps the slots and drops only the jitter.
+            # (Averaged over slots, a notebook's per-process busy time, the duty cycle its
+            # time-sliced neighbours are planned by, read flat at its long-run mean while its SM
+            # activity and the latency of a server beside it followed the bursts.)
+            slot = math.floor(age / spec.slot_seconds)
+            running = self._u(_SLOT_ON, slot) < spec.active
+            length = 0.3 + 0.7 * self._u(_SLOT_LEN, slot)
+            on = 1.0 if running and (age % spec.slot_seconds) < length * spec.slot_seconds else 0.0
             jitter = 1.0 if smooth else self._jitter(age, 0.2)
             sm = on * min(1.0, spec.sm * jitter)
             busy = min(1.0, on * min(1.0, spec.sm * 1.3 + 0.05))

@@ -8,9 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpulens.sim.clock import ManualClock
+from gpulens.sim.engine import build_node
 from gpulens.sim.patterns import Sample, Workload, WorkloadSpec, square_fraction
+from gpulens.sim.scenariofile import parse_scenario
 
 GIB = 1024**3
+T0 = 1_750_000_000.0
 
 
 def workload(pattern: str, seed: int = 1, **kw: object) -> Workload:
@@ -137,3 +141,39 @@ def test_a_sampler_at_a_multiple_of_the_step_does_not_always_see_the_same_phase(
     w = workload("training", sm=0.25, duty=0.4, step_seconds=2.5, warmup_seconds=0.0)
     busy = [w.sample(1000 + 5.0 * k).busy for k in range(400)]
     assert statistics.mean(busy) == pytest.approx(0.4, abs=0.06)
+
+
+def test_a_notebooks_smooth_envelope_keeps_its_cells_running_or_not() -> None:
+    # cells run for minutes: a reader averaging over its interval sees them, so only the jitter
+    # is averaged out, not the slots (else its duty cycle reads flat at its long-run mean)
+    w = workload("notebook", sm=0.4, active=0.3, slot_seconds=300.0)
+    ages = [3600 + 30.0 * k for k in range(2000)]
+    assert all((w.expected(a).busy > 0) == (w.sample(a).sm > 0) for a in ages)
+    assert {round(w.expected(a).busy, 9) for a in ages} == {0.0, round(0.4 * 1.3 + 0.05, 9)}
+
+
+def test_a_time_sliced_notebooks_duty_cycle_is_what_a_server_beside_it_waits_for() -> None:
+    # the process utilization the exporter reads (its duty cycle, by which the analyzer plans a
+    # server's time-sliced neighbours) bursts when the busy time a neighbour's latency is slowed
+    # by (sim/serving.py) does, not flat at the notebook's mean
+    notebook = {"pattern": "notebook", "memory": "4GiB", "sm": 0.5, "active": 0.3}
+    scenario = parse_scenario(
+        {
+            "gpus": [{"model": "A100-80GB"}],
+            "processes": [
+                {"pid": 300, "gpu": 0, "workload": notebook},
+                {"pid": 301, "gpu": 0, "workload": {"pattern": "constant", "memory": "4GiB", "sm": 0.05}},
+            ],
+        },
+        "t.yaml",
+    )
+    clock = ManualClock(T0)
+    node = build_node(scenario, clock=clock)
+    felt = Workload(scenario.processes[0].workload, node.seed, pid=300)
+    read, waited = [], []
+    for age in (3600 + 300.0 * k for k in range(288)):
+        clock.set(T0 + age)
+        read.append({p.pid: p.sm_util_percent for p in node.gpu_state(0).processes}[300])
+        waited.append(felt.sample(age).busy)
+    assert 0 in read and max(read) == round((0.5 * 1.3 + 0.05) * 100)
+    assert [r > 0 for r in read] == [w > 0 for w in waited]
