@@ -13,12 +13,14 @@ GPU the plan frees is always a `change`: the freed GPU has no action behind it o
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Hashable
 from typing import Any
 
 import pandas as pd
 
 from gpulens.analyzer import frames, serving
+from gpulens.analyzer.hosts import model_key
 from gpulens.analyzer.kinds import ACTIONS, WHOLE, Action, Kind
 from gpulens.analyzer.plan import Plan
 from gpulens.analyzer.recommend import LEAK_HINT, capability
@@ -211,12 +213,6 @@ def _proposed_text(
     return what if moves or other_model else f"{what}, same GPU"
 
 
-def _model_key(name: object) -> str:
-    """A model's catalog key whether named by the catalog or by NVML (itself when unknown)."""
-    model = model_for_nvml_name(str(name))
-    return model.key if model is not None else str(name)
-
-
 def annotate(
     recs: pd.DataFrame, plan: Plan, th: Thresholds, topology: Topology | None = None
 ) -> pd.DataFrame:
@@ -233,10 +229,9 @@ def annotate(
         str(g.get("uuid")) for g in plan.freed if g.get("uuid") and g.get("why") != "no job in the window"
     }
     # models whose packing frees GPUs: a move there is part of the packing that frees them
-    consolidated: dict[str, int] = {}
-    for g in plan.freed:
-        if g.get("why") == "freed by consolidation":
-            consolidated[_model_key(g.get("model"))] = consolidated.get(_model_key(g.get("model")), 0) + 1
+    consolidated = Counter(
+        model_key(str(g.get("model"))) for g in plan.freed if g.get("why") == "freed by consolidation"
+    )
     rows = []
     for row in frames.rows(recs):
         kind = str(row.recommendation)
@@ -269,7 +264,7 @@ def annotate(
         frees = moves and bool(now_gpu) and set(now_gpu.split(",")) <= emptied
         if action == Action.CHANGE and recovered <= 0 and frees:
             risk = "its move empties its GPU, which the plan frees"
-        freed_here = consolidated.get(_model_key(row.gpu_model), 0)
+        freed_here = consolidated[model_key(str(row.gpu_model))]
         if action == Action.CHANGE and recovered <= 0 and not risk and moves and freed_here:
             # the packing moves it to free GPUs elsewhere: "keep" would leave the move unapplied
             risk = f"its move is part of the packing that frees {freed_here} {row.gpu_model} GPU(s)"

@@ -87,7 +87,8 @@ def host_of(instance: str) -> str:
     return host.strip("[]") or "unknown-host"
 
 
-def _model_key(name: str) -> str:
+def model_key(name: str) -> str:
+    """A model's catalog key whether named by the catalog or by NVML (itself when unknown)."""
     model = model_for_nvml_name(name)
     return model.key if model else name
 
@@ -119,7 +120,7 @@ def inventory_from_rows(
         uuid = str(row.get("uuid") or "")
         if uuid:
             host = host_of(str(row.get("instance") or ""))
-            known[uuid] = (host, _model_key(str(row.get("model") or "")), _index(row.get("gpu")))
+            known[uuid] = (host, model_key(str(row.get("model") or "")), _index(row.get("gpu")))
     sources: dict[str, list[str]] = {}
     for row in jobs:
         for uuid in str(row.get("uuids") or "").split(","):
@@ -127,7 +128,7 @@ def inventory_from_rows(
                 continue
             if uuid not in known:
                 host = host_of(str(row.get("instance") or ""))
-                known[uuid] = (host, _model_key(str(row.get("gpu_model") or "")), None)
+                known[uuid] = (host, model_key(str(row.get("gpu_model") or "")), None)
             sources.setdefault(known[uuid][0], []).append(str(row.get("job_source") or ""))
     taken: dict[str, set[int]] = {}
     for uuid in sorted(known):
@@ -269,7 +270,7 @@ def place(
         key=lambda pair: (order[pair[1]], -len(pair[0].get("jobs", [])), str(pair[0].get("gpu", "")))
     )
     for entry, family in entries:
-        model = _model_key(str(entry.get("model", "")))
+        model = model_key(str(entry.get("model", "")))
         planned = slots.get(str(entry.get("uuid", "")))
         if planned is not None and planned in free[planned.host] and planned.model == model:
             take(planned, entry, family)  # the plan named the real GPU (and GPUs left as they are)

@@ -320,8 +320,8 @@ def apply(recs: pd.DataFrame, told: Sequence[Told], th: Thresholds) -> pd.DataFr
             sized_limit = int(
                 _number(row.get("mps_pinned_memory_limit_bytes")) or math.ceil(need / MIB) * MIB
             )
-        elif kind in ALTERNATIVES and _number(row.get("sm_fraction")) is not None:
-            settings = mps_settings(_number(row.get("sm_fraction")) or 0.0, need, th)
+        elif kind in ALTERNATIVES and (demand_now := _number(row.get("sm_fraction"))) is not None:
+            settings = mps_settings(demand_now, need, th)
             sized, sized_limit = float(settings.thread_percentage), settings.pinned_memory_limit_bytes
         else:
             continue
@@ -339,13 +339,10 @@ def apply(recs: pd.DataFrame, told: Sequence[Told], th: Thresholds) -> pd.DataFr
             scale = censored_scale(row, now, th)
             if scale > 1.0:
                 kept[CENSORED][label] = scale
-                for column in ("sm_fraction", "sm_demand_sms"):
-                    if _number(row.get(column)) is not None:
-                        recs.at[label, column] = (
-                            min(1.0, float(row[column]) * scale)
-                            if column == "sm_fraction"
-                            else float(row[column]) * scale
-                        )
+                if (fraction := _number(row.get("sm_fraction"))) is not None:
+                    recs.at[label, "sm_fraction"] = min(1.0, fraction * scale)
+                if (sms := _number(row.get("sm_demand_sms"))) is not None:
+                    recs.at[label, "sm_demand_sms"] = sms * scale
         if kind != Kind.MPS:
             if whys:
                 kept[KEPT_THREADS][label] = threads.value

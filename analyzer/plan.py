@@ -33,6 +33,8 @@ The steps' parts: the records and fit tests (`bins.py`), the items from the reco
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -140,8 +142,9 @@ def held_changes(recs: pd.DataFrame) -> dict[str, dict[str, Any]]:
     movable, _ = hold(recs)
     stay = recs[~recs["job_id"].isin(movable["job_id"])]
     stay = stay[~stay["recommendation"].isin([Kind.RECLAIM, Kind.INSUFFICIENT_DATA])]
-    pooled = {str(row["job_id"]): serving.pool_above_need(row) for row in frames.records(_pooled(recs))}
-    by_gpu = {u: job for job in pooled for u in uuids_of(recs.loc[recs["job_id"] == job, "uuids"].iloc[0])}
+    servers = frames.records(_pooled(recs))
+    pooled = {str(row["job_id"]): serving.pool_above_need(row) for row in servers}
+    by_gpu = {u: str(row["job_id"]) for row in servers for u in uuids_of(row["uuids"])}
     out = {}
     for row in frames.rows(stay):
         job = str(row.job_id)
@@ -219,25 +222,25 @@ def _mps_now(row: object) -> dict[str, Any]:
     recommended one; the pinned limit is not measured: the kept or recommended one."""
     out: dict[str, Any] = {}
     recommended = getattr(row, "recommendation", None) == Kind.MPS
-    kept = _number(getattr(row, KEPT_THREADS, None))
-    measured = _number(getattr(row, MEASURED, None))
+    kept = finite_number(getattr(row, KEPT_THREADS, None))
+    measured = finite_number(getattr(row, MEASURED, None))
     if measured is not None and 0 < measured <= 100:
         out["mps_active_thread_percentage"] = round(measured)
     elif kept is not None:
         out["mps_active_thread_percentage"] = int(kept)
     if not recommended:
-        limit = _number(getattr(row, KEPT_LIMIT, None))
+        limit = finite_number(getattr(row, KEPT_LIMIT, None))
         out["mps_pinned_memory_limit_bytes"] = int(limit) if limit is not None else None
         out.setdefault("mps_active_thread_percentage", None)
     return out
 
 
-def _number(value: object) -> float | None:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+def finite_number(value: object) -> float | None:
+    """A finite number, or None (a column's None, NaN, or anything else)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's scalars are Real
         return None
-    return None if number != number else number  # NaN: none
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def account(

@@ -28,8 +28,6 @@ nothing left to change.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,7 +40,7 @@ from gpulens.analyzer.emit import FleetContext
 from gpulens.analyzer.hosts import Adjustment, Family, Orchestrator, PlacedGpu
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.nodestate import Changes, Mode, changes
-from gpulens.analyzer.plan import Plan, build_plan, time_sliced_change
+from gpulens.analyzer.plan import Plan, build_plan, finite_number, time_sliced_change
 from gpulens.analyzer.planinput import time_sliced_fraction
 from gpulens.analyzer.pluginsharing import (
     THREAD_PERCENTAGE,
@@ -199,18 +197,10 @@ def _thread_percentages(recs: pd.DataFrame) -> dict[str, int]:
         return {}
     out: dict[str, int] = {}
     for row in frames.rows(recs[["job_id", "mps_active_thread_percentage"]]):
-        pct = _number(row.mps_active_thread_percentage)
+        pct = finite_number(row.mps_active_thread_percentage)
         if pct is not None and pct > 0:
             out[str(row.job_id)] = int(pct)
     return out
-
-
-def _number(value: object) -> float | None:
-    """A finite number, or None (a column's None, NaN, or anything else)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's scalars are Real
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
 
 
 def _memory_fractions(recs: pd.DataFrame) -> dict[str, float]:

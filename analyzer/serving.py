@@ -617,8 +617,8 @@ def pool_above_need(row: Mapping[str, Any]) -> str:
     if not serves(row) or math.isnan(floor) or not need < held:
         return ""
     return (
-        f"its KV pool is allocated in bytes as configured, {held / 2**30:.1f} GiB held: a MIG slice or "
-        f"MPS limit sized from its KV use ({need / 2**30:.1f} GiB) would not hold it until the flag "
+        f"its KV pool is allocated in bytes as configured, {_gib(held)} held: a MIG slice or "
+        f"MPS limit sized from its KV use ({_gib(need)}) would not hold it until the flag "
         "its reason names is lowered; next week's report places it from what it holds then"
     )
 
