@@ -298,10 +298,11 @@ def _analysis(
     early: _PromTarget | None = None,
     told: Sequence[Any] = (),
     served: frozenset[str] = frozenset(),
+    whole: Sequence[Any] = (),
 ) -> Any:
     """Run the pipeline on the chosen source (`early`: what `_early_source` gave, if called;
     `told`: last week's MPS settings, `hysteresis.told_of`; `served`: last week's servers,
-    `recommend.servers_of`)."""
+    `recommend.servers_of`; `whole`: last week's jobs measured whole, `timesplit.whole_of`)."""
     prometheus = early if early is not None else _early_source(args)
 
     # deferred: the analyzer extra (see the note below the imports)
@@ -341,11 +342,12 @@ def _analysis(
             ),
             told=told,
             served=served,
+            whole=whole,
         )
     window = parse_duration(args.window, "--window") if args.window else None
     end = parse_time(args.end) if args.end else None
     history = files.load(args.history, window, end, sys.stderr if args.progress else None, _limits(args))
-    return pipeline.analyze_history(history, th, model, with_archetypes, told, served)
+    return pipeline.analyze_history(history, th, model, with_archetypes, told, served, whole)
 
 
 def _print_frame(frame: Any, columns: tuple[str, ...], fmt: str) -> None:
@@ -430,6 +432,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from gpulens.analyzer.recommend import servers_of
     from gpulens.analyzer.report import write_report
     from gpulens.analyzer.report_model import parse_prices
+    from gpulens.analyzer.timesplit import whole_of
     from gpulens.analyzer.weekly import compare, load_previous
 
     try:
@@ -438,7 +441,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise AnalyzerError(str(exc)) from exc
     # last week's report is read first: what it gave each job is what the job runs under now
     jobs, plan = load_previous(args.previous) if args.previous else ([], {})
-    analysis = _analysis(args, early=early, told=told_of(jobs), served=servers_of(jobs))
+    analysis = _analysis(args, early=early, told=told_of(jobs), served=servers_of(jobs), whole=whole_of(jobs))
     previous = None
     if args.previous:
         previous = compare(analysis, jobs, plan, args.previous, load_thresholds(args.thresholds))

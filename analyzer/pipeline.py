@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpulens.analyzer import frames, hysteresis, serving
+from gpulens.analyzer import frames, hysteresis, serving, timesplit
 from gpulens.analyzer import requests as request_trace
 from gpulens.analyzer.archetypes import Archetypes, cluster
 from gpulens.analyzer.changes import annotate, ranked_actions
@@ -185,6 +185,7 @@ def analyze_profiles(
     serving_table: serving.Table | None = None,
     told: Sequence[hysteresis.Told] = (),
     served: frozenset[str] = frozenset(),
+    whole: Sequence[timesplit.Whole] = (),
 ) -> Analysis:
     """Recommendations, plan, configuration and archetypes for a profile table.
 
@@ -197,6 +198,8 @@ def analyze_profiles(
     (`hysteresis.py`; the thread cap measured, the profile's `mps_thread_cap_now_pct`, before the
     one told) before the plan packs. `served`: job ids and workloads last week's report found
     serving (`recommend.servers_of`): on a GPU they share, still servers (`recommend.py`, rule 2).
+    `whole`: last week's jobs measured whole (`timesplit.whole_of`): a job time-sliced now is
+    sized from no less (`timesplit.py`).
     """
     models = None if fleet is None else fleet_catalog_models(fleet)
     profiles = serving.join(profiles, serving_table)
@@ -205,7 +208,8 @@ def analyze_profiles(
         profiles = profiles.assign(
             served_last_week=[str(r["job_id"]) in served or workload_of(r) in served for r in rows]
         )
-    recs = hysteresis.apply(recommend(profiles, th, models), told, th)
+    profiles = timesplit.apply(profiles, whole)
+    recs = timesplit.explain(hysteresis.apply(recommend(profiles, th, models), told, th))
     context = _emit_context(recs, gpus, fleet)
     # the plan as the tools will run it (planasrun.py), before anything shows or writes it
     run = plan_as_run(recs, th, context, fleet, topology)
@@ -242,8 +246,9 @@ def analyze_history(
     with_archetypes: bool = True,
     told: Sequence[hysteresis.Told] = (),
     served: frozenset[str] = frozenset(),
+    whole: Sequence[timesplit.Whole] = (),
 ) -> Analysis:
-    """A history directory, usage or requests (`told`, `served`: see `analyze_profiles`)."""
+    """A history directory, usage or requests (`told`, `served`, `whole`: see `analyze_profiles`)."""
     if history.kind == "requests":
         table = request_trace.request_table(history)
         recs = request_trace.recommend_requests(table)
@@ -262,6 +267,7 @@ def analyze_history(
         serving_table=serving.from_families(history.families or {}),
         told=told,
         served=served,
+        whole=whole,
     )
 
 

@@ -39,14 +39,7 @@ FLEETS: dict[str, tuple[str, ...]] = {
 }
 # fleets that cannot reach a fixed point yet, each with the reason and how it fails (strict: once
 # it passes, the entry must go)
-NOT_YET: dict[str, tuple[str, type[Exception]]] = {
-    "timesliced-share-drift": (
-        "a time-sliced job's demand is read as its duty-cycle share of the GPU's SM activity: the "
-        "wide-kernel detector reads 11.5 % time-sliced where it read 18.8 % whole, fits the "
-        "plugin's 20 % MPS cap, and week 2 moves all five jobs onto MPS",
-        AssertionError,
-    ),
-}
+NOT_YET: dict[str, tuple[str, type[Exception]]] = {}
 
 
 def _fleets() -> list[object]:

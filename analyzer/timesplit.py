@@ -1,0 +1,196 @@
+"""A time-sliced job's demand is never read below what it measured whole (issue 30 item 4).
+
+NVML gives no per-process SM figure: on a time-sliced GPU the exporter splits the GPU's SM
+activity among its processes by each one's kernel time (docs/attribution.md). That split is right
+for the GPU's total but not between its jobs: a job of wide kernels (many SMs while it runs) and
+one of narrow kernels, each busy half the time, get about the same share. So a wide-kernel job
+measured whole at 18.8 % reads 11.5 % time-sliced beside a narrow one (6 % whole, 13.7 % split),
+is re-sized small enough for the device plugin's MPS cap, and the plan moves it because it moved.
+
+So, as for an MPS client whose cap clips its bursts (`hysteresis.CENSORED`), demand read from a
+split is not trusted below demand measured whole: a job that runs time-sliced now and ran whole on
+the same GPU model when last week's report measured it (its `jobs.json` row) has its SM activity
+scaled up, before it is sized, so that its figure at last week's sizing percentile is at least
+what it was whole. Its series scale with it (what the packer sums). The whole figure travels in
+this week's `jobs.json` (`WHOLE`, `WHOLE_PERCENTILE`) for as long as the job stays time-sliced, so
+a fleet that runs its plan keeps the demand it was planned with; run whole again, it is measured
+afresh. A split that reads above the whole figure (the narrow-kernel job) stands: it errs on the
+safe side, and a job may have grown.
+
+Only time-slicing: an MPS client's share is split the same way but also clipped by its cap, which
+the hysteresis rules handle (`hysteresis.py`). Matched by job id, else by workload (after a
+rollout or a resubmission), each last-week row once; only between the same GPU model and signal
+(SM activity whole against its split, NVML utilization against its split).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from gpulens.analyzer import demand, frames
+from gpulens.analyzer.kinds import Kind
+from gpulens.analyzer.workload import workload_of
+
+# the whole figure a time-sliced job's demand is held to (share of the GPU) and the percentile it
+# is at: columns of the profile (and of `jobs.json`) only where some job has one
+WHOLE = "sm_demand_whole"
+WHOLE_PERCENTILE = "sm_demand_whole_percentile"
+SCALE = "sm_demand_whole_scale"  # the factor its split activity was scaled by (> 1), else absent
+# the profile's activity columns a scale applies to (the signal's figures, not accounting ones)
+ACTIVITY = ("sm_active_mean", "sm_active_p50", "sm_active_p95", "sm_active_p99", "sm_active_max")
+PERCENTILES = ("p50", "p95", "p99", "max")
+# a split signal -> the signal the same job reads whole (`signals.ACTIVITY`)
+WHOLE_SIGNAL = {
+    "sm_active_share": "sm_active",
+    "sm_active_equal_split": "sm_active",
+    "utilization_share": "utilization",
+    "utilization_equal_split": "utilization",
+}
+WHOLE_ROW_COLUMNS = ("job_id", "sharing", "gpu_model", "gpus", "activity_signal", "sizing_percentile")
+
+
+@dataclass(frozen=True)
+class Whole:
+    """One job's demand as last week's report measured it on a whole GPU (or carried it)."""
+
+    job_id: str
+    workload: str
+    model: str  # gpu_model
+    signal: str  # activity_signal whole: "sm_active" or "utilization"
+    percentile: str  # "p50", "p95", "p99" or "max": the one it was sized at
+    demand: float  # its activity at that percentile, share of the GPU (0, 1]
+
+
+def _number(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _text(value: object) -> str:
+    return "" if value is None or value is pd.NA else str(value)
+
+
+def whole_of(jobs: Iterable[Mapping[str, Any]]) -> tuple[Whole, ...]:
+    """Last week's jobs measured whole: one-GPU rows that ran exclusive, by their activity at
+    their sizing percentile; and time-sliced rows that carried a whole figure (`WHOLE`). A row
+    without the figures, or with one out of (0, 1], gives nothing."""
+    out = []
+    for job in jobs:
+        if not isinstance(job, Mapping) or _number(job.get("gpus")) != 1:
+            continue
+        sharing, signal = _text(job.get("sharing")), _text(job.get("activity_signal"))
+        if sharing == Kind.EXCLUSIVE and signal in WHOLE_SIGNAL.values():
+            percentile = _text(job.get("sizing_percentile")) or "p95"
+            found = _number(job.get(f"sm_active_{percentile}"))
+        elif sharing == Kind.TIME_SLICING and signal in WHOLE_SIGNAL:
+            percentile = _text(job.get(WHOLE_PERCENTILE))
+            found = _number(job.get(WHOLE))
+            signal = WHOLE_SIGNAL[signal]
+        else:
+            continue
+        if percentile not in PERCENTILES or found is None or not 0 < found <= 1:
+            continue
+        workload = _text(job.get("workload")) or workload_of(job)
+        out.append(
+            Whole(_text(job.get("job_id")), workload, _text(job.get("gpu_model")), signal, percentile, found)
+        )
+    return tuple(out)
+
+
+def _matches(rows: Sequence[Mapping[str, Any]], whole: Sequence[Whole]) -> dict[int, Whole]:
+    """Row position -> last week's whole figure of the same job id, else of a job of its workload
+    (each once): rows that run time-sliced on one GPU now, of the same model and signal."""
+    by_id = {w.job_id: w for w in whole}
+    by_workload: dict[str, list[Whole]] = {}
+    for w in whole:
+        by_workload.setdefault(w.workload, []).append(w)
+    taken = {str(r["job_id"]) for r in rows if str(r["job_id"]) in by_id}
+    out: dict[int, Whole] = {}
+    for k, row in enumerate(rows):
+        if _text(row.get("sharing")) != Kind.TIME_SLICING or _number(row.get("gpus")) != 1:
+            continue
+        found = by_id.get(str(row["job_id"]))
+        if found is None:
+            free = [w for w in by_workload.get(workload_of(row), []) if w.job_id not in taken]
+            found = free[0] if free else None
+            if found is not None:
+                taken.add(found.job_id)
+        signal = WHOLE_SIGNAL.get(_text(row.get("activity_signal")))
+        if found is not None and found.model == _text(row.get("gpu_model")) and found.signal == signal:
+            out[k] = found
+    return out
+
+
+def apply(profiles: pd.DataFrame, whole: Sequence[Whole]) -> pd.DataFrame:
+    """Profiles with each time-sliced job's activity (and series) scaled up to what it measured
+    whole (module docstring), its whole figure carried in `WHOLE` / `WHOLE_PERCENTILE` and the
+    factor in `SCALE`; as given when no job matches."""
+    if not whole or profiles.empty:
+        return profiles
+    columns = [
+        c
+        for c in (*WHOLE_ROW_COLUMNS, "job_source", "job_namespace", "job_pod", "job_user", "job_name")
+        if c in profiles
+    ]
+    columns += [c for c in ACTIVITY if c in profiles]
+    rows = frames.records(profiles[columns])
+    found = _matches(rows, whole)
+    if not found:
+        return profiles
+    out = profiles.copy()
+    carried: dict[str, dict[Any, object]] = {WHOLE: {}, WHOLE_PERCENTILE: {}, SCALE: {}}
+    scales: dict[str, float] = {}
+    for k, w in found.items():
+        label, row = out.index[k], rows[k]
+        carried[WHOLE][label], carried[WHOLE_PERCENTILE][label] = w.demand, w.percentile
+        split = _number(row.get(f"sm_active_{w.percentile}"))
+        if split is None or split <= 0 or split >= w.demand:
+            continue  # read at or above it whole: the split stands
+        scale = w.demand / split
+        carried[SCALE][label] = scale
+        scales[str(row["job_id"])] = scale
+        for column in ACTIVITY:
+            if (value := _number(row.get(column))) is not None:
+                out.at[label, column] = min(1.0, value * scale)
+    for column, values in carried.items():  # columns only where some job has one
+        if values:
+            out[column] = pd.Series(values, dtype=object if column == WHOLE_PERCENTILE else float)
+    series = demand.of(profiles)
+    if series is not None and scales:
+        sm = {job: s.scaled(scales[job]) if job in scales else s for job, s in series.sm.items()}
+        demand.attach(out, demand.Demand(series.bin_s, sm, series.dram, series.busy))
+    return out
+
+
+def note(row: Mapping[str, Any]) -> str:
+    """The sentence a scaled job's reason carries, else ""."""
+    scale = _number(row.get(SCALE))
+    level, percentile = _number(row.get(WHOLE)), _text(row.get(WHOLE_PERCENTILE))
+    if scale is None or scale <= 1 or level is None:
+        return ""
+    return (
+        f"time-sliced, its share of the GPU's SM activity (split by kernel time) read "
+        f"{100 * level / scale:.1f} % at {percentile}: held to the {100 * level:.1f} % it measured "
+        "whole, since a split cannot tell wide kernels from narrow ones"
+    )
+
+
+def explain(recs: pd.DataFrame) -> pd.DataFrame:
+    """Recommendations whose reason says where a job's demand was held to its whole figure."""
+    if SCALE not in recs:
+        return recs
+    recs = recs.copy()
+    for label, row in zip(
+        recs.index, frames.records(recs[["reason", SCALE, WHOLE, WHOLE_PERCENTILE]]), strict=True
+    ):
+        if text := note(row):
+            recs.at[label, "reason"] = f"{row['reason']}; {text}" if row["reason"] else text
+    return recs
