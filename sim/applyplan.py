@@ -11,8 +11,10 @@ is read against the week-1 scenario's YAML, and the result is the same YAML with
   GPU (time-slicing, whole);
 - on Kubernetes, MPS as the device plugin runs it (`nodesharing.py`, from the report's
   `config/device-plugin-configmap.yaml` and `node-labels.sh`): the pods get no thread percentage
-  of their own, the GPU's control daemon gives each client 100 / replicas (its pipe directory the
-  plugin's), and a node whose selected config time-slices gets plain GPUs instead;
+  or pinned memory limit of their own, the GPU's control daemon gives each client 100 / replicas
+  percent of the threads and total / replicas of the memory in whole MiB (`mps.pinned_memory_limit`;
+  its pipe directory the plugin's), and a node whose selected config time-slices gets plain GPUs
+  instead;
 - freed GPUs empty (their MIG layout cleared where mig-parted.yaml disables MIG on them);
 - every moved job rolled out: on Kubernetes a Deployment's pod gets a new ReplicaSet hash and
   suffix, a Job's pod a new suffix, a StatefulSet's (or a bare) pod keeps its name, and every
@@ -314,7 +316,7 @@ def apply_plan(
         if slot.gpu in changed or not _stays(scenario, spec, slot) or key in grow:
             moved.add(key)  # a multi-GPU job moves whole: every rank restarts
     applier = _Applier(data, scenario, plan, slurm)
-    daemon = daemon_percentage(scenario, plan, [a.spec for a in crossing.arrivals])
+    daemon = plugin_daemon(scenario, plan, [a.spec for a in crossing.arrivals])
     out = {k: copy.deepcopy(v) for k, v in data.items() if k not in ("gpus", "processes", "faults")}
     out["name"] = f"{scenario.name}-applied"
     out["gpus"] = _gpus(data["gpus"], scenario, plan, changed, applier, daemon)
@@ -374,19 +376,44 @@ def _arrived(
     return out
 
 
-def daemon_percentage(
+@dataclass(frozen=True)
+class PluginDaemon:
+    """The device plugin's MPS control daemon on a Kubernetes node after the plan: the defaults it
+    sets for every client (k8s-device-plugin cmd/mps-control-daemon/mps/daemon.go), which a pod's
+    own variables could only lower and the plugin gives pods none of."""
+
+    thread_percentage: int  # 100 // replicas
+    replicas: int | None = None  # None: the node keeps the config it runs now
+    running_limit: int | None = None  # that config's pinned limit, bytes (None: none)
+
+    def pinned_limit(self, model: GpuModel) -> int | None:
+        """Each client's default pinned device memory limit on a GPU of `model`, bytes: total /
+        replicas in whole MiB, as the daemon sets it (`<N>M`); where the node keeps its config, the
+        limit it runs with."""
+        if self.replicas is None:
+            return self.running_limit
+        return model.memory_bytes // self.replicas // MIB * MIB
+
+
+def plugin_daemon(
     scenario: Scenario, plan: ReportPlan, arriving: Sequence[ProcessSpec] = ()
-) -> int | None:
-    """The thread share the device plugin's MPS control daemon gives every client on a Kubernetes
-    node after the plan (`nodesharing.py`); None on other nodes, whose clients are given the plan's
-    own percentage (Slurm's gres/mps share, or the job's environment). `arriving`: processes the
-    plan moves onto the node from other nodes (pods make a node a Kubernetes one too)."""
+) -> PluginDaemon | None:
+    """The device plugin's MPS control daemon on a Kubernetes node after the plan (`nodesharing.py`);
+    None on other nodes, whose clients are given the plan's own percentage and pinned limit (Slurm's
+    gres/mps share, or the job's environment). `arriving`: processes the plan moves onto the node
+    from other nodes (pods make a node a Kubernetes one too)."""
     if not any(isinstance(p.job, KubernetesJob) for p in (*scenario.processes, *arriving)):
         return None
     if plan.sharing is not None:
-        return plan.sharing.thread_percentage
-    running = [g.mps.active_thread_percentage for g in scenario.gpus if g.mps is not None]
-    return int(min(running)) if running else 100  # the node keeps its config (MPS's own default: 100)
+        return PluginDaemon(plan.sharing.thread_percentage, plan.sharing.replicas)
+    # the node keeps its config: its daemon's settings as its servers run them (MPS's own default,
+    # where none runs: 100 %, no pinned limit)
+    running = [g.mps for g in scenario.gpus if g.mps is not None]
+    limits = [m.pinned_memory_limit for m in running if m.pinned_memory_limit is not None]
+    return PluginDaemon(
+        int(min(m.active_thread_percentage for m in running)) if running else 100,
+        running_limit=min(limits) if limits else None,
+    )
 
 
 def _process_slots(processes: Sequence[ProcessSpec], plan: ReportPlan) -> dict[int, Slot]:
@@ -427,8 +454,8 @@ def _moved(
 ) -> dict[str, Any]:
     """A process of a job the plan moves, restarted where it goes (on `scenario`'s node; `source`:
     the node it runs on now, when another); `own_caps`: an MPS client is given the plan's thread
-    percentage in its environment (not on a device-plugin node, where the control daemon's share
-    holds)."""
+    percentage and pinned memory limit in its environment (not on a device-plugin node, where the
+    control daemon's share and limit hold: the plugin sets no variable in a pod)."""
     entry: dict[str, Any] = {"pid": applier.pid(), "gpu": slot.gpu}
     skip = ("pid", "gpu", "instance", "kind", "start", "end")
     entry.update((k, copy.deepcopy(v)) for k, v in raw.items() if k not in skip)
@@ -445,7 +472,7 @@ def _moved(
         entry["kind"] = "mps_client"
         if slot.sm_cap is not None and own_caps:
             environ[THREAD_PERCENTAGE] = f"{slot.sm_cap * 100:g}"
-        if slot.memory_limit is not None:
+        if slot.memory_limit is not None and own_caps:
             environ[PINNED_MEM_LIMIT] = f"0={slot.memory_limit // MIB}M"
     elif spec.kind == "graphics":
         entry["kind"] = "graphics"
@@ -474,7 +501,7 @@ def _gpus(
     plan: ReportPlan,
     changed: set[int],
     applier: _Applier,
-    daemon: int | None = None,
+    daemon: PluginDaemon | None = None,
 ) -> list[Any]:
     """The `gpus` entries: unchanged entries as written; an entry with a changed GPU split into one
     entry per GPU (indices, so UUIDs, stay), each changed one in its new mode."""
@@ -508,10 +535,10 @@ def _reconfigure(
     target: GpuTarget,
     applier: _Applier,
     had_mps: bool,
-    daemon: int | None = None,
+    daemon: PluginDaemon | None = None,
 ) -> None:
-    """A GPU entry in the plan's mode; `daemon`: the device plugin's thread share for its MPS
-    server's clients (None: not a device-plugin node)."""
+    """A GPU entry in the plan's mode; `daemon`: the device plugin's control daemon, whose thread
+    share and pinned memory limit its MPS server's clients get (None: not a device-plugin node)."""
     overrides = entry.get("overrides") or {}
     if target.mode == "mig":
         try:
@@ -528,9 +555,14 @@ def _reconfigure(
         if daemon is not None:  # the plugin's control daemon, its pipe directory given to the pods
             entry["mps"] = {
                 **entry["mps"],
-                "active_thread_percentage": daemon,
+                "active_thread_percentage": daemon.thread_percentage,
                 "pipe_dir": DEVICE_PLUGIN_PIPE_DIR,
             }
+            limit = daemon.pinned_limit(model)
+            if limit is None:
+                entry["mps"].pop("pinned_memory_limit", None)
+            else:
+                entry["mps"]["pinned_memory_limit"] = f"{limit // MIB}MiB"
         if overrides.get("compute_mode") not in (None, "exclusive_process"):
             overrides["compute_mode"] = "exclusive_process"
     else:  # whole GPU, or freed

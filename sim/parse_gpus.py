@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from gpulens.catalog import CatalogError, GpuModel, get_model
+from gpulens.catalog import MIB, CatalogError, GpuModel, get_model
 from gpulens.migplacement import place_mig_layout
 from gpulens.sim.checks import Check
 from gpulens.sim.defaults import default_gpu_instance_id, default_uid, make_uuid
@@ -55,6 +55,18 @@ def _thread_percentage(c: Check, path: str, raw: Any) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= 100:
         raise c.expected(path, what, raw)
     return float(raw)
+
+
+def _pinned_limit(c: Check, path: str, raw: Any) -> int | None:
+    """The daemon's default pinned device memory limit (None: absent, no limit): above 0 (a client
+    under 0 bytes can allocate nothing) and in whole MiB, as `set_default_device_pinned_mem_limit`
+    takes it (`<N>M` or `<N>G`)."""
+    if raw is None:
+        return None
+    size = c.size(path, raw)
+    if size <= 0 or size % MIB:
+        raise c.expected(path, "a size above 0 in whole MiB, like 20480MiB or 20GiB", raw)
+    return size
 
 
 def _pipe_dir(c: Check, path: str, raw: Any) -> str:
@@ -129,7 +141,15 @@ def parse_gpus(c: Check, raw: Any, hostname: str, users: dict[str, int]) -> tupl
                 f"{p}.mps",
                 m["mps"],
                 ("server_pid",),
-                ("restart_pid", "user", "memory", "start", "active_thread_percentage", "pipe_dir"),
+                (
+                    "restart_pid",
+                    "user",
+                    "memory",
+                    "start",
+                    "active_thread_percentage",
+                    "pinned_memory_limit",
+                    "pipe_dir",
+                ),
             )
             server_pid = c.integer(f"{p}.mps.server_pid", mm["server_pid"], 2, 4194304)
             restart_pid = c.integer(f"{p}.mps.restart_pid", mm.get("restart_pid", server_pid + 1), 2, 4194304)
@@ -146,6 +166,7 @@ def parse_gpus(c: Check, raw: Any, hostname: str, users: dict[str, int]) -> tupl
                 _thread_percentage(
                     c, f"{p}.mps.active_thread_percentage", mm.get("active_thread_percentage", 100)
                 ),
+                _pinned_limit(c, f"{p}.mps.pinned_memory_limit", mm.get("pinned_memory_limit")),
                 _pipe_dir(c, f"{p}.mps.pipe_dir", mm.get("pipe_dir", DEFAULT_PIPE_DIRECTORY)),
             )
         ov = c.mapping(

@@ -352,11 +352,11 @@ def _limits(
     c: Check, path: str, m: dict[str, Any], env: dict[str, str], kind: str, gpu: GpuSpec
 ) -> tuple[float | None, int | None]:
     """(SM cap, memory limit) of a process: an MPS client runs under its server's active thread
-    percentage (the control daemon's, `gpus[].mps.active_thread_percentage`), which its own
-    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can only lower, and reads its memory limit from its
-    environment, as the CUDA runtime does (a process without MPS ignores those variables);
-    `memory_limit` is what a framework sets (PyTorch's per-process memory fraction, TensorFlow's
-    memory limit); with both, the lower one holds."""
+    percentage and pinned memory limit (the control daemon's, `gpus[].mps.active_thread_percentage`
+    and `pinned_memory_limit`), which its own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
+    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT can only lower, read from its environment as the CUDA runtime
+    does (a process without MPS ignores those variables); `memory_limit` is what a framework sets
+    (PyTorch's per-process memory fraction, TensorFlow's memory limit); the lowest limit holds."""
     limit = None
     if "memory_limit" in m:
         limit = c.size(f"{path}.memory_limit", m["memory_limit"])
@@ -392,6 +392,9 @@ def _limits(
             )
         if pinned:  # no entry for device 0: this process's GPU is not limited
             limit = pinned if limit is None else min(limit, pinned)
+    default = gpu.mps.pinned_memory_limit  # the daemon's: a client's own can only lower it
+    if default is not None:
+        limit = default if limit is None else min(limit, default)
     return cap, limit
 
 

@@ -63,6 +63,10 @@ class MpsSpec:
     # as the Kubernetes device plugin sets 100/replicas): every client's cap, which a client's own
     # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can only lower. 100 (MPS's default): no cap
     active_thread_percentage: float = 100.0
+    # the daemon's default pinned device memory limit for this server's clients, bytes
+    # (`set_default_device_pinned_mem_limit`, as the device plugin sets total / replicas): a
+    # client's own CUDA_MPS_PINNED_DEVICE_MEM_LIMIT can only lower it. None (MPS's default): no limit
+    pinned_memory_limit: int | None = None
     # the daemon's pipe directory, which its clients get as CUDA_MPS_PIPE_DIRECTORY; servers of GPUs
     # with the same one belong to one daemon
     pipe_dir: str = DEFAULT_PIPE_DIRECTORY
@@ -143,9 +147,10 @@ class ProcessSpec:
     # an MPS client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE as a fraction: the most of the GPU's SMs
     # its kernels may keep busy (None: no cap)
     sm_cap: float | None = None
-    # device memory the process may hold: an MPS client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT or the
-    # `memory_limit` its framework sets; growing past it fails the process (OOM) and its container
-    # restarts (`restarts.py`). None: only the device's memory bounds it
+    # device memory the process may hold: an MPS client's pinned limit (the lower of its own
+    # CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and its daemon's default) or the `memory_limit` its
+    # framework sets, the lower one where both hold; growing past it fails the process (OOM) and
+    # its container restarts (`restarts.py`). None: only the device's memory bounds it
     memory_limit_bytes: int | None = None
     # an inference server (vLLM, SGLang) whose own metrics the scrape of its pod records
     # (`serving.py`); its workload's memory is what the server pre-allocates

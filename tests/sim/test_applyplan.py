@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gpulens.analyzer.history import read_history
 from gpulens.analyzer.workload import pod_owner
+from gpulens.catalog import MIB, get_model
 from gpulens.cli import main
 from gpulens.sim.applyfiles import apply_plan_files, parse_grow
-from gpulens.sim.applyplan import job_key
+from gpulens.sim.applyplan import PluginDaemon, job_key
 from gpulens.sim.clock import ManualClock
 from gpulens.sim.engine import build_node
 from gpulens.sim.history import simulate
@@ -42,6 +44,7 @@ WEEK1 = Path(__file__).resolve().parents[1] / "data" / "weekpair" / "week1.yaml"
 SHARED = WEEK1.parent / "week1-shared.yaml"  # the four pods the plan packs on MPS
 PAIR = (WEEK1, SHARED)
 DAY, STEP = 86400.0, 300.0
+GIB = 1024**3
 RANKER, EMBEDDER, FEATURIZE = (
     "ml-serving/ranker-6c9f7d8b5-k2x7q",
     "ml-serving/embedder-0",
@@ -152,13 +155,61 @@ def test_every_job_runs_where_the_plan_puts_it_in_its_mode(week1, week2):
                 assert gpu.mps.active_thread_percentage == daemon
                 assert gpu.mps.pipe_dir == "/mps/nvidia.com/gpu/pipe"
                 assert proc.sm_cap == pytest.approx(daemon / 100)
-                assert proc.memory_limit_bytes == client["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]
+                # nor a pinned limit of its own: the daemon's total / replicas, which holds the plan's
+                assert PINNED_MEM_LIMIT not in dict(proc.environ)
+                assert proc.memory_limit_bytes == gpu.mps.pinned_memory_limit
+                assert client[PINNED_MEM_LIMIT] <= gpu.mps.pinned_memory_limit
             elif entry["sharing"] == "mig":
                 (placed,) = [s for s in entry["mig_layout"] if s["job_id"] == job]
                 (inst,) = [i for i in gpu.mig or () if i.gpu_instance_id == proc.instance]
                 assert (inst.profile.name, inst.start) == (placed["profile"], placed["start"])
             else:
                 assert gpu.mig is None and gpu.mps is None and proc.kind == "compute"
+
+
+def test_the_device_plugins_daemon_pins_every_mps_client_to_total_over_replicas(week1, week2):
+    replicas = _device_plugin_replicas(week1[0], "k8s-weekpair-2")
+    _, applied = week2[SHARED]
+    (gpu,) = [g for g in applied.gpus if g.mps is not None]
+    assert gpu.mps is not None and gpu.mps.pinned_memory_limit == gpu.model.memory_bytes // replicas
+    clients = [p for p in applied.processes if p.kind == "mps_client"]
+    assert len(clients) == replicas
+    assert [PINNED_MEM_LIMIT in dict(p.environ) for p in clients] == [False] * replicas
+    assert {p.memory_limit_bytes for p in clients} == {gpu.mps.pinned_memory_limit}
+
+
+def test_the_daemons_pinned_limit_is_total_over_replicas_rounded_down_to_whole_mib():
+    # 81920 MiB / 3 = 27306.7 MiB: the daemon sets `27306M`
+    assert PluginDaemon(100 // 3, replicas=3).pinned_limit(get_model("A100-80GB")) == 27306 * MIB
+
+
+def test_a_plugin_mps_client_that_outgrows_total_over_replicas_restarts_in_week2(week2, tmp_path):
+    path, applied = week2[SHARED]
+    (gpu,) = [g for g in applied.gpus if g.mps is not None]
+    assert gpu.mps is not None and gpu.mps.pinned_memory_limit is not None
+    (ranker,) = [p for p in applied.processes if pod_owner(_kubernetes(p.job).pod) == "ranker"]
+    data = yaml.safe_load(path.read_text())
+    (entry,) = [e for e in data["processes"] if e["pid"] == ranker.pid]
+    # in week 2 its memory climbs from 4 GiB past the daemon's share (20 GiB) towards 24 GiB in an
+    # hour: killed at 48 min, back 10 s later from 4 GiB
+    limit = gpu.mps.pinned_memory_limit
+    entry["workload"] = {
+        **entry["workload"],
+        "pattern": "growing",
+        "memory_start": 4 * GIB,
+        "memory": limit + 4 * GIB,
+        "over": "1h",
+    }
+    grown = tmp_path / "week2.yaml"
+    grown.write_text(yaml.safe_dump(data))
+    simulate([str(grown)], duration_s=6 * 3600, out=tmp_path / "history", step_s=60, start=1_750_000_200.0)
+    samples = read_history(tmp_path / "history").samples
+    memory = samples[
+        (samples["metric"] == "gpu_job_memory_used_bytes") & (samples["job_id"] == job_key(ranker))
+    ].sort_values("timestamp")["value"]
+    assert memory.max() <= limit
+    restarts = (memory.to_numpy()[1:] < memory.to_numpy()[:-1] / 2).sum()
+    assert restarts == 7  # in 6 h
 
 
 def test_the_mig_gpu_is_resliced_as_mig_parted_says(week1, week2):
@@ -445,6 +496,65 @@ def test_mps_clients_restart_with_the_plans_caps_when_their_neighbours_change(tm
     clients = [p for p in applied.processes if p.gpu == 1]
     assert len(clients) == 3 and {p.sm_cap for p in clients} == {0.3}
     assert not {p.pid for p in clients} & {p.pid for p in scenario.processes}
+
+
+def test_a_slurm_nodes_mps_clients_keep_the_plans_pinned_limit_of_their_own(tmp_path):
+    scenario = load_scenario("faults")  # Slurm jobs; GPU 7's job joins GPU 1's two MPS clients
+    jobs = _jobs_by_gpu(scenario)
+    layout = [_mps([*jobs[1], *jobs[7]], 30)] + [
+        {"gpu": g, "sharing": "unchanged", "jobs": j} for g, j in jobs.items() if g not in (1, 7)
+    ]
+    applied = apply_plan_files(
+        "faults", _write_report(tmp_path / "report", scenario, layout, (7,)), tmp_path / "o.yaml"
+    )
+    clients = [p for p in applied.processes if p.gpu == 1]
+    assert len(clients) == 3 and {dict(p.environ)[PINNED_MEM_LIMIT] for p in clients} == {"0=9216M"}
+    assert {p.memory_limit_bytes for p in clients} == {9 * GIB}
+    mps = applied.gpus[1].mps
+    assert mps is not None and mps.pinned_memory_limit is None
+
+
+KEPT_PLUGIN_MPS = {
+    "name": "k8s-plugin-mps",
+    "node": {
+        "hostname": "k8s-mps-1",
+        "kubernetes": {"driver": "systemd", "runtime": "containerd", "cgroup": "v2"},
+    },
+    "gpus": [
+        {
+            "model": "A100-80GB",
+            "mps": {
+                "server_pid": 100,
+                "active_thread_percentage": 50,
+                "pinned_memory_limit": "40960MiB",
+                "pipe_dir": "/mps/nvidia.com/gpu/pipe",
+            },
+        },
+        {"model": "A100-80GB"},
+    ],
+    "processes": [
+        {
+            "pid": 200 + i,
+            "gpu": i,
+            "kind": "mps_client" if i == 0 else "compute",
+            "job": {"kubernetes": {"namespace": "ml", "pod": f"{name}-0"}},
+            "workload": {"pattern": "constant", "memory": "4GiB"},
+        }
+        for i, name in enumerate(("a", "b"))
+    ],
+}
+
+
+def test_a_plugin_node_whose_config_the_report_keeps_gives_new_clients_its_running_pinned_limit(tmp_path):
+    source = tmp_path / "w1.yaml"
+    source.write_text(yaml.safe_dump(KEPT_PLUGIN_MPS))
+    scenario = load_scenario(str(source))
+    layout = [_mps(["ml/a-0", "ml/b-0"], 30) | {"gpu": 0}]  # no device-plugin files: the config stays
+    applied = apply_plan_files(
+        str(source), _write_report(tmp_path / "report", scenario, layout, (1,)), tmp_path / "o.yaml"
+    )
+    assert [(p.gpu, p.memory_limit_bytes, p.sm_cap) for p in applied.processes] == [(0, 40 * GIB, 0.5)] * 2
+    assert [PINNED_MEM_LIMIT in dict(p.environ) for p in applied.processes] == [False, False]
 
 
 SLURM_WEEK1 = WEEK1.parent / "slurm-week1.yaml"

@@ -139,6 +139,18 @@ def test_a_pinned_memory_limit_restarts_an_mps_client():
     assert [c.pid for c in node.gpu_state(0).mps_clients] == [RESTART_PID_BASE]
 
 
+def test_the_daemons_pinned_memory_limit_restarts_an_mps_client_without_one_of_its_own():
+    # the device plugin's daemon on an A100-80GB with four replicas: 20480 MiB a client
+    workload = {"pattern": "growing", "memory": "30GiB", "memory_start": "10GiB", "over": "1h"}
+    data = _mps({"workload": workload})  # 10 -> 30 GiB over 1 h: passes 20 GiB at 30 min
+    data["gpus"][0]["mps"].update(active_thread_percentage=25, pinned_memory_limit="20480MiB")
+    node, clock = _node(data)
+    clock.set(T0 + 1790)
+    assert [c.pid for c in node.gpu_state(0).mps_clients] == [200]
+    clock.set(T0 + 1815)
+    assert [c.pid for c in node.gpu_state(0).mps_clients] == [RESTART_PID_BASE]
+
+
 @pytest.mark.parametrize(
     ("client", "message"),
     [

@@ -18,6 +18,7 @@ from gpulens.sim.scenario import ScenarioError
 from gpulens.sim.scenariofile import parse_scenario
 
 T0 = 1_750_000_000.0
+GIB = 1024**3
 PLUGIN_PIPE = "/mps/nvidia.com/gpu/pipe"  # the device plugin's pipe directory inside a pod
 
 
@@ -38,6 +39,12 @@ def _scenario(mps: dict[str, Any] | None = None, environ: dict[str, str] | None 
 
 def _client_cap(mps: dict[str, Any], environ: dict[str, str] | None = None) -> float | None:
     return parse_scenario(_scenario(mps, environ), "t.yaml").processes[0].sm_cap
+
+
+def _client_limit(mps: dict[str, Any], environ: dict[str, str] | None = None, **client: Any) -> int | None:
+    data = _scenario(mps, environ)
+    data["processes"][0].update(client)
+    return parse_scenario(data, "t.yaml").processes[0].memory_limit_bytes
 
 
 # -- the stand-in control client ------------------------------------------------------------------
@@ -100,6 +107,13 @@ def test_the_control_client_command_line_quotes_the_program_for_a_shell() -> Non
 def test_an_mps_gpu_defaults_to_mps_own_daemon_settings() -> None:
     mps = parse_scenario(_scenario(), "t.yaml").gpus[0].mps
     assert mps is not None and (mps.active_thread_percentage, mps.pipe_dir) == (100.0, "/tmp/nvidia-mps")
+    assert mps.pinned_memory_limit is None
+
+
+@pytest.mark.parametrize("raw", ["20GiB", "20480MiB", 20 * GIB])
+def test_a_daemons_pinned_memory_limit_is_a_size_or_bytes(raw: Any) -> None:
+    mps = parse_scenario(_scenario({"pinned_memory_limit": raw}), "t.yaml").gpus[0].mps
+    assert mps is not None and mps.pinned_memory_limit == 20 * GIB
 
 
 @pytest.mark.parametrize(
@@ -124,6 +138,21 @@ def test_an_mps_gpu_defaults_to_mps_own_daemon_settings() -> None:
             {"active_thread_percentage": True},
             "t.yaml: gpus[0].mps.active_thread_percentage: expected a percentage above 0, at most 100, "
             "found boolean true",
+        ),
+        (
+            {"pinned_memory_limit": 0},
+            "t.yaml: gpus[0].mps.pinned_memory_limit: expected a size above 0 in whole MiB, like 20480MiB "
+            "or 20GiB, found 0",
+        ),
+        (
+            {"pinned_memory_limit": "1.5MiB"},
+            "t.yaml: gpus[0].mps.pinned_memory_limit: expected a size above 0 in whole MiB, like 20480MiB "
+            "or 20GiB, found '1.5MiB'",
+        ),
+        (
+            {"pinned_memory_limit": "lots"},
+            "t.yaml: gpus[0].mps.pinned_memory_limit: expected a size like 512MiB, 10GiB or a number of "
+            "bytes, found 'lots'",
         ),
         (
             {"pipe_dir": "mps/pipe"},
@@ -183,6 +212,31 @@ def test_a_clients_variable_above_the_daemons_percentage_does_not_raise_its_cap(
 
 def test_a_daemon_at_100_percent_leaves_a_client_without_the_variable_uncapped() -> None:
     assert _client_cap({"active_thread_percentage": 100}) is None
+
+
+# -- the memory limit a client runs under ---------------------------------------------------------
+
+
+def test_a_client_without_the_variable_runs_under_the_daemons_pinned_limit() -> None:
+    assert _client_limit({"pinned_memory_limit": "20GiB"}) == 20 * GIB
+
+
+def test_a_clients_pinned_limit_below_the_daemons_lowers_its_limit() -> None:
+    limit = _client_limit({"pinned_memory_limit": "20GiB"}, {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8G"})
+    assert limit == 8 * GIB
+
+
+def test_a_clients_pinned_limit_above_the_daemons_does_not_raise_its_limit() -> None:
+    limit = _client_limit({"pinned_memory_limit": "20GiB"}, {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=30G"})
+    assert limit == 20 * GIB
+
+
+def test_a_frameworks_memory_limit_below_the_daemons_holds() -> None:
+    assert _client_limit({"pinned_memory_limit": "20GiB"}, memory_limit="6GiB") == 6 * GIB
+
+
+def test_a_daemon_without_a_pinned_limit_leaves_a_client_without_the_variable_unlimited() -> None:
+    assert _client_limit({}) is None
 
 
 def test_a_client_without_the_variable_on_a_25_percent_daemon_keeps_at_most_a_quarter_of_the_sms_busy() -> (
