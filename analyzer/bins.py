@@ -13,7 +13,10 @@ Fit tests (evidence, not a "more than half a GPU" rule):
   co-located SM demand to `mps.max_load` and DRAM activity to `plan.max_dram_load`;
 - `time-slicing`: memory need sums to the GPU memory (no isolation), at most
   `time_slicing.max_replicas` jobs, mean activity to `plan.max_gpu_load`, the co-located SM
-  demand to `time_slicing.max_interference` and DRAM activity to `plan.max_dram_load`.
+  demand and duty cycle (kernels of time-sliced jobs take turns, so busy time summed past one
+  GPU's is waiting, however narrow the kernels) to `time_slicing.max_interference`, DRAM activity
+  to `plan.max_dram_load`, and an inference server's neighbours' duty cycle to
+  `serving.max_latency_increase`.
 
 Co-located demand (MIG isolates it, MPS and time-slicing do not): where the job and those it
 meets have per-bin series (`demand`), their sum may exceed the limit in at most
@@ -162,12 +165,13 @@ def first_fit(profiles: Iterable[str | None]) -> list[tuple[str, int | None]]:
 
 
 def _colocated(gpu: GpuBin, item: Item, figure: str) -> list[demand.Series] | None:
-    """The `figure` ("sm" or "dram") series of `item` and of the jobs it would meet on `gpu`;
-    None when one of them has none (its percentile then goes into the percentile sum). A job
-    whose DRAM activity is not measured adds nothing to either sum."""
+    """The `figure` ("sm", "dram" or "busy": duty cycle) series of `item` and of the jobs it would
+    meet on `gpu`; None when one of them has none (its percentile then goes into the percentile
+    sum; without duty cycles, no duty test). A job whose DRAM activity is not measured adds
+    nothing to either sum."""
     out = []
     for job in [*gpu._overlapping(item), item]:
-        found = job.sm_series if figure == "sm" else job.dram_series
+        found = {"sm": job.sm_series, "dram": job.dram_series, "busy": job.busy_series}[figure]
         if found is None:
             if figure == "dram" and not job.dram:
                 continue
@@ -229,6 +233,9 @@ def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> boo
             gpu.within(item, sliced_bounds(item, model, th, sm is not None, dram is not None))
             and _series_within(sm, th.time_slicing.max_interference, th)
             and _series_within(dram, th.plan.max_dram_load, th)
+            # kernels of time-sliced jobs take turns: their duty cycles summed past one GPU's time
+            # is time some job waits, however few SMs each keeps busy (narrow kernels)
+            and _series_within(_colocated(gpu, item, "busy"), th.time_slicing.max_interference, th)
             and _servers_wait_within(gpu, item, th)
         )
     # one pass over the GPU's items for every limit of MPS (the packer's hottest call)

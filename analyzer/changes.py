@@ -148,6 +148,8 @@ def finding(row: Any, th: Thresholds) -> str:
     fields = row._asdict()
     if serving.needs_its_pool(fields, th):  # an inference server's full KV cache is memory in use
         return ""
+    if _text(getattr(row, "sharing", "")) == Kind.MIG:
+        return ""  # its slice is its device: sized to hold its peak, it already shares the GPU
     if device > 0 and peak / device >= 0.5 and mean < th.false_saturation.max_mean_activity:
         held = (
             f"memory hog: holds {peak / GIB:.1f} GiB ({peak / device:.0%} of the GPU) at {mean:.0%} mean "

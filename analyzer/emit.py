@@ -16,8 +16,9 @@ files of a host that does change. Then, per changed host:
 
 What a tool cannot express is changed, never emitted invalid, and each change is an `Adjustment`:
 a lone sharer becomes a whole GPU; MPS clients planned above the device plugin's equal split
-(`100 // replicas` percent each) make that node time-sliced (`pluginsharing.node_sharing`, the
-decision the analysis makes the plan itself say first: `planasrun.py`); Slurm MPS shares on one
+(`100 // replicas` percent of the threads, total / replicas of the memory, each) make that node
+time-sliced (`pluginsharing.node_sharing`, the decision the analysis makes the plan itself say
+first: `planasrun.py`); Slurm MPS shares on one
 GPU that sum past 100 make that GPU a shard GPU. Every file is then checked by `gpulens.analyzer.validate`
 and `emit` raises `InvalidConfig` rather than return a file a validator rejects.
 """
@@ -213,24 +214,22 @@ def mig_parted_spec(
 
 def device_plugin_configs(
     placement: Placement, windows: Mapping[str, tuple[float, float]], delta: Changes
-) -> tuple[dict[str, dict[str, Any]], dict[str, str], list[Adjustment], list[str]]:
-    """ConfigMap data (key -> config), host -> key, adjustments and notes for changed Kubernetes hosts.
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], list[Adjustment]]:
+    """ConfigMap data (key -> config), host -> key and adjustments for changed Kubernetes hosts.
 
     Each node's setting is `pluginsharing.node_sharing`'s, the one the plan step
     (`planasrun.py`) already made the plan say: nothing shared -> exclusive (`migStrategy: mixed`
     when it has MIG GPUs); only MPS GPUs -> MPS with replicas = most clients on one GPU, unless a
-    client is planned above the equal split; anything else shared -> time-slicing.
+    client is planned above the equal split of threads or memory; anything else shared -> time-slicing.
     """
     data: dict[str, dict[str, Any]] = {DEFAULT_CONFIG: {"version": "v1", "flags": {"migStrategy": "none"}}}
     chosen: dict[str, str] = {}
     adjustments: list[Adjustment] = []
-    notes: list[str] = []
     for node in plugin_nodes(placement, windows, delta):
         data.setdefault(node.key, node.config())
         chosen[node.host] = node.key
         adjustments += node.adjustments
-        notes += node.notes
-    return data, chosen, adjustments, notes
+    return data, chosen, adjustments
 
 
 def configmap_text(data: Mapping[str, dict[str, Any]]) -> str:
@@ -467,7 +466,8 @@ def emit(plan: Plan, context: FleetContext | None = None, made: Sequence[Adjustm
     placement = fleet.place(plan.layout, context.inventory, context.job_uuids, context.windows)
     delta = changes(placement, context.now, context.now_known)
     spec, mig_names = mig_parted_spec(placement, set(context.mig_now), delta)
-    data, chosen, plugin_adjustments, notes = device_plugin_configs(placement, context.windows, delta)
+    data, chosen, plugin_adjustments = device_plugin_configs(placement, context.windows, delta)
+    notes: list[str] = []
     files: dict[str, str] = {}
     if len(spec["mig-configs"]) > 1:
         files[MIG_FILE] = "# gpulens: MIG layouts per host (nvidia-mig-parted)\n" + yaml.safe_dump(

@@ -2,10 +2,11 @@
 
 The packer plans MPS per GPU, with a thread percentage per client. On Kubernetes the NVIDIA device
 plugin cannot always run that (`pluginsharing.py`): a node that keeps whole or MIG GPUs, or
-time-sliced ones, or a client planned above the plugin's equal split is time-sliced; where it
-does run MPS, every client gets `100 // replicas` of the threads, not its own share. `emit` writes
-the files that way, so the plan must say the same, or the report promises caps that will not
-exist and a fleet that applied the files is proposed MPS again next week (no fixed point).
+time-sliced ones, or a client planned above the plugin's equal split (of threads or memory) is
+time-sliced; where it does run MPS, every client gets `100 // replicas` of the threads, not its
+own share. `emit` writes the files that way, so the plan must say the same, or the report
+promises caps that will not exist and a fleet that applied the files is proposed MPS again
+next week (no fixed point).
 
 `as_run` makes that one decision per Kubernetes node, before anything is written, and returns
 the plan as it will run:

@@ -13,9 +13,9 @@ from gpulens.analyzer.bins import Item
 from gpulens.analyzer.hysteresis import CENSORED
 from gpulens.analyzer.kinds import WHOLE, Kind
 from gpulens.analyzer.profile import FleetGpu
-from gpulens.analyzer.recommend import memory_need
+from gpulens.analyzer.recommend import capability, memory_need
 from gpulens.analyzer.thresholds import Thresholds
-from gpulens.catalog import model_for_nvml_name
+from gpulens.catalog import GpuModel, model_for_nvml_name
 
 
 def fleet_from_recs(recs: pd.DataFrame) -> list[FleetGpu]:
@@ -88,6 +88,16 @@ def _unsized(row: object, margin: float) -> Item:
     )
 
 
+def _downsized(origin: GpuModel | None, target: str | None) -> float:
+    """How much busier a job moved to the smaller model `target` keeps a GPU for the same work:
+    the ratio of SMs x clock (`recommend.capability`); 1 where it does not move or a model is
+    not in the catalog."""
+    moved = model_for_nvml_name(target) if target else None
+    if origin is None or moved is None:
+        return 1.0
+    return capability(origin) / capability(moved)
+
+
 def items_of(recs: pd.DataFrame, th: Thresholds, time_sliced: frozenset[str] = frozenset()) -> list[Item]:
     """The packer's items; the jobs in `time_sliced` (on Kubernetes nodes whose device plugin
     cannot run MPS, `planasrun.plan_as_run`) are packed time-sliced wherever MPS was one of their
@@ -109,8 +119,11 @@ def items_of(recs: pd.DataFrame, th: Thresholds, time_sliced: frozenset[str] = f
         model = row.target_gpu_model if kind == Kind.DOWNSIZE else row.gpu_model
         whole = kind in WHOLE
         gpus = int(row.gpus) if whole else 1
-        load = num(row.gpu_hours_used) / (row.duration_s / 3600.0) / max(gpus, 1) if row.duration_s else 0.0
         known = model_for_nvml_name(str(row.gpu_model))
+        used = num(row.gpu_hours_used) * _downsized(known, str(model) if kind == Kind.DOWNSIZE else None)
+        if row.duration_s:
+            used = min(used, row.duration_s / 3600.0 * max(gpus, 1))
+        load = used / (row.duration_s / 3600.0) / max(gpus, 1) if row.duration_s else 0.0
         scale = num(row.device_sms) / known.sm_count if known and num(row.device_sms) else 1.0
         # a bursty client's figures measured under a cap that clips its bursts, on the scale of the
         # demand its cap was sized from (`sm_fraction` is already, hysteresis.censored_scale)
@@ -133,7 +146,7 @@ def items_of(recs: pd.DataFrame, th: Thresholds, time_sliced: frozenset[str] = f
                 memory=memory,
                 sm=min(num(row.sm_fraction), 1.0),
                 load=0.0 if math.isnan(load) else float(load),
-                used_hours=num(row.gpu_hours_used),
+                used_hours=used,
                 p95=min(1.0, num(row.sm_active_p95) * scale * censored),
                 dram=min(1.0, num(getattr(row, "dram_active_p95", 0.0)) * scale),
                 source=str(getattr(row, "job_source", "") or ""),

@@ -195,8 +195,11 @@ def interference(gpu: GpuBin, th: Thresholds) -> dict[str, float | str]:
     sizing percentile `1 - compute.max_bind_fraction` (`sm_sum_high`, `dram_sum_high`, named by
     `percentile`) and the largest share of a job's bins where it exceeds the GPU's limit
     (`sm_over_share`: over `mps.max_load` or `time_slicing.max_interference`; `dram_over_share`:
-    over `plan.max_dram_load`). The level is "high" when a sum goes past its limit more often than
-    `compute.max_bind_fraction` allows (or, by percentiles, when the p95 sums exceed 1)."""
+    over `plan.max_dram_load`). On a time-sliced GPU whose jobs all have a duty-cycle series, the
+    same for their summed busy time (`busy_sum_high`, `busy_over_share`: over
+    `time_slicing.max_interference`; kernels take turns there). The level is "high" when a sum goes
+    past its limit more often than `compute.max_bind_fraction` allows (or, by percentiles, when the
+    p95 sums exceed 1)."""
     sm_p95, dram_p95 = gpu.max_sum("p95"), gpu.max_sum("dram")
     out: dict[str, float | str] = {"sm_p95_sum": round(sm_p95, 3), "dram_p95_sum": round(dram_p95, 3)}
     sm_series = [i.sm_series for i in gpu.items]
@@ -210,7 +213,7 @@ def interference(gpu: GpuBin, th: Thresholds) -> dict[str, float | str]:
     sm_limit = th.mps.max_load if gpu.mode == Kind.MPS else th.time_slicing.max_interference
     sm = demand.colocated([s for s in sm_series if s is not None], sm_limit, quantile)
     dram = demand.colocated([s for s in dram_series if s is not None], th.plan.max_dram_load, quantile)
-    over = max(sm.over_share, dram.over_share) > th.compute.max_bind_fraction + 1e-12
+    over_shares, highs = [sm.over_share, dram.over_share], [sm.high, dram.high]
     out.update(
         basis="co-located series",
         percentile=percentile_name(quantile),
@@ -218,8 +221,16 @@ def interference(gpu: GpuBin, th: Thresholds) -> dict[str, float | str]:
         sm_over_share=round(sm.over_share, 4),
         dram_sum_high=round(dram.high, 3),
         dram_over_share=round(dram.over_share, 4),
-        risk="high" if over else "medium" if max(sm.high, dram.high) > 0.7 else "low",
     )
+    busy_series = [i.busy_series for i in gpu.items]
+    if gpu.mode == Kind.TIME_SLICING and all(s is not None for s in busy_series):
+        busy = demand.colocated(
+            [s for s in busy_series if s is not None], th.time_slicing.max_interference, quantile
+        )
+        out.update(busy_sum_high=round(busy.high, 3), busy_over_share=round(busy.over_share, 4))
+        over_shares.append(busy.over_share)
+    over = max(over_shares) > th.compute.max_bind_fraction + 1e-12
+    out["risk"] = "high" if over else "medium" if max(highs) > 0.7 else "low"
     return out
 
 

@@ -5,7 +5,9 @@ ignored), refuses MPS beside MIG devices, and its MPS control daemon gives every
 `100 // replicas` percent of the threads: a client can only tighten that, and the plan does not
 ask pods to (analyzer/validate/device_plugin.py, /work/shared/reference/rightsizing.md section 4).
 So a node's planned MPS is what runs only where all its shared GPUs are MPS, it keeps no whole or
-MIG GPU, and no client is planned above the equal split; anything else is time-sliced.
+MIG GPU, and no client is planned above the equal split of threads or memory (the daemon pins
+each client to total / replicas of memory, and a client can only lower that); anything else is
+time-sliced.
 
 This decision is made once, here: the plan step that makes the plan say what will run
 (`planasrun.py`) and `emit`, which writes the node's config, both ask `node_sharing`.
@@ -29,7 +31,9 @@ THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 
 # the adjustments by which a node's planned MPS becomes time-slicing
-TO_TIME_SLICING = frozenset({"mps-beside-whole", "mps-beside-time-slicing", "mps-equal-split"})
+TO_TIME_SLICING = frozenset(
+    {"mps-beside-whole", "mps-beside-time-slicing", "mps-equal-split", "mps-memory-split"}
+)
 
 
 class PluginSharing(StrEnum):
@@ -49,7 +53,6 @@ class NodeSharing:
     replicas: int  # 1 when exclusive
     mig: bool  # MIG GPUs on the node after the plan (`migStrategy: mixed`)
     adjustments: tuple[Adjustment, ...] = ()
-    notes: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -116,9 +119,9 @@ def node_sharing(
 
     Nothing shared -> exclusive (`migStrategy: mixed` with MIG GPUs); only MPS GPUs -> MPS with
     replicas = most clients on one GPU (at most the plugin's MPS client limit), unless a client
-    is planned above the equal split; anything else shared -> time-slicing. Each time a planned
-    MPS GPU becomes time-sliced an `Adjustment` names why; so does a node whose whole GPUs can
-    only stay whole while nothing else is scheduled on them (`shared-node`).
+    is planned above the equal split of threads or memory; anything else shared -> time-slicing.
+    Each time a planned MPS GPU becomes time-sliced an `Adjustment` names why; so does a node
+    whose whole GPUs can only stay whole while nothing else is scheduled on them (`shared-node`).
     """
     mig = any(mig_after(g, delta) for g in placed)
     families = {id(g): family_after(g, delta, windows) for g in placed}
@@ -130,7 +133,6 @@ def node_sharing(
     whole = [g for g in placed if families[id(g)] is Family.WHOLE]
     mps_jobs = tuple(j for g in mps for j in g.jobs)
     adjustments: list[Adjustment] = []
-    notes: list[str] = []
     sharing = PluginSharing.TIME_SLICING
     if mps and whole:
         adjustments.append(
@@ -158,6 +160,11 @@ def node_sharing(
         replicas = min(replicas, dp.mps_max_clients(model.cuda_compute_capability if model else None))
         clients = _clients(mps)
         over = tuple(j for j, pct, _ in clients if pct > 100 // replicas)
+        # the control daemon pins every client to total / replicas by default, and a client can
+        # only lower its own limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT): one that needs more fails
+        # to allocate, so the node cannot run that MPS
+        per_replica = model.memory_bytes // replicas // MIB * MIB if model is not None else 0  # whole MiB
+        short = tuple(j for j, _, limit in clients if model is not None and limit > per_replica)
         if over:
             adjustments.append(
                 Adjustment(
@@ -169,16 +176,21 @@ def node_sharing(
                     "instead (no thread caps; under Slurm the per-job MPS shares stay)",
                 )
             )
+        elif short:
+            largest = max(limit for _, _, limit in clients)
+            adjustments.append(
+                Adjustment(
+                    "mps-memory-split",
+                    host,
+                    short,
+                    f"the device plugin's MPS control daemon pins each of {replicas} clients to "
+                    f"{per_replica // MIB} MiB of memory (total / replicas), below what the plan gives "
+                    f"{', '.join(short)} (up to {largest // MIB} MiB), and a client can only lower its "
+                    f"own limit: {host} is time-sliced instead (no memory limits)",
+                )
+            )
         else:
             sharing = PluginSharing.MPS
-            per_replica = model.memory_bytes // replicas if model is not None else 0
-            largest = max((limit for _, _, limit in clients), default=0)
-            if model is not None and largest > per_replica:
-                notes.append(
-                    f"{host}: the device plugin's MPS daemon limits each replica to "
-                    f"{per_replica // MIB} MiB by default, below the largest planned client limit "
-                    f"({largest // MIB} MiB); set CUDA_MPS_PINNED_DEVICE_MEM_LIMIT per job as in the plan"
-                )
     if whole:
         jobs = tuple(j for g in whole for j in g.jobs)
         adjustments.append(
@@ -191,7 +203,7 @@ def node_sharing(
                 "else is scheduled on it (a node of their own, or a taint, makes that certain)",
             )
         )
-    return NodeSharing(host, sharing, replicas, mig, tuple(adjustments), tuple(notes))
+    return NodeSharing(host, sharing, replicas, mig, tuple(adjustments))
 
 
 def plugin_nodes(

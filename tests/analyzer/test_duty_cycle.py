@@ -2,9 +2,12 @@
 kernels, however few SMs those use. Each job's duty cycle (`signals.BUSY`: the exporter's
 `gpu_job_duty_cycle_ratio`, else a whole GPU's own utilization) is profiled and binned, and a
 server is time-sliced only beside neighbours whose summed duty cycle stays within
-`serving.max_latency_increase` (what next week's report rolls it back for)."""
+`serving.max_latency_increase` (what next week's report rolls it back for); any time-sliced jobs'
+duty cycles summed stay within one GPU's time (`time_slicing.max_interference`)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from gpulens.analyzer import demand
 from gpulens.analyzer.bins import GpuBin, Item, fits
 from gpulens.analyzer.kinds import Kind
+from gpulens.analyzer.planlayout import interference
 from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.catalog import get_model
@@ -58,8 +62,19 @@ def test_a_server_is_time_sliced_beside_neighbours_busy_within_it():
     assert _beside(server, _item("detect", busy=th.serving.max_latency_increase, sm=0.08))
 
 
-def test_jobs_that_serve_no_one_share_time_whatever_their_duty_cycle():
-    assert _beside(_item("a", busy=0.55, sm=0.08), _item("b", busy=0.55, sm=0.08))
+def test_jobs_that_serve_no_one_share_time_while_their_busy_time_fits_one_gpu():
+    assert _beside(_item("a", busy=0.45, sm=0.08), _item("b", busy=0.45, sm=0.08))
+
+
+def test_jobs_whose_busy_time_sums_past_one_gpu_are_not_time_sliced_however_few_sms_they_use():
+    """Kernels of time-sliced jobs take turns: a trainer busy 81 % of the time beside a pod busy
+    50 % would wait (time_slicing.max_interference), though their SM activity sums to 20 %."""
+    assert not _beside(_item("trainer", busy=0.81, sm=0.12), _item("etl", busy=0.5, sm=0.08))
+
+
+def test_a_job_without_a_duty_cycle_leaves_the_time_test_to_the_others():
+    without = dataclasses.replace(_item("old", busy=0.0, sm=0.08), busy_series=None)
+    assert _beside(_item("trainer", busy=0.81, sm=0.12), without)
 
 
 def test_a_job_waits_in_the_share_of_its_own_bins_where_the_others_exceed_the_limit():
@@ -92,3 +107,13 @@ def test_without_a_duty_cycle_a_job_has_none():
     assert np.isnan(profiles.iloc[0]["duty_cycle_p95"])
     busy = demand.of(profiles)
     assert busy is not None and "j" not in busy.busy
+
+
+def test_a_time_sliced_gpus_interference_reports_its_jobs_summed_busy_time():
+    gpu = GpuBin(name="g", model=L40S, mode=Kind.TIME_SLICING.value)
+    gpu.items = [_item("a", busy=0.45, sm=0.08), _item("b", busy=0.3, sm=0.08)]
+    found = interference(gpu, load_thresholds())
+    assert (found["busy_sum_high"], found["busy_over_share"]) == (0.75, 0.0)
+    gpu.items.append(_item("c", busy=0.3, sm=0.02))  # 1.05 of the GPU's time in every bin
+    found = interference(gpu, load_thresholds())
+    assert (found["busy_over_share"], found["risk"]) == (1.0, "high")

@@ -95,6 +95,23 @@ def test_clients_planned_above_the_equal_split_make_the_plan_time_slice_their_no
     assert [a.what for a in run.adjustments] == ["mps-equal-split"]
 
 
+def test_a_client_that_needs_more_than_the_plugins_memory_split_makes_the_plan_time_slice_its_node():
+    """The plugin's MPS daemon pins each client to total / replicas (20 GiB of an A100-40GB for two)
+    and a client can only lower its own limit: a client that needs 30 GiB would fail to allocate."""
+    gpu = mps_gpu("g", ("a", 30), ("b", 30))
+    gpu["mps_clients"][0]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = 30 * GIB
+    run = as_run(plan(gpu), NO_RECS, context({"k8s-1": 1}, "kubernetes", "ab"))
+    assert [e["sharing"] for e in run.plan.layout] == ["time-slicing"]
+    [adjustment] = run.adjustments
+    assert (adjustment.what, adjustment.jobs) == ("mps-memory-split", ("a",))
+    assert "pins each of 2 clients to 20480 MiB of memory (total / replicas)" in adjustment.message
+
+
+def test_clients_within_the_plugins_memory_split_keep_mps():
+    run = as_run(plan(mps_gpu("g", ("a", 30), ("b", 30))), NO_RECS, context({"k8s-1": 1}, "kubernetes", "ab"))
+    assert [e["sharing"] for e in run.plan.layout] == ["mps"]
+
+
 def test_mps_beside_a_time_sliced_gpu_is_time_sliced_too_and_says_so():
     sliced = {"gpu": "t", "model": "A100-SXM4-40GB", "sharing": "time-slicing", "jobs": ["c", "d"]}
     ctx = context({"k8s-1": 2}, "kubernetes", "abcd")

@@ -234,6 +234,28 @@ def test_downsizing_never_uses_more_gpus_of_a_model_than_the_fleet_has(th):
     assert (analysis.recs["recommendation"] == "downsize-model").sum() == 1
 
 
+def test_a_downsized_jobs_gpu_is_projected_as_busy_as_the_same_work_keeps_the_smaller_model(th):
+    """The same work keeps a GPU with fewer SMs x clock busier: an A100 job moved to an L4
+    (58 SMs at 2040 MHz against 108 at 1410) projects at the capability ratio, not its A100 figure."""
+    a100, l4 = "NVIDIA A100-SXM4-80GB", "NVIDIA L4"
+    jobs = [
+        SynthJob(f"w{i}", f"GPU-w{i}", steady(60, 0.6, 0.01), flat(60, 14 * GIB), model=a100)
+        for i in range(2)
+    ]
+    analysis = analysis_for(jobs, th, idle=[synth.IdleGpu("GPU-spare", model=l4)])
+    recs = analysis.recs.set_index("job_id")
+    [job] = recs.index[recs["recommendation"] == "downsize-model"]
+    [entry] = [e for e in analysis.plan.layout if job in e["jobs"]]
+    origin, target = (model_for_nvml_name(m) for m in (a100, l4))
+    assert origin is not None and target is not None
+    ratio = (origin.sm_count * origin.max_sm_clock_mhz) / (target.sm_count * target.max_sm_clock_mhz)
+    used = min(float(recs.loc[job, "gpu_hours_used"]) * ratio, float(recs.loc[job, "duration_s"]) / 3600)
+    assert entry["projected_utilization"] == pytest.approx(used / analysis.plan.window_hours, abs=1e-4)
+    assert (
+        entry["projected_utilization"] > float(recs.loc[job, "gpu_hours_used"]) / analysis.plan.window_hours
+    )
+
+
 MODELS_FOR_PLANS = ["NVIDIA A100-SXM4-40GB", H100, "NVIDIA H200"]
 
 
