@@ -10,8 +10,9 @@ profile the recommendation named (`mig_alternative`), or for a time-sliced job t
 bandwidth (its memory slices) holds the job's DRAM activity, which MPS and time-slicing test
 against their neighbours instead. Time-slicing (no cap) stays the mode of the jobs the
 idle-dominated rule chose it for. A job keeps its one mode when it is whole (exclusive,
-downsized, multi-GPU), a server under pressure (never shrunk) or a leak (sized from a peak it
-outgrows). The plan's fit tests decide where each mode fits (`bins.fits`).
+downsized, multi-GPU), a server under pressure (never shrunk), a leak (sized from a peak it
+outgrows) or a job whose demand is only a time-split share (`timesplit.SPLIT`). The plan's fit
+tests decide where each mode fits (`bins.fits`).
 
 `lower_bound` is the packer's cheap gate: the fewest GPUs any choice of modes could need.
 """
@@ -28,6 +29,7 @@ from gpulens.analyzer.hysteresis import KEPT_LIMIT, KEPT_NOTE, KEPT_THREADS
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.recommend import choose_mig_profile, mps_settings
 from gpulens.analyzer.thresholds import Thresholds
+from gpulens.analyzer.timesplit import split_only
 from gpulens.catalog import GpuModel, model_for_nvml_name
 
 # the recommendations whose job may take another sharing mode
@@ -91,6 +93,8 @@ def modes_of(row: Any, th: Thresholds) -> tuple[Mode, ...]:
         return ()
     if _text(getattr(row, "memory_leak", "")):
         return ()
+    if split_only(_row_dict(row)):
+        return ()  # no cap or slice sized from a time-split share (`timesplit.SPLIT`)
     if _text(getattr(row, "serving_server", "")) and serving.pressure(_row_dict(row), th):
         return ()
     if _text(getattr(row, "serving_server", "")) and serving.pool_above_need(_row_dict(row)):

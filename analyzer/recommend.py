@@ -56,6 +56,7 @@ from gpulens.analyzer import frames, serving
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.signals import DUTY_CYCLE, EQUAL_SPLIT
 from gpulens.analyzer.thresholds import Thresholds
+from gpulens.analyzer.timesplit import split_only
 from gpulens.catalog import GIB, MIB, GpuModel, MigProfile, model_for_nvml_name
 
 ALLOCATOR_HINT = (
@@ -724,6 +725,23 @@ def _too_big(v: JobView, s: Sizing) -> Recommendation | None:
     )
 
 
+def _split_share(v: JobView, s: Sizing) -> Recommendation | None:
+    """A job whose demand is only its time-split share (`timesplit.SPLIT`) stays time-sliced: the
+    split cannot tell wide kernels from narrow ones, so a cap or slice sized from it may throttle
+    the job (a renderer that needs 30 % read 22 % beside a narrow job)."""
+    if not split_only(v.row):
+        return None
+    return v.rec(
+        Kind.TIME_SLICING,
+        f"time-sliced beside other jobs: its {_demand_text(s)} ({_pct(s.demand_fraction)} of the GPU) is "
+        "a split of the GPU's activity by kernel time, which cannot tell wide kernels from narrow ones: "
+        "no MPS cap or MIG slice is sized from it, it stays time-sliced (a week on a whole GPU, or "
+        f"alone, measures what it needs); memory need {_gib(s.need)}",
+        gpu_fraction=s.mem_fraction,
+        **_sized(v, s),
+    )
+
+
 def _fraction(v: JobView, s: Sizing) -> Recommendation | None:
     """MIG when it packs about as densely as MPS, else MPS (always answers)."""
     th, model = v.th, s.model
@@ -784,6 +802,7 @@ SIZED_RULES: tuple[SizedRule, ...] = (
     _busy,
     _multi_gpu,
     _too_big,
+    _split_share,
     _fraction,
 )
 

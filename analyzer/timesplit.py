@@ -17,6 +17,12 @@ a fleet that runs its plan keeps the demand it was planned with; run whole again
 afresh. A split that reads above the whole figure (the narrow-kernel job) stands: it errs on the
 safe side, and a job may have grown.
 
+Without a whole figure, a time-split share is no measure of what the job needs alone: a job that
+ran time-sliced beside others all window (`SPLIT`) keeps time-slicing. The plan offers it no MPS
+cap or MIG slice sized from its share (`modes.modes_of`; its recommendation says so, `hold`): a
+wide-kernel renderer that needs 30 % read 22 % beside a narrow job, and the 27 % cap sized from
+that bound in week 2. Run whole (or alone) for a week, it is measured and may be sized.
+
 Only time-slicing: an MPS client's share is split the same way but also clipped by its cap, which
 the hysteresis rules handle (`hysteresis.py`). Matched by job id, else by workload (after a
 rollout or a resubmission), each last-week row once; only between the same GPU model and signal
@@ -30,9 +36,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpulens.analyzer import demand, frames
+from gpulens.analyzer.hosts import model_key
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.workload import workload_of
 
@@ -41,6 +49,9 @@ from gpulens.analyzer.workload import workload_of
 WHOLE = "sm_demand_whole"
 WHOLE_PERCENTILE = "sm_demand_whole_percentile"
 SCALE = "sm_demand_whole_scale"  # the factor its split activity was scaled by (> 1), else absent
+# True where a job's demand is only a time-split share: time-sliced with no whole figure, beside
+# jobs that ran on its GPU at the same time (alone, its share is the GPU's figure)
+SPLIT = "sm_demand_split"
 # the profile's activity columns a scale applies to (the signal's figures, not accounting ones)
 ACTIVITY = ("sm_active_mean", "sm_active_p50", "sm_active_p95", "sm_active_p99", "sm_active_max")
 PERCENTILES = ("p50", "p95", "p99", "max")
@@ -124,7 +135,8 @@ def _matches(rows: Sequence[Mapping[str, Any]], whole: Sequence[Whole]) -> dict[
             if found is not None:
                 taken.add(found.job_id)
         signal = WHOLE_SIGNAL.get(_text(row.get("activity_signal")))
-        if found is not None and found.model == _text(row.get("gpu_model")) and found.signal == signal:
+        same_model = found is not None and model_key(found.model) == model_key(_text(row.get("gpu_model")))
+        if found is not None and same_model and found.signal == signal:
             out[k] = found
     return out
 
@@ -132,7 +144,11 @@ def _matches(rows: Sequence[Mapping[str, Any]], whole: Sequence[Whole]) -> dict[
 def apply(profiles: pd.DataFrame, whole: Sequence[Whole]) -> pd.DataFrame:
     """Profiles with each time-sliced job's activity (and series) scaled up to what it measured
     whole (module docstring), its whole figure carried in `WHOLE` / `WHOLE_PERCENTILE` and the
-    factor in `SCALE`; as given when no job matches."""
+    factor in `SCALE`; the jobs left with only a time-split share marked `SPLIT`."""
+    return mark_split(_held(profiles, whole))
+
+
+def _held(profiles: pd.DataFrame, whole: Sequence[Whole]) -> pd.DataFrame:
     if not whole or profiles.empty:
         return profiles
     columns = [
@@ -168,6 +184,50 @@ def apply(profiles: pd.DataFrame, whole: Sequence[Whole]) -> pd.DataFrame:
         sm = {job: s.scaled(scales[job]) if job in scales else s for job, s in series.sm.items()}
         demand.attach(out, demand.Demand(series.bin_s, sm, series.dram, series.busy))
     return out
+
+
+def mark_split(profiles: pd.DataFrame) -> pd.DataFrame:
+    """`SPLIT` (a column of booleans, only where some job has it) on each time-sliced job with no
+    whole figure whose lifetime overlapped another job's on one of its GPUs."""
+    need = ["sharing", "activity_signal", "uuids", "start", "end"]
+    if profiles.empty or any(c not in profiles for c in need):
+        return profiles
+    rows = frames.records(profiles[[*need, *([WHOLE] if WHOLE in profiles else [])]])
+    spans: dict[str, list[tuple[float, float, int]]] = {}
+    for k, row in enumerate(rows):
+        start, end = _number(row["start"]), _number(row["end"])
+        if start is None or end is None:
+            continue
+        for uuid in _uuids(row["uuids"]):
+            spans.setdefault(uuid, []).append((start, end, k))
+    shared: set[int] = set()
+    for jobs in spans.values():  # sorted by start: a job overlaps an earlier one whose end is later
+        jobs.sort()  # than its start, or the next one when that starts before its end
+        latest = -math.inf
+        for n, (start, end, k) in enumerate(jobs):
+            if latest > start or (n + 1 < len(jobs) and jobs[n + 1][0] < end):
+                shared.add(k)
+            latest = max(latest, end)
+    split = [
+        k in shared
+        and _text(row["sharing"]) == Kind.TIME_SLICING
+        and _text(row["activity_signal"]) in WHOLE_SIGNAL
+        and _number(row.get(WHOLE)) is None
+        for k, row in enumerate(rows)
+    ]
+    if not any(split):
+        return profiles
+    return profiles.assign(**{SPLIT: split})
+
+
+def split_only(row: Mapping[str, Any]) -> bool:
+    """Whether a job's demand is only a time-split share (`SPLIT`)."""
+    value = row.get(SPLIT)
+    return isinstance(value, bool | np.bool_) and bool(value)
+
+
+def _uuids(value: object) -> list[str]:
+    return [u for u in _text(value).split(",") if u and u != "nan"]
 
 
 def note(row: Mapping[str, Any]) -> str:

@@ -36,6 +36,10 @@ FLEETS: dict[str, tuple[str, ...]] = {
     "three-node-moves": ("three-node-moves-a.yaml", "three-node-moves-b.yaml", "three-node-moves-c.yaml"),
     "k8s-mig-and-whole": ("k8s-mig-and-whole.yaml",),
     "timesliced-share-drift": ("timesliced-share-drift.yaml",),
+    "plugin-mps-near-split": ("plugin-mps-near-split.yaml",),
+    "plugin-mps-over-split": ("plugin-mps-over-split.yaml",),
+    "slurm-array-in-window": ("slurm-array-in-window.yaml",),
+    "timesliced-wide-onto-mps": ("timesliced-wide-onto-mps.yaml",),
 }
 # fleets that cannot reach a fixed point yet, each with the reason and how it fails (strict: once
 # it passes, the entry must go)

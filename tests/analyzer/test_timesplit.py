@@ -11,10 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpulens.analyzer import demand, timesplit
-from gpulens.analyzer.timesplit import SCALE, WHOLE, WHOLE_PERCENTILE, Whole, whole_of
+from gpulens.analyzer import demand, frames, modes, timesplit
+from gpulens.analyzer.pipeline import analyze_profiles
+from gpulens.analyzer.profile import profiles_from_samples
+from gpulens.analyzer.thresholds import load_thresholds
+from gpulens.analyzer.timesplit import SCALE, SPLIT, WHOLE, WHOLE_PERCENTILE, Whole, whole_of
+from tests.analyzer import synth
+from tests.analyzer.synth import SynthJob, flat, steady
 
 A100 = "NVIDIA A100-SXM4-80GB"
+GIB = 1024**3
 
 
 def _last_week(**extra: object) -> dict[str, Any]:
@@ -178,3 +184,63 @@ def test_held_demand_never_falls_and_never_exceeds_the_gpu(split, whole, tail):
         assert row[column] - 1e-12 <= out[column] <= 1.0
     if split > 0:
         assert out["sm_active_p95"] >= min(whole, 1.0) - 1e-9
+
+
+# ---------------------------------------------------------------- a share with no whole figure
+
+
+def _shared_gpu_analysis(*jobs: SynthJob, whole: tuple[Whole, ...] = ()) -> pd.DataFrame:
+    th = load_thresholds()
+    samples = synth.with_device_shares(synth.frame(list(jobs)), remainder=0.0)
+    profiles = profiles_from_samples(samples, synth.STEP, th)
+    return analyze_profiles(profiles, th, "test", with_archetypes=False, whole=whole).recs.set_index("job_id")
+
+
+def _sliced(job: str, uuid: str, level: float, first_step: int = 0, steps: int = 120) -> SynthJob:
+    return SynthJob(
+        job,
+        uuid,
+        steady(steps, level, 0.01),
+        flat(steps, 4 * GIB),
+        sharing="time_slicing",
+        first_step=first_step,
+    )
+
+
+def test_a_job_time_sliced_beside_others_with_no_whole_figure_stays_time_sliced():
+    """Its share cannot tell wide kernels from narrow ones: no MPS cap or MIG slice is sized from it."""
+    recs = _shared_gpu_analysis(_sliced("render", "GPU-a", 0.2), _sliced("dedup", "GPU-a", 0.1))
+    for job in ("render", "dedup"):
+        assert recs.loc[job, SPLIT]
+        assert recs.loc[job, "recommendation"] == "time-slicing"
+        reason = recs.loc[job, "reason"]
+        assert "a split of the GPU's activity by kernel time, which cannot tell wide kernels" in reason
+        assert "no MPS cap or MIG slice is sized from it, it stays time-sliced" in reason
+        assert pd.isna(recs.loc[job, "mps_active_thread_percentage"])
+
+
+def test_a_job_alone_on_a_time_sliced_gpu_reads_the_gpus_own_figure_and_is_sized():
+    recs = _shared_gpu_analysis(_sliced("lone", "GPU-b", 0.15))
+    assert SPLIT not in recs
+    assert recs.loc["lone", "reason"].startswith("light: p95 SM activity")  # sized for a cap
+
+
+def test_jobs_that_took_turns_on_a_gpu_never_shared_it():
+    recs = _shared_gpu_analysis(
+        _sliced("first", "GPU-a", 0.15, steps=50), _sliced("second", "GPU-a", 0.15, 60, 50)
+    )
+    assert SPLIT not in recs
+    assert all(reason.startswith("light: p95 SM activity") for reason in recs["reason"])
+
+
+def test_a_job_held_to_its_whole_figure_is_sized_from_it():
+    whole = (Whole("render", "render", synth.SynthJob.model, "sm_active", "p95", 0.22),)
+    recs = _shared_gpu_analysis(_sliced("render", "GPU-a", 0.2), _sliced("dedup", "GPU-a", 0.1), whole=whole)
+    assert not recs.loc["render", SPLIT] and recs.loc["dedup", SPLIT]
+    assert recs.loc["render", "reason"].startswith("light: p95 SM activity")
+
+
+def test_a_split_only_job_is_offered_no_other_mode():
+    recs = _shared_gpu_analysis(_sliced("render", "GPU-a", 0.2), _sliced("dedup", "GPU-a", 0.1))
+    row = next(frames.rows(recs.reset_index().loc[recs.reset_index()["job_id"] == "render"]))
+    assert modes.modes_of(row, load_thresholds()) == ()
