@@ -56,7 +56,7 @@ from gpulens.sim.defaults import (
     make_uuid,
     stable_hex,
 )
-from gpulens.sim.nodesharing import DEVICE_PLUGIN_PIPE_DIR
+from gpulens.sim.nodesharing import DEVICE_PLUGIN_PIPE_DIR, daemon_pinned_limit
 from gpulens.sim.reportplan import ApplyPlanError, GpuTarget, ReportPlan, Slot
 from gpulens.sim.scenario import (
     PINNED_MEM_LIMIT,
@@ -392,7 +392,7 @@ class PluginDaemon:
         limit it runs with."""
         if self.replicas is None:
             return self.running_limit
-        return model.memory_bytes // self.replicas // MIB * MIB
+        return daemon_pinned_limit(model.memory_bytes, self.replicas)
 
 
 def plugin_daemon(

@@ -10,6 +10,12 @@ A usage history (`kind: usage`):
   its `gpu_job_info` and `gpu_job_memory_used_bytes` under the planned GPU's uuid, node and index,
   the `sharing` label the exporter derives per step (`mig`; `mps`; `time_slicing` while more than
   one job runs on a plain GPU, else `exclusive`), `gpu_instance` on a MIG slice;
+- a job moved to another GPU model does the same work there, the same SM cycles: its SM activity
+  and its duty cycle (the same kernels take longer on a slower GPU) are rescaled by the compute of
+  where it ran over the compute of where it goes, SMs x max SM clock (`sim/applyplan.py`,
+  `_compute`; an A100 job on an L4 reads 108 x 1410 / (58 x 2040) = 1.29 x its share), capped at
+  1; a job whose model (either one) the catalog does not know keeps its figures, and is listed in
+  `meta.json` (`applied_plan.not_rescaled`);
 - the device families of every such GPU are recomputed from the jobs now on it, as the simulator's
   engine sums them (sim/engine.py, `_Acc.finish`): SM activity adds up and is capped at 1; NVML
   utilization (a duty cycle) adds up on a time-sliced GPU and is the chance that any client runs
@@ -21,14 +27,17 @@ A usage history (`kind: usage`):
   MPS clients with caps weighed by time x cap where the figure is SM activity. A MIG slice gets
   its `gpu_mig_instance_info` and the job's activity on the slice's scale (capped at 1);
 - on a node the report's device-plugin files relabel (`nodesharing.py`), MPS as the plugin runs
-  it: every client capped at the control daemon's 100 / replicas, not the plan's percentage, or,
-  where the selected config time-slices the node, its GPUs time-sliced;
+  it: every client capped at the control daemon's 100 / replicas of the threads and its pinned
+  memory limit, the GPU's total (`gpu_memory_total_bytes`, else the catalog's) / replicas in whole
+  MiB, not the plan's percentage and limit, or, where the selected config time-slices the node,
+  its GPUs time-sliced (elsewhere, on Slurm or a bare MPS node, the plan's settings hold);
 - a freed GPU keeps its `gpu_info` (and other identity rows) only; a reclaimed job stops;
 - jobs on GPUs the plan leaves as they are, and their GPUs, are copied unchanged.
 
 No job's demand changes by the move except as the physical GPU forces it: a sum over 1 is capped
-(and every job's share scaled down with it), a value over an MPS cap or a slice is clipped. The
-steps where that happened are counted in `meta.json` (`applied_plan.capped_steps`).
+(and every job's share scaled down with it), a value over an MPS cap, a pinned memory limit or a
+slice is clipped, a share rescaled to another model over 1 is held to 1. The steps where that
+happened are counted in `meta.json` (`applied_plan.capped_steps`).
 
 A requests history (`kind: requests`, the v2023 trace: requests only, no usage) has no GPUs to
 move jobs between: its proposed state is the requests packed as planned. Each pod the plan packs
@@ -38,9 +47,10 @@ onto a shared GPU gets that GPU's name as `uuid` and `sharing="mps"` on its requ
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -110,7 +120,10 @@ class Counts:
     rebuilt_gpus: int = 0
     freed_gpus: int = 0
     reclaimed_jobs: int = 0
-    capped_steps: int = 0  # steps where a sum over 1, a cap or a slice limited a job
+    # steps where a sum over 1, a cap, a pinned limit, a slice or a rescale to a model limited a job
+    capped_steps: int = 0
+    # jobs moved to another model whose activity kept its old scale: a model the catalog lacks
+    not_rescaled: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,11 +138,15 @@ def _number(where: str, value: Any, low: float, high: float, what: str) -> float
     return float(value)
 
 
-def read_usage_plan(report: Path, now: Mapping[str, frozenset[str]]) -> HistoryPlan:
+def read_usage_plan(
+    report: Path, now: Mapping[str, frozenset[str]], totals: Mapping[str, int] | None = None
+) -> HistoryPlan:
     """The plan of `report` for a usage history whose GPUs hold the jobs `now` (uuid -> jobs).
 
     A GPU in the layout is rebuilt unless it holds exactly the jobs it holds now and jobs.json
     changes none of them (mode, slice, MPS settings); the jobs a rebuilt GPU holds all move there.
+    `totals` (uuid -> device memory, bytes) sizes a device-plugin MPS daemon's pinned limit; a GPU
+    not in it keeps the plan's limit (nothing better is known).
     """
     plan_path, jobs_path = report / "plan.json", report / "jobs.json"
     plan, jobs_doc = load_report_json(plan_path), load_report_json(jobs_path)
@@ -187,11 +204,15 @@ def read_usage_plan(report: Path, now: Mapping[str, frozenset[str]]) -> HistoryP
         selected = plugin[node]
         if selected is not None and mode is Mode.MPS:
             # a device-plugin node (nodesharing.py): its config time-slices it, or its MPS daemon
-            # gives every client 100 / replicas of the threads, not the plan's percentage
+            # gives every client 100 / replicas of the threads and total / replicas of the memory
+            # (whole MiB), not the plan's percentage and limit; a client cannot raise either
             if selected.sharing is PluginSharing.MPS:
                 share = selected.thread_percentage / 100
-                caps = {job: (share, limit) for job, (_, limit) in caps.items()}
-                caps.update({job: (share, None) for job in jobs if job not in caps})
+                total = (totals or {}).get(uuid)
+                pinned = None if total is None else float(selected.pinned_limit(total))
+                caps = {
+                    job: (share, caps.get(job, (None, None))[1] if pinned is None else pinned) for job in jobs
+                }
             else:
                 mode, caps = Mode.WHOLE, {}
         for job in jobs:
@@ -221,6 +242,7 @@ class JobSteps:
     """A job's per-step demand as it ran (NaN where its GPU did not publish the figure)."""
 
     identity: dict[str, str]  # the identity labels of its gpu_job_info
+    uuid: str  # the GPU it ran on
     times: np.ndarray
     duty: np.ndarray  # NVML utilization: fraction of time a kernel ran
     sm: np.ndarray  # SM activity
@@ -267,6 +289,7 @@ def _job_steps(
     identity = {label: str(first[label]) for label in _JOB_LABELS}
     return JobSteps(
         identity,
+        uuid,
         times.astype(float),
         duty.reindex(index).to_numpy(dtype=float),
         sm.reindex(index).to_numpy(dtype=float),
@@ -302,6 +325,57 @@ def _profile_of(
         return model.mig_profile(str(names.iloc[-1])) if len(names) else None
     except CatalogError:
         return None
+
+
+def _compute(model: GpuModel) -> float:
+    """What a whole GPU of `model` does per second: SMs x max SM clock (`sim/applyplan.py`,
+    `_compute`). A job's figures here are on the whole GPU's scale; a slice's part of it is its
+    share of the SMs, which `_job_steps` and `_rebuild_mig` apply on each side."""
+    return float(model.sm_count * model.max_sm_clock_mhz)
+
+
+def _rescaled(steps: JobSteps, ratio: float, counts: Counts) -> JobSteps:
+    """`steps` on a GPU doing 1 / `ratio` of the compute where it ran: the same SM cycles are
+    `ratio` x its share of the SMs, and the same kernels run `ratio` x as long (its duty cycle);
+    each held to 1, and the steps where that cut it counted."""
+    sm, duty = steps.sm * ratio, steps.duty * ratio
+    counts.capped_steps += int(np.sum((sm > 1) | (duty > 1)))  # NaN (not published) compares False
+    return dataclasses.replace(steps, sm=np.minimum(sm, 1.0), duty=np.minimum(duty, 1.0))
+
+
+def _on_new_models(
+    moved: dict[str, JobSteps],
+    targets: Mapping[str, Target],
+    names: Mapping[str, str],
+    models: Mapping[str, GpuModel],
+    counts: Counts,
+) -> None:
+    """Put each job of `moved` that changes GPU model on its new model's scale (module docstring);
+    `names`: uuid -> the model name its `gpu_info` gives. A job on the same model is left as it is
+    (the ratio is 1) whether the catalog knows the model or not."""
+    for job, steps in moved.items():
+        there, name = targets[job].uuid, names.get(steps.uuid, "")
+        if there == steps.uuid or (name and name == names.get(there)):
+            continue
+        was, now = models.get(steps.uuid), models.get(there)
+        if was is None or now is None:
+            counts.not_rescaled.append(job)
+            continue
+        if was != now:
+            moved[job] = _rescaled(steps, _compute(was) / _compute(now), counts)
+
+
+def _memory_totals(
+    fams: Mapping[str, pd.DataFrame], uuids: list[str], models: Mapping[str, GpuModel]
+) -> dict[str, int]:
+    """uuid -> device memory as NVML gives it (the last `gpu_memory_total_bytes`), else the
+    catalog's figure for its model; a GPU with neither is left out."""
+    out = {u: models[u].memory_bytes for u in uuids if u in models}
+    frame = fams.get("gpu_memory_total_bytes")
+    if frame is not None and not frame.empty:
+        last = frame.sort_values("timestamp", kind="stable").drop_duplicates("uuid", keep="last")
+        out.update({str(u): int(v) for u, v in zip(last["uuid"], last["value"], strict=True) if v > 0})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,7 +566,8 @@ def _apply_usage(history: History, report: Path, counts: Counts) -> pd.DataFrame
     gpu_info = fams.get("gpu_info", samples.iloc[0:0]).sort_values("timestamp", kind="stable")
     now: dict[str, frozenset[str]] = {str(u): frozenset() for u in gpu_info["uuid"].unique()}
     now.update({str(u): frozenset(g["job_id"]) for u, g in info.groupby("uuid")})
-    plan = read_usage_plan(report, now)
+    models = _models(gpu_info)
+    plan = read_usage_plan(report, now, _memory_totals(fams, sorted(now), models))
     known = set(info["job_id"])
     for job in plan.targets:
         if job not in known:
@@ -509,8 +584,10 @@ def _apply_usage(history: History, report: Path, counts: Counts) -> pd.DataFrame
                 f"{report / 'plan.json'}: GPU {uuid}: expected the plan to place job {stay[0]!r} "
                 "as its GPU changes or is freed, found it in no layout entry"
             )
-    models = _models(gpu_info)
     moved = {job: _job_steps(fams, info, job, models) for job in sorted(plan.targets)}
+    last_info = gpu_info.drop_duplicates("uuid", keep="last").set_index("uuid")
+    names = {str(u): str(m) for u, m in last_info["model"].items()}
+    _on_new_models(moved, plan.targets, names, models, counts)
     counts.moved_jobs = len(plan.targets)  # every job on a rebuilt GPU restarts under its new config
     counts.rebuilt_gpus, counts.reclaimed_jobs = len(plan.rebuilt), len(plan.reclaimed)
     counts.freed_gpus = len(affected - set(plan.rebuilt))
@@ -520,7 +597,6 @@ def _apply_usage(history: History, report: Path, counts: Counts) -> pd.DataFrame
         | (samples["uuid"].isin(affected) & ~samples["metric"].isin(_IDENTITY_FAMILIES)).to_numpy()
     )
     parts = [samples[keep]]
-    last_info = gpu_info.drop_duplicates("uuid", keep="last").set_index("uuid")
     for uuid in sorted(plan.rebuilt):
         jobs = {job: moved[job] for job, t in plan.targets.items() if t.uuid == uuid}
         row = last_info.loc[uuid]

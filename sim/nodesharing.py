@@ -7,8 +7,10 @@ per node by label (`config/node-labels.sh`). Applying a plan the way the plugin 
 
 - the plugin's MPS shares every GPU of a node and gives every client the control daemon's default
   thread share, `100 / replicas` (integer division; k8s-device-plugin
-  cmd/mps-control-daemon/mps/daemon.go), not a per-job percentage: a pod's own
-  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE could only tighten it, and the plan does not ask pods for one;
+  cmd/mps-control-daemon/mps/daemon.go), not a per-job percentage, and its default pinned device
+  memory limit, the GPU's total / replicas in whole MiB, not the plan's: a pod's own
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE or pinned limit could only tighten them, and the plan does not
+  ask pods for one;
 - where the emitted config time-slices a node the plan wanted on MPS (MPS beside whole GPUs or MIG,
   or a planned share above `100 / replicas`; `analyzer/emit.py`), its GPUs are time-sliced.
 
@@ -32,6 +34,13 @@ from gpulens.safeload import InputError, load_yaml, load_yaml_file, read_text
 # where the plugin's MPS pipe directory is inside pods (<mps root>/<resource name>/pipe under /mps)
 DEVICE_PLUGIN_PIPE_DIR = "/mps/nvidia.com/gpu/pipe"
 MAX_LABEL_SCRIPT_BYTES = 4 * 1024 * 1024
+MIB = 1024**2
+
+
+def daemon_pinned_limit(total_bytes: int, replicas: int) -> int:
+    """The pinned device memory limit the plugin's MPS control daemon sets for every client of a
+    GPU with `total_bytes`: total / replicas, in whole MiB (it writes `<N>M`)."""
+    return total_bytes // replicas // MIB * MIB
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,10 @@ class SelectedConfig:
     def thread_percentage(self) -> int:
         """Each MPS client's thread share: the control daemon's default, 100 / replicas."""
         return 100 // self.replicas
+
+    def pinned_limit(self, total_bytes: int) -> int:
+        """Each MPS client's pinned memory limit on a GPU of `total_bytes`: the daemon's default."""
+        return daemon_pinned_limit(total_bytes, self.replicas)
 
 
 class NodeSharingError(ValueError):

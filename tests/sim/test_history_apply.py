@@ -9,24 +9,26 @@ and 2, and keeps k on GPU 4 as it is.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from gpulens.analyzer.emit import CONFIGMAP_FILE, LABELS_FILE, configmap_text, labels_text
-from gpulens.analyzer.history import HistoryWriter, read_history
+from gpulens.analyzer.history import History, HistoryWriter, read_history
 from gpulens.analyzer.importers import import_trace
 from gpulens.analyzer.pipeline import analyze_history
 from gpulens.analyzer.thresholds import Thresholds, load_thresholds
-from gpulens.catalog import get_model
+from gpulens.catalog import get_model, model_for_nvml_name
 from gpulens.cli import main
 from gpulens.sim.defaults import default_gpu_instance_id
-from gpulens.sim.history_apply import apply_plan_history
+from gpulens.sim.history_apply import Counts, apply_plan_history
 from gpulens.sim.reportplan import ApplyPlanError
 
 MODEL = get_model("A100-80GB")
-GIB = 1024**3
+L4 = get_model("L4")
+GIB, MIB = 1024**3, 1024**2
 STEPS = [1_750_000_000.0 + 60 * n for n in range(10)]
 # job -> (GPU index, SM activity, NVML utilization, memory)
 JOBS = {
@@ -41,23 +43,33 @@ def _uuid(index: int) -> str:
     return f"GPU-{index}"
 
 
-def _history(path: Path) -> Path:
+def _history(
+    path: Path, models: Mapping[int, str] | None = None, sm: bool = True, source: str = "kubernetes"
+) -> Path:
+    """The history of the module docstring; `models`: GPU index -> another model's NVML name (its
+    memory: the catalog's, else 24 GiB); `sm=False`: no SM activity (a duty-cycle trace); `source`:
+    the jobs' scheduler."""
+    models = models or {}
     with HistoryWriter(path, {"source": "test", "step_s": 60.0}) as w:
         for t in STEPS:
             for index in range(6):
                 gpu = {"instance": "n1", "gpu": str(index), "uuid": _uuid(index)}
-                w.add(t, "gpu_info", 1.0, {**gpu, "model": MODEL.nvml_name})
-                w.add(t, "gpu_memory_total_bytes", float(MODEL.memory_bytes), gpu)
-            for job, (index, sm, util, memory) in JOBS.items():
+                name = models.get(index, MODEL.nvml_name)
+                known = model_for_nvml_name(name)
+                w.add(t, "gpu_info", 1.0, {**gpu, "model": name})
+                total = known.memory_bytes if known is not None else 24 * GIB
+                w.add(t, "gpu_memory_total_bytes", float(total), gpu)
+            for job, (index, activity, util, memory) in JOBS.items():
                 gpu = {"instance": "n1", "gpu": str(index), "uuid": _uuid(index)}
                 w.add(
                     t,
                     "gpu_job_info",
                     1.0,
-                    {**gpu, "job_id": job, "job_source": "kubernetes", "sharing": "exclusive"},
+                    {**gpu, "job_id": job, "job_source": source, "sharing": "exclusive"},
                 )
                 w.add(t, "gpu_job_memory_used_bytes", float(memory), {**gpu, "job_id": job})
-                w.add(t, "gpu_sm_active_ratio", sm, gpu)
+                if sm:
+                    w.add(t, "gpu_sm_active_ratio", activity, gpu)
                 w.add(t, "gpu_utilization_ratio", util, gpu)
                 w.add(t, "gpu_memory_used_bytes", float(memory), gpu)
     return path
@@ -273,13 +285,13 @@ def test_requests_packed_as_planned_free_nothing_more(tmp_path, th):
 # --- a node the report's device-plugin files relabel (sim/nodesharing.py) -----------------------
 
 
-def _with_device_plugin(report: Path, sharing: str, replicas: int) -> Path:
-    """`report` with the device-plugin files emit writes: node n1 selects one shared config."""
+def _with_device_plugin(report: Path, sharing: str, replicas: int, node: str = "n1") -> Path:
+    """`report` with the device-plugin files emit writes: `node` selects one shared config."""
     block = {"resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}
     config = {"version": "v1", "flags": {"migStrategy": "mixed"}, "sharing": {sharing: block}}
     (report / "config").mkdir()
     (report / "config" / CONFIGMAP_FILE).write_text(configmap_text({"shared": config}))
-    (report / "config" / LABELS_FILE).write_text(labels_text({"n1": "shared"}, {}))
+    (report / "config" / LABELS_FILE).write_text(labels_text({node: "shared"}, {}))
     return report
 
 
@@ -299,3 +311,107 @@ def test_on_a_node_whose_config_time_slices_planned_mps_jobs_share_the_gpu_by_ti
     after = read_history(tmp_path / "after").samples
     assert set(_rows(after, "gpu_job_info", uuid=_uuid(0))["sharing"]) == {"time_slicing"}
     assert _value(after, "gpu_sm_active_ratio", uuid=_uuid(0)) == pytest.approx(0.2 + 0.3)  # no caps
+
+
+def _with_plan_limit(report: Path, job: str, limit: int) -> Path:
+    """`report` with the plan's pinned memory limit for MPS client `job` set to `limit` bytes."""
+    plan = json.loads((report / "plan.json").read_text())
+    for client in plan["layout"][0]["mps_clients"]:
+        if client["job_id"] == job:
+            client["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = limit
+    (report / "plan.json").write_text(json.dumps(plan))
+    return report
+
+
+def test_on_a_device_plugin_mps_node_a_client_is_pinned_to_total_over_replicas_in_whole_mib(tmp_path):
+    before = _history(tmp_path / "before")
+    report = _with_device_plugin(_report(tmp_path / "report"), "mps", 9)
+    apply_plan_history(before, report, tmp_path / "after")
+    after = read_history(tmp_path / "after").samples
+    # the daemon's limit: 81920 MiB / 9 = 9102.2 MiB, in whole MiB; a uses 10 GiB (the plan gave it 12)
+    assert _value(after, "gpu_job_memory_used_bytes", job_id="a") == 9102 * MIB
+    assert _value(after, "gpu_job_memory_used_bytes", job_id="b") == 8 * GIB  # under it
+
+
+def test_on_a_device_plugin_mps_node_the_plans_lower_limit_is_not_in_force(tmp_path):
+    before = _history(tmp_path / "before")
+    report = _with_device_plugin(_with_plan_limit(_report(tmp_path / "report"), "b", 6 * GIB), "mps", 4)
+    apply_plan_history(before, report, tmp_path / "after")
+    after = read_history(tmp_path / "after").samples
+    # the daemon pins every client to 20480 MiB; the plugin gives the pod no limit of its own
+    assert _value(after, "gpu_job_memory_used_bytes", job_id="b") == 8 * GIB
+
+
+def test_a_slurm_mps_client_keeps_the_plans_limit(tmp_path):
+    before = _history(tmp_path / "before", source="slurm")
+    report = _with_plan_limit(_report(tmp_path / "report"), "b", 6 * GIB)
+    # the device-plugin files relabel some Kubernetes node, not n1
+    apply_plan_history(before, _with_device_plugin(report, "mps", 4, node="k8s-1"), tmp_path / "after")
+    after = read_history(tmp_path / "after").samples
+    assert _value(after, "gpu_job_memory_used_bytes", job_id="b") == 6 * GIB
+
+
+# --- a job moved to another GPU model: the same SM cycles on its compute --------------------------
+
+# what an A100-80GB does per second over what an L4 does: SMs x max SM clock
+A100_OVER_L4 = (108 * 1410) / (58 * 2040)
+
+
+def _move_report(path: Path, job: str, source: int, target: int) -> Path:
+    """A plan that moves `job` alone from GPU `source` onto the idle GPU `target`, freeing `source`."""
+    path.mkdir()
+    entry = {"node": "n1", "uuid": _uuid(target), "sharing": "exclusive", "jobs": [job]}
+    freed = [{"node": "n1", "uuid": _uuid(source)}]
+    (path / "plan.json").write_text(json.dumps({"layout": [entry], "freed": freed}))
+    (path / "jobs.json").write_text(json.dumps({"jobs": [{"job_id": job, "action": "change"}]}))
+    return path
+
+
+def _moved_to_gpu5(
+    tmp_path: Path, job: str, source: int, model: str = L4.nvml_name, sm: bool = True
+) -> tuple[History, Counts]:
+    """The history with GPU 5 a `model`, after `job` moves there from GPU `source`."""
+    before = _history(tmp_path / "before", {5: model}, sm=sm)
+    report = _move_report(tmp_path / "report", job, source, 5)
+    counts = apply_plan_history(before, report, tmp_path / "after")
+    return read_history(tmp_path / "after"), counts
+
+
+def test_a_job_moved_from_an_a100_to_an_l4_reads_more_of_the_l4(tmp_path):
+    after, counts = _moved_to_gpu5(tmp_path, "c", 2)
+    expected = 0.1 * A100_OVER_L4
+    assert _value(after.samples, "gpu_sm_active_ratio", uuid=_uuid(5)) == pytest.approx(expected)
+    assert _value(after.samples, "gpu_job_sm_utilization_ratio", job_id="c") == pytest.approx(expected)
+    assert counts.capped_steps == 0
+
+
+def test_activity_rescaled_over_1_is_held_to_1_and_counted(tmp_path):
+    after, counts = _moved_to_gpu5(tmp_path, "k", 4)  # 0.9 of an A100 is 1.16 of an L4
+    assert _value(after.samples, "gpu_sm_active_ratio", uuid=_uuid(5)) == 1.0
+    assert counts.capped_steps == len(STEPS)
+    assert after.meta["applied_plan"]["capped_steps"] == len(STEPS)
+
+
+def test_a_moved_duty_cycle_takes_longer_on_a_slower_gpu(tmp_path):
+    after, counts = _moved_to_gpu5(tmp_path, "c", 2, sm=False)
+    assert _value(after.samples, "gpu_utilization_ratio", uuid=_uuid(5)) == pytest.approx(0.1 * A100_OVER_L4)
+    assert counts.capped_steps == 0
+
+
+def test_a_duty_cycle_rescaled_over_1_is_held_to_1_and_counted(tmp_path):
+    after, counts = _moved_to_gpu5(tmp_path, "k", 4, sm=False)  # 0.95 of an A100's time is 1.22 of an L4's
+    assert _value(after.samples, "gpu_utilization_ratio", uuid=_uuid(5)) == 1.0
+    assert counts.capped_steps == len(STEPS)
+
+
+def test_a_job_moved_to_a_model_the_catalog_lacks_keeps_its_figures_and_is_listed(tmp_path):
+    after, counts = _moved_to_gpu5(tmp_path, "c", 2, model="NVIDIA Z99")
+    assert _value(after.samples, "gpu_sm_active_ratio", uuid=_uuid(5)) == pytest.approx(0.1)
+    assert after.meta["applied_plan"]["not_rescaled"] == ["c"]
+    assert counts.not_rescaled == ["c"]
+
+
+def test_a_job_moved_within_its_model_is_not_rescaled(tmp_path):
+    after, counts = _moved_to_gpu5(tmp_path, "c", 2, model=MODEL.nvml_name)
+    assert _value(after.samples, "gpu_sm_active_ratio", uuid=_uuid(5)) == pytest.approx(0.1)
+    assert counts.not_rescaled == []
