@@ -69,7 +69,7 @@ def apply_moves(recs: pd.DataFrame, plan: Plan) -> pd.DataFrame:
         note = change.get("note") or (
             "it stays as it runs now"
             if change.get("kept")
-            else f"alone on its GPU, so {detail} beside others"
+            else f"{detail} beside other jobs (a GPU shared by it alone would save nothing)"
         )
         reason = updates.setdefault("reason", {})
         for label in at:

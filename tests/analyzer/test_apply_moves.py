@@ -45,7 +45,8 @@ def test_moved_jobs_take_the_plans_settings_and_say_why() -> None:
     rows = out.set_index("job_id")
     assert rows.loc["a", "recommendation"] == "time-slicing"
     assert math.isnan(rows.loc["a", "mps_active_thread_percentage"]) and pd.isna(rows.loc["b", "mig_profile"])
-    assert rows.loc["a", "reason"] == "ra; plan: alone on its GPU, so time-slicing beside others"
+    alone = "time-slicing beside other jobs (a GPU shared by it alone would save nothing)"
+    assert rows.loc["a", "reason"] == f"ra; plan: {alone}"
     assert (
         rows.loc["b", "reason"] == "rb; plan: no room"
         and rows.loc["b", "mps_active_thread_percentage"] == 30.0
