@@ -298,7 +298,7 @@ def _analysis(
     early: _PromTarget | None = None,
     told: Sequence[Any] = (),
     served: frozenset[str] = frozenset(),
-    whole: Sequence[Any] = (),
+    whole: Any = None,
 ) -> Any:
     """Run the pipeline on the chosen source (`early`: what `_early_source` gave, if called;
     `told`: last week's MPS settings, `hysteresis.told_of`; `served`: last week's servers,

@@ -323,10 +323,15 @@ def _join_other(gpu: GpuBin, bins: list[GpuBin], removed: set[int], th: Threshol
 def settle_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBin], dict[str, dict[str, Any]]]:
     """No GPU is shared (MPS, time-slicing, MIG) by a single job: it joins another GPU (one GPU
     fewer), takes a partner that does not run that way already, or stays whole (a job already on
-    a MIG slice keeps its slice)."""
+    a MIG slice keeps its slice). Jobs that share an MPS or time-sliced GPU but never run at the
+    same time take it whole in turn (`_in_turn`): the layout places such a GPU whole
+    (`hosts.place`, "lone-sharer"), so the plan says so too."""
     moved: dict[str, dict[str, Any]] = {}
     removed: set[int] = set()
     for gpu in bins:
+        if gpu.mode in SHARED and len(gpu.items) > 1 and gpu.concurrency() < 2:
+            moved.update(_in_turn(gpu))
+            continue
         if (gpu.mode not in SHARED and gpu.mode != Kind.MIG) or len(gpu.items) != 1 or id(gpu) in removed:
             continue
         change = _join_other(gpu, bins, removed, th) if gpu.mode in SHARED else None
@@ -347,6 +352,18 @@ def settle_lone_sharers(bins: list[GpuBin], th: Thresholds) -> tuple[list[GpuBin
             "it keeps a whole GPU",
         }
     return [b for b in bins if id(b) not in removed], moved
+
+
+def _in_turn(gpu: GpuBin) -> dict[str, dict[str, Any]]:
+    """A shared GPU whose jobs never overlap made whole: each job runs on it alone, in turn."""
+    gpu.mode = Kind.EXCLUSIVE.value
+    note = (
+        f"its GPU's jobs ({', '.join(i.job_id for i in gpu.items)}) never run at the same time, so "
+        "sharing it saves nothing: each has the whole GPU in turn"
+    )
+    for item in gpu.items:
+        item.kind, item.thread_pct, item.memory_limit = Kind.EXCLUSIVE.value, None, None
+    return {i.job_id: {"recommendation": Kind.EXCLUSIVE.value, "note": note} for i in gpu.items}
 
 
 def _moves(bins: list[GpuBin]) -> int:

@@ -185,7 +185,7 @@ def analyze_profiles(
     serving_table: serving.Table | None = None,
     told: Sequence[hysteresis.Told] = (),
     served: frozenset[str] = frozenset(),
-    whole: Sequence[timesplit.Whole] = (),
+    whole: timesplit.WholeFigures | None = None,
 ) -> Analysis:
     """Recommendations, plan, configuration and archetypes for a profile table.
 
@@ -246,7 +246,7 @@ def analyze_history(
     with_archetypes: bool = True,
     told: Sequence[hysteresis.Told] = (),
     served: frozenset[str] = frozenset(),
-    whole: Sequence[timesplit.Whole] = (),
+    whole: timesplit.WholeFigures | None = None,
 ) -> Analysis:
     """A history directory, usage or requests (`told`, `served`, `whole`: see `analyze_profiles`)."""
     if history.kind == "requests":

@@ -89,13 +89,27 @@ def _text(value: object) -> str:
     return "" if value is None or value is pd.NA else str(value)
 
 
-def whole_of(jobs: Iterable[Mapping[str, Any]]) -> tuple[Whole, ...]:
+@dataclass(frozen=True)
+class WholeFigures:
+    """What last week's report measured whole, and every job id it reported: a job reported last
+    week is matched by its id only (a renamed one, after a rollout or a resubmission, by its
+    workload), so it never takes a figure another job of its workload measured."""
+
+    figures: tuple[Whole, ...] = ()
+    reported: frozenset[str] = frozenset()
+
+
+def whole_of(jobs: Iterable[Mapping[str, Any]]) -> WholeFigures:
     """Last week's jobs measured whole: one-GPU rows that ran exclusive, by their activity at
     their sizing percentile; and time-sliced rows that carried a whole figure (`WHOLE`). A row
-    without the figures, or with one out of (0, 1], gives nothing."""
+    without the figures, or with one out of (0, 1], gives no figure."""
     out = []
+    reported = set()
     for job in jobs:
-        if not isinstance(job, Mapping) or _number(job.get("gpus")) != 1:
+        if not isinstance(job, Mapping):
+            continue
+        reported.add(_text(job.get("job_id")))
+        if _number(job.get("gpus")) != 1:
             continue
         sharing, signal = _text(job.get("sharing")), _text(job.get("activity_signal"))
         if sharing == Kind.EXCLUSIVE and signal in WHOLE_SIGNAL.values():
@@ -113,15 +127,16 @@ def whole_of(jobs: Iterable[Mapping[str, Any]]) -> tuple[Whole, ...]:
         out.append(
             Whole(_text(job.get("job_id")), workload, _text(job.get("gpu_model")), signal, percentile, found)
         )
-    return tuple(out)
+    return WholeFigures(tuple(out), frozenset(reported - {""}))
 
 
-def _matches(rows: Sequence[Mapping[str, Any]], whole: Sequence[Whole]) -> dict[int, Whole]:
-    """Row position -> last week's whole figure of the same job id, else of a job of its workload
-    (each once): rows that run time-sliced on one GPU now, of the same model and signal."""
-    by_id = {w.job_id: w for w in whole}
+def _matches(rows: Sequence[Mapping[str, Any]], whole: WholeFigures) -> dict[int, Whole]:
+    """Row position -> last week's whole figure of the same job id, else, for a job last week's
+    report did not have, of a job of its workload (each once): rows that run time-sliced on one
+    GPU now, of the same model and signal."""
+    by_id = {w.job_id: w for w in whole.figures}
     by_workload: dict[str, list[Whole]] = {}
-    for w in whole:
+    for w in whole.figures:
         by_workload.setdefault(w.workload, []).append(w)
     taken = {str(r["job_id"]) for r in rows if str(r["job_id"]) in by_id}
     out: dict[int, Whole] = {}
@@ -129,7 +144,7 @@ def _matches(rows: Sequence[Mapping[str, Any]], whole: Sequence[Whole]) -> dict[
         if _text(row.get("sharing")) != Kind.TIME_SLICING or _number(row.get("gpus")) != 1:
             continue
         found = by_id.get(str(row["job_id"]))
-        if found is None:
+        if found is None and str(row["job_id"]) not in whole.reported:
             free = [w for w in by_workload.get(workload_of(row), []) if w.job_id not in taken]
             found = free[0] if free else None
             if found is not None:
@@ -141,15 +156,15 @@ def _matches(rows: Sequence[Mapping[str, Any]], whole: Sequence[Whole]) -> dict[
     return out
 
 
-def apply(profiles: pd.DataFrame, whole: Sequence[Whole]) -> pd.DataFrame:
+def apply(profiles: pd.DataFrame, whole: WholeFigures | None) -> pd.DataFrame:
     """Profiles with each time-sliced job's activity (and series) scaled up to what it measured
     whole (module docstring), its whole figure carried in `WHOLE` / `WHOLE_PERCENTILE` and the
     factor in `SCALE`; the jobs left with only a time-split share marked `SPLIT`."""
-    return mark_split(_held(profiles, whole))
+    return mark_split(_held(profiles, whole or WholeFigures()))
 
 
-def _held(profiles: pd.DataFrame, whole: Sequence[Whole]) -> pd.DataFrame:
-    if not whole or profiles.empty:
+def _held(profiles: pd.DataFrame, whole: WholeFigures) -> pd.DataFrame:
+    if not whole.figures or profiles.empty:
         return profiles
     columns = [
         c

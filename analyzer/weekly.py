@@ -22,7 +22,9 @@ its line says so. It is judged at the percentile it is sized at (`sizing_percent
 often than that fraction allows.
 A job is followed by its id and, when that id is gone, by its workload (`analyzer/workload.py`):
 applying a recommendation rolls a Kubernetes pod, and its successor under the same Deployment,
-StatefulSet, Job or CronJob is the same job applied, not a job that ended. Jobs that ended are
+StatefulSet, Job or CronJob is the same job applied, not a job that ended; where one workload
+renamed several (a Deployment's replicas, one user's jobs of one name), each is paired with the
+successor that runs where and how the plan told it (`pair_successors`). Jobs that ended are
 counted apart. Fleet level: GPUs in use (that ran a job in the window) then and now, the GPUs
 that ran no job all this window by node and model (released) next to what last week's plan
 promised to free, and utilisation then and now.
@@ -34,6 +36,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 from gpulens.analyzer import frames
 from gpulens.analyzer.applyplan import rollback_name
@@ -264,6 +269,65 @@ def _rollback(source: str, job: dict[str, Any]) -> str:
     return f"sh {script}" if script.is_file() else ""
 
 
+def _acted(job: dict[str, Any]) -> bool:
+    """Whether last week's report asked this job to change (the jobs `compare` follows)."""
+    told = _text(job.get("recommendation"))
+    if not told or told in UNCHANGED or _text(job.get("action")) == "keep":
+        return False
+    model = _text(job.get("gpu_model"))
+    same_model = (_text(job.get("target_gpu_model")) or model) == model
+    same_mig = _text(job.get("mig_profile")) == _text(job.get("mig_profile_now"))
+    # last week's report asked for no change where it told the job to run as it did
+    return not (told == (_text(job.get("sharing")) or "exclusive") and same_mig and same_model)
+
+
+def _likeness(job: dict[str, Any], row: dict[str, Any]) -> float:
+    """How well this week's `row` looks like `job` (last week's row) run as it was told: on the
+    GPU and in the mode, slice and cap the plan gave it, holding about the memory it held."""
+    score = 0.0
+    node, gpu = _text(job.get("proposed_node")), _text(job.get("proposed_gpu"))
+    if node and node == _text(row.get("current_node")):
+        score += 1.0 + (2.0 if gpu and gpu == _text(row.get("current_gpu")) else 0.0)
+    if _text(job.get("proposed_mode") or job.get("recommendation")) == _text(row.get("sharing")):
+        score += 2.0
+    mig = _text(job.get("proposed_mig_profile") or job.get("mig_profile"))
+    if mig and mig == _text(row.get("mig_profile_now")):
+        score += 1.0
+    then, now = _float(job.get("memory_peak_bytes")), _float(row.get("memory_peak_bytes"))
+    if then is not None and now is not None and then > 0 and now > 0:  # NaN compares False
+        score += 1.0 - min(1.0, abs(math.log(now / then)))
+    asked = _float(
+        job.get("proposed_mps_active_thread_percentage") or job.get("mps_active_thread_percentage")
+    )
+    measured = measured_cap(row)
+    if asked is not None and math.isfinite(asked) and measured is not None:
+        score += 1.0 - min(1.0, abs(asked - measured) / 100.0)
+    return score
+
+
+def pair_successors(
+    gone: list[dict[str, Any]], successors: dict[str, list[str]], now: dict[str, dict[str, Any]]
+) -> dict[str, str]:
+    """Last week's job id -> this week's job that is the same job renamed (a rollout, a
+    resubmission): among this week's new jobs of its workload, the pairing that best matches
+    where and how the plan told each to run (`_likeness`), each taken once. One workload may hold
+    several jobs (a Deployment's replicas, one user's jobs of one name): in id order, a 5 GiB job
+    told 10 % was paired with its 30 GiB sibling told 37 %, and rolled back for its memory.
+    scipy's assignment solver (Hungarian method) finds the best pairing in one call."""
+    by_workload: dict[str, list[dict[str, Any]]] = {}
+    for job in gone:
+        by_workload.setdefault(_text(job.get("workload")) or workload_of(job), []).append(job)
+    out: dict[str, str] = {}
+    for workload, jobs in by_workload.items():
+        new = successors.get(workload, [])
+        if not new:
+            continue
+        score = np.array([[_likeness(job, now[n]) for n in new] for job in jobs])
+        for i, k in zip(*linear_sum_assignment(score, maximize=True), strict=True):
+            out[str(jobs[i].get("job_id", ""))] = new[k]
+    return out
+
+
 def compare(
     analysis: Analysis,
     jobs: list[dict[str, Any]],
@@ -280,6 +344,9 @@ def compare(
     for job_id, current in sorted(now.items()):
         if job_id not in seen:
             successors.setdefault(str(current.get("workload") or workload_of(current)), []).append(job_id)
+    successor_of = pair_successors(
+        [j for j in jobs if _acted(j) and str(j.get("job_id", "")) not in now], successors, now
+    )
     used_now = _gpus_used(list(now.values()))
     out = WeekOverWeek(
         previous_source=source,
@@ -296,17 +363,13 @@ def compare(
         was_mode = _text(job.get("sharing")) or "exclusive"
         told_mig, was_mig = _text(job.get("mig_profile")), _text(job.get("mig_profile_now"))
         told_model = _text(job.get("target_gpu_model")) or _text(job.get("gpu_model"))
-        if not told_mode or told_mode in UNCHANGED or _text(job.get("action")) == "keep":
+        if not _acted(job):
             continue
-        if told_mode == was_mode and told_mig == was_mig and told_model == _text(job.get("gpu_model")):
-            continue  # last week's report asked for no change here
         row = now.get(job_id)
         followed = ""
-        if row is None:  # a rollout renamed it: its workload's successor, once each
-            taken = successors.get(_text(job.get("workload")) or workload_of(job), [])
-            if taken:
-                followed = taken.pop(0)
-                row = now[followed]
+        if row is None and job_id in successor_of:  # a rollout renamed it: its workload's successor
+            followed = successor_of[job_id]
+            row = now[followed]
         if row is None and told_mode == "reclaim":
             was = _how(was_mode, was_mig, _text(job.get("gpu_model")))
             out.applied.append(Outcome(job_id, was, "released", "released (no longer holds a GPU)"))

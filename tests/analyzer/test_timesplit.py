@@ -15,7 +15,7 @@ from gpulens.analyzer import demand, frames, modes, timesplit
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.profile import profiles_from_samples
 from gpulens.analyzer.thresholds import load_thresholds
-from gpulens.analyzer.timesplit import SCALE, SPLIT, WHOLE, WHOLE_PERCENTILE, Whole, whole_of
+from gpulens.analyzer.timesplit import SCALE, SPLIT, WHOLE, WHOLE_PERCENTILE, Whole, WholeFigures, whole_of
 from tests.analyzer import synth
 from tests.analyzer.synth import SynthJob, flat, steady
 
@@ -64,12 +64,12 @@ def _profile(
     return {**row, **extra}
 
 
-def _apply(rows: list[dict[str, Any]], whole: tuple[Whole, ...]) -> pd.DataFrame:
+def _apply(rows: list[dict[str, Any]], whole: WholeFigures) -> pd.DataFrame:
     return timesplit.apply(pd.DataFrame(rows), whole)
 
 
 def test_a_job_measured_whole_last_week_gives_its_figure_at_its_sizing_percentile():
-    (found,) = whole_of([_last_week(sizing_percentile="p99")])
+    (found,) = whole_of([_last_week(sizing_percentile="p99")]).figures
     assert found == Whole("vision/detect-7c9d5f6b8-q4x2z", "vision/detect", A100, "sm_active", "p99", 0.25)
 
 
@@ -104,15 +104,26 @@ def test_a_split_that_reads_above_the_whole_figure_stands():
 def test_the_whole_figure_is_carried_from_week_to_week_while_the_job_stays_time_sliced():
     week2 = _apply([_profile(p95=0.115)], whole_of([_last_week()]))
     carried = week2.assign(sizing_percentile="p95").to_dict("records")  # what jobs.json then holds
-    (again,) = whole_of(carried)
+    (again,) = whole_of(carried).figures
     assert (again.demand, again.percentile, again.signal) == (pytest.approx(0.188), "p95", "sm_active")
-    week3 = _apply([_profile(p95=0.11)], (again,)).iloc[0]
+    week3 = _apply([_profile(p95=0.11)], WholeFigures((again,))).iloc[0]
     assert week3["sm_active_p95"] == pytest.approx(0.188)
 
 
 def test_a_job_rolled_out_under_a_new_pod_name_is_matched_by_its_workload():
     out = _apply([_profile("vision/detect-5f4b8c9d7-zx2lm", p95=0.115)], whole_of([_last_week()])).iloc[0]
     assert out["sm_active_p95"] == pytest.approx(0.188)
+
+
+def test_a_job_last_weeks_report_had_never_takes_another_jobs_figure_of_its_workload():
+    """Two Slurm jobs of one user and name share a workload: the one measured at 3 % last week
+    (time-sliced, no whole figure) is not held to the other's whole figure."""
+    wide = _last_week(job_id="8820", job_source="slurm", job_user="ann", job_name="nb", job_pod="")
+    narrow = {**wide, "job_id": "8821", "sharing": "time-slicing", "activity_signal": "sm_active_share"}
+    now = {**_profile(p95=0.03), **{k: narrow[k] for k in ("job_id", "job_source", "job_user", "job_name")}}
+    now.update(job_namespace="", job_pod="")
+    out = _apply([now], whole_of([wide, narrow])).iloc[0]
+    assert out["sm_active_p95"] == pytest.approx(0.03)
 
 
 def test_each_whole_figure_holds_one_job_of_its_workload():
@@ -150,11 +161,11 @@ def test_only_a_one_gpu_time_sliced_job_of_the_same_model_and_signal_is_held(now
     ],
 )
 def test_a_last_week_row_without_a_usable_whole_figure_gives_nothing(bad):
-    assert whole_of([_last_week(**bad)]) == ()
+    assert whole_of([_last_week(**bad)]).figures == ()
 
 
 def test_rows_that_are_not_objects_give_nothing():
-    assert whole_of(["detect", 3, None]) == ()
+    assert whole_of(["detect", 3, None]) == WholeFigures()
 
 
 def test_the_reason_says_what_the_split_read_and_what_it_was_held_to():
@@ -167,7 +178,7 @@ def test_the_reason_says_what_the_split_read_and_what_it_was_held_to():
 def test_profiles_without_a_match_are_returned_as_given():
     frame = pd.DataFrame([_profile("web/other-5f4b8c9d7-qqqqq")])
     assert timesplit.apply(frame, whole_of([_last_week()])) is frame
-    assert WHOLE_PERCENTILE not in timesplit.apply(frame, ())
+    assert WHOLE_PERCENTILE not in timesplit.apply(frame, None)
 
 
 @settings(max_examples=60, deadline=None)
@@ -189,7 +200,7 @@ def test_held_demand_never_falls_and_never_exceeds_the_gpu(split, whole, tail):
 # ---------------------------------------------------------------- a share with no whole figure
 
 
-def _shared_gpu_analysis(*jobs: SynthJob, whole: tuple[Whole, ...] = ()) -> pd.DataFrame:
+def _shared_gpu_analysis(*jobs: SynthJob, whole: WholeFigures | None = None) -> pd.DataFrame:
     th = load_thresholds()
     samples = synth.with_device_shares(synth.frame(list(jobs)), remainder=0.0)
     profiles = profiles_from_samples(samples, synth.STEP, th)
@@ -234,7 +245,7 @@ def test_jobs_that_took_turns_on_a_gpu_never_shared_it():
 
 
 def test_a_job_held_to_its_whole_figure_is_sized_from_it():
-    whole = (Whole("render", "render", synth.SynthJob.model, "sm_active", "p95", 0.22),)
+    whole = WholeFigures((Whole("render", "render", synth.SynthJob.model, "sm_active", "p95", 0.22),))
     recs = _shared_gpu_analysis(_sliced("render", "GPU-a", 0.2), _sliced("dedup", "GPU-a", 0.1), whole=whole)
     assert not recs.loc["render", SPLIT] and recs.loc["dedup", SPLIT]
     assert recs.loc["render", "reason"].startswith("light: p95 SM activity")

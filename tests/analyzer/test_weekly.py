@@ -12,7 +12,7 @@ from gpulens.analyzer.history import read_history
 from gpulens.analyzer.pipeline import analyze_history
 from gpulens.analyzer.report import html_report, markdown, write_report
 from gpulens.analyzer.thresholds import load_thresholds
-from gpulens.analyzer.weekly import compare, load_previous, on_whole_gpu
+from gpulens.analyzer.weekly import compare, load_previous, on_whole_gpu, pair_successors
 from gpulens.sim.history import simulate
 
 
@@ -332,3 +332,41 @@ def test_a_job_moved_between_mig_slices_is_compared_on_its_whole_gpus_scale():
     whole = {"sm_active_p95": 0.0778, "device_sms": 108, "gpu_model": "A100-80GB"}
     assert on_whole_gpu(then) == pytest.approx(on_whole_gpu(now)) == pytest.approx(8.4 / 108)
     assert on_whole_gpu(whole) == 0.0778  # a whole GPU's figure is already on its scale
+
+
+def _told(job_id: str, memory_gib: float, threads: int) -> dict[str, object]:
+    """Last week's row of one of alice's `train` jobs, told to run under MPS on GPU-b."""
+    return {
+        "job_id": job_id,
+        "workload": "slurm alice/train",
+        "recommendation": "mps",
+        "proposed_node": "n1",
+        "proposed_gpu": "GPU-b",
+        "memory_peak_bytes": memory_gib * 2**30,
+        "mps_active_thread_percentage": threads,
+    }
+
+
+def _now(memory_gib: float, threads: float) -> dict[str, object]:
+    return {
+        "current_node": "n1",
+        "current_gpu": "GPU-b",
+        "sharing": "mps",
+        "memory_peak_bytes": memory_gib * 2**30,
+        "mps_thread_cap_now_pct": threads,
+    }
+
+
+def test_renamed_jobs_of_one_workload_are_paired_with_the_successor_that_runs_as_each_was_told():
+    """Resubmitted, 4401 (5 GiB, told 10 %) became 4404 and 4402 (30 GiB, 37 %) 4403: in id order
+    4401 would take 4403 and be judged on its sibling's memory."""
+    gone = [_told("4401", 5, 10), _told("4402", 30, 37)]
+    now = {"4403": _now(30, 37), "4404": _now(5, 10)}
+    paired = pair_successors(gone, {"slurm alice/train": ["4403", "4404"]}, now)
+    assert paired == {"4401": "4404", "4402": "4403"}
+
+
+def test_a_renamed_job_takes_a_successor_only_of_its_own_workload_and_each_once():
+    gone = [_told("4401", 5, 10), _told("4402", 5, 10)]
+    paired = pair_successors(gone, {"slurm alice/train": ["4404"], "other": ["9"]}, {"4404": _now(5, 10)})
+    assert list(paired.values()) == ["4404"]
