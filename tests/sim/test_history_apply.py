@@ -295,20 +295,22 @@ def _with_device_plugin(report: Path, sharing: str, replicas: int, node: str = "
     return report
 
 
-def test_on_a_device_plugin_mps_node_every_client_runs_at_100_over_replicas(tmp_path):
+def _applied_on_plugin_node(tmp_path: Path, sharing: str, replicas: int) -> pd.DataFrame:
+    """The samples of `_history` with `_report`'s plan applied on a device-plugin node."""
     before = _history(tmp_path / "before")
-    report = _with_device_plugin(_report(tmp_path / "report"), "mps", 4)
+    report = _with_device_plugin(_report(tmp_path / "report"), sharing, replicas)
     apply_plan_history(before, report, tmp_path / "after")
-    after = read_history(tmp_path / "after").samples
+    return read_history(tmp_path / "after").samples
+
+
+def test_on_a_device_plugin_mps_node_every_client_runs_at_100_over_replicas(tmp_path):
+    after = _applied_on_plugin_node(tmp_path, "mps", 4)
     # b asks 30 % of the SMs: the plan's 20 % is not in force, the daemon's 25 % is (a: 20 % < 25 %)
     assert _value(after, "gpu_sm_active_ratio", uuid=_uuid(0)) == pytest.approx(0.2 + 0.25)
 
 
 def test_on_a_node_whose_config_time_slices_planned_mps_jobs_share_the_gpu_by_time(tmp_path):
-    before = _history(tmp_path / "before")
-    report = _with_device_plugin(_report(tmp_path / "report"), "timeSlicing", 4)
-    apply_plan_history(before, report, tmp_path / "after")
-    after = read_history(tmp_path / "after").samples
+    after = _applied_on_plugin_node(tmp_path, "timeSlicing", 4)
     assert set(_rows(after, "gpu_job_info", uuid=_uuid(0))["sharing"]) == {"time_slicing"}
     assert _value(after, "gpu_sm_active_ratio", uuid=_uuid(0)) == pytest.approx(0.2 + 0.3)  # no caps
 
@@ -324,10 +326,7 @@ def _with_plan_limit(report: Path, job: str, limit: int) -> Path:
 
 
 def test_on_a_device_plugin_mps_node_a_client_is_pinned_to_total_over_replicas_in_whole_mib(tmp_path):
-    before = _history(tmp_path / "before")
-    report = _with_device_plugin(_report(tmp_path / "report"), "mps", 9)
-    apply_plan_history(before, report, tmp_path / "after")
-    after = read_history(tmp_path / "after").samples
+    after = _applied_on_plugin_node(tmp_path, "mps", 9)
     # the daemon's limit: 81920 MiB / 9 = 9102.2 MiB, in whole MiB; a uses 10 GiB (the plan gave it 12)
     assert _value(after, "gpu_job_memory_used_bytes", job_id="a") == 9102 * MIB
     assert _value(after, "gpu_job_memory_used_bytes", job_id="b") == 8 * GIB  # under it
