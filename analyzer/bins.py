@@ -18,6 +18,11 @@ Fit tests (evidence, not a "more than half a GPU" rule):
   to `plan.max_dram_load`, and an inference server's neighbours' duty cycle to
   `serving.max_latency_increase`.
 
+Every mode: a job runs only beside jobs of its own orchestrator (`job_source`: a pod cannot be
+scheduled on a Slurm node, nor a Slurm job on a Kubernetes node), so a job of a known orchestrator
+joins only a GPU whose `orchestrator` is its own or not yet known; a job of unknown source may go
+with either, and cannot make a GPU mix the two.
+
 Co-located demand (MIG isolates it, MPS and time-slicing do not): where the job and those it
 meets have per-bin series (`demand`), their sum may exceed the limit in at most
 `compute.max_bind_fraction` of each job's bins (two bursty jobs that never burst together
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpulens.analyzer import demand
+from gpulens.analyzer.hosts import Orchestrator
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.modes import Mode
 from gpulens.analyzer.thresholds import Thresholds
@@ -40,7 +46,10 @@ from gpulens.catalog import CatalogError, GpuModel, model_for_nvml_name
 from gpulens.migplacement import place_mig_layout
 
 UNCHANGED = "unchanged"  # the mode of a held GPU (or a model kept as it is)
-KUBERNETES = "kubernetes"
+KUBERNETES = Orchestrator.KUBERNETES.value
+# the job sources that bind a job to their nodes: a job of any other source (none, "unknown") may
+# share with either
+ORCHESTRATORS = frozenset({Orchestrator.KUBERNETES.value, Orchestrator.SLURM.value})
 
 
 @dataclass
@@ -59,7 +68,8 @@ class Item:
     used_hours: float
     p95: float = 0.0  # p95 compute demand, share of the GPU (interference)
     dram: float = 0.0  # p95 DRAM activity, share of the GPU's bandwidth (0 when not measured)
-    source: str = ""  # job_source: Kubernetes MPS caps follow the device plugin's split
+    # job_source: its orchestrator (`ORCHESTRATORS`); Kubernetes MPS caps follow the device plugin's split
+    source: str = ""
     origin_model: str = ""  # the model the job runs on now
     origin_mode: str = ""  # how it shares now (profile `sharing`)
     origin_uuids: tuple[str, ...] = ()
@@ -92,6 +102,24 @@ class GpuBin:
     mig_layout: list[dict[str, Any]] = field(default_factory=list)
     original_uuid: str = ""
     node: str = ""
+    # the orchestrator of its jobs (`ORCHESTRATORS`), "" while none is known: kept by `add` and
+    # `take` so the fit test compares one field, not every job's source (`fits` is the hottest call)
+    orchestrator: str = ""
+
+    def add(self, item: Item) -> None:
+        """Put `item` on this GPU (every placement in the packer goes through here)."""
+        self.items.append(item)
+        if item.source in ORCHESTRATORS:
+            self.orchestrator = item.source
+
+    def take(self, item: Item) -> None:
+        """Take `item` off this GPU; its orchestrator is its remaining jobs' again."""
+        self.items.remove(item)
+        self.orchestrator = next((i.source for i in self.items if i.source in ORCHESTRATORS), "")
+
+    def admits(self, item: Item) -> bool:
+        """Whether `item` may run beside this GPU's jobs as far as orchestrators go (no mix)."""
+        return item.source not in ORCHESTRATORS or self.orchestrator in ("", item.source)
 
     def _overlapping(self, item: Item) -> list[Item]:
         """Placed items overlapping `item` (the packer's innermost loop)."""
@@ -209,7 +237,7 @@ def _servers_wait_within(gpu: GpuBin, item: Item, th: Thresholds) -> bool:
 
 def fits(gpu: GpuBin, item: Item, model: GpuModel | None, th: Thresholds) -> bool:
     """Whether `item` can join `gpu` (the fit tests of the module docstring)."""
-    if gpu.mode != item.kind or gpu.model != item.model:
+    if gpu.mode != item.kind or gpu.model != item.model or not gpu.admits(item):
         return False
     memory_total = model.memory_bytes if model else item.device_memory
     if item.kind == Kind.EXCLUSIVE:

@@ -14,6 +14,9 @@ per-node rule:
   has room, GPUs of one sharing family (`mps`, `time-slicing`, `whole` for exclusive jobs and
   MIG) go to the same nodes; `emit` settles a node that still mixes families. Slurm shares per
   GPU, so its nodes mix freely;
+- a planned GPU goes only to a node of the orchestrator its jobs run under now (a pod cannot run
+  on a Slurm node, nor a Slurm job on a Kubernetes node); one of unknown orchestrator (no job of
+  known source ran there) only after those, among nodes that keep one sharing family;
 - a planned GPU for which the fleet has no GPU of its model left is not placed and its jobs stay
   where they are (an `Adjustment` says so): a file never describes GPUs the fleet does not have.
 """
@@ -93,7 +96,8 @@ def model_key(name: str) -> str:
     return model.key if model else name
 
 
-def _orchestrator(sources: Iterable[str]) -> Orchestrator:
+def orchestrator_of(sources: Iterable[str]) -> Orchestrator:
+    """A host's orchestrator: the `job_source` most of its jobs have (unknown without one)."""
     counts = Counter(s for s in sources if s in ("kubernetes", "slurm"))
     if not counts:
         return Orchestrator.UNKNOWN
@@ -148,7 +152,7 @@ def inventory_from_rows(
             assumed = True
         out.append(GpuSlot(host, index, uuid, model))
     notes = ("GPU indices were not in the data; they are assumed in UUID order per host",) if assumed else ()
-    orchestrators = {h: _orchestrator(s) for h, s in sources.items()}
+    orchestrators = {h: orchestrator_of(s) for h, s in sources.items()}
     return Inventory(tuple(sorted(out, key=lambda g: (g.host, g.index))), orchestrators, notes)
 
 
@@ -277,15 +281,24 @@ def place(
             continue
         current = [slots[u] for j in entry.get("jobs", []) for u in job_uuids.get(j, ()) if u in slots]
         preferred = Counter(s.host for s in current)
+        kinds = {inventory.orchestrator(s.host) for s in current} - {Orchestrator.UNKNOWN}
+        own = next(iter(kinds)) if len(kinds) == 1 else None  # its jobs' orchestrator
 
-        candidates = [h for h in free if any(s.model == model for s in free[h])]
+        candidates = [
+            h
+            for h in free
+            if any(s.model == model for s in free[h])
+            and (own is None or inventory.orchestrator(h) in (own, Orchestrator.UNKNOWN))
+        ]
         if not candidates:
+            where = f" on a {own.value} node" if own else ""
             placement.adjustments.append(
                 Adjustment(
                     "unplaced",
                     str(entry.get("gpu", "")),
                     tuple(entry.get("jobs", [])),
-                    f"no {model} GPU of the fleet is left for this planned GPU: its jobs stay where they are",
+                    f"no {model} GPU of the fleet{where} is left for this planned GPU: "
+                    "its jobs stay where they are",
                 )
             )
             for slot in sorted({s for s in current if s in free[s.host]}, key=lambda s: (s.host, s.index)):
@@ -293,11 +306,13 @@ def place(
             continue
 
         def rank(
-            host: str, fam: Family = family, near: Counter[str] = preferred
-        ) -> tuple[bool, int, int, list[int]]:
+            host: str, fam: Family = family, near: Counter[str] = preferred, own: Orchestrator | None = own
+        ) -> tuple[bool, bool, int, int, list[int]]:
             # Kubernetes nodes: one sharing family per node where the fleet allows it
             same = not _constrained(inventory, host) or host_family.get(host, fam) in (fam, Family.UNCHANGED)
-            return (same, near.get(host, 0), len(free[host]), [-ord(c) for c in host])
+            # then a node of its jobs' orchestrator before one whose orchestrator is unknown
+            known = own is None or inventory.orchestrator(host) is own
+            return (same, known, near.get(host, 0), len(free[host]), [-ord(c) for c in host])
 
         host = max(candidates, key=rank)
         here = [s for s in free[host] if s.model == model]

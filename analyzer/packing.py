@@ -13,7 +13,16 @@ from dataclasses import replace
 from typing import Any
 
 from gpulens.analyzer import forked, modes
-from gpulens.analyzer.bins import GpuBin, Item, first_fit, fits, is_resident, size_of, sliced_bounds
+from gpulens.analyzer.bins import (
+    ORCHESTRATORS,
+    GpuBin,
+    Item,
+    first_fit,
+    fits,
+    is_resident,
+    size_of,
+    sliced_bounds,
+)
 from gpulens.analyzer.freetime import Capacity, FreeTime, set_bits
 from gpulens.analyzer.instantload import COLUMNS, InstantLoad
 from gpulens.analyzer.kinds import SHARED, WHOLE, Kind
@@ -44,6 +53,22 @@ def _over(load: InstantLoad | None, item: Item, model: GpuModel | None, th: Thre
 def _place(load: InstantLoad | None, slot: int, item: Item) -> None:
     if load is not None:
         load.add(slot, id(item), item.start, item.end, [getattr(item, c) or 0 for c in COLUMNS])
+
+
+def _mark(masks: dict[str, int], gpu: GpuBin, bit: int) -> None:
+    """Record `gpu`'s orchestrator at its slot's `bit` of a pool's per-orchestrator masks (after a
+    job joins or leaves it): the exclusive pools find free GPUs through `FreeTime`, not `fits`."""
+    for orchestrator in ORCHESTRATORS:
+        mine = bit if gpu.orchestrator == orchestrator else 0
+        masks[orchestrator] = masks.get(orchestrator, 0) & ~bit | mine
+
+
+def _foreign(masks: dict[str, int], item: Item) -> int:
+    """The slots of a pool's GPUs that hold jobs of another orchestrator than `item`'s (`bins.fits`
+    refuses those; none for a job of unknown source)."""
+    if item.source not in ORCHESTRATORS:
+        return 0
+    return sum(mask for orchestrator, mask in masks.items() if orchestrator != item.source)
 
 
 def _free_time(items: Iterable[Item]) -> FreeTime | None:
@@ -85,6 +110,7 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False, by_share: bo
     created: dict[tuple[str, str], list[GpuBin]] = {}
     slot: dict[int, int] = {}  # id(bin) -> its position in `created`
     homes: dict[tuple[str, str], dict[str, int]] = {}  # pool -> GPU its residents run on now -> slots
+    bound: dict[tuple[str, str], dict[str, int]] = {}  # pool -> orchestrator -> slots of its GPUs
     # id(bin) -> the MPS thread shares on it: an MPS GPU without room for a job's share is passed
     # over without calling fits, which refuses it first anyway (without this, first-fit over a
     # fleet of full MPS GPUs is quadratic in the jobs: 15 M fits calls for 10,000 jobs)
@@ -118,6 +144,8 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False, by_share: bo
             allowed = 0
             for uuid in item.origin_uuids:
                 allowed |= pool_homes.get(uuid, 0)
+        masks = bound.setdefault(key, {})
+        allowed &= ~_foreign(masks, item)  # never beside another orchestrator's jobs
         index = indexes.get(key)
         chosen: list[GpuBin] = []
         if index is not None:
@@ -150,7 +178,8 @@ def pack(items: list[Item], th: Thresholds, in_place: bool = False, by_share: bo
             made.append(gpu)
             chosen.append(gpu)
         for gpu in chosen:
-            gpu.items.append(item)
+            gpu.add(item)
+            _mark(masks, gpu, 1 << slot[id(gpu)])
             if index is not None:
                 index.add(slot[id(gpu)], item.start, item.end)
             _place(loads.get(key), slot[id(gpu)], item)
@@ -178,9 +207,13 @@ def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
     slot = {id(b): n for group in groups.values() for n, b in enumerate(group)}
     alive = {key: (1 << len(group)) - 1 for key, group in groups.items()}  # the group's kept GPUs
     indexes: dict[tuple[str, str], FreeTime | None] = {}
+    bound: dict[tuple[str, str], dict[str, int]] = {}  # group -> orchestrator -> slots, as in pack
     rooms: dict[tuple[str, str], Capacity] = {}  # MPS groups: each GPU's room for shares, as in pack
     loads: dict[tuple[str, str], InstantLoad] = {}  # time-sliced groups, as in pack
     for key, group in groups.items():
+        bound[key] = {}
+        for b in group:
+            _mark(bound[key], b, 1 << slot[id(b)])
         if key[0] == Kind.TIME_SLICING:
             loads[key] = InstantLoad(sum(len(b.items) for b in group))
             for b in group:
@@ -208,7 +241,8 @@ def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
             share = item.thread_pct or 0
             mps = item.kind == Kind.MPS  # MPS GPUs without room for its share are passed over
             if index is not None:
-                free = next(index.free(item.start, item.end, others_mask), None)
+                mask = others_mask & ~_foreign(bound[key], item)
+                free = next(index.free(item.start, item.end, mask), None)
                 target = None if free is None else group[free]
             elif key in rooms:
                 target, at = None, 0
@@ -231,7 +265,8 @@ def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
                 )
             if target is None:
                 break
-            target.items.append(item)
+            target.add(item)
+            _mark(bound[key], target, 1 << slot[id(target)])
             if index is not None:
                 index.add(slot[id(target)], item.start, item.end)
             _place(loads.get(key), slot[id(target)], item)
@@ -245,7 +280,8 @@ def _merge(bins: list[GpuBin], th: Thresholds) -> list[GpuBin]:
                 rooms[key].set(slot[id(gpu)], -1)
         else:
             for target, item in placed:
-                target.items.remove(item)
+                target.take(item)
+                _mark(bound[key], target, 1 << slot[id(target)])
                 if index is not None:
                     index.remove(slot[id(target)], item.start, item.end)
                 if key in loads:
@@ -276,8 +312,8 @@ def _take_partner(gpu: GpuBin, bins: list[GpuBin], th: Thresholds) -> bool:
     for donor in sorted(donors, key=lambda b: -len(b.items)):
         for item in sorted(donor.items, key=size_of):
             if not is_resident(item) and fits(gpu, item, model, th):
-                donor.items.remove(item)
-                gpu.items.append(item)
+                donor.take(item)
+                gpu.add(item)
                 return True
     return False
 
@@ -291,14 +327,14 @@ def _join_other(gpu: GpuBin, bins: list[GpuBin], removed: set[int], th: Threshol
     for other in bins:
         if other is gpu or id(other) in removed or other.model != gpu.model or len(other.items) < 1:
             continue
-        if other.mode == Kind.MIG and item.kind == Kind.MPS and item.mig_alternative:
+        if other.mode == Kind.MIG and item.kind == Kind.MPS and item.mig_alternative and other.admits(item):
             wanted = first_fit([*(o.mig_profile for o in other.items), item.mig_alternative])
             try:
                 place_mig_layout(model, wanted)
             except CatalogError:
                 continue
             item.kind, item.mig_profile = Kind.MIG.value, item.mig_alternative
-            other.items.append(item)
+            other.add(item)
             return {"recommendation": Kind.MIG.value, "mig_profile": item.mig_alternative}
         if other.mode in SHARED and other.mode != item.kind and len(other.items) > 1:
             candidate = _as_mps(item, th) if other.mode == Kind.MPS else replace(item, kind=other.mode)
@@ -309,7 +345,7 @@ def _join_other(gpu: GpuBin, bins: list[GpuBin], removed: set[int], th: Threshol
                 candidate.thread_pct,
                 candidate.memory_limit,
             )
-            other.items.append(item)
+            other.add(item)
             change: dict[str, Any] = {"recommendation": other.mode}
             if other.mode == Kind.MPS:
                 change.update(
@@ -467,7 +503,7 @@ def pack_joint(items: list[Item], th: Thresholds) -> list[GpuBin]:
             opened.setdefault(item.model, []).append(gpu)
             bins.append(gpu)
             target = (gpu, v)
-        target[0].items.append(target[1])
+        target[0].add(target[1])
     return bins
 
 

@@ -25,7 +25,8 @@
    use now (moving them would free nothing). Freed per model is therefore never negative.
 4. **layout**: each packed GPU is put on a real GPU of the inventory (the one its largest job runs
    on when it can), with its node, jobs, MIG placements, MPS client settings and the interference
-   risk of jobs that share it.
+   risk of jobs that share it. A job shares a GPU only with jobs of its own orchestrator
+   (`job_source`: Kubernetes or Slurm, the fit tests' first check) and lands only on a node of it.
 
 The steps' parts: the records and fit tests (`bins.py`), the items from the recommendation table
 (`planinput.py`), packing (`packing.py`) and the layout (`planlayout.py`).
@@ -50,6 +51,7 @@ from gpulens.analyzer.planinput import (
     fleet_from_recs,
     items_of,
     known_lifetime,
+    node_orchestrators,
     num,
     time_sliced_fraction,
     uuids_of,
@@ -388,7 +390,7 @@ def build_plan(
         moved.update(held_changes(recs))
         _say_time_sliced(movable, moved, refused)
     mix = fragmentation.task_mix(int(num(g)) for g in recs["gpus"]) if len(recs) else {1: 1.0}
-    assign_gpus(bins, fleet, topology, mix)
+    assign_gpus(bins, fleet, topology, mix, node_orchestrators(recs, fleet) if len(recs) else {})
     mig_layouts(bins)
     groups = node_groups_of([b for b in bins if b.mode != UNCHANGED], th)
     before = _capacity(fleet)

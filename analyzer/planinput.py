@@ -10,6 +10,7 @@ import pandas as pd
 
 from gpulens.analyzer import demand, frames, modes
 from gpulens.analyzer.bins import Item
+from gpulens.analyzer.hosts import Orchestrator, orchestrator_of
 from gpulens.analyzer.hysteresis import CENSORED
 from gpulens.analyzer.kinds import WHOLE, Kind
 from gpulens.analyzer.profile import FleetGpu
@@ -25,6 +26,20 @@ def fleet_from_recs(recs: pd.DataFrame) -> list[FleetGpu]:
         for uuid in uuids_of(row.uuids):
             seen.setdefault(uuid, FleetGpu(uuid, str(row.gpu_model), str(getattr(row, "instance", "") or "")))
     return list(seen.values())
+
+
+def node_orchestrators(recs: pd.DataFrame, fleet: list[FleetGpu]) -> dict[str, Orchestrator]:
+    """Each node's orchestrator, as the emitted files' inventory decides it
+    (`hosts.inventory_from_rows`): the `job_source` most jobs on its GPUs have; a node no job of
+    known source ran on is absent (unknown)."""
+    node_of = {g.uuid: g.node for g in fleet}
+    sources: dict[str, list[str]] = {}
+    for row in frames.rows(recs):
+        for uuid in uuids_of(row.uuids):
+            if uuid in node_of:
+                sources.setdefault(node_of[uuid], []).append(str(getattr(row, "job_source", "") or ""))
+    found = {node: orchestrator_of(s) for node, s in sources.items()}
+    return {node: o for node, o in found.items() if o is not Orchestrator.UNKNOWN}
 
 
 def uuids_of(value: object) -> list[str]:

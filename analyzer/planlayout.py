@@ -5,6 +5,7 @@ share it."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from gpulens.analyzer import demand, fragmentation
@@ -22,13 +23,21 @@ def assign_gpus(
     fleet: list[FleetGpu],
     topology: Topology | None = None,
     mix: dict[int, float] | None = None,
+    orchestrators: Mapping[str, str] | None = None,
 ) -> None:
     """Step 4a: every bin onto a real GPU of its model, the one its residents or else its largest
     job use when free; on Kubernetes a node's GPUs keep one sharing family where the fleet has room.
     Between otherwise equal free GPUs, the one whose node's fragmentation for the task `mix` grows
-    least (FGD: a GPU of an already broken node before one of a node whole jobs could still use)."""
+    least (FGD: a GPU of an already broken node before one of a node whole jobs could still use).
+
+    A bin of jobs of one orchestrator (`GpuBin.orchestrator`) goes only to a node of that
+    orchestrator (`orchestrators`: node -> orchestrator; a node absent from it is unknown, and
+    among GPUs of one sharing family taken after those): a pod cannot run on a Slurm node, nor a
+    Slurm job on a Kubernetes node. Without a GPU of such a node left the bin gets none
+    (`hosts.place` then keeps its jobs where they run)."""
     free: dict[str, list[FleetGpu]] = {}
     by_uuid = {g.uuid: g for g in fleet}
+    orchestrators = orchestrators or {}
     for card in fleet:
         free.setdefault(card.model, []).append(card)
     taken: set[str] = set()
@@ -46,6 +55,16 @@ def assign_gpus(
             continue
         family = gpu.mode if gpu.mode in SHARED else "whole"
         kubernetes = any(i.source == KUBERNETES for i in gpu.items)
+        own_kind = gpu.orchestrator
+
+        def other_kind(uuid: str, own_kind: str = own_kind) -> bool:
+            """The GPU's node runs another orchestrator's jobs than this bin's."""
+            node = orchestrators.get(by_uuid[uuid].node, "") if uuid in by_uuid else ""
+            return bool(own_kind) and bool(node) and node != own_kind
+
+        def unknown_kind(uuid: str, own_kind: str = own_kind) -> bool:
+            """The GPU's node has no known orchestrator while this bin's jobs have one."""
+            return bool(own_kind) and (uuid not in by_uuid or by_uuid[uuid].node not in orchestrators)
 
         def same_family(uuid: str, family: str = family, kubernetes: bool = kubernetes) -> bool:
             # the device plugin shares every full GPU of a node one way (its `devices` subsets
@@ -63,18 +82,20 @@ def assign_gpus(
                 if u not in taken
                 and by_uuid.get(u, FleetGpu("", "", "")).model == gpu.model
                 and same_family(u)
+                and not other_kind(u)
             ),
             None,
         )
         if pick is None:
             nodes = {by_uuid[u].node for u in wanted if u in by_uuid}
-            pool = [g for g in free.get(gpu.model, []) if g.uuid not in taken]
+            pool = [g for g in free.get(gpu.model, []) if g.uuid not in taken and not other_kind(g.uuid)]
             # its jobs' own GPU before another where none is of its family (a Kubernetes node
             # the plugin shares one way): moving a whole job to another GPU of it gains nothing
             own = set(wanted)
             pool.sort(
                 key=lambda g: (
                     not same_family(g.uuid),
+                    unknown_kind(g.uuid),
                     g.uuid not in own,
                     g.node not in nodes,
                     cost[g.node],
@@ -91,16 +112,21 @@ def assign_gpus(
             if kubernetes:
                 node_family.setdefault(gpu.node, family)
     if topology is not None and topology.nodes:
-        _keep_local(bins, by_uuid, topology, node_family)
+        _keep_local(bins, by_uuid, topology, node_family, orchestrators)
 
 
 def _keep_local(
-    bins: list[GpuBin], by_uuid: dict[str, FleetGpu], topology: Topology, node_family: dict[str, str]
+    bins: list[GpuBin],
+    by_uuid: dict[str, FleetGpu],
+    topology: Topology,
+    node_family: dict[str, str],
+    orchestrators: Mapping[str, str],
 ) -> None:
     """Step 4b: a multi-GPU job the plan moves gets the most local GPUs it can (best worst link:
     one NVLink domain, else one PCIe switch, else one NUMA node), among the GPUs it was given and
-    those no bin uses, of its model (on Kubernetes, on nodes that keep whole GPUs). A job that
-    stays where it runs is left alone: moving it is the topology finding's advice, not the plan's."""
+    those no bin uses, of its model (on Kubernetes, on nodes that keep whole GPUs; never on a node
+    of another orchestrator than its own). A job that stays where it runs is left alone: moving it
+    is the topology finding's advice, not the plan's."""
     used = {b.original_uuid for b in bins if b.original_uuid}
     groups: dict[str, list[GpuBin]] = {}
     for gpu in bins:
@@ -115,6 +141,7 @@ def _keep_local(
         if any(len(b.items) != 1 for b in members):  # a GPU it shares over time with another job
             continue
         kubernetes = item.source == KUBERNETES
+        own_kind = next((b.orchestrator for b in members if b.orchestrator), "")
         best: tuple[tuple[Tier, int, int, str], tuple[str, ...]] | None = None
         for topo in topology.nodes:
             pool = [
@@ -124,6 +151,7 @@ def _keep_local(
                 and by_uuid[u].model == members[0].model
                 and (u not in used or u in placed)
                 and (not kubernetes or node_family.get(by_uuid[u].node, "whole") == "whole")
+                and (not own_kind or orchestrators.get(by_uuid[u].node, own_kind) == own_kind)
             ]
 
             def cost(

@@ -177,6 +177,34 @@ def test_a_planned_gpu_the_fleet_does_not_have_is_not_emitted():
     assert out.files["gres.conf"].count("--gres=gpu:") == 1
 
 
+def test_a_planned_gpu_of_pods_is_never_placed_on_a_slurm_node():
+    def row(job, host, source):
+        return {
+            "job_id": job,
+            "uuids": f"GPU-{host}-0",
+            "instance": host,
+            "gpu_model": A100,
+            "job_source": source,
+            "start": 0.0,
+            "end": HOUR,
+        }
+
+    gpus = [
+        {"uuid": f"GPU-{h}-{i}", "model": A100, "instance": f"{h}:9400", "gpu": str(i)}
+        for h, n in {"k8s-1": 1, "slurm-1": 2}.items()
+        for i in range(n)
+    ]
+    rows = [row("x", "k8s-1", "kubernetes"), row("a", "k8s-1", "kubernetes"), row("b", "k8s-1", "kubernetes")]
+    ctx = em.context_from_rows([*rows, row("s", "slurm-1", "slurm")], gpus)
+    kept = {"gpu": "u", "model": A100, "sharing": "unchanged", "jobs": ["x"], "uuid": "GPU-k8s-1-0"}
+    out = em.emit(plan(kept, mps_gpu("g", ("a", 30), ("b", 30))), ctx)
+    # slurm-1's GPU 1 is free, but no pod can run there: the pods stay where they are
+    assert [(a.what, a.jobs) for a in out.adjustments] == [("unplaced", ("a", "b"))]
+    assert "on a kubernetes node" in out.adjustments[0].message
+    assert out.placement is not None
+    assert [g for g in out.placement.gpus if g.host == "slurm-1" and set(g.jobs) & {"a", "b"}] == []
+
+
 def test_mig_geometry_is_a_per_host_config_with_the_models_device_filter():
     out = em.emit(
         plan(mig_gpu("m", ("a", "3g.40gb"), ("b", "1g.10gb")), whole_gpu("w", "c", model=H100)),

@@ -8,9 +8,10 @@ from dataclasses import replace
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpulens.analyzer.bins import GpuBin, Item
+from gpulens.analyzer.bins import GpuBin, Item, fits
 from gpulens.analyzer.packing import _moves, best_per_model, fewest_moves, pack, settle_lone_sharers
 from gpulens.analyzer.thresholds import load_thresholds
+from gpulens.catalog import model_for_nvml_name
 
 GIB = 1024**3
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -133,3 +134,60 @@ def test_no_model_gets_more_gpus_or_more_moves_than_its_best_packing(spec):
         fewest = min(len(group) for group in theirs)
         assert len(mine) == fewest
         assert _moves(mine) == min(_moves(group) for group in theirs if len(group) == fewest)
+
+
+# -- orchestrators: a pod cannot run on a Slurm node, nor a Slurm job on a Kubernetes node
+
+
+def test_a_kubernetes_job_does_not_fit_a_gpu_a_slurm_job_holds():
+    th = load_thresholds()
+    held = GpuBin(name="A#1", model=A100, mode="mps")
+    held.add(replace(job("s", A100, "GPU-s", share=20), source="slurm"))
+    model = model_for_nvml_name(A100)
+    assert fits(held, replace(job("k", A100, "GPU-k", share=20), source="kubernetes"), model, th) is False
+    assert fits(held, replace(job("s2", A100, "GPU-k", share=20), source="slurm"), model, th) is True
+
+
+def test_light_mps_jobs_of_two_orchestrators_are_packed_on_a_gpu_each():
+    items = [
+        replace(job("k", A100, "GPU-k", share=20), source="kubernetes"),
+        replace(job("s", A100, "GPU-s", share=20), source="slurm"),
+    ]
+    bins = pack(items, load_thresholds())
+    assert sorted([i.job_id for i in b.items] for b in bins) == [["k"], ["s"]]
+    assert sorted(b.orchestrator for b in bins) == ["kubernetes", "slurm"]
+
+
+def test_whole_gpu_jobs_in_turn_reuse_a_gpu_only_within_one_orchestrator():
+    def whole(job_id: str, source: str, start: float) -> Item:
+        item = replace(job(job_id, A100, f"GPU-{job_id}", kind="exclusive"), source=source)
+        item.start, item.end, item.thread_pct, item.memory_limit = start, start + 1800.0, None, None
+        return item
+
+    th = load_thresholds()
+    mixed = pack([whole("k", "kubernetes", 0.0), whole("s", "slurm", 3600.0)], th)
+    assert sorted([i.job_id for i in b.items] for b in mixed) == [["k"], ["s"]]
+    same = pack([whole("s1", "slurm", 0.0), whole("s2", "slurm", 3600.0)], th)
+    assert [sorted(i.job_id for i in b.items) for b in same] == [["s1", "s2"]]
+
+
+def test_a_job_of_unknown_source_shares_with_either_but_never_joins_them():
+    th = load_thresholds()
+    model = model_for_nvml_name(A100)
+    gpu = GpuBin(name="A#1", model=A100, mode="mps")
+    gpu.add(job("u", A100, "GPU-u", share=20))  # no job_source
+    assert gpu.orchestrator == ""
+    assert fits(gpu, replace(job("s", A100, "GPU-s", share=20), source="slurm"), model, th) is True
+    gpu.add(replace(job("k", A100, "GPU-k", share=20), source="kubernetes"))
+    assert fits(gpu, replace(job("s", A100, "GPU-s", share=20), source="slurm"), model, th) is False
+    assert fits(gpu, job("u2", A100, "GPU-u2", share=20), model, th) is True
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs_strategy, st.lists(st.sampled_from(["kubernetes", "slurm", ""]), min_size=12, max_size=12))
+def test_no_packed_gpu_holds_jobs_of_two_orchestrators(spec, sources):
+    items = [replace(i, source=s) for i, s in zip(_items(spec), sources, strict=False)]
+    bins, _ = fewest_moves(items, load_thresholds())
+    assert Counter(i.job_id for b in bins for i in b.items) == Counter(i.job_id for i in items)
+    for b in bins:
+        assert len({i.source for i in b.items} - {""}) <= 1, [(i.job_id, i.source) for i in b.items]

@@ -45,6 +45,7 @@ FLEETS: dict[str, tuple[str, ...]] = {
     "same-name-slurm-jobs": ("same-name-slurm-jobs.yaml",),
     "plugin-mps-leak-to-timeslicing": ("plugin-mps-leak-to-timeslicing.yaml",),
     "timesliced-one-ends": ("timesliced-one-ends.yaml",),
+    "mixed-orch": ("mixed-orch-a.yaml", "mixed-orch-b.yaml"),
 }
 # fleets that cannot reach a fixed point yet, each with the reason and how it fails (strict: once
 # it passes, the entry must go)

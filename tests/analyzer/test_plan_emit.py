@@ -10,10 +10,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpulens.analyzer.bins import GpuBin, Item
 from gpulens.analyzer.emit import context_from_rows, emit
 from gpulens.analyzer.pipeline import analyze_profiles
 from gpulens.analyzer.plan import build_plan
-from gpulens.analyzer.profile import fleet_from_samples, profiles_from_samples
+from gpulens.analyzer.planlayout import assign_gpus
+from gpulens.analyzer.profile import FleetGpu, fleet_from_samples, profiles_from_samples
 from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.thresholds import load_thresholds
 from gpulens.catalog import get_model, model_for_nvml_name
@@ -382,3 +384,71 @@ def test_kubernetes_nodes_get_one_sharing_family_each(th):
     labels = emitted.files["node-labels.sh"]
     assert "node k1 nvidia.com/device-plugin.config=gpulens-exclusive" in labels
     assert "node k2 nvidia.com/device-plugin.config=gpulens-mps-2" in labels
+
+
+# -- orchestrators: a pod cannot run on a Slurm node, nor a Slurm job on a Kubernetes node
+
+
+def test_a_gpu_of_kubernetes_jobs_goes_to_a_kubernetes_node_though_a_slurm_gpu_is_free_first():
+    model = "A100-SXM4-40GB"
+    fleet = [FleetGpu("GPU-a-0", model, "a-slurm"), FleetGpu("GPU-z-0", model, "z-k8s")]
+    gpu = GpuBin(name=f"{model}#1", model=model, mode="mps")
+    for name in ("ocr", "ranker"):  # moved from GPUs the fleet no longer lists
+        gpu.add(Item(name, "mps", model, 0.0, 1.0, 1, GIB, 0.1, 0.1, 1.0, source="kubernetes"))
+    assign_gpus([gpu], fleet, None, None, {"a-slurm": "slurm", "z-k8s": "kubernetes"})
+    assert (gpu.node, gpu.original_uuid) == ("z-k8s", "GPU-z-0")
+
+
+def test_a_gpu_of_kubernetes_jobs_gets_no_slurm_gpu_when_no_kubernetes_one_is_left():
+    model = "A100-SXM4-40GB"
+    gpu = GpuBin(name=f"{model}#1", model=model, mode="exclusive")
+    gpu.add(Item("pod", "exclusive", model, 0.0, 1.0, 1, GIB, 0.5, 0.5, 1.0, source="kubernetes"))
+    assign_gpus([gpu], [FleetGpu("GPU-s-0", model, "s")], None, None, {"s": "slurm"})
+    assert (gpu.node, gpu.original_uuid) == ("", "")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(["kubernetes", "slurm"]), min_size=2, max_size=3),  # each node's
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),  # node (modulo the nodes)
+            st.floats(0.02, 0.9),  # activity level
+            st.floats(0.02, 0.6),  # peak memory as a share of the GPU
+            st.integers(0, 30),  # first step
+        ),
+        min_size=2,
+        max_size=8,
+    ),
+    st.integers(0, 2),  # idle GPUs, one on each of the first nodes
+)
+def test_no_planned_gpu_mixes_orchestrators_and_every_job_lands_on_a_node_of_its_own(kinds, jobs, idle):
+    th = load_thresholds()
+    memory = model_for_nvml_name(synth.SynthJob.model).memory_bytes
+    synth_jobs = [
+        SynthJob(
+            f"j{k}",
+            f"GPU-{k}",
+            steady(30, level, 0.02, seed=k),
+            flat(30, share * memory),
+            first_step=first,
+            node=f"n{node % len(kinds)}",
+            source=kinds[node % len(kinds)],
+        )
+        for k, (node, level, share, first) in enumerate(jobs)
+    ]
+    spare = [synth.IdleGpu(f"GPU-idle-{k}", node=f"n{k % len(kinds)}") for k in range(idle)]
+    analysis = analysis_for(synth_jobs, th, idle=spare)
+    source = {j.job_id: j.source for j in synth_jobs}
+    # a node no job ran on (only idle GPUs) has no orchestrator: any job may go there
+    orchestrator = {
+        f"n{n}": kind for n, kind in enumerate(kinds) if any(j.node == f"n{n}" for j in synth_jobs)
+    }
+    for entry in analysis.plan.layout:
+        (own,) = {source[j] for j in entry["jobs"]}  # one orchestrator per GPU
+        assert orchestrator.get(entry["node"], own) == own, entry
+    placement = analysis.emitted.placement  # the emitted files' GPUs as well
+    for placed in placement.gpus:
+        host = placement.inventory.orchestrator(placed.host).value
+        assert {source[j] for j in placed.jobs} <= {host} or host == "unknown", placed
+    assert violations(analysis, inventory=len(jobs) + idle) == []
