@@ -199,7 +199,7 @@ def _colocated(gpu: GpuBin, item: Item, figure: str) -> list[demand.Series] | No
     nothing to either sum."""
     out = []
     for job in [*gpu._overlapping(item), item]:
-        found = {"sm": job.sm_series, "dram": job.dram_series, "busy": job.busy_series}[figure]
+        found: demand.Series | None = getattr(job, f"{figure}_series")  # sm_series, dram_series, busy_series
         if found is None:
             if figure == "dram" and not job.dram:
                 continue

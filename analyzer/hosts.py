@@ -96,6 +96,11 @@ def model_key(name: str) -> str:
     return model.key if model else name
 
 
+def uuids_of(value: object) -> list[str]:
+    """The GPUs of a job row's `uuids` (comma-separated; a missing value reads "nan")."""
+    return [u for u in str(value).split(",") if u and u != "nan"]
+
+
 def orchestrator_of(sources: Iterable[str]) -> Orchestrator:
     """A host's orchestrator: the `job_source` most of its jobs have (unknown without one)."""
     counts = Counter(s for s in sources if s in ("kubernetes", "slurm"))

@@ -26,7 +26,7 @@ from gpulens.analyzer.recommend import recommend
 from gpulens.analyzer.sources import files
 from gpulens.analyzer.thresholds import Thresholds
 from gpulens.analyzer.topology import Topology
-from gpulens.analyzer.workload import workload_of
+from gpulens.analyzer.workload import WORKLOAD_COLUMNS, workload_of
 from gpulens.catalog import GpuModel
 
 # the JSON `jobs` fields every consumer may rely on (docs/analyzer.md)
@@ -63,7 +63,6 @@ EMIT_COLUMNS = (
 )
 
 # what a job's workload (analyzer/workload.py) is read from
-WORKLOAD_COLUMNS = ("job_id", "job_source", "job_namespace", "job_pod", "job_user", "job_name")
 
 INTEGER_FIELDS = (
     "gpus",

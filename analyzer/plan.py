@@ -44,6 +44,7 @@ import pandas as pd
 
 from gpulens.analyzer import fragmentation, frames, serving
 from gpulens.analyzer.bins import UNCHANGED, GpuBin, Item
+from gpulens.analyzer.hosts import uuids_of
 from gpulens.analyzer.hysteresis import KEPT_LIMIT, KEPT_THREADS, MEASURED
 from gpulens.analyzer.kinds import Kind
 from gpulens.analyzer.packing import fewest_moves
@@ -54,7 +55,6 @@ from gpulens.analyzer.planinput import (
     node_orchestrators,
     num,
     time_sliced_fraction,
-    uuids_of,
 )
 from gpulens.analyzer.planlayout import assign_gpus, gpu_entry, mig_layouts, node_groups_of
 from gpulens.analyzer.profile import FleetGpu

@@ -10,7 +10,7 @@ import pandas as pd
 
 from gpulens.analyzer import demand, frames, modes
 from gpulens.analyzer.bins import Item
-from gpulens.analyzer.hosts import Orchestrator, orchestrator_of
+from gpulens.analyzer.hosts import Orchestrator, orchestrator_of, uuids_of
 from gpulens.analyzer.hysteresis import CENSORED
 from gpulens.analyzer.kinds import WHOLE, Kind
 from gpulens.analyzer.profile import FleetGpu
@@ -40,10 +40,6 @@ def node_orchestrators(recs: pd.DataFrame, fleet: list[FleetGpu]) -> dict[str, O
                 sources.setdefault(node_of[uuid], []).append(str(getattr(row, "job_source", "") or ""))
     found = {node: orchestrator_of(s) for node, s in sources.items()}
     return {node: o for node, o in found.items() if o is not Orchestrator.UNKNOWN}
-
-
-def uuids_of(value: object) -> list[str]:
-    return [u for u in str(value).split(",") if u and u != "nan"]
 
 
 def _int_or_none(value: object) -> int | None:

@@ -19,7 +19,8 @@ safe side, and a job may have grown.
 
 Without a whole figure, a time-split share is no measure of what the job needs alone: a job that
 ran time-sliced beside others all window (`SPLIT`) keeps time-slicing. The plan offers it no MPS
-cap or MIG slice sized from its share (`modes.modes_of`; its recommendation says so, `hold`): a
+cap or MIG slice sized from its share (`modes.modes_of`; its recommendation says so,
+`recommend._split_share`): a
 wide-kernel renderer that needs 30 % read 22 % beside a narrow job, and the 27 % cap sized from
 that bound in week 2. Run whole (or alone) for a week, it is measured and may be sized.
 
@@ -40,9 +41,9 @@ import numpy as np
 import pandas as pd
 
 from gpulens.analyzer import demand, frames
-from gpulens.analyzer.hosts import model_key
+from gpulens.analyzer.hosts import model_key, uuids_of
 from gpulens.analyzer.kinds import Kind
-from gpulens.analyzer.workload import workload_of
+from gpulens.analyzer.workload import WORKLOAD_COLUMNS, workload_of
 
 # the whole figure a time-sliced job's demand is held to (share of the GPU) and the percentile it
 # is at: columns of the profile (and of `jobs.json`) only where some job has one
@@ -166,11 +167,7 @@ def apply(profiles: pd.DataFrame, whole: WholeFigures | None) -> pd.DataFrame:
 def _held(profiles: pd.DataFrame, whole: WholeFigures) -> pd.DataFrame:
     if not whole.figures or profiles.empty:
         return profiles
-    columns = [
-        c
-        for c in (*WHOLE_ROW_COLUMNS, "job_source", "job_namespace", "job_pod", "job_user", "job_name")
-        if c in profiles
-    ]
+    columns = [c for c in dict.fromkeys((*WHOLE_ROW_COLUMNS, *WORKLOAD_COLUMNS)) if c in profiles]
     columns += [c for c in ACTIVITY if c in profiles]
     rows = frames.records(profiles[columns])
     found = _matches(rows, whole)
@@ -213,7 +210,7 @@ def mark_split(profiles: pd.DataFrame) -> pd.DataFrame:
         start, end = _number(row["start"]), _number(row["end"])
         if start is None or end is None:
             continue
-        for uuid in _uuids(row["uuids"]):
+        for uuid in uuids_of(_text(row["uuids"])):
             spans.setdefault(uuid, []).append((start, end, k))
     shared: set[int] = set()
     for jobs in spans.values():  # sorted by start: a job overlaps an earlier one whose end is later
@@ -239,10 +236,6 @@ def split_only(row: Mapping[str, Any]) -> bool:
     """Whether a job's demand is only a time-split share (`SPLIT`)."""
     value = row.get(SPLIT)
     return isinstance(value, bool | np.bool_) and bool(value)
-
-
-def _uuids(value: object) -> list[str]:
-    return [u for u in _text(value).split(",") if u and u != "nan"]
 
 
 def note(row: Mapping[str, Any]) -> str:

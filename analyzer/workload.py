@@ -44,6 +44,10 @@ def _text(row: Mapping[str, object], key: str) -> str:
     return "" if value is None or value != value else str(value)
 
 
+# the columns `workload_of` reads
+WORKLOAD_COLUMNS = ("job_id", "job_source", "job_namespace", "job_pod", "job_user", "job_name")
+
+
 def workload_of(row: Mapping[str, object]) -> str:
     """The workload of a job row (`job_id`, `job_source`, `job_namespace`, `job_pod`, `job_user`,
     `job_name`)."""
